@@ -1,0 +1,189 @@
+#include "common/job_spec.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace tessera {
+namespace {
+
+using tessera::v1::ConsistencySpec;
+using tessera::v1::DataSpec;
+using tessera::v1::JobSpec;
+using tessera::v1::OptimizerSpec;
+
+// Keeps the first error of a text-format parse, with its position.
+class FirstErrorCollector : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, int column, const std::string& message) override {
+    if (error_.empty()) error_ = absl::StrCat("line ", line + 1, ", column ", column + 1, ": ", message);
+  }
+  void AddWarning(int, int, const std::string&) override {}
+  const std::string& error() const { return error_; }
+
+ private:
+  std::string error_;
+};
+
+absl::Status FieldError(std::string_view field, std::string_view problem) {
+  return absl::InvalidArgumentError(absl::StrCat("job field ", std::string(field), ": ", std::string(problem)));
+}
+
+}  // namespace
+
+absl::StatusOr<JobSpec> ParseJobSpec(std::string_view text, std::string_view origin) {
+  JobSpec job;
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  if (first != std::string_view::npos && text[first] == '{') {
+    google::protobuf::util::JsonParseOptions options;
+    auto status = google::protobuf::util::JsonStringToMessage(std::string(text), &job, options);
+    if (!status.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(std::string(origin), ": not a valid JSON JobSpec: ", std::string(status.message())));
+    }
+    return job;
+  }
+  google::protobuf::TextFormat::Parser parser;
+  FirstErrorCollector errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(std::string(text), &job)) {
+    return absl::InvalidArgumentError(absl::StrCat(std::string(origin), ": ", errors.error()));
+  }
+  return job;
+}
+
+absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read job file ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  TESSERA_ASSIGN_OR_RETURN(JobSpec job, ParseJobSpec(text.str(), path));
+  ApplyJobDefaults(job);
+  TESSERA_RETURN_IF_ERROR(Annotate(ValidateJobSpec(job), path));
+  return job;
+}
+
+void ApplyJobDefaults(JobSpec& job) {
+  DataSpec& data = *job.mutable_data();
+  if (data.format() == DataSpec::FORMAT_UNSPECIFIED) data.set_format(DataSpec::IDX);
+  if (data.format() == DataSpec::IDX) {
+    const std::string dir = kFashionMnistDir;
+    if (data.train_images().empty()) data.set_train_images(dir + "/train-images-idx3-ubyte.gz");
+    if (data.train_labels().empty()) data.set_train_labels(dir + "/train-labels-idx1-ubyte.gz");
+    if (data.test_images().empty()) data.set_test_images(dir + "/t10k-images-idx3-ubyte.gz");
+    if (data.test_labels().empty()) data.set_test_labels(dir + "/t10k-labels-idx1-ubyte.gz");
+  } else if (data.format() == DataSpec::SYNTHETIC) {
+    if (data.synthetic_train_examples() == 0) data.set_synthetic_train_examples(8192);
+    if (data.synthetic_test_examples() == 0) data.set_synthetic_test_examples(2048);
+    if (data.synthetic_features() == 0) data.set_synthetic_features(32);
+    if (data.synthetic_classes() == 0) data.set_synthetic_classes(4);
+  }
+  OptimizerSpec& opt = *job.mutable_optimizer();
+  if (opt.kind() == OptimizerSpec::KIND_UNSPECIFIED) opt.set_kind(OptimizerSpec::SGD);
+  if (opt.learning_rate() == 0) opt.set_learning_rate(opt.kind() == OptimizerSpec::ADAM ? 0.001f : 0.05f);
+  if (opt.kind() == OptimizerSpec::ADAM) {
+    if (opt.beta1() == 0) opt.set_beta1(0.9f);
+    if (opt.beta2() == 0) opt.set_beta2(0.999f);
+    if (opt.epsilon() == 0) opt.set_epsilon(1e-8f);
+  }
+  if (job.batch_size() == 0) job.set_batch_size(64);
+  ConsistencySpec& consistency = *job.mutable_consistency();
+  if (consistency.mode() == ConsistencySpec::MODE_UNSPECIFIED) consistency.set_mode(ConsistencySpec::SYNC);
+  if (job.eval_every_steps() == 0) job.set_eval_every_steps(100);
+  if (job.chunk_bytes() == 0) job.set_chunk_bytes(65536);
+  if (job.cluster().num_servers() == 0) job.mutable_cluster()->set_num_servers(1);
+  if (job.cluster().num_workers() == 0) job.mutable_cluster()->set_num_workers(1);
+}
+
+absl::Status ValidateJobSpec(const JobSpec& job) {
+  if (job.model().kind_case() == tessera::v1::ModelSpec::KIND_NOT_SET) {
+    return FieldError("model", "not set; choose softmax_regression {} or mlp { hidden_sizes: ... }");
+  }
+  for (int i = 0; i < job.model().mlp().hidden_sizes_size(); ++i) {
+    if (job.model().mlp().hidden_sizes(i) <= 0) {
+      return FieldError(absl::StrCat("model.mlp.hidden_sizes[", i, "]"),
+                        absl::StrCat("expected a positive layer width, got ", job.model().mlp().hidden_sizes(i)));
+    }
+  }
+  const DataSpec& data = job.data();
+  if (data.format() == DataSpec::SYNTHETIC) {
+    if (!data.train_images().empty() || !data.test_images().empty()) {
+      return FieldError("data.train_images", "file paths contradict format SYNTHETIC; remove one of them");
+    }
+    if (data.synthetic_train_examples() < 0 || data.synthetic_test_examples() < 0 || data.synthetic_features() < 0 ||
+        data.synthetic_classes() < 2) {
+      return FieldError("data.synthetic_*", "expected positive sizes and at least 2 classes");
+    }
+  } else if (data.synthetic_train_examples() != 0 || data.synthetic_features() != 0) {
+    return FieldError("data.synthetic_train_examples", "synthetic sizes contradict format IDX; remove one of them");
+  }
+  const OptimizerSpec& opt = job.optimizer();
+  if (!(opt.learning_rate() > 0)) {
+    return FieldError("optimizer.learning_rate", absl::StrCat("expected > 0, got ", opt.learning_rate()));
+  }
+  if (opt.momentum() < 0 || opt.momentum() >= 1) {
+    return FieldError("optimizer.momentum", absl::StrCat("expected in [0, 1), got ", opt.momentum()));
+  }
+  if (opt.kind() == OptimizerSpec::ADAM && opt.momentum() != 0) {
+    return FieldError("optimizer.momentum", "applies to SGD only; Adam uses beta1");
+  }
+  if (opt.kind() == OptimizerSpec::ADAM &&
+      (opt.beta1() < 0 || opt.beta1() >= 1 || opt.beta2() < 0 || opt.beta2() >= 1 || opt.epsilon() <= 0)) {
+    return FieldError("optimizer.beta1/beta2/epsilon", "expected betas in [0, 1) and epsilon > 0");
+  }
+  if (job.batch_size() <= 0) return FieldError("batch_size", absl::StrCat("expected > 0, got ", job.batch_size()));
+  const ConsistencySpec& c = job.consistency();
+  if (c.staleness() < 0) return FieldError("consistency.staleness", absl::StrCat("expected >= 0, got ", c.staleness()));
+  if (c.mode() != ConsistencySpec::SSP && c.staleness() != 0) {
+    return FieldError("consistency.staleness",
+                      absl::StrCat("set to ", c.staleness(), " but mode is ", ConsistencySpec::Mode_Name(c.mode()),
+                                   "; a staleness bound applies to SSP only"));
+  }
+  if (c.mode() == ConsistencySpec::SYNC && c.staleness_aware_lr()) {
+    return FieldError("consistency.staleness_aware_lr", "applies to ASYNC and SSP only; SYNC has no staleness");
+  }
+  const auto& stop = job.stop();
+  if (stop.max_steps() < 0) return FieldError("stop.max_steps", "expected >= 0");
+  if (stop.epochs() < 0) return FieldError("stop.epochs", "expected >= 0");
+  if (stop.target_accuracy() < 0 || stop.target_accuracy() > 1) {
+    return FieldError("stop.target_accuracy", absl::StrCat("expected in (0, 1], got ", stop.target_accuracy()));
+  }
+  if (stop.max_steps() == 0 && stop.epochs() == 0 && stop.target_accuracy() == 0) {
+    return FieldError("stop", "no stop condition; set max_steps, epochs or target_accuracy");
+  }
+  if (job.eval_every_steps() <= 0) return FieldError("eval_every_steps", "expected > 0");
+  if (job.chunk_bytes() < 4 || job.chunk_bytes() > (64 << 20)) {
+    return FieldError("chunk_bytes", absl::StrCat("expected 4 .. 67108864 bytes, got ", job.chunk_bytes()));
+  }
+  if (job.cluster().num_servers() <= 0 || job.cluster().num_servers() > 1024) {
+    return FieldError("cluster.num_servers", absl::StrCat("expected 1 .. 1024, got ", job.cluster().num_servers()));
+  }
+  if (job.cluster().num_workers() <= 0 || job.cluster().num_workers() > 4096) {
+    return FieldError("cluster.num_workers", absl::StrCat("expected 1 .. 4096, got ", job.cluster().num_workers()));
+  }
+  return absl::OkStatus();
+}
+
+std::string ModeName(const ConsistencySpec& consistency) {
+  switch (consistency.mode()) {
+    case ConsistencySpec::ASYNC:
+      return "async";
+    case ConsistencySpec::SSP:
+      return absl::StrCat("ssp(", consistency.staleness(), ")");
+    default:
+      return "sync";
+  }
+}
+
+std::string JobSpecToText(const JobSpec& job) {
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(job, &text);
+  return text;
+}
+
+}  // namespace tessera

@@ -1,0 +1,48 @@
+// Reading, defaulting and validating a JobSpec (proto/job.proto).
+//
+//   absl::StatusOr<tessera::v1::JobSpec> job = tessera::LoadJobSpec("deploy/jobs/fashion_mnist_mlp_sync.pbtxt");
+//   if (!job.ok()) { LOG(ERROR) << job.status(); }  // the message names the line or the field at fault
+//
+// Defaults filled in by ApplyJobDefaults (a field left at zero takes them):
+//   data: IDX files of Debian's dataset-fashion-mnist; optimizer: SGD, learning rate 0.05 (SGD) or 0.001 (Adam),
+//   Adam betas 0.9/0.999, epsilon 1e-8; batch_size 64; consistency SYNC; eval_every_steps 100;
+//   chunk_bytes 65536; cluster 1 server, 1 worker.
+#ifndef TESSERA_COMMON_JOB_SPEC_H_
+#define TESSERA_COMMON_JOB_SPEC_H_
+
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "proto/job.pb.h"
+
+namespace tessera {
+
+// Where Debian's dataset-fashion-mnist package installs the data set.
+inline constexpr char kFashionMnistDir[] = "/usr/share/datasets/fashion-mnist";
+inline constexpr char kFashionMnistPackage[] = "dataset-fashion-mnist";
+
+// Parses protobuf text format, or JSON when the text starts with '{'. INVALID_ARGUMENT naming the line and
+// column on a syntax error or an unknown field. `origin` (a file name) prefixes messages.
+[[nodiscard]] absl::StatusOr<tessera::v1::JobSpec> ParseJobSpec(std::string_view text, std::string_view origin);
+
+// Reads `path`, parses it, fills defaults and validates. NOT_FOUND when the file cannot be read.
+[[nodiscard]] absl::StatusOr<tessera::v1::JobSpec> LoadJobSpec(const std::string& path);
+
+// Fills every unset field that has a default (see the file comment).
+void ApplyJobDefaults(tessera::v1::JobSpec& job);
+
+// INVALID_ARGUMENT naming the field (e.g. "consistency.staleness") on a value out of range or on fields that
+// contradict each other. Call after ApplyJobDefaults.
+[[nodiscard]] absl::Status ValidateJobSpec(const tessera::v1::JobSpec& job);
+
+// "sync", "async" or "ssp(3)".
+std::string ModeName(const tessera::v1::ConsistencySpec& consistency);
+
+// The text format of `job`, for logs and for handing a job file on.
+std::string JobSpecToText(const tessera::v1::JobSpec& job);
+
+}  // namespace tessera
+
+#endif  // TESSERA_COMMON_JOB_SPEC_H_

@@ -1,0 +1,75 @@
+#include "common/rpc.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+
+namespace tessera {
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  // Each channel gets its own TCP connection, so parallel pulls to different servers never share one.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+void SetTimeout(grpc::ClientContext& context, absl::Duration timeout) {
+  context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
+}
+
+absl::StatusOr<StartedServer> StartGrpcServer(const std::string& host, int port,
+                                              const std::vector<grpc::Service*>& services) {
+  grpc::ServerBuilder builder;
+  StartedServer started;
+  const std::string address = host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", port)
+                                                                    : absl::StrCat(host, ":", port);
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &started.port);
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  for (grpc::Service* service : services) builder.RegisterService(service);
+  started.server = builder.BuildAndStart();
+  if (started.server == nullptr || started.port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", address, " (address in use or not local?)"));
+  }
+  return started;
+}
+
+absl::Status RetryWhileUnavailable(const RetryPolicy& policy, std::string_view what,
+                                   const std::function<absl::Status()>& attempt) {
+  absl::Duration backoff = policy.initial_backoff;
+  absl::Status status;
+  for (int i = 1; i <= policy.max_attempts; ++i) {
+    status = attempt();
+    if (status.code() != absl::StatusCode::kUnavailable) return status;
+    if (i == policy.max_attempts) break;
+    VLOG(1) << what << ": attempt " << i << " unavailable, retrying in " << backoff << ": " << status;
+    // A backoff between attempts of a remote call, not a synchronisation point.
+    std::this_thread::sleep_for(absl::ToChronoMilliseconds(backoff));
+    backoff = std::min(backoff * 2, policy.max_backoff);
+  }
+  return absl::UnavailableError(absl::StrCat(std::string(what), ": gave up after ", policy.max_attempts,
+                                             " attempts: ", std::string(status.message())));
+}
+
+absl::Status SplitHostPort(const std::string& address, std::string* host, int* port) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("expected HOST:PORT, got '", address, "'"));
+  }
+  std::string h = address.substr(0, colon);
+  if (h.size() > 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+  int p = 0;
+  if (!absl::SimpleAtoi(address.substr(colon + 1), &p) || p < 0 || p > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("bad port in '", address, "'"));
+  }
+  *host = h;
+  *port = p;
+  return absl::OkStatus();
+}
+
+}  // namespace tessera

@@ -1,0 +1,56 @@
+// gRPC plumbing shared by every role: channels, server start-up, deadlines and bounded retries.
+#ifndef TESSERA_COMMON_RPC_H_
+#define TESSERA_COMMON_RPC_H_
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace tessera {
+
+// Largest message any Tessera endpoint sends or accepts (a chunk is at most 64 MiB plus its header).
+inline constexpr int kMaxMessageBytes = (64 << 20) + (1 << 20);
+
+// An insecure channel to `address` (HOST:PORT) with Tessera's message limits.
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
+
+// Sets `context`'s deadline `timeout` from now.
+void SetTimeout(grpc::ClientContext& context, absl::Duration timeout);
+
+// A started gRPC server and the port it bound.
+struct StartedServer {
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+};
+
+// Binds `host:port` (port 0: any free port) and starts serving `services` (not owned; must outlive the server).
+// UNAVAILABLE naming the address when the bind fails.
+[[nodiscard]] absl::StatusOr<StartedServer> StartGrpcServer(const std::string& host, int port,
+                                                            const std::vector<grpc::Service*>& services);
+
+// Bounded retries with exponential backoff for calls that fail with UNAVAILABLE (nobody answered yet).
+struct RetryPolicy {
+  int max_attempts = 20;
+  absl::Duration initial_backoff = absl::Milliseconds(50);
+  absl::Duration max_backoff = absl::Seconds(1);
+};
+
+// Calls `attempt` until it returns anything but UNAVAILABLE or `policy.max_attempts` calls were made. The last
+// UNAVAILABLE is returned with `what` and the attempt count in its message.
+[[nodiscard]] absl::Status RetryWhileUnavailable(const RetryPolicy& policy, std::string_view what,
+                                                 const std::function<absl::Status()>& attempt);
+
+// Splits "HOST:PORT" (or "[v6]:PORT"); INVALID_ARGUMENT naming the text otherwise.
+[[nodiscard]] absl::Status SplitHostPort(const std::string& address, std::string* host, int* port);
+
+}  // namespace tessera
+
+#endif  // TESSERA_COMMON_RPC_H_

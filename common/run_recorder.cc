@@ -1,0 +1,63 @@
+#include "common/run_recorder.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+
+#include "absl/strings/str_format.h"
+
+namespace tessera {
+
+absl::StatusOr<std::unique_ptr<RunRecorder>> RunRecorder::Create(const std::string& run_dir) {
+  std::unique_ptr<RunRecorder> recorder(new RunRecorder(run_dir));
+  if (run_dir.empty()) return recorder;
+  std::error_code error;
+  std::filesystem::create_directories(run_dir, error);
+  if (error) return absl::PermissionDeniedError("cannot create run directory " + run_dir + ": " + error.message());
+  absl::MutexLock lock(&recorder->mu_);
+  recorder->metrics_.open(run_dir + "/metrics.jsonl", std::ios::out | std::ios::trunc);
+  if (!recorder->metrics_) return absl::PermissionDeniedError("cannot write " + run_dir + "/metrics.jsonl");
+  return recorder;
+}
+
+absl::Status RunRecorder::Append(const EvalRecord& r) {
+  nlohmann::json j = {{"step", r.step},
+                      {"epoch", r.epoch},
+                      {"wall_seconds", r.wall_seconds},
+                      {"train_loss", r.train_loss},
+                      {"test_loss", r.test_loss},
+                      {"test_accuracy", r.test_accuracy},
+                      {"samples_per_sec", r.samples_per_sec},
+                      {"max_staleness", r.max_staleness},
+                      {"updates_applied", r.updates_applied}};
+  absl::MutexLock lock(&mu_);
+  std::cout << ProgressLine(r) << std::endl;
+  if (run_dir_.empty()) return absl::OkStatus();
+  metrics_ << j.dump() << "\n";
+  metrics_.flush();
+  if (!metrics_) return absl::DataLossError("cannot append to " + run_dir_ + "/metrics.jsonl");
+  return absl::OkStatus();
+}
+
+absl::Status RunRecorder::WriteSummary(const nlohmann::json& summary) {
+  absl::MutexLock lock(&mu_);
+  std::cout << "summary: " << summary.dump() << std::endl;
+  if (run_dir_.empty()) return absl::OkStatus();
+  const std::string path = run_dir_ + "/summary.json";
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::out | std::ios::trunc);
+    out << summary.dump(2) << "\n";
+    if (!out) return absl::DataLossError("cannot write " + tmp);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) return absl::DataLossError("cannot rename " + tmp + " to " + path);
+  return absl::OkStatus();
+}
+
+std::string ProgressLine(const EvalRecord& r) {
+  return absl::StrFormat(
+      "step %6d | epoch %5.2f | loss %.4f | test acc %.4f | %8.0f samples/s | max staleness %d | %6.1f s", r.step,
+      r.epoch, r.train_loss, r.test_accuracy, r.samples_per_sec, r.max_staleness, r.wall_seconds);
+}
+
+}  // namespace tessera

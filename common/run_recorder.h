@@ -1,0 +1,58 @@
+// What a run leaves behind: `metrics.jsonl` (one JSON record per evaluation), `summary.json`, and a progress
+// line on stdout per record.
+#ifndef TESSERA_COMMON_RUN_RECORDER_H_
+#define TESSERA_COMMON_RUN_RECORDER_H_
+
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "nlohmann/json.hpp"
+
+namespace tessera {
+
+// One evaluation of the model during a run.
+struct EvalRecord {
+  int64_t step = 0;            // clocks of the evaluating worker
+  double epoch = 0;            // passes over the training set by the whole cluster
+  double wall_seconds = 0;     // since the job started
+  double train_loss = 0;       // mean over the steps since the previous record
+  double test_loss = 0;
+  double test_accuracy = 0;
+  double samples_per_sec = 0;  // whole cluster
+  int64_t max_staleness = 0;   // largest staleness of any update so far
+  int64_t updates_applied = 0; // model updates so far (chunk updates / chunks)
+};
+
+// Appends records to <run_dir>/metrics.jsonl and writes <run_dir>/summary.json. Thread-safe.
+class RunRecorder {
+ public:
+  // Creates `run_dir` (and parents). An empty `run_dir` records nothing but still prints progress lines.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<RunRecorder>> Create(const std::string& run_dir);
+
+  // Appends one record and prints its progress line.
+  [[nodiscard]] absl::Status Append(const EvalRecord& record);
+
+  // Writes summary.json (through a temporary file and a rename) and prints it.
+  [[nodiscard]] absl::Status WriteSummary(const nlohmann::json& summary);
+
+  const std::string& run_dir() const { return run_dir_; }
+
+ private:
+  explicit RunRecorder(std::string run_dir) : run_dir_(std::move(run_dir)) {}
+
+  const std::string run_dir_;
+  absl::Mutex mu_;
+  std::ofstream metrics_ ABSL_GUARDED_BY(mu_);
+};
+
+// "step 400 | epoch 0.85 | loss 0.412 | test acc 0.852 | 5120 samples/s | max staleness 0 | 12.4 s"
+std::string ProgressLine(const EvalRecord& record);
+
+}  // namespace tessera
+
+#endif  // TESSERA_COMMON_RUN_RECORDER_H_

@@ -1,0 +1,100 @@
+#include "common/scheduler_client.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/rpc.h"
+
+namespace tessera {
+namespace {
+constexpr absl::Duration kControlTimeout = absl::Seconds(10);
+}  // namespace
+
+SchedulerClient::SchedulerClient(std::string address)
+    : address_(std::move(address)), stub_(tessera::v1::Scheduler::NewStub(MakeChannel(address_))) {}
+
+absl::StatusOr<tessera::v1::RegisterResponse> SchedulerClient::Register(const tessera::v1::RegisterRequest& request,
+                                                                        int attempts) {
+  tessera::v1::RegisterResponse response;
+  RetryPolicy policy;
+  policy.max_attempts = attempts;
+  absl::Status status = RetryWhileUnavailable(
+      policy, absl::StrCat("no scheduler answered at ", address_), [&]() -> absl::Status {
+        grpc::ClientContext context;
+        SetTimeout(context, absl::Seconds(2));
+        return FromGrpcStatus(stub_->Register(&context, request, &response), context,
+                              absl::StrCat("Register with scheduler ", address_));
+      });
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::StatusOr<tessera::v1::HeartbeatResponse> SchedulerClient::Heartbeat(
+    const tessera::v1::HeartbeatRequest& request) {
+  grpc::ClientContext context;
+  SetTimeout(context, kControlTimeout);
+  tessera::v1::HeartbeatResponse response;
+  absl::Status status = FromGrpcStatus(stub_->Heartbeat(&context, request, &response), context,
+                                       absl::StrCat("Heartbeat to scheduler ", address_));
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::StatusOr<tessera::v1::ShardMap> SchedulerClient::Declare(const tessera::v1::DeclareRequest& request,
+                                                               absl::Duration timeout) {
+  tessera::v1::DeclareResponse response;
+  RetryPolicy policy;
+  policy.max_attempts = 1 + static_cast<int>(timeout / policy.max_backoff) + 6;
+  absl::Status status = RetryWhileUnavailable(policy, "Declare", [&]() -> absl::Status {
+    grpc::ClientContext context;
+    SetTimeout(context, kControlTimeout);
+    return FromGrpcStatus(stub_->Declare(&context, request, &response), context,
+                          absl::StrCat("Declare with scheduler ", address_));
+  });
+  if (!status.ok()) return status;
+  return std::move(*response.mutable_shard_map());
+}
+
+absl::StatusOr<tessera::v1::ShardMap> SchedulerClient::GetShardMap() {
+  grpc::ClientContext context;
+  SetTimeout(context, kControlTimeout);
+  tessera::v1::ShardMap map;
+  absl::Status status = FromGrpcStatus(stub_->GetShardMap(&context, {}, &map), context,
+                                       absl::StrCat("GetShardMap from scheduler ", address_));
+  if (!status.ok()) return status;
+  return map;
+}
+
+absl::StatusOr<tessera::v1::AdvanceClockResponse> SchedulerClient::AdvanceClock(int worker_id, int64_t clock,
+                                                                                absl::Duration wait_timeout) {
+  tessera::v1::AdvanceClockRequest request;
+  request.set_worker_id(worker_id);
+  request.set_clock(clock);
+  request.set_wait_timeout_ms(static_cast<uint64_t>(absl::ToInt64Milliseconds(wait_timeout)));
+  grpc::ClientContext context;
+  // The scheduler answers at wait_timeout with the names of the stragglers; the call's own deadline is later.
+  SetTimeout(context, wait_timeout + absl::Seconds(5));
+  tessera::v1::AdvanceClockResponse response;
+  absl::Status status = FromGrpcStatus(stub_->AdvanceClock(&context, request, &response), context,
+                                       absl::StrCat("AdvanceClock of worker ", worker_id, " to ", clock));
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::Status SchedulerClient::Report(const tessera::v1::ReportRequest& request) {
+  grpc::ClientContext context;
+  SetTimeout(context, kControlTimeout);
+  tessera::v1::ReportResponse response;
+  return FromGrpcStatus(stub_->Report(&context, request, &response), context, "Report to scheduler");
+}
+
+absl::Status SchedulerClient::Done(int worker_id, int64_t clock) {
+  tessera::v1::DoneRequest request;
+  request.set_worker_id(worker_id);
+  request.set_clock(clock);
+  grpc::ClientContext context;
+  SetTimeout(context, kControlTimeout);
+  tessera::v1::DoneResponse response;
+  return FromGrpcStatus(stub_->Done(&context, request, &response), context, "Done to scheduler");
+}
+
+}  // namespace tessera

@@ -1,0 +1,48 @@
+// Typed calls to the scheduler, returning absl::Status; shared by servers and workers.
+#ifndef TESSERA_COMMON_SCHEDULER_CLIENT_H_
+#define TESSERA_COMMON_SCHEDULER_CLIENT_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/cluster.grpc.pb.h"
+
+namespace tessera {
+
+// Thread-safe (a gRPC stub is).
+class SchedulerClient {
+ public:
+  // Does not connect yet. `address` is HOST:PORT.
+  explicit SchedulerClient(std::string address);
+
+  const std::string& address() const { return address_; }
+
+  // Registers, retrying while nobody answers at the address: at most `attempts` tries with exponential backoff
+  // (50 ms doubling to 1 s), then UNAVAILABLE naming the address. Other errors (a full job) come back at once.
+  [[nodiscard]] absl::StatusOr<tessera::v1::RegisterResponse> Register(const tessera::v1::RegisterRequest& request,
+                                                                       int attempts);
+
+  [[nodiscard]] absl::StatusOr<tessera::v1::HeartbeatResponse> Heartbeat(const tessera::v1::HeartbeatRequest& request);
+
+  // Retries while the scheduler answers UNAVAILABLE (still waiting for servers), up to `timeout`.
+  [[nodiscard]] absl::StatusOr<tessera::v1::ShardMap> Declare(const tessera::v1::DeclareRequest& request,
+                                                              absl::Duration timeout);
+  [[nodiscard]] absl::StatusOr<tessera::v1::ShardMap> GetShardMap();
+
+  // Blocks until the gate opens, the job stops, or `wait_timeout` passes (DEADLINE_EXCEEDED naming the workers
+  // being waited for).
+  [[nodiscard]] absl::StatusOr<tessera::v1::AdvanceClockResponse> AdvanceClock(int worker_id, int64_t clock,
+                                                                               absl::Duration wait_timeout);
+  [[nodiscard]] absl::Status Report(const tessera::v1::ReportRequest& request);
+  [[nodiscard]] absl::Status Done(int worker_id, int64_t clock);
+
+ private:
+  const std::string address_;
+  std::unique_ptr<tessera::v1::Scheduler::Stub> stub_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_COMMON_SCHEDULER_CLIENT_H_

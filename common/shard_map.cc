@@ -1,0 +1,123 @@
+#include "common/shard_map.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/tensor_codec.h"
+#include "google/protobuf/util/message_differencer.h"
+
+namespace tessera {
+
+using tessera::v1::ChunkPlacement;
+using tessera::v1::ParameterSpec;
+using tessera::v1::ShardMap;
+
+std::map<int, int64_t> BytesPerServer(const ShardMap& map) {
+  std::map<int, int64_t> bytes;
+  for (const auto& server : map.servers()) bytes[server.id()] = 0;
+  for (const auto& chunk : map.chunks()) bytes[chunk.server_id()] += chunk.length() * 4;
+  return bytes;
+}
+
+absl::Status PlaceParameters(const std::vector<ParameterSpec>& params, int64_t chunk_bytes, ShardMap& map) {
+  if (map.servers_size() == 0) return absl::FailedPreconditionError("cannot place parameters: no servers");
+  if (chunk_bytes < 4) return absl::InvalidArgumentError(absl::StrCat("chunk_bytes must be >= 4, got ", chunk_bytes));
+  std::vector<const ParameterSpec*> fresh;
+  for (const ParameterSpec& p : params) {
+    if (p.name().empty()) return absl::InvalidArgumentError("parameter with an empty name");
+    if (p.dtype() != tessera::v1::DT_FLOAT32) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter '", p.name(), "': only float32 is supported"));
+    }
+    for (int64_t d : p.shape()) {
+      if (d <= 0) {
+        return absl::InvalidArgumentError(absl::StrCat("parameter '", p.name(), "': dimensions must be positive, got ",
+                                                       ShapeString(p.shape())));
+      }
+    }
+    auto existing = std::find_if(map.params().begin(), map.params().end(),
+                                 [&](const ParameterSpec& q) { return q.name() == p.name(); });
+    if (existing != map.params().end()) {
+      if (!google::protobuf::util::MessageDifferencer::Equals(*existing, p)) {
+        return absl::FailedPreconditionError(absl::StrCat("parameter '", p.name(), "' is already declared as shape ",
+                                                          ShapeString(existing->shape()), "; now declared as ",
+                                                          ShapeString(p.shape()), " (or with another init)"));
+      }
+      continue;
+    }
+    if (std::any_of(fresh.begin(), fresh.end(), [&](const ParameterSpec* q) { return q->name() == p.name(); })) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter '", p.name(), "' declared twice in one call"));
+    }
+    fresh.push_back(&p);
+  }
+  if (fresh.empty()) return absl::OkStatus();
+
+  std::vector<ChunkPlacement> chunks;
+  const int64_t max_elems = std::max<int64_t>(1, chunk_bytes / 4);
+  for (const ParameterSpec* p : fresh) {
+    *map.add_params() = *p;
+    const int64_t n = NumElements(p->shape());
+    const int64_t count = (n + max_elems - 1) / max_elems;
+    int64_t offset = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t length = n / count + (i < n % count ? 1 : 0);
+      ChunkPlacement c;
+      c.set_param(p->name());
+      c.set_index(static_cast<int>(i));
+      c.set_offset(offset);
+      c.set_length(length);
+      chunks.push_back(c);
+      offset += length;
+    }
+  }
+  // Largest first onto the least-loaded server (ties: lowest id) keeps servers within one chunk of each other.
+  std::vector<size_t> order(chunks.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return chunks[a].length() > chunks[b].length(); });
+  std::map<int, int64_t> load = BytesPerServer(map);
+  for (size_t i : order) {
+    auto least = std::min_element(load.begin(), load.end(),
+                                  [](const auto& a, const auto& b) { return a.second < b.second; });
+    chunks[i].set_server_id(least->first);
+    least->second += chunks[i].length() * 4;
+  }
+  for (ChunkPlacement& c : chunks) *map.add_chunks() = std::move(c);
+  map.set_epoch(map.epoch() + 1);
+  return absl::OkStatus();
+}
+
+ShardMapIndex::ShardMapIndex(ShardMap map) : map_(std::move(map)) {
+  for (int i = 0; i < map_.params_size(); ++i) param_index_[map_.params(i).name()] = i;
+  for (int i = 0; i < map_.chunks_size(); ++i) chunks_by_param_[map_.chunks(i).param()].push_back(i);
+  for (auto& [name, list] : chunks_by_param_) {
+    std::sort(list.begin(), list.end(),
+              [this](int a, int b) { return map_.chunks(a).offset() < map_.chunks(b).offset(); });
+  }
+}
+
+absl::StatusOr<const ParameterSpec*> ShardMapIndex::Param(const std::string& name) const {
+  auto it = param_index_.find(name);
+  if (it == param_index_.end()) {
+    return absl::NotFoundError(absl::StrCat("unknown parameter '", name, "' (shard map epoch ", map_.epoch(), ")"));
+  }
+  return &map_.params(it->second);
+}
+
+absl::StatusOr<std::vector<const ChunkPlacement*>> ShardMapIndex::Chunks(const std::string& name) const {
+  auto it = chunks_by_param_.find(name);
+  if (it == chunks_by_param_.end()) {
+    return absl::NotFoundError(absl::StrCat("unknown parameter '", name, "' (shard map epoch ", map_.epoch(), ")"));
+  }
+  std::vector<const ChunkPlacement*> out;
+  for (int i : it->second) out.push_back(&map_.chunks(i));
+  return out;
+}
+
+absl::StatusOr<std::string> ShardMapIndex::ServerAddress(int server_id) const {
+  for (const auto& s : map_.servers()) {
+    if (s.id() == server_id) return s.address();
+  }
+  return absl::NotFoundError(absl::StrCat("no server ", server_id, " in shard map epoch ", map_.epoch()));
+}
+
+}  // namespace tessera

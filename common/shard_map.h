@@ -1,0 +1,53 @@
+// Cutting parameters into chunks and placing chunks on servers; looking chunks up in a ShardMap.
+//
+// A dense parameter of n float32 elements is cut into ceil(4n / chunk_bytes) contiguous chunks of near-equal
+// length (so none exceeds chunk_bytes), and chunks go, largest first, to the server holding the fewest bytes.
+// One large tensor therefore spans servers and its chunks travel in parallel.
+#ifndef TESSERA_COMMON_SHARD_MAP_H_
+#define TESSERA_COMMON_SHARD_MAP_H_
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "proto/cluster.pb.h"
+
+namespace tessera {
+
+// Adds `params` to `map`, leaving chunks already placed where they are, and advances `map.epoch`.
+// `map.servers` must be filled in. Parameters already in the map must be declared identically
+// (FAILED_PRECONDITION otherwise, naming the parameter and both shapes); when nothing is new the map is left
+// untouched. INVALID_ARGUMENT on an empty name, a non-positive dimension or an unsupported dtype.
+[[nodiscard]] absl::Status PlaceParameters(const std::vector<tessera::v1::ParameterSpec>& params, int64_t chunk_bytes,
+                                           tessera::v1::ShardMap& map);
+
+// Bytes held by each server id under `map`.
+std::map<int, int64_t> BytesPerServer(const tessera::v1::ShardMap& map);
+
+// Read-only index over a ShardMap. Thread-compatible.
+class ShardMapIndex {
+ public:
+  explicit ShardMapIndex(tessera::v1::ShardMap map);
+
+  const tessera::v1::ShardMap& map() const { return map_; }
+  uint64_t epoch() const { return map_.epoch(); }
+
+  // The parameter's declaration, or NOT_FOUND naming it.
+  absl::StatusOr<const tessera::v1::ParameterSpec*> Param(const std::string& name) const;
+  // The parameter's chunks in offset order, or NOT_FOUND.
+  absl::StatusOr<std::vector<const tessera::v1::ChunkPlacement*>> Chunks(const std::string& name) const;
+  // The address of a server id, or NOT_FOUND.
+  absl::StatusOr<std::string> ServerAddress(int server_id) const;
+
+ private:
+  tessera::v1::ShardMap map_;
+  std::map<std::string, int> param_index_;
+  std::map<std::string, std::vector<int>> chunks_by_param_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_COMMON_SHARD_MAP_H_

@@ -1,0 +1,32 @@
+#include "common/staleness_histogram.h"
+
+#include <algorithm>
+
+namespace tessera {
+
+void StalenessHistogram::Add(int64_t staleness) {
+  staleness = std::max<int64_t>(0, staleness);
+  ++buckets_[std::min<int64_t>(staleness, kBuckets - 1)];
+  max_ = std::max(max_, staleness);
+  ++count_;
+}
+
+void StalenessHistogram::Merge(const tessera::v1::StalenessHistogram& other) {
+  for (int i = 0; i < other.bucket_size(); ++i) buckets_[std::min(i, kBuckets - 1)] += other.bucket(i);
+  max_ = std::max(max_, other.max());
+  count_ += other.count();
+}
+
+tessera::v1::StalenessHistogram StalenessHistogram::ToProto() const {
+  tessera::v1::StalenessHistogram out;
+  int last = 0;
+  for (int i = 0; i < kBuckets; ++i) {
+    if (buckets_[i] != 0) last = i + 1;
+  }
+  for (int i = 0; i < last; ++i) out.add_bucket(buckets_[i]);
+  out.set_max(max_);
+  out.set_count(count_);
+  return out;
+}
+
+}  // namespace tessera

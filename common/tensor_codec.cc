@@ -1,0 +1,49 @@
+#include "common/tensor_codec.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace tessera {
+
+static_assert(sizeof(float) == 4, "float32 is assumed");
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "The wire format is little-endian; a big-endian host needs byte swapping here."
+#endif
+
+int64_t NumElements(absl::Span<const int64_t> shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string ShapeString(absl::Span<const int64_t> shape) { return absl::StrCat("[", absl::StrJoin(shape, ", "), "]"); }
+
+void EncodeFloats(absl::Span<const float> values, std::string* out) {
+  const size_t old = out->size();
+  out->resize(old + values.size() * sizeof(float));
+  if (!values.empty()) std::memcpy(out->data() + old, values.data(), values.size() * sizeof(float));
+}
+
+absl::Status DecodeFloats(std::string_view bytes, absl::Span<float> out, std::string_view what) {
+  if (bytes.size() != out.size() * sizeof(float)) {
+    return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": expected ", out.size() * sizeof(float),
+                                                   " bytes (", out.size(), " float32 values), got ", bytes.size()));
+  }
+  if (!out.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
+  return absl::OkStatus();
+}
+
+absl::Status CheckFinite(absl::Span<const float> values, std::string_view what) {
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (!std::isfinite(values[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": value at index ", i, " is ", values[i],
+                                                     "; gradients must be finite"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tessera

@@ -1,0 +1,89 @@
+// Every worker's clock, and the gate that holds a worker back until the consistency mode lets it go on.
+//
+// A worker's clock is the number of steps it has completed (all pushes answered). Before step c it calls
+// Advance(worker, c). The gate opens when
+//   SYNC    the slowest active worker has clock >= c        (lockstep)
+//   SSP(s)  the slowest active worker has clock >= c - s    (at most s clocks apart)
+//   ASYNC   always
+// A worker that is Done (or removed) no longer holds anyone back. After Stop() every gate opens with `stop`.
+#ifndef TESSERA_SCHEDULER_CLOCK_TABLE_H_
+#define TESSERA_SCHEDULER_CLOCK_TABLE_H_
+
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace tessera {
+
+struct GateResult {
+  int64_t min_clock = 0;  // slowest active worker when the gate opened
+  bool stop = false;
+  std::string stop_reason;
+};
+
+// Thread-safe. Callbacks run without the table's lock held, on the caller's thread (gate already open) or on the
+// thread whose Advance/Done/Stop opened it, or on the table's deadline thread.
+class ClockTable {
+ public:
+  using Callback = std::function<void(absl::StatusOr<GateResult>)>;
+
+  // `bound`: -1 for ASYNC (no gate), 0 for SYNC, s for SSP(s).
+  ClockTable(int num_workers, int bound);
+  ~ClockTable();
+
+  ClockTable(const ClockTable&) = delete;
+  ClockTable& operator=(const ClockTable&) = delete;
+
+  // Records that `worker` completed `clock` steps and calls `done` exactly once: when it may start step
+  // `clock`, when the job stops, or at `deadline` with DEADLINE_EXCEEDED naming the workers it waits for.
+  // INVALID_ARGUMENT (through `done`) for a worker id out of range or a clock that goes backwards.
+  void Advance(int worker, int64_t clock, absl::Time deadline, Callback done);
+
+  // `worker` has finished: it no longer holds the others back.
+  void Done(int worker);
+
+  // Opens every gate, now and later, with stop = true.
+  void Stop(const std::string& reason);
+
+  std::vector<int64_t> Clocks() const;
+  int64_t MaxClock() const;
+  bool stopped() const;
+
+ private:
+  struct Waiter {
+    int worker;
+    int64_t clock;
+    absl::Time deadline;
+    Callback done;
+  };
+  using Ready = std::vector<std::pair<Callback, absl::StatusOr<GateResult>>>;
+
+  bool GateOpenLocked(int64_t clock) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t MinActiveLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves the waiters whose gate is open (or whose deadline passed) into `ready`.
+  void CollectLocked(absl::Time now, Ready& ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string StragglersLocked(int64_t clock) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RunDeadlines();
+
+  const int bound_;
+
+  mutable absl::Mutex mu_;
+  std::vector<int64_t> clocks_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> active_ ABSL_GUARDED_BY(mu_);
+  std::list<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  std::string stop_reason_ ABSL_GUARDED_BY(mu_);
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread deadline_thread_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_SCHEDULER_CLOCK_TABLE_H_

@@ -1,0 +1,261 @@
+#include "scheduler/job_coordinator.h"
+
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "common/job_spec.h"
+#include "common/shard_map.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+
+namespace tessera {
+
+using tessera::v1::ConsistencySpec;
+
+namespace {
+int GateBound(const ConsistencySpec& c) {
+  switch (c.mode()) {
+    case ConsistencySpec::ASYNC:
+      return -1;
+    case ConsistencySpec::SSP:
+      return c.staleness();
+    default:
+      return 0;
+  }
+}
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<JobCoordinator>> JobCoordinator::Create(tessera::v1::JobSpec job,
+                                                                       const std::string& run_dir,
+                                                                       absl::Duration heartbeat_interval,
+                                                                       ServerControl* servers,
+                                                                       std::function<void()> on_finished) {
+  TESSERA_RETURN_IF_ERROR(ValidateJobSpec(job));
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<RunRecorder> recorder, RunRecorder::Create(run_dir));
+  return std::unique_ptr<JobCoordinator>(
+      new JobCoordinator(std::move(job), std::move(recorder), heartbeat_interval, servers, std::move(on_finished)));
+}
+
+JobCoordinator::JobCoordinator(tessera::v1::JobSpec job, std::unique_ptr<RunRecorder> recorder,
+                               absl::Duration heartbeat_interval, ServerControl* servers,
+                               std::function<void()> on_finished)
+    : job_(std::move(job)),
+      recorder_(std::move(recorder)),
+      heartbeat_interval_(heartbeat_interval),
+      servers_(servers),
+      on_finished_(std::move(on_finished)),
+      start_(absl::Now()),
+      membership_(job_.cluster().num_servers(), job_.cluster().num_workers()),
+      clocks_(job_.cluster().num_workers(), GateBound(job_.consistency())),
+      last_report_(job_.cluster().num_workers()),
+      done_(job_.cluster().num_workers(), false) {}
+
+JobCoordinator::~JobCoordinator() = default;
+
+absl::StatusOr<tessera::v1::RegisterResponse> JobCoordinator::Register(const tessera::v1::RegisterRequest& request) {
+  TESSERA_ASSIGN_OR_RETURN(int id, membership_.Add(request, absl::Now()));
+  LOG(INFO) << tessera::v1::Role_Name(request.role()) << " " << id << " registered from "
+            << (request.address().empty() ? request.hostname() : request.address())
+            << (request.device().empty() ? "" : " on " + request.device());
+  tessera::v1::RegisterResponse response;
+  response.set_id(id);
+  *response.mutable_job() = job_;
+  response.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(heartbeat_interval_));
+  return response;
+}
+
+absl::StatusOr<tessera::v1::HeartbeatResponse> JobCoordinator::Heartbeat(
+    const tessera::v1::HeartbeatRequest& request) {
+  TESSERA_RETURN_IF_ERROR(membership_.Touch(request.role(), request.id(), absl::Now()));
+  tessera::v1::HeartbeatResponse response;
+  response.set_job_finished(finished());
+  return response;
+}
+
+void JobCoordinator::Declare(const tessera::v1::DeclareRequest& request,
+                             std::function<void(absl::StatusOr<tessera::v1::ShardMap>)> done) {
+  executor_.Submit([this, request, done = std::move(done)] {
+    if (!membership_.AllServersRegistered()) {
+      done(absl::UnavailableError(absl::StrCat("waiting for servers: ", membership_.Servers().size(), " of ",
+                                               membership_.num_servers(), " registered")));
+      return;
+    }
+    tessera::v1::ShardMap map;
+    {
+      absl::MutexLock lock(&mu_);
+      if (map_) {
+        map = *map_;
+      } else {
+        for (const Member& s : membership_.Servers()) {
+          auto* info = map.add_servers();
+          info->set_id(s.id);
+          info->set_address(s.address);
+        }
+      }
+    }
+    const uint64_t before = map.epoch();
+    if (absl::Status placed = PlaceParameters({request.params().begin(), request.params().end()}, job_.chunk_bytes(), map); !placed.ok()) {
+      done(placed);
+      return;
+    }
+    if (map.epoch() != before) {
+      if (absl::Status assigned = servers_->Assign(map, job_); !assigned.ok()) {
+        done(Annotate(assigned, "cannot hand shards to the servers"));
+        return;
+      }
+      LOG(INFO) << "shard map epoch " << map.epoch() << ": " << map.params_size() << " parameters in "
+                << map.chunks_size() << " chunks on " << map.servers_size() << " servers";
+      absl::MutexLock lock(&mu_);
+      map_ = map;
+    }
+    done(map);
+  });
+}
+
+absl::StatusOr<tessera::v1::ShardMap> JobCoordinator::GetShardMap() const {
+  absl::MutexLock lock(&mu_);
+  if (!map_) return absl::FailedPreconditionError("no parameters have been declared yet");
+  return *map_;
+}
+
+void JobCoordinator::AdvanceClock(const tessera::v1::AdvanceClockRequest& request, ClockTable::Callback done) {
+  const absl::Duration wait =
+      request.wait_timeout_ms() > 0 ? absl::Milliseconds(request.wait_timeout_ms()) : absl::Minutes(5);
+  clocks_.Advance(request.worker_id(), request.clock(), absl::Now() + wait, std::move(done));
+}
+
+absl::Status JobCoordinator::Report(const tessera::v1::ReportRequest& request) {
+  if (request.worker_id() < 0 || request.worker_id() >= job_.cluster().num_workers()) {
+    return absl::InvalidArgumentError(absl::StrCat("report from unknown worker ", request.worker_id()));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    last_report_[request.worker_id()] = request;
+    if (!request.has_eval()) return absl::OkStatus();
+    last_eval_ = request;
+    const float target = job_.stop().target_accuracy();
+    if (target > 0 && request.test_accuracy() >= target && !seconds_to_target_) {
+      seconds_to_target_ = absl::ToDoubleSeconds(absl::Now() - start_);
+    }
+  }
+  const float target = job_.stop().target_accuracy();
+  if (target > 0 && request.test_accuracy() >= target) {
+    clocks_.Stop(absl::StrCat("test accuracy ", request.test_accuracy(), " reached the target ", target));
+  }
+  executor_.Submit([this, request] { WriteEvalRecord(request); });
+  return absl::OkStatus();
+}
+
+void JobCoordinator::WriteEvalRecord(const tessera::v1::ReportRequest& eval) {
+  EvalRecord record;
+  record.step = eval.clock();
+  record.epoch = eval.epoch();
+  record.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start_);
+  record.test_loss = eval.test_loss();
+  record.test_accuracy = eval.test_accuracy();
+  {
+    absl::MutexLock lock(&mu_);
+    int reporting = 0;
+    for (const auto& r : last_report_) {
+      if (r.samples() == 0) continue;
+      record.samples_per_sec += r.samples_per_sec();
+      record.train_loss += r.train_loss();
+      ++reporting;
+    }
+    if (reporting > 0) record.train_loss /= reporting;
+  }
+  std::optional<tessera::v1::ShardMap> map;
+  {
+    absl::MutexLock lock(&mu_);
+    map = map_;
+  }
+  if (map) {
+    absl::StatusOr<std::vector<tessera::v1::ServerStats>> stats = servers_->Stats(*map);
+    if (stats.ok()) {
+      ClusterStats sum = ClusterStats::Sum(*stats);
+      record.max_staleness = sum.staleness.max();
+      record.updates_applied = sum.model_updates();
+    } else {
+      LOG(WARNING) << "no server statistics for the progress record: " << stats.status();
+    }
+  }
+  if (absl::Status s = recorder_->Append(record); !s.ok()) LOG(ERROR) << s;
+}
+
+absl::Status JobCoordinator::Done(const tessera::v1::DoneRequest& request) {
+  if (request.worker_id() < 0 || request.worker_id() >= job_.cluster().num_workers()) {
+    return absl::InvalidArgumentError(absl::StrCat("done from unknown worker ", request.worker_id()));
+  }
+  clocks_.Done(request.worker_id());
+  absl::MutexLock lock(&mu_);
+  done_[request.worker_id()] = true;
+  LOG(INFO) << "worker " << request.worker_id() << " done at clock " << request.clock();
+  if (finishing_ || std::find(done_.begin(), done_.end(), false) != done_.end()) return absl::OkStatus();
+  finishing_ = true;
+  executor_.Submit([this] { FinishJob(); });
+  return absl::OkStatus();
+}
+
+void JobCoordinator::FinishJob() {
+  std::optional<tessera::v1::ShardMap> map;
+  {
+    absl::MutexLock lock(&mu_);
+    map = map_;
+  }
+  ClusterStats sum;
+  if (map) {
+    absl::StatusOr<std::vector<tessera::v1::ServerStats>> stats = servers_->Stats(*map);
+    if (stats.ok()) {
+      sum = ClusterStats::Sum(*stats);
+    } else {
+      LOG(ERROR) << "final server statistics unavailable: " << stats.status();
+    }
+  }
+  const std::vector<int64_t> clocks = clocks_.Clocks();
+  nlohmann::json summary;
+  {
+    absl::MutexLock lock(&mu_);
+    summary["job"] = job_.name();
+    summary["mode"] = ModeName(job_.consistency());
+    summary["servers"] = job_.cluster().num_servers();
+    summary["workers"] = job_.cluster().num_workers();
+    summary["steps"] = clocks.empty() ? 0 : *std::max_element(clocks.begin(), clocks.end());
+    summary["worker_clocks"] = clocks;
+    summary["wall_seconds"] = absl::ToDoubleSeconds(absl::Now() - start_);
+    summary["test_accuracy"] = last_eval_ ? last_eval_->test_accuracy() : 0.0;
+    summary["test_loss"] = last_eval_ ? last_eval_->test_loss() : 0.0;
+    summary["epochs"] = last_eval_ ? last_eval_->epoch() : 0.0;
+    summary["target_accuracy"] = job_.stop().target_accuracy();
+    summary["seconds_to_target"] = seconds_to_target_ ? nlohmann::json(*seconds_to_target_) : nlohmann::json();
+    summary["updates_applied"] = sum.model_updates();
+    summary["chunk_updates_applied"] = sum.chunk_updates;
+    summary["pushes"] = sum.pushes;
+    summary["duplicate_pushes"] = sum.duplicate_pushes;
+    summary["late_pushes"] = sum.late_pushes;
+    summary["max_staleness"] = sum.staleness.max();
+    const tessera::v1::StalenessHistogram histogram = sum.staleness.ToProto();
+    summary["staleness_histogram"] = std::vector<int64_t>(histogram.bucket().begin(), histogram.bucket().end());
+  }
+  if (absl::Status s = recorder_->WriteSummary(summary); !s.ok()) LOG(ERROR) << s;
+  {
+    absl::MutexLock lock(&mu_);
+    summary_ = summary;
+    finished_ = true;
+  }
+  if (map) {
+    if (absl::Status s = servers_->Shutdown(*map); !s.ok()) LOG(WARNING) << s;
+  }
+  on_finished_();
+}
+
+nlohmann::json JobCoordinator::summary() const {
+  absl::MutexLock lock(&mu_);
+  return summary_;
+}
+
+bool JobCoordinator::finished() const {
+  absl::MutexLock lock(&mu_);
+  return finished_;
+}
+
+}  // namespace tessera

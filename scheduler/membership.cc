@@ -1,0 +1,62 @@
+#include "scheduler/membership.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace tessera {
+
+absl::StatusOr<int> Membership::Add(const tessera::v1::RegisterRequest& request, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  Member member;
+  member.role = request.role();
+  member.address = request.address();
+  member.hostname = request.hostname();
+  member.device = request.device();
+  member.last_seen = now;
+  if (request.role() == tessera::v1::SERVER) {
+    if (request.address().empty()) return absl::InvalidArgumentError("a server must register with its address");
+    if (static_cast<int>(servers_.size()) >= num_servers_) {
+      return absl::ResourceExhaustedError(absl::StrCat("the job has all its ", num_servers_,
+                                                       " servers; server at ", request.address(), " is not needed"));
+    }
+    member.id = static_cast<int>(servers_.size());
+    servers_.push_back(member);
+    return member.id;
+  }
+  if (request.role() == tessera::v1::WORKER) {
+    if (static_cast<int>(workers_.size()) >= num_workers_) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the job has all its ", num_workers_, " workers; no rank left for ", request.hostname()));
+    }
+    member.id = static_cast<int>(workers_.size());
+    workers_.push_back(member);
+    return member.id;
+  }
+  return absl::InvalidArgumentError("register: role must be SERVER or WORKER");
+}
+
+absl::Status Membership::Touch(tessera::v1::Role role, int id, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  std::vector<Member>& members = role == tessera::v1::SERVER ? servers_ : workers_;
+  if (id < 0 || id >= static_cast<int>(members.size())) {
+    return absl::NotFoundError(absl::StrCat("no ", tessera::v1::Role_Name(role), " with id ", id, " registered"));
+  }
+  members[id].last_seen = now;
+  return absl::OkStatus();
+}
+
+std::vector<Member> Membership::Servers() const {
+  absl::MutexLock lock(&mu_);
+  return servers_;
+}
+
+std::vector<Member> Membership::Workers() const {
+  absl::MutexLock lock(&mu_);
+  return workers_;
+}
+
+bool Membership::AllServersRegistered() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(servers_.size()) == num_servers_;
+}
+
+}  // namespace tessera

@@ -1,0 +1,68 @@
+#include "scheduler/scheduler.h"
+
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/job_spec.h"
+#include "common/rpc.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+
+namespace tessera {
+
+absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Start(const SchedulerOptions& options) {
+  std::unique_ptr<Scheduler> scheduler(new Scheduler());
+  Scheduler* self = scheduler.get();
+  TESSERA_ASSIGN_OR_RETURN(
+      scheduler->coordinator_,
+      JobCoordinator::Create(options.job, options.run_dir, absl::Milliseconds(options.heartbeat_interval_ms),
+                             &scheduler->server_control_, [self] { self->Stop(absl::OkStatus()); }));
+  scheduler->service_ = std::make_unique<SchedulerService>(scheduler->coordinator_.get());
+  TESSERA_ASSIGN_OR_RETURN(StartedServer started,
+                           StartGrpcServer(options.listen_host, options.port, {scheduler->service_.get()}));
+  scheduler->grpc_server_ = std::move(started.server);
+  scheduler->address_ = options.listen_host.find(':') != std::string::npos
+                            ? absl::StrCat("[", options.listen_host, "]:", started.port)
+                            : absl::StrCat(options.listen_host, ":", started.port);
+  if (!options.address_file.empty()) {
+    const std::string tmp = options.address_file + ".tmp";
+    {
+      std::ofstream out(tmp);
+      out << scheduler->address_ << "\n";
+      if (!out) return absl::PermissionDeniedError(absl::StrCat("cannot write ", tmp));
+    }
+    if (std::rename(tmp.c_str(), options.address_file.c_str()) != 0) {
+      return absl::PermissionDeniedError(absl::StrCat("cannot write ", options.address_file));
+    }
+  }
+  const auto& job = options.job;
+  LOG(INFO) << "scheduler at " << scheduler->address_ << ": job '" << job.name() << "', "
+            << ModeName(job.consistency()) << ", " << job.cluster().num_servers() << " servers, "
+            << job.cluster().num_workers() << " workers";
+  return scheduler;
+}
+
+Scheduler::~Scheduler() {
+  if (grpc_server_) grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  coordinator_.reset();  // drains its executor while the server pool is still alive
+}
+
+absl::Status Scheduler::Wait() {
+  absl::Status reason;
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](std::optional<absl::Status>* r) { return r->has_value(); }, &stop_reason_));
+    reason = *stop_reason_;
+  }
+  // Let in-flight calls (workers' last Done, servers' last heartbeat) finish, then close.
+  grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  return reason;
+}
+
+void Scheduler::Stop(absl::Status reason) {
+  absl::MutexLock lock(&mu_);
+  if (!stop_reason_) stop_reason_ = std::move(reason);
+}
+
+}  // namespace tessera

@@ -1,0 +1,53 @@
+// The scheduler's lifecycle: listen, coordinate one job, exit when it is over.
+//
+//   SchedulerOptions options;
+//   options.job = *LoadSchedulerJob("deploy/jobs/fashion_mnist_mlp_sync.pbtxt", 0, 0);
+//   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<Scheduler> scheduler, Scheduler::Start(options));
+//   std::cout << scheduler->address();   // give this to servers and workers
+//   absl::Status exit = scheduler->Wait();  // until the job ends or Stop()
+#ifndef TESSERA_SCHEDULER_SCHEDULER_H_
+#define TESSERA_SCHEDULER_SCHEDULER_H_
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "scheduler/job_coordinator.h"
+#include "scheduler/scheduler_options.h"
+#include "scheduler/scheduler_service.h"
+#include "scheduler/server_pool.h"
+
+namespace tessera {
+
+// Thread-safe.
+class Scheduler {
+ public:
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Scheduler>> Start(const SchedulerOptions& options);
+  ~Scheduler();
+
+  // Blocks until the job has finished (OK) or Stop() was called; then stops serving.
+  [[nodiscard]] absl::Status Wait();
+  // Never blocks; safe from any thread.
+  void Stop(absl::Status reason);
+
+  const std::string& address() const { return address_; }
+  JobCoordinator& coordinator() { return *coordinator_; }
+
+ private:
+  Scheduler() = default;
+
+  std::string address_;
+  GrpcServerControl server_control_;
+  std::unique_ptr<JobCoordinator> coordinator_;
+  std::unique_ptr<SchedulerService> service_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+
+  absl::Mutex mu_;
+  std::optional<absl::Status> stop_reason_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_SCHEDULER_SCHEDULER_H_

@@ -1,0 +1,56 @@
+// tessera-scheduler: reads a job file, hands the job to the servers and workers that register, places shards,
+// gates clocks, records progress, and exits when the job is over.
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "common/signals.h"
+#include "gflags/gflags.h"
+#include "glog/logging.h"
+#include "scheduler/scheduler.h"
+
+DEFINE_string(job, "", "JobSpec file, protobuf text format or JSON (required); examples in deploy/jobs/");
+DEFINE_string(host, "127.0.0.1", "address to listen on (loopback by default; 0.0.0.0 for every interface)");
+DEFINE_int32(port, 0, "port to listen on; 0 picks a free one (see --address_file)");
+DEFINE_string(address_file, "", "write HOST:PORT here once listening");
+DEFINE_string(run_dir, "", "directory for metrics.jsonl and summary.json; empty: print only");
+DEFINE_int32(num_servers, 0, "override the job's cluster.num_servers (0: keep)");
+DEFINE_int32(num_workers, 0, "override the job's cluster.num_workers (0: keep)");
+DEFINE_int32(heartbeat_interval_ms, 500, "how often servers and workers heartbeat");
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage("tessera-scheduler --job=FILE [--port=N --run_dir=DIR]");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  google::InitGoogleLogging(argv[0]);
+  FLAGS_logtostderr = true;
+  tessera::BlockTerminationSignals();
+
+  auto job = tessera::LoadSchedulerJob(FLAGS_job, FLAGS_num_servers, FLAGS_num_workers);
+  if (!job.ok()) {
+    std::cerr << "tessera-scheduler: " << job.status() << std::endl;
+    return 2;
+  }
+  tessera::SchedulerOptions options;
+  options.job = *job;
+  options.listen_host = FLAGS_host;
+  options.port = FLAGS_port;
+  options.address_file = FLAGS_address_file;
+  options.run_dir = FLAGS_run_dir;
+  options.heartbeat_interval_ms = FLAGS_heartbeat_interval_ms;
+
+  auto scheduler = tessera::Scheduler::Start(options);
+  if (!scheduler.ok()) {
+    std::cerr << "tessera-scheduler: " << scheduler.status() << std::endl;
+    return 1;
+  }
+  std::cout << "scheduler listening on " << (*scheduler)->address() << std::endl;
+  tessera::Scheduler* daemon = scheduler->get();
+  tessera::WatchTerminationSignals([daemon](int signal) {
+    daemon->Stop(absl::CancelledError(absl::StrCat("stopped by signal ", signal)));
+  });
+  absl::Status status = (*scheduler)->Wait();
+  if (!status.ok()) {
+    std::cerr << "tessera-scheduler: " << status << std::endl;
+    return status.code() == absl::StatusCode::kCancelled ? 130 : 1;
+  }
+  return 0;
+}

@@ -1,0 +1,27 @@
+// Everything the scheduler is configured with, read once from flags (scheduler_main.cc) or set by tests.
+#ifndef TESSERA_SCHEDULER_SCHEDULER_OPTIONS_H_
+#define TESSERA_SCHEDULER_SCHEDULER_OPTIONS_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "proto/job.pb.h"
+
+namespace tessera {
+
+struct SchedulerOptions {
+  tessera::v1::JobSpec job;              // validated; see LoadSchedulerJob
+  std::string listen_host = "127.0.0.1";  // loopback unless told otherwise
+  int port = 0;                          // 0: any free port
+  std::string address_file;              // when set, HOST:PORT is written here once listening
+  std::string run_dir;                   // metrics.jsonl and summary.json; empty: none
+  int heartbeat_interval_ms = 500;
+};
+
+// Loads the job file and applies the cluster-size overrides (0 keeps the file's value), then validates.
+[[nodiscard]] absl::StatusOr<tessera::v1::JobSpec> LoadSchedulerJob(const std::string& job_path, int num_servers,
+                                                                    int num_workers);
+
+}  // namespace tessera
+
+#endif  // TESSERA_SCHEDULER_SCHEDULER_OPTIONS_H_

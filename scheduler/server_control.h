@@ -1,0 +1,44 @@
+// How the scheduler's core reaches the servers, without naming a transport: assign shards, collect statistics,
+// end the job. GrpcServerControl (server_pool.h) is the gRPC implementation.
+#ifndef TESSERA_SCHEDULER_SERVER_CONTROL_H_
+#define TESSERA_SCHEDULER_SERVER_CONTROL_H_
+
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/staleness_histogram.h"
+#include "proto/cluster.pb.h"
+#include "proto/ps.pb.h"
+
+namespace tessera {
+
+// The servers' statistics summed over servers.
+struct ClusterStats {
+  int64_t chunks = 0;
+  int64_t chunk_updates = 0;
+  int64_t pushes = 0;
+  int64_t duplicate_pushes = 0;
+  int64_t late_pushes = 0;
+  StalenessHistogram staleness;
+
+  // Model updates: chunk updates per chunk (every chunk of a dense model is updated once per model update).
+  int64_t model_updates() const { return chunks == 0 ? 0 : chunk_updates / chunks; }
+
+  static ClusterStats Sum(const std::vector<tessera::v1::ServerStats>& stats);
+};
+
+// Thread-safe implementations required. Each call addresses every server in the map and blocks until all
+// have answered or one failed (its error, naming the server, is returned).
+class ServerControl {
+ public:
+  virtual ~ServerControl() = default;
+  [[nodiscard]] virtual absl::Status Assign(const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job) = 0;
+  [[nodiscard]] virtual absl::StatusOr<std::vector<tessera::v1::ServerStats>> Stats(
+      const tessera::v1::ShardMap& map) = 0;
+  [[nodiscard]] virtual absl::Status Shutdown(const tessera::v1::ShardMap& map) = 0;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_SCHEDULER_SERVER_CONTROL_H_

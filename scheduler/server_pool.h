@@ -1,0 +1,31 @@
+// ServerControl over gRPC: one stub per server address, created on first use.
+#ifndef TESSERA_SCHEDULER_SERVER_POOL_H_
+#define TESSERA_SCHEDULER_SERVER_POOL_H_
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/mutex.h"
+#include "proto/ps.grpc.pb.h"
+#include "scheduler/server_control.h"
+
+namespace tessera {
+
+// Thread-safe.
+class GrpcServerControl final : public ServerControl {
+ public:
+  absl::Status Assign(const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job) override;
+  absl::StatusOr<std::vector<tessera::v1::ServerStats>> Stats(const tessera::v1::ShardMap& map) override;
+  absl::Status Shutdown(const tessera::v1::ShardMap& map) override;
+
+ private:
+  tessera::v1::ParameterServer::Stub* StubFor(const std::string& address);
+
+  absl::Mutex mu_;
+  std::map<std::string, std::unique_ptr<tessera::v1::ParameterServer::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_SCHEDULER_SERVER_POOL_H_

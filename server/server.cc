@@ -1,0 +1,79 @@
+#include "server/server.h"
+
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+
+namespace tessera {
+
+Server::Server(const ServerOptions& options) : options_(options) {}
+
+Server::~Server() {
+  if (heartbeater_) heartbeater_->Stop();
+  if (grpc_server_) grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+}
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
+  TESSERA_RETURN_IF_ERROR(ValidateServerOptions(options));
+  std::unique_ptr<Server> server(new Server(options));
+  Server* self = server.get();
+  server->store_ = std::make_unique<ShardStore>();
+  server->service_ = std::make_unique<ServerService>(server->store_.get(), [self] { self->Stop(); });
+  TESSERA_ASSIGN_OR_RETURN(StartedServer started,
+                           StartGrpcServer(options.listen_host, options.port, {server->service_.get()}));
+  server->grpc_server_ = std::move(started.server);
+  const std::string host = options.advertise_host.empty() ? options.listen_host : options.advertise_host;
+  server->address_ = absl::StrCat(host, ":", started.port);
+
+  server->scheduler_ = std::make_unique<SchedulerClient>(options.scheduler_address);
+  tessera::v1::RegisterRequest request;
+  request.set_role(tessera::v1::SERVER);
+  request.set_address(server->address_);
+  char hostname[256] = {0};
+  gethostname(hostname, sizeof(hostname) - 1);
+  request.set_hostname(hostname);
+  TESSERA_ASSIGN_OR_RETURN(tessera::v1::RegisterResponse registered,
+                           server->scheduler_->Register(request, options.connect_attempts));
+  server->id_ = registered.id();
+  LOG(INFO) << "server " << server->id_ << " serving at " << server->address_ << " for job '"
+            << registered.job().name() << "' of scheduler " << options.scheduler_address;
+
+  server->heartbeater_ = std::make_unique<Heartbeater>(
+      absl::Milliseconds(std::max<uint64_t>(10, registered.heartbeat_interval_ms())),
+      [self]() -> absl::Status {
+        tessera::v1::HeartbeatRequest beat;
+        beat.set_role(tessera::v1::SERVER);
+        beat.set_id(self->id_);
+        TESSERA_ASSIGN_OR_RETURN(tessera::v1::HeartbeatResponse response, self->scheduler_->Heartbeat(beat));
+        if (response.job_finished()) self->Stop();
+        return absl::OkStatus();
+      },
+      [self](const absl::Status& why) {
+        self->Stop(absl::UnavailableError(absl::StrCat("lost the scheduler: ", why.message())));
+      },
+      absl::Milliseconds(options.heartbeat_timeout_ms));
+  server->heartbeater_->Start();
+  return server;
+}
+
+absl::Status Server::Wait() {
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](std::optional<absl::Status>* reason) { return reason->has_value(); }, &stop_reason_));
+  }
+  if (heartbeater_) heartbeater_->Stop();
+  grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  absl::MutexLock lock(&mu_);
+  return *stop_reason_;
+}
+
+void Server::Stop(absl::Status reason) {
+  absl::MutexLock lock(&mu_);
+  if (!stop_reason_) stop_reason_ = std::move(reason);
+}
+
+}  // namespace tessera

@@ -1,0 +1,61 @@
+// A parameter server's lifecycle: listen, register with the scheduler, heartbeat, serve, stop.
+//
+//   ServerOptions options;
+//   options.scheduler_address = "127.0.0.1:7000";
+//   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<Server> server, Server::Start(options));
+//   absl::Status exit = server->Wait();  // until the job ends, the scheduler is lost, or Stop()
+#ifndef TESSERA_SERVER_SERVER_H_
+#define TESSERA_SERVER_SERVER_H_
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/heartbeater.h"
+#include "common/scheduler_client.h"
+#include "server/server_options.h"
+#include "server/server_service.h"
+#include "server/shard_store.h"
+
+namespace tessera {
+
+// Thread-safe.
+class Server {
+ public:
+  // Binds, registers with the scheduler (bounded retries; UNAVAILABLE naming the scheduler's address when none
+  // answers) and starts heartbeating.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options);
+  ~Server();
+
+  // Blocks until the scheduler ends the job (OK), the scheduler is lost (UNAVAILABLE) or Stop() is called (OK);
+  // then shuts the gRPC server down.
+  [[nodiscard]] absl::Status Wait();
+  // Asks Wait() to return. Never blocks; safe from any thread, including RPC handlers and signal watchers.
+  void Stop(absl::Status reason = absl::OkStatus());
+
+  int id() const { return id_; }
+  const std::string& address() const { return address_; }
+  const ShardStore& store() const { return *store_; }
+
+ private:
+  explicit Server(const ServerOptions& options);
+
+  const ServerOptions options_;
+  int id_ = -1;
+  std::string address_;
+  std::unique_ptr<ShardStore> store_;
+  std::unique_ptr<ServerService> service_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+  std::unique_ptr<SchedulerClient> scheduler_;
+  std::unique_ptr<Heartbeater> heartbeater_;
+
+  absl::Mutex mu_;
+  std::optional<absl::Status> stop_reason_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_SERVER_H_

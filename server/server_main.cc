@@ -1,0 +1,50 @@
+// tessera-server: a parameter server daemon. It registers with the scheduler, receives its shards, serves pulls
+// and pushes, and exits when the scheduler ends the job.
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "common/signals.h"
+#include "gflags/gflags.h"
+#include "glog/logging.h"
+#include "server/server.h"
+
+DEFINE_string(scheduler, "", "HOST:PORT of the scheduler (required)");
+DEFINE_string(host, "127.0.0.1", "address to listen on (loopback by default; 0.0.0.0 for every interface)");
+DEFINE_int32(port, 0, "port to listen on; 0 picks a free one");
+DEFINE_string(advertise_host, "", "host name or address workers should dial; default: --host");
+DEFINE_int32(connect_attempts, 20, "tries to reach the scheduler at start-up (exponential backoff up to 1 s)");
+DEFINE_int32(heartbeat_timeout_ms, 10000, "exit when the scheduler has not answered for this long");
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage("tessera-server --scheduler=HOST:PORT [--host=ADDR --port=N]");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  google::InitGoogleLogging(argv[0]);
+  FLAGS_logtostderr = true;
+
+  tessera::BlockTerminationSignals();
+
+  tessera::ServerOptions options;
+  options.scheduler_address = FLAGS_scheduler;
+  options.listen_host = FLAGS_host;
+  options.port = FLAGS_port;
+  options.advertise_host = FLAGS_advertise_host;
+  options.connect_attempts = FLAGS_connect_attempts;
+  options.heartbeat_timeout_ms = FLAGS_heartbeat_timeout_ms;
+
+  auto server = tessera::Server::Start(options);
+  if (!server.ok()) {
+    std::cerr << "tessera-server: " << server.status() << std::endl;
+    return 1;
+  }
+  tessera::Server* daemon = server->get();
+  tessera::WatchTerminationSignals([daemon](int signal) {
+    daemon->Stop(absl::CancelledError(absl::StrCat("stopped by signal ", signal)));
+  });
+  absl::Status status = (*server)->Wait();
+  if (!status.ok()) {
+    std::cerr << "tessera-server: " << status << std::endl;
+    return status.code() == absl::StatusCode::kCancelled ? 130 : 1;
+  }
+  LOG(INFO) << "server " << (*server)->id() << " finished";
+  return 0;
+}

@@ -1,0 +1,23 @@
+#include "server/server_options.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc.h"
+
+namespace tessera {
+
+absl::Status ValidateServerOptions(const ServerOptions& options) {
+  std::string host;
+  int port = 0;
+  if (options.scheduler_address.empty()) return absl::InvalidArgumentError("--scheduler=HOST:PORT is required");
+  if (absl::Status s = SplitHostPort(options.scheduler_address, &host, &port); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--scheduler: ", s.message()));
+  }
+  if (options.port < 0 || options.port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("--port: expected 0 .. 65535, got ", options.port));
+  }
+  if (options.connect_attempts < 1) return absl::InvalidArgumentError("--connect_attempts: expected >= 1");
+  if (options.heartbeat_timeout_ms < 100) return absl::InvalidArgumentError("--heartbeat_timeout_ms: expected >= 100");
+  return absl::OkStatus();
+}
+
+}  // namespace tessera

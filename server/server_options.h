@@ -1,0 +1,25 @@
+// Everything a parameter server is configured with, read once from flags (server_main.cc) or set by tests.
+#ifndef TESSERA_SERVER_SERVER_OPTIONS_H_
+#define TESSERA_SERVER_SERVER_OPTIONS_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace tessera {
+
+struct ServerOptions {
+  std::string scheduler_address;         // HOST:PORT of the scheduler (required)
+  std::string listen_host = "127.0.0.1";  // loopback unless told otherwise
+  int port = 0;                          // 0: any free port
+  std::string advertise_host;            // what workers dial; default: listen_host
+  int connect_attempts = 20;             // tries to reach the scheduler at start-up
+  int heartbeat_timeout_ms = 10000;      // exit when the scheduler is silent this long
+};
+
+// INVALID_ARGUMENT naming the flag at fault.
+[[nodiscard]] absl::Status ValidateServerOptions(const ServerOptions& options);
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_SERVER_OPTIONS_H_

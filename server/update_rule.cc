@@ -1,0 +1,37 @@
+#include "server/update_rule.h"
+
+#include <cmath>
+
+#include "glog/logging.h"
+
+namespace tessera {
+
+void UpdateRule::Apply(absl::Span<float> params, absl::Span<const float> grad, absl::Span<float> state, int64_t step,
+                       float lr_scale) const {
+  CHECK_EQ(params.size(), grad.size());
+  CHECK_EQ(state.size(), params.size() * static_cast<size_t>(state_slots()));
+  const size_t n = params.size();
+  const float lr = spec_.learning_rate() * lr_scale;
+  if (spec_.kind() == tessera::v1::OptimizerSpec::ADAM) {
+    const float b1 = spec_.beta1(), b2 = spec_.beta2(), eps = spec_.epsilon();
+    const float c1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b1), static_cast<double>(step)));
+    const float c2 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b2), static_cast<double>(step)));
+    float* m = state.data();
+    float* v = state.data() + n;
+    for (size_t i = 0; i < n; ++i) {
+      const float g = grad[i];
+      m[i] = b1 * m[i] + (1.0f - b1) * g;
+      v[i] = b2 * v[i] + (1.0f - b2) * g * g;
+      params[i] -= lr * (m[i] / c1) / (std::sqrt(v[i] / c2) + eps);
+    }
+    return;
+  }
+  const float mu = spec_.momentum();
+  float* velocity = state.data();
+  for (size_t i = 0; i < n; ++i) {
+    velocity[i] = mu * velocity[i] + grad[i];
+    params[i] -= lr * velocity[i];
+  }
+}
+
+}  // namespace tessera

@@ -1,0 +1,36 @@
+// Update rules a server applies to the chunks it owns (and a local-mode worker to whole tensors).
+//
+// Every rule is elementwise, so applying it chunk by chunk gives exactly what applying it to the whole tensor
+// gives; that is what lets a sharded run match a single process.
+#ifndef TESSERA_SERVER_UPDATE_RULE_H_
+#define TESSERA_SERVER_UPDATE_RULE_H_
+
+#include <cstdint>
+
+#include "absl/types/span.h"
+#include "proto/job.pb.h"
+
+namespace tessera {
+
+// One optimizer, configured once. Thread-compatible (const methods only; state lives with the caller).
+class UpdateRule {
+ public:
+  // `spec` must have passed ValidateJobSpec.
+  explicit UpdateRule(const tessera::v1::OptimizerSpec& spec) : spec_(spec) {}
+
+  // Floats of optimizer state per parameter element: 1 for SGD (momentum buffer), 2 for Adam (m, v).
+  int state_slots() const { return spec_.kind() == tessera::v1::OptimizerSpec::ADAM ? 2 : 1; }
+
+  // One step on `params` with gradient `grad`. `state` holds state_slots() * params.size() floats, zero before
+  // the first step. `step` counts the updates applied to these values, this one included (Adam's bias
+  // correction). The learning rate is multiplied by `lr_scale` (staleness-aware training).
+  void Apply(absl::Span<float> params, absl::Span<const float> grad, absl::Span<float> state, int64_t step,
+             float lr_scale) const;
+
+ private:
+  const tessera::v1::OptimizerSpec spec_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_UPDATE_RULE_H_
