@@ -80,11 +80,13 @@ absl::StatusOr<tessera::v1::AdvanceClockResponse> SchedulerClient::AdvanceClock(
   return response;
 }
 
-absl::Status SchedulerClient::Report(const tessera::v1::ReportRequest& request) {
+absl::StatusOr<tessera::v1::ReportResponse> SchedulerClient::Report(const tessera::v1::ReportRequest& request) {
   grpc::ClientContext context;
   SetTimeout(context, kControlTimeout);
   tessera::v1::ReportResponse response;
-  return FromGrpcStatus(stub_->Report(&context, request, &response), context, "Report to scheduler");
+  absl::Status status = FromGrpcStatus(stub_->Report(&context, request, &response), context, "Report to scheduler");
+  if (!status.ok()) return status;
+  return response;
 }
 
 absl::Status SchedulerClient::Done(int worker_id, int64_t clock) {

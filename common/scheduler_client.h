@@ -35,7 +35,7 @@ class SchedulerClient {
   // being waited for).
   [[nodiscard]] absl::StatusOr<tessera::v1::AdvanceClockResponse> AdvanceClock(int worker_id, int64_t clock,
                                                                                absl::Duration wait_timeout);
-  [[nodiscard]] absl::Status Report(const tessera::v1::ReportRequest& request);
+  [[nodiscard]] absl::StatusOr<tessera::v1::ReportResponse> Report(const tessera::v1::ReportRequest& request);
   [[nodiscard]] absl::Status Done(int worker_id, int64_t clock);
 
  private:

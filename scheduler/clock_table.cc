@@ -152,3 +152,12 @@ bool ClockTable::stopped() const {
 }
 
 }  // namespace tessera
+
+namespace tessera {
+
+std::string ClockTable::stop_reason() const {
+  absl::MutexLock lock(&mu_);
+  return stop_reason_;
+}
+
+}  // namespace tessera

@@ -55,6 +55,7 @@ class ClockTable {
   std::vector<int64_t> Clocks() const;
   int64_t MaxClock() const;
   bool stopped() const;
+  std::string stop_reason() const;
 
  private:
   struct Waiter {

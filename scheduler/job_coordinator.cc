@@ -124,14 +124,14 @@ void JobCoordinator::AdvanceClock(const tessera::v1::AdvanceClockRequest& reques
   clocks_.Advance(request.worker_id(), request.clock(), absl::Now() + wait, std::move(done));
 }
 
-absl::Status JobCoordinator::Report(const tessera::v1::ReportRequest& request) {
+absl::StatusOr<tessera::v1::ReportResponse> JobCoordinator::Report(const tessera::v1::ReportRequest& request) {
   if (request.worker_id() < 0 || request.worker_id() >= job_.cluster().num_workers()) {
     return absl::InvalidArgumentError(absl::StrCat("report from unknown worker ", request.worker_id()));
   }
   {
     absl::MutexLock lock(&mu_);
     last_report_[request.worker_id()] = request;
-    if (!request.has_eval()) return absl::OkStatus();
+    if (!request.has_eval()) return StopResponse();
     last_eval_ = request;
     const float target = job_.stop().target_accuracy();
     if (target > 0 && request.test_accuracy() >= target && !seconds_to_target_) {
@@ -143,7 +143,14 @@ absl::Status JobCoordinator::Report(const tessera::v1::ReportRequest& request) {
     clocks_.Stop(absl::StrCat("test accuracy ", request.test_accuracy(), " reached the target ", target));
   }
   executor_.Submit([this, request] { WriteEvalRecord(request); });
-  return absl::OkStatus();
+  return StopResponse();
+}
+
+tessera::v1::ReportResponse JobCoordinator::StopResponse() const {
+  tessera::v1::ReportResponse response;
+  response.set_stop(clocks_.stopped());
+  if (response.stop()) response.set_stop_reason(clocks_.stop_reason());
+  return response;
 }
 
 void JobCoordinator::WriteEvalRecord(const tessera::v1::ReportRequest& eval) {

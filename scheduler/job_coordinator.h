@@ -51,7 +51,7 @@ class JobCoordinator {
   // See ClockTable::Advance.
   void AdvanceClock(const tessera::v1::AdvanceClockRequest& request, ClockTable::Callback done);
 
-  [[nodiscard]] absl::Status Report(const tessera::v1::ReportRequest& request);
+  [[nodiscard]] absl::StatusOr<tessera::v1::ReportResponse> Report(const tessera::v1::ReportRequest& request);
   [[nodiscard]] absl::Status Done(const tessera::v1::DoneRequest& request);
 
   // The summary written at the end; empty before.
@@ -63,6 +63,8 @@ class JobCoordinator {
  private:
   JobCoordinator(tessera::v1::JobSpec job, std::unique_ptr<RunRecorder> recorder, absl::Duration heartbeat_interval,
                  ServerControl* servers, std::function<void()> on_finished);
+
+  tessera::v1::ReportResponse StopResponse() const;
 
   // Executor tasks.
   void WriteEvalRecord(const tessera::v1::ReportRequest& eval);

@@ -68,8 +68,8 @@ grpc::ServerUnaryReactor* SchedulerService::AdvanceClock(grpc::CallbackServerCon
 
 grpc::ServerUnaryReactor* SchedulerService::Report(grpc::CallbackServerContext* context,
                                                    const tessera::v1::ReportRequest* request,
-                                                   tessera::v1::ReportResponse*) {
-  return FinishWith(context, coordinator_->Report(*request));
+                                                   tessera::v1::ReportResponse* response) {
+  return FinishWith(context, coordinator_->Report(*request), response);
 }
 
 grpc::ServerUnaryReactor* SchedulerService::Done(grpc::CallbackServerContext* context,

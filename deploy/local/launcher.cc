@@ -1,0 +1,278 @@
+#include "deploy/local/launcher.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace tessera {
+namespace {
+
+constexpr char kListening[] = "scheduler listening on ";
+constexpr absl::Duration kGrace = absl::Seconds(5);
+
+struct Child {
+  std::string name;
+  std::string log;
+  pid_t pid = -1;
+  bool exited = false;
+  int status = 0;
+};
+
+sigset_t LauncherSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGCHLD);
+  sigaddset(&set, SIGUSR1);
+  return set;
+}
+
+// Forks and execs `argv`; stdout goes to `stdout_fd` (or the log), stderr to the log.
+absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const std::string& log, int stdout_fd) {
+  const int log_fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (log_fd < 0) return absl::PermissionDeniedError(absl::StrCat("cannot write ", log, ": ", strerror(errno)));
+  const pid_t launcher = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(log_fd);
+    return absl::ResourceExhaustedError(absl::StrCat("fork: ", strerror(errno)));
+  }
+  if (pid == 0) {
+    setpgid(0, 0);                      // Ctrl-C reaches the launcher only; it stops the children in order
+    prctl(PR_SET_PDEATHSIG, SIGTERM);   // never outlive the launcher
+    if (getppid() != launcher) _exit(1);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    dup2(stdout_fd >= 0 ? stdout_fd : log_fd, STDOUT_FILENO);
+    dup2(log_fd, STDERR_FILENO);
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    dprintf(log_fd, "cannot execute %s: %s\n", args[0], strerror(errno));
+    _exit(127);
+  }
+  close(log_fd);
+  return pid;
+}
+
+std::string Tail(const std::string& path, int lines) {
+  std::ifstream in(path);
+  std::vector<std::string> all;
+  for (std::string line; std::getline(in, line);) all.push_back(line);
+  const size_t from = all.size() > static_cast<size_t>(lines) ? all.size() - lines : 0;
+  return absl::StrJoin(all.begin() + from, all.end(), "\n");
+}
+
+std::string ExitText(int status) {
+  if (WIFEXITED(status)) return absl::StrCat("exit code ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return absl::StrCat("signal ", WTERMSIG(status));
+  return "unknown status";
+}
+
+class Cluster {
+ public:
+  explicit Cluster(const LaunchOptions& options) : options_(options) {}
+
+  absl::Status Run() {
+    sigset_t signals = LauncherSignals();
+    sigprocmask(SIG_BLOCK, &signals, nullptr);
+    std::error_code error;
+    std::filesystem::create_directories(options_.run_dir + "/logs", error);
+    if (error) return absl::PermissionDeniedError(absl::StrCat("cannot create ", options_.run_dir, ": ", error.message()));
+
+    absl::Status status = StartAll();
+    if (status.ok()) status = Supervise();
+    StopAll();
+    return status;
+  }
+
+ private:
+  absl::Status StartScheduler() {
+    int pipe_fds[2];
+    if (pipe2(pipe_fds, O_CLOEXEC) != 0) return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+    std::vector<std::string> argv = {options_.bin_dir + "/tessera-scheduler", "--job=" + options_.job_path,
+                                     "--run_dir=" + options_.run_dir, "--port=0"};
+    if (options_.servers > 0) argv.push_back(absl::StrCat("--num_servers=", options_.servers));
+    if (options_.workers > 0) argv.push_back(absl::StrCat("--num_workers=", options_.workers));
+    absl::StatusOr<pid_t> pid = Spawn(argv, options_.run_dir + "/logs/scheduler.log", pipe_fds[1]);
+    close(pipe_fds[1]);
+    if (!pid.ok()) {
+      close(pipe_fds[0]);
+      return pid.status();
+    }
+    children_.push_back({"scheduler", options_.run_dir + "/logs/scheduler.log", *pid});
+    // Forward the scheduler's stdout (progress lines) and pick up its address from the first line.
+    const pid_t self = getpid();
+    reader_ = std::thread([this, fd = pipe_fds[0], self] {
+      std::string pending;
+      char buffer[4096];
+      ssize_t n;
+      while ((n = read(fd, buffer, sizeof(buffer))) > 0) {
+        pending.append(buffer, n);
+        size_t newline;
+        while ((newline = pending.find('\n')) != std::string::npos) {
+          std::string line = pending.substr(0, newline);
+          pending.erase(0, newline + 1);
+          if (absl::StartsWith(line, kListening)) {
+            {
+              std::lock_guard<std::mutex> lock(mu_);
+              scheduler_address_ = line.substr(strlen(kListening));
+            }
+            kill(self, SIGUSR1);
+          }
+          std::cout << line << std::endl;
+        }
+      }
+      close(fd);
+    });
+    return absl::OkStatus();
+  }
+
+  absl::Status StartAll() {
+    if (absl::Status s = StartScheduler(); !s.ok()) return s;
+    // Wait for the address (SIGUSR1 from the reader), or for the scheduler to die.
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (true) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!scheduler_address_.empty()) break;
+      }
+      if (absl::Status s = WaitForEvent(deadline, "the scheduler to listen"); !s.ok()) return s;
+    }
+    std::string address;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      address = scheduler_address_;
+    }
+    const int servers = options_.servers;
+    const int workers = options_.workers;
+    for (int i = 0; i < servers; ++i) {
+      const std::string log = absl::StrCat(options_.run_dir, "/logs/server-", i, ".log");
+      absl::StatusOr<pid_t> pid =
+          Spawn({options_.bin_dir + "/tessera-server", "--scheduler=" + address}, log, -1);
+      if (!pid.ok()) return pid.status();
+      children_.push_back({absl::StrCat("server ", i), log, *pid});
+    }
+    for (int i = 0; i < workers; ++i) {
+      const std::string log = absl::StrCat(options_.run_dir, "/logs/worker-", i, ".log");
+      std::vector<std::string> argv = {options_.bin_dir + "/tessera-worker", "--scheduler=" + address,
+                                       "--device=" + options_.device};
+      if (i == options_.slow_worker && options_.inject_slowdown_ms > 0) {
+        argv.push_back(absl::StrCat("--inject_slowdown_ms=", options_.inject_slowdown_ms));
+      }
+      if (i == 0 && !options_.dump_params.empty()) argv.push_back("--dump_params=" + options_.dump_params);
+      absl::StatusOr<pid_t> pid = Spawn(argv, log, -1);
+      if (!pid.ok()) return pid.status();
+      children_.push_back({absl::StrCat("worker process ", i), log, *pid});
+    }
+    return absl::OkStatus();
+  }
+
+  // Waits for one signal (child exit, address, Ctrl-C) or `deadline`; reaps children. Errors: a child failed,
+  // the user interrupted, or the deadline passed while waiting for `what`.
+  absl::Status WaitForEvent(absl::Time deadline, const std::string& what) {
+    sigset_t signals = LauncherSignals();
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      return absl::DeadlineExceededError(absl::StrCat("timed out waiting for ", what));
+    }
+    timespec timeout = absl::ToTimespec(std::min(left, absl::Seconds(1)));
+    const int signal = sigtimedwait(&signals, nullptr, &timeout);
+    if (signal == SIGINT || signal == SIGTERM) {
+      return absl::CancelledError(absl::StrCat("interrupted by signal ", signal, "; stopping the cluster"));
+    }
+    return Reap();
+  }
+
+  absl::Status Reap() {
+    int status = 0;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+      for (Child& child : children_) {
+        if (child.pid != pid) continue;
+        child.exited = true;
+        child.status = status;
+        if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+          return absl::AbortedError(absl::StrCat(child.name, " failed (", ExitText(status), "); end of ", child.log,
+                                                 ":\n", Tail(child.log, 15)));
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  bool AllExited() const {
+    for (const Child& c : children_) {
+      if (!c.exited) return false;
+    }
+    return true;
+  }
+
+  absl::Status Supervise() {
+    const absl::Time deadline = absl::Now() + absl::Seconds(options_.timeout_s);
+    while (!AllExited()) {
+      if (absl::Status s = WaitForEvent(deadline, "the job to finish"); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
+  // SIGTERM to every child still running, SIGKILL after the grace period; reaps them all.
+  void StopAll() {
+    for (const Child& c : children_) {
+      if (!c.exited) kill(c.pid, SIGTERM);
+    }
+    const absl::Time deadline = absl::Now() + kGrace;
+    for (Child& c : children_) {
+      while (!c.exited) {
+        int status = 0;
+        const pid_t pid = waitpid(c.pid, &status, WNOHANG);
+        if (pid == c.pid) {
+          c.exited = true;
+          break;
+        }
+        if (absl::Now() > deadline) {
+          kill(c.pid, SIGKILL);
+          waitpid(c.pid, &status, 0);
+          c.exited = true;
+          break;
+        }
+        // Reaping a child that was sent SIGTERM: short pauses bounded by the grace period.
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+    if (reader_.joinable()) reader_.join();  // the pipe closes once the scheduler is gone
+  }
+
+  const LaunchOptions options_;
+  std::vector<Child> children_;
+  std::thread reader_;
+  std::mutex mu_;
+  std::string scheduler_address_;  // guarded by mu_
+};
+
+}  // namespace
+
+absl::Status RunLocalCluster(const LaunchOptions& options) { return Cluster(options).Run(); }
+
+}  // namespace tessera

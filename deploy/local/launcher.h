@@ -1,0 +1,36 @@
+// The local launcher: a whole Tessera cluster on one machine, each role its own process.
+//
+// It starts the scheduler, then the servers and workers pointed at the address the scheduler printed, forwards
+// the scheduler's progress lines, and keeps every other daemon's output in <run_dir>/logs/. It returns when the
+// job is over and every child has exited. When any child fails, or on SIGINT/SIGTERM, it stops all the others
+// (SIGTERM, then SIGKILL after a grace period) and reports which child failed, with the end of its log.
+// Children also die with the launcher (PR_SET_PDEATHSIG), so no daemon outlives it and no port stays bound.
+#ifndef TESSERA_DEPLOY_LOCAL_LAUNCHER_H_
+#define TESSERA_DEPLOY_LOCAL_LAUNCHER_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace tessera {
+
+struct LaunchOptions {
+  std::string bin_dir;       // where tessera-scheduler, -server and -worker are
+  std::string job_path;      // the job file handed to the scheduler
+  std::string run_dir;       // created; gets logs/, metrics.jsonl, summary.json
+  int servers = 0;           // 0: the job's cluster.num_servers
+  int workers = 0;           // 0: the job's cluster.num_workers
+  std::string device = "auto";
+  int slow_worker = -1;      // this worker gets --inject_slowdown_ms (experiments)
+  int inject_slowdown_ms = 0;
+  std::string dump_params;   // handed to worker 0
+  int timeout_s = 3600;      // stop everything after this long
+};
+
+// Runs the cluster to completion. OK when every child exited 0; otherwise the first failure, naming the child.
+[[nodiscard]] absl::Status RunLocalCluster(const LaunchOptions& options);
+
+}  // namespace tessera
+
+#endif  // TESSERA_DEPLOY_LOCAL_LAUNCHER_H_

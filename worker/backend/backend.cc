@@ -1,0 +1,44 @@
+#include "worker/backend/backend.h"
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+#include "worker/backend/cpu_backend.h"
+#if TESSERA_HAVE_CUDA
+#include "worker/backend/cuda_backend.h"
+#endif
+
+namespace tessera {
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& device) {
+  if (device == "cpu") return std::unique_ptr<Backend>(std::make_unique<CpuBackend>());
+  if (device == "auto") {
+#if TESSERA_HAVE_CUDA
+    absl::StatusOr<std::unique_ptr<Backend>> gpu = CreateCudaBackend(0, CudaBackendOptions());
+    if (gpu.ok()) {
+      LOG(INFO) << "device auto: using " << (*gpu)->name();
+      return gpu;
+    }
+    LOG(INFO) << "device auto: using the CPU, because no GPU answered: " << gpu.status().message();
+#else
+    LOG(INFO) << "device auto: using the CPU, because this build has no CUDA backend";
+#endif
+    return std::unique_ptr<Backend>(std::make_unique<CpuBackend>());
+  }
+  if (absl::StartsWith(device, "cuda:")) {
+    int ordinal = -1;
+    if (!absl::SimpleAtoi(device.substr(5), &ordinal) || ordinal < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--device: bad GPU number in '", device, "'"));
+    }
+#if TESSERA_HAVE_CUDA
+    return CreateCudaBackend(ordinal, CudaBackendOptions());
+#else
+    return absl::FailedPreconditionError(
+        absl::StrCat("--device=", device, ": this build has no CUDA backend (nvcc was not found at configure time)"));
+#endif
+  }
+  return absl::InvalidArgumentError(absl::StrCat("--device: expected auto, cpu or cuda:N, got '", device, "'"));
+}
+
+}  // namespace tessera

@@ -1,0 +1,80 @@
+// The compute a worker needs, behind one interface: GEMM, bias and activation, reductions, softmax
+// cross-entropy and copies. CpuBackend (OpenBLAS) and CudaBackend (cuBLAS plus kernels) implement it.
+//
+// Matrices are row-major float32 in Buffers the backend allocated (host memory for the CPU, device memory for
+// CUDA). Calls are issued in order; a Download returns once the values are on the host. Every failure is a
+// Status (a CUDA error names the call and the error), never a crash.
+//
+//   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend("auto"));
+//   TESSERA_ASSIGN_OR_RETURN(auto a, backend->Allocate(m * k));
+//   TESSERA_RETURN_IF_ERROR(backend->Upload(host_a, *a));
+//   TESSERA_RETURN_IF_ERROR(backend->Gemm(false, false, m, n, k, 1.0f, *a, *b, 0.0f, *c));
+#ifndef TESSERA_WORKER_BACKEND_BACKEND_H_
+#define TESSERA_WORKER_BACKEND_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace tessera {
+
+// A float32 array owned by a backend. Not thread-safe.
+class Buffer {
+ public:
+  virtual ~Buffer() = default;
+  // Device or host address, depending on the backend; only that backend dereferences it.
+  virtual float* data() = 0;
+  virtual const float* data() const = 0;
+  virtual size_t size() const = 0;  // elements
+};
+
+// Sums over a batch from SoftmaxCrossEntropy.
+struct LossSums {
+  double loss = 0;      // sum of per-example cross-entropy
+  int64_t correct = 0;  // examples whose arg-max logit is the label
+};
+
+// Thread-compatible: one backend serves one training loop.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // "cpu", "cuda:0 (NVIDIA H100 80GB HBM3)", ...
+  virtual std::string name() const = 0;
+
+  // A buffer of `n` floats (contents unspecified). RESOURCE_EXHAUSTED when memory runs out.
+  [[nodiscard]] virtual absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t n) = 0;
+  // Copies host values into dst[0, src.size()); INVALID_ARGUMENT when they do not fit.
+  [[nodiscard]] virtual absl::Status Upload(absl::Span<const float> src, Buffer& dst) = 0;
+  // Copies src[0, dst.size()) to the host and waits for it; INVALID_ARGUMENT when src is smaller.
+  [[nodiscard]] virtual absl::Status Download(const Buffer& src, absl::Span<float> dst) = 0;
+
+  // C[m x n] = alpha * op(A) * op(B) + beta * C, op(X) = X or X^T; op(A) is m x k, op(B) is k x n.
+  [[nodiscard]] virtual absl::Status Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha,
+                                          const Buffer& a, const Buffer& b, float beta, Buffer& c) = 0;
+  // Z[rows x cols] += bias (per column), then ReLU when `relu`.
+  [[nodiscard]] virtual absl::Status BiasActivation(Buffer& z, const Buffer& bias, int rows, int cols,
+                                                    bool relu) = 0;
+  // dH[i] = 0 where H[i] <= 0 (H is the ReLU's output).
+  [[nodiscard]] virtual absl::Status ReluBackward(Buffer& grad, const Buffer& activation, size_t n) = 0;
+  // out[cols] = sum over rows of X[rows x cols].
+  [[nodiscard]] virtual absl::Status ColumnSum(const Buffer& x, int rows, int cols, Buffer& out) = 0;
+  // For logits[rows x classes] and host `labels`: the summed loss and hits, and, when `grad` is not null,
+  // grad = (softmax(logits) - onehot(labels)) * grad_scale. INVALID_ARGUMENT for a label out of range.
+  [[nodiscard]] virtual absl::StatusOr<LossSums> SoftmaxCrossEntropy(const Buffer& logits,
+                                                                     absl::Span<const int32_t> labels, int classes,
+                                                                     float grad_scale, Buffer* grad) = 0;
+};
+
+// Picks a backend for `device`: "cpu", "cuda:N", or "auto" (the first GPU that answers, else the CPU, with one
+// log line saying why). INVALID_ARGUMENT for anything else; FAILED_PRECONDITION for "cuda:N" when that GPU
+// cannot be used (or this build has no CUDA), with the reason.
+[[nodiscard]] absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& device);
+
+}  // namespace tessera
+
+#endif  // TESSERA_WORKER_BACKEND_BACKEND_H_

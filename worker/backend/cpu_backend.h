@@ -1,0 +1,27 @@
+// The CPU backend: OpenBLAS for GEMM, plain loops for the rest.
+#ifndef TESSERA_WORKER_BACKEND_CPU_BACKEND_H_
+#define TESSERA_WORKER_BACKEND_CPU_BACKEND_H_
+
+#include "worker/backend/backend.h"
+
+namespace tessera {
+
+// Thread-compatible.
+class CpuBackend final : public Backend {
+ public:
+  std::string name() const override { return "cpu"; }
+  absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t n) override;
+  absl::Status Upload(absl::Span<const float> src, Buffer& dst) override;
+  absl::Status Download(const Buffer& src, absl::Span<float> dst) override;
+  absl::Status Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const Buffer& a,
+                    const Buffer& b, float beta, Buffer& c) override;
+  absl::Status BiasActivation(Buffer& z, const Buffer& bias, int rows, int cols, bool relu) override;
+  absl::Status ReluBackward(Buffer& grad, const Buffer& activation, size_t n) override;
+  absl::Status ColumnSum(const Buffer& x, int rows, int cols, Buffer& out) override;
+  absl::StatusOr<LossSums> SoftmaxCrossEntropy(const Buffer& logits, absl::Span<const int32_t> labels, int classes,
+                                               float grad_scale, Buffer* grad) override;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_WORKER_BACKEND_CPU_BACKEND_H_

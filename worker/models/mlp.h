@@ -1,0 +1,70 @@
+// A fully connected classifier (softmax regression when there are no hidden layers) computed on a Backend.
+//
+// Parameters, in declaration order: "layer<i>/weight" [fan_in, fan_out] (Glorot uniform) and "layer<i>/bias"
+// [fan_out] (zeros), for i = 0 .. layers-1. ReLU between layers; the loss is the mean softmax cross-entropy,
+// so gradients are means over the batch.
+//
+//   TESSERA_ASSIGN_OR_RETURN(auto mlp, Mlp::Create(backend.get(), {784, 256, 128, 10}, /*seed=*/1, 256));
+//   for (int i = 0; i < mlp->num_parameters(); ++i) TESSERA_RETURN_IF_ERROR(mlp->SetParameter(i, values[i]));
+//   TESSERA_ASSIGN_OR_RETURN(LossSums sums, mlp->ForwardBackward(x, labels));
+//   TESSERA_RETURN_IF_ERROR(mlp->GetGradient(0, grad0));
+#ifndef TESSERA_WORKER_MODELS_MLP_H_
+#define TESSERA_WORKER_MODELS_MLP_H_
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/job.pb.h"
+#include "proto/tensor.pb.h"
+#include "worker/backend/backend.h"
+
+namespace tessera {
+
+// Not thread-safe.
+class Mlp {
+ public:
+  // `layer_sizes` = {inputs, hidden..., classes}, at least two entries. `backend` is not owned and must outlive
+  // the model. Batches may hold up to `max_batch` examples.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Mlp>> Create(Backend* backend, std::vector<int> layer_sizes,
+                                                                   uint64_t seed, int max_batch);
+
+  // The layer sizes a ModelSpec asks for, for `inputs` features and `classes` classes.
+  static std::vector<int> LayerSizes(const tessera::v1::ModelSpec& spec, int inputs, int classes);
+
+  const std::vector<tessera::v1::ParameterSpec>& parameters() const { return params_; }
+  int num_parameters() const { return static_cast<int>(params_.size()); }
+  int inputs() const { return sizes_.front(); }
+  int classes() const { return sizes_.back(); }
+  int max_batch() const { return max_batch_; }
+
+  // Copies host values into parameter `index`; INVALID_ARGUMENT on a size mismatch.
+  [[nodiscard]] absl::Status SetParameter(int index, absl::Span<const float> values);
+  // Copies parameter `index` (or its gradient from the last ForwardBackward) to the host.
+  [[nodiscard]] absl::Status GetParameter(int index, absl::Span<float> out);
+  [[nodiscard]] absl::Status GetGradient(int index, absl::Span<float> out);
+
+  // Forward and backward over `labels.size()` examples (x is row-major [batch, inputs]); leaves the gradients of
+  // the mean loss in the model. INVALID_ARGUMENT for a batch larger than max_batch or mismatched sizes.
+  [[nodiscard]] absl::StatusOr<LossSums> ForwardBackward(absl::Span<const float> x, absl::Span<const int32_t> labels);
+  // Forward only, in slices of max_batch: summed loss and hits over all examples.
+  [[nodiscard]] absl::StatusOr<LossSums> Evaluate(absl::Span<const float> x, absl::Span<const int32_t> labels);
+
+ private:
+  Mlp(Backend* backend, std::vector<int> sizes, int max_batch) : backend_(backend), sizes_(std::move(sizes)), max_batch_(max_batch) {}
+  absl::StatusOr<LossSums> Forward(absl::Span<const float> x, absl::Span<const int32_t> labels, bool backward);
+  int layers() const { return static_cast<int>(sizes_.size()) - 1; }
+
+  Backend* const backend_;  // not owned
+  const std::vector<int> sizes_;
+  const int max_batch_;
+  std::vector<tessera::v1::ParameterSpec> params_;
+  std::vector<std::unique_ptr<Buffer>> values_;       // per parameter
+  std::vector<std::unique_ptr<Buffer>> grads_;        // per parameter
+  std::vector<std::unique_ptr<Buffer>> activations_;  // per layer boundary: [max_batch, sizes_[i]]
+  std::vector<std::unique_ptr<Buffer>> deltas_;       // per layer boundary, i >= 1
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_WORKER_MODELS_MLP_H_

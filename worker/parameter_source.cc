@@ -1,0 +1,110 @@
+#include "worker/parameter_source.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/param_init.h"
+#include "common/status_macros.h"
+#include "common/tensor_codec.h"
+#include "nlohmann/json.hpp"
+
+namespace tessera {
+
+absl::StatusOr<std::unique_ptr<LocalSource>> LocalSource::Create(const tessera::v1::JobSpec& job,
+                                                                 const std::string& run_dir) {
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<RunRecorder> recorder, RunRecorder::Create(run_dir));
+  return std::unique_ptr<LocalSource>(new LocalSource(job, std::move(recorder)));
+}
+
+absl::Status LocalSource::Declare(const std::vector<tessera::v1::ParameterSpec>& params) {
+  for (const auto& p : params) {
+    if (params_.count(p.name()) != 0) continue;
+    Param& param = params_[p.name()];
+    param.values.resize(NumElements(p.shape()));
+    param.state.assign(param.values.size() * rule_.state_slots(), 0.0f);
+    FillInit(p.init(), p.name(), 0, absl::MakeSpan(param.values));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LocalSource::Param*> LocalSource::Find(const std::string& name) {
+  auto it = params_.find(name);
+  if (it == params_.end()) return absl::NotFoundError(absl::StrCat("unknown parameter '", name, "'"));
+  return &it->second;
+}
+
+absl::Status LocalSource::Pull(const std::vector<std::string>& names, const std::vector<absl::Span<float>>& out) {
+  for (size_t i = 0; i < names.size(); ++i) {
+    TESSERA_ASSIGN_OR_RETURN(Param * p, Find(names[i]));
+    if (out[i].size() != p->values.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(names[i], ": expected ", p->values.size(), " values"));
+    }
+    std::copy(p->values.begin(), p->values.end(), out[i].begin());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalSource::Push(const std::vector<std::string>& names,
+                               const std::vector<absl::Span<const float>>& grads, int) {
+  for (size_t i = 0; i < names.size(); ++i) {
+    TESSERA_ASSIGN_OR_RETURN(Param * p, Find(names[i]));
+    if (grads[i].size() != p->values.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(names[i], ": expected ", p->values.size(), " values"));
+    }
+    TESSERA_RETURN_IF_ERROR(CheckFinite(grads[i], names[i]));
+    rule_.Apply(absl::MakeSpan(p->values), grads[i], absl::MakeSpan(p->state), ++p->updates, 1.0f);
+  }
+  ++updates_;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ClockResult> LocalSource::Clock() {
+  ClockResult result;
+  result.clock = ++clock_;
+  result.min_clock = clock_;
+  result.stop = !stop_reason_.empty();
+  result.stop_reason = stop_reason_;
+  return result;
+}
+
+absl::StatusOr<tessera::v1::ReportResponse> LocalSource::Report(const tessera::v1::ReportRequest& report) {
+  tessera::v1::ReportResponse response;
+  if (!report.has_eval()) return response;
+  last_eval_ = report;
+  EvalRecord record;
+  record.step = clock_;
+  record.epoch = report.epoch();
+  record.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start_);
+  record.train_loss = report.train_loss();
+  record.test_loss = report.test_loss();
+  record.test_accuracy = report.test_accuracy();
+  record.samples_per_sec = report.samples_per_sec();
+  record.updates_applied = updates_;
+  const float target = job_.stop().target_accuracy();
+  if (target > 0 && report.test_accuracy() >= target && stop_reason_.empty()) {
+    stop_reason_ = absl::StrCat("test accuracy ", report.test_accuracy(), " reached the target ", target);
+    seconds_to_target_ = record.wall_seconds;
+  }
+  TESSERA_RETURN_IF_ERROR(recorder_->Append(record));
+  response.set_stop(!stop_reason_.empty());
+  response.set_stop_reason(stop_reason_);
+  return response;
+}
+
+absl::Status LocalSource::Done() {
+  nlohmann::json summary;
+  summary["job"] = job_.name();
+  summary["mode"] = "local";
+  summary["servers"] = 0;
+  summary["workers"] = 1;
+  summary["steps"] = clock_;
+  summary["wall_seconds"] = absl::ToDoubleSeconds(absl::Now() - start_);
+  summary["test_accuracy"] = last_eval_ ? last_eval_->test_accuracy() : 0.0;
+  summary["test_loss"] = last_eval_ ? last_eval_->test_loss() : 0.0;
+  summary["epochs"] = last_eval_ ? last_eval_->epoch() : 0.0;
+  summary["target_accuracy"] = job_.stop().target_accuracy();
+  summary["seconds_to_target"] = seconds_to_target_ ? nlohmann::json(*seconds_to_target_) : nlohmann::json();
+  summary["updates_applied"] = updates_;
+  summary["max_staleness"] = 0;
+  return recorder_->WriteSummary(summary);
+}
+
+}  // namespace tessera

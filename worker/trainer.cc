@@ -1,0 +1,164 @@
+#include "worker/trainer.h"
+
+#include <algorithm>
+#include <limits>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "common/tensor_codec.h"
+#include "glog/logging.h"
+#include "worker/data/batch_schedule.h"
+#include "worker/data/dataset.h"
+#include "worker/models/mlp.h"
+#include "worker/param_file.h"
+
+namespace tessera {
+namespace {
+
+// Host copies of every parameter and gradient, with the span lists PsClient takes.
+struct HostTensors {
+  std::vector<std::string> names;
+  std::vector<std::vector<float>> values;
+  std::vector<std::vector<float>> grads;
+
+  explicit HostTensors(const Mlp& model) {
+    for (const auto& p : model.parameters()) {
+      names.push_back(p.name());
+      values.emplace_back(NumElements(p.shape()));
+      grads.emplace_back(NumElements(p.shape()));
+    }
+  }
+  std::vector<absl::Span<float>> ValueSpans() {
+    std::vector<absl::Span<float>> out;
+    for (auto& v : values) out.push_back(absl::MakeSpan(v));
+    return out;
+  }
+  std::vector<absl::Span<const float>> GradSpans() const {
+    std::vector<absl::Span<const float>> out;
+    for (const auto& g : grads) out.push_back(absl::MakeConstSpan(g));
+    return out;
+  }
+};
+
+absl::Status PullInto(ParameterSource& source, HostTensors& host, Mlp& model) {
+  TESSERA_RETURN_IF_ERROR(source.Pull(host.names, host.ValueSpans()));
+  for (int i = 0; i < model.num_parameters(); ++i) TESSERA_RETURN_IF_ERROR(model.SetParameter(i, host.values[i]));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<TrainerResult> Trainer::Run() {
+  const tessera::v1::JobSpec& job = source_->job();
+  const int rank = source_->rank();
+  const int workers = source_->num_workers();
+  const bool evaluates = rank == 0;
+
+  TESSERA_ASSIGN_OR_RETURN(Dataset train, LoadSplit(job.data(), /*train=*/true, job.seed()));
+  Dataset test;
+  if (evaluates) {
+    TESSERA_ASSIGN_OR_RETURN(test, LoadSplit(job.data(), /*train=*/false, job.seed()));
+  }
+  const int64_t global_batch = static_cast<int64_t>(job.batch_size()) * workers;
+  if (train.size() < global_batch) {
+    return absl::InvalidArgumentError(absl::StrCat("the training set has ", train.size(),
+                                                   " examples, fewer than one global batch of ", global_batch));
+  }
+  TESSERA_ASSIGN_OR_RETURN(
+      std::unique_ptr<Mlp> model,
+      Mlp::Create(backend_, Mlp::LayerSizes(job.model(), train.features, train.classes), job.seed(),
+                  std::max(job.batch_size(), 1000)));
+  TESSERA_RETURN_IF_ERROR(source_->Declare(model->parameters()));
+  BatchSchedule schedule(train.size(), job.batch_size(), workers, rank, job.seed());
+
+  int64_t stop_clock = std::numeric_limits<int64_t>::max();
+  if (job.stop().max_steps() > 0) stop_clock = job.stop().max_steps();
+  if (job.stop().epochs() > 0) stop_clock = std::min(stop_clock, job.stop().epochs() * schedule.steps_per_epoch());
+  LOG(INFO) << "worker " << rank << " of " << workers << " on " << backend_->name() << ": " << train.size()
+            << " training examples, " << schedule.steps_per_epoch() << " steps per epoch, batch " << job.batch_size();
+
+  HostTensors host(*model);
+  std::vector<float> x(static_cast<size_t>(job.batch_size()) * train.features);
+  std::vector<int32_t> y(job.batch_size());
+  TrainerResult result;
+  int64_t clock = 0;
+  double loss_sum = 0;
+  int64_t loss_steps = 0, samples_total = 0, samples_window = 0;
+  absl::Time window_start = absl::Now();
+  int64_t last_eval_clock = -1;
+
+  // Sends a progress report (with an evaluation when asked); true when the job says stop.
+  auto report = [&](bool with_eval) -> absl::StatusOr<bool> {
+    tessera::v1::ReportRequest r;
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - window_start);
+    r.set_train_loss(loss_steps > 0 ? loss_sum / loss_steps : 0.0);
+    r.set_samples_per_sec(seconds > 0 ? samples_window / seconds : 0.0);
+    r.set_samples(samples_total);
+    r.set_epoch(schedule.Epochs(clock));
+    if (with_eval) {
+      TESSERA_RETURN_IF_ERROR(PullInto(*source_, host, *model));
+      TESSERA_ASSIGN_OR_RETURN(LossSums sums, model->Evaluate(test.x, test.y));
+      r.set_has_eval(true);
+      r.set_test_loss(sums.loss / test.size());
+      r.set_test_accuracy(static_cast<double>(sums.correct) / test.size());
+      result.test_accuracy = r.test_accuracy();
+      last_eval_clock = clock;
+    }
+    TESSERA_ASSIGN_OR_RETURN(tessera::v1::ReportResponse answer, source_->Report(r));
+    loss_sum = 0;
+    loss_steps = 0;
+    samples_window = 0;
+    window_start = absl::Now();
+    if (answer.stop() && result.stop_reason.empty()) result.stop_reason = answer.stop_reason();
+    return answer.stop();
+  };
+
+  while (clock < stop_clock) {
+    if (cancelled_) return absl::CancelledError(absl::StrCat("worker ", rank, " cancelled at clock ", clock));
+    TESSERA_RETURN_IF_ERROR(PullInto(*source_, host, *model));
+    const std::vector<int64_t> batch = schedule.Batch(clock);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      absl::Span<const float> example = train.Example(batch[i]);
+      std::copy(example.begin(), example.end(), x.begin() + i * train.features);
+      y[i] = train.y[batch[i]];
+    }
+    TESSERA_ASSIGN_OR_RETURN(LossSums sums, model->ForwardBackward(x, y));
+    for (int i = 0; i < model->num_parameters(); ++i) {
+      TESSERA_RETURN_IF_ERROR(model->GetGradient(i, absl::MakeSpan(host.grads[i])));
+    }
+    if (options_.inject_slowdown_ms > 0) {
+      // Simulated extra compute time: this worker is meant to be a straggler.
+      std::this_thread::sleep_for(std::chrono::milliseconds(options_.inject_slowdown_ms));
+    }
+    TESSERA_RETURN_IF_ERROR(source_->Push(host.names, host.GradSpans(), static_cast<int>(batch.size())));
+    loss_sum += sums.loss / batch.size();
+    ++loss_steps;
+    samples_total += batch.size();
+    samples_window += batch.size();
+    TESSERA_ASSIGN_OR_RETURN(ClockResult gate, source_->Clock());
+    clock = gate.clock;
+    if (gate.stop) {
+      result.stop_reason = gate.stop_reason;
+      break;
+    }
+    if (clock % job.eval_every_steps() == 0) {
+      TESSERA_ASSIGN_OR_RETURN(bool stop, report(evaluates));
+      if (stop) break;
+    }
+  }
+  if (result.stop_reason.empty()) result.stop_reason = absl::StrCat("reached step ", clock);
+  if (evaluates && last_eval_clock != clock) TESSERA_RETURN_IF_ERROR(report(true).status());
+  if (evaluates && !options_.dump_params.empty()) {
+    TESSERA_RETURN_IF_ERROR(PullInto(*source_, host, *model));
+    NamedTensors tensors;
+    for (size_t i = 0; i < host.names.size(); ++i) tensors[host.names[i]] = host.values[i];
+    TESSERA_RETURN_IF_ERROR(WriteParamFile(options_.dump_params, tensors));
+  }
+  TESSERA_RETURN_IF_ERROR(source_->Done());
+  result.steps = clock;
+  LOG(INFO) << "worker " << rank << " finished after " << clock << " steps: " << result.stop_reason;
+  return result;
+}
+
+}  // namespace tessera

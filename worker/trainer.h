@@ -1,0 +1,51 @@
+// The training loop a worker runs: pull -> forward and backward on its slice of the global batch -> push ->
+// clock, with progress reports and (worker 0) evaluation on the test set.
+#ifndef TESSERA_WORKER_TRAINER_H_
+#define TESSERA_WORKER_TRAINER_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "worker/backend/backend.h"
+#include "worker/parameter_source.h"
+
+namespace tessera {
+
+struct TrainerOptions {
+  int inject_slowdown_ms = 0;  // extra time per step, to make this worker a straggler on purpose
+  std::string dump_params;     // worker 0 writes the final parameters here (see param_file.h)
+};
+
+// What a run ended with.
+struct TrainerResult {
+  int64_t steps = 0;
+  double test_accuracy = 0;  // worker 0 (and local mode) only
+  std::string stop_reason;
+};
+
+// Not thread-safe, except Cancel().
+class Trainer {
+ public:
+  // `source` and `backend` are not owned and must outlive the trainer.
+  Trainer(ParameterSource* source, Backend* backend, TrainerOptions options)
+      : source_(source), backend_(backend), options_(std::move(options)) {}
+
+  // Loads the data (NOT_FOUND naming the Debian package when the data set is missing), declares the model, and
+  // trains until the job's stop condition, the scheduler's stop, or Cancel() (CANCELLED).
+  [[nodiscard]] absl::StatusOr<TrainerResult> Run();
+
+  // Makes Run() return CANCELLED after the current step. Thread-safe.
+  void Cancel() { cancelled_ = true; }
+
+ private:
+  ParameterSource* const source_;  // not owned
+  Backend* const backend_;         // not owned
+  const TrainerOptions options_;
+  std::atomic<bool> cancelled_{false};
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_WORKER_TRAINER_H_

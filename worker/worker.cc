@@ -1,0 +1,47 @@
+#include "worker/worker.h"
+
+#include "common/job_spec.h"
+#include "common/status_macros.h"
+
+namespace tessera {
+
+absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& options) {
+  TESSERA_RETURN_IF_ERROR(ValidateWorkerOptions(options));
+  std::unique_ptr<Worker> worker(new Worker());
+  TESSERA_ASSIGN_OR_RETURN(worker->backend_, CreateBackend(options.device));
+  if (options.local) {
+    TESSERA_ASSIGN_OR_RETURN(tessera::v1::JobSpec job, LoadJobSpec(options.job_path));
+    TESSERA_ASSIGN_OR_RETURN(worker->source_, LocalSource::Create(job, options.run_dir));
+  } else {
+    PsClient::Options client_options;
+    client_options.scheduler_address = options.scheduler_address;
+    client_options.device = worker->backend_->name();
+    client_options.connect_attempts = options.connect_attempts;
+    client_options.clock_wait_timeout = absl::Milliseconds(options.clock_wait_timeout_ms);
+    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client, PsClient::Connect(client_options));
+    worker->source_ = std::make_unique<RemoteSource>(std::move(client));
+  }
+  worker->trainer_ = std::make_unique<Trainer>(worker->source_.get(), worker->backend_.get(), options.trainer);
+  Worker* self = worker.get();
+  worker->thread_ = std::thread([self] {
+    self->result_ = self->trainer_->Run();
+    self->finished_.Notify();
+  });
+  return worker;
+}
+
+Worker::~Worker() {
+  Stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+absl::StatusOr<TrainerResult> Worker::Wait() {
+  finished_.WaitForNotification();  // the trainer's every remote wait has a deadline
+  return result_;
+}
+
+void Worker::Stop() {
+  if (trainer_) trainer_->Cancel();
+}
+
+}  // namespace tessera

@@ -1,0 +1,57 @@
+// tessera-worker: joins a job (--scheduler) or trains one alone (--local --job), computing gradients on a GPU or
+// the CPU.
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "common/signals.h"
+#include "gflags/gflags.h"
+#include "glog/logging.h"
+#include "worker/worker.h"
+
+DEFINE_string(scheduler, "", "HOST:PORT of the scheduler (required unless --local)");
+DEFINE_bool(local, false, "train --job alone in this process, with no scheduler or servers (the baseline)");
+DEFINE_string(job, "", "--local only: the JobSpec file (text format or JSON)");
+DEFINE_string(run_dir, "", "--local only: directory for metrics.jsonl and summary.json");
+DEFINE_string(device, "auto", "auto (a GPU when one answers, else the CPU), cpu, or cuda:N");
+DEFINE_int32(connect_attempts, 20, "tries to reach the scheduler at start-up (exponential backoff up to 1 s)");
+DEFINE_int32(clock_wait_timeout_ms, 300000, "longest wait for slower workers at the clock gate");
+DEFINE_int32(inject_slowdown_ms, 0, "sleep this long every step: make this worker a straggler on purpose");
+DEFINE_string(dump_params, "", "worker 0: write the final parameters to this file");
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage("tessera-worker --scheduler=HOST:PORT [--device=auto|cpu|cuda:N]\n"
+                          "       tessera-worker --local --job=FILE [--run_dir=DIR]");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  google::InitGoogleLogging(argv[0]);
+  FLAGS_logtostderr = true;
+  tessera::BlockTerminationSignals();
+
+  tessera::WorkerOptions options;
+  options.scheduler_address = FLAGS_scheduler;
+  options.local = FLAGS_local;
+  options.job_path = FLAGS_job;
+  options.run_dir = FLAGS_run_dir;
+  options.device = FLAGS_device;
+  options.connect_attempts = FLAGS_connect_attempts;
+  options.clock_wait_timeout_ms = FLAGS_clock_wait_timeout_ms;
+  options.trainer.inject_slowdown_ms = FLAGS_inject_slowdown_ms;
+  options.trainer.dump_params = FLAGS_dump_params;
+
+  auto worker = tessera::Worker::Start(options);
+  if (!worker.ok()) {
+    std::cerr << "tessera-worker: " << worker.status() << std::endl;
+    return 1;
+  }
+  tessera::Worker* daemon = worker->get();
+  tessera::WatchTerminationSignals([daemon](int signal) {
+    LOG(WARNING) << "signal " << signal << ": stopping after this step";
+    daemon->Stop();
+  });
+  absl::StatusOr<tessera::TrainerResult> result = (*worker)->Wait();
+  if (!result.ok()) {
+    std::cerr << "tessera-worker: " << result.status() << std::endl;
+    return result.status().code() == absl::StatusCode::kCancelled ? 130 : 1;
+  }
+  LOG(INFO) << "done: " << result->steps << " steps, " << result->stop_reason;
+  return 0;
+}

@@ -1,0 +1,33 @@
+#include "worker/worker_options.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc.h"
+
+namespace tessera {
+
+absl::Status ValidateWorkerOptions(const WorkerOptions& options) {
+  if (options.local) {
+    if (options.job_path.empty()) return absl::InvalidArgumentError("--local needs --job=FILE");
+    if (!options.scheduler_address.empty()) {
+      return absl::InvalidArgumentError("--local and --scheduler contradict each other; pick one");
+    }
+  } else {
+    if (options.scheduler_address.empty()) {
+      return absl::InvalidArgumentError("--scheduler=HOST:PORT is required (or --local --job=FILE)");
+    }
+    if (!options.job_path.empty()) {
+      return absl::InvalidArgumentError("--job is for --local only; a cluster worker gets its job from the scheduler");
+    }
+    std::string host;
+    int port = 0;
+    if (absl::Status s = SplitHostPort(options.scheduler_address, &host, &port); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--scheduler: ", s.message()));
+    }
+  }
+  if (options.connect_attempts < 1) return absl::InvalidArgumentError("--connect_attempts: expected >= 1");
+  if (options.trainer.inject_slowdown_ms < 0) return absl::InvalidArgumentError("--inject_slowdown_ms: expected >= 0");
+  if (options.clock_wait_timeout_ms < 1) return absl::InvalidArgumentError("--clock_wait_timeout_ms: expected >= 1");
+  return absl::OkStatus();
+}
+
+}  // namespace tessera

@@ -1,0 +1,28 @@
+// Everything a worker is configured with, read once from flags (worker_main.cc) or set by tests.
+#ifndef TESSERA_WORKER_WORKER_OPTIONS_H_
+#define TESSERA_WORKER_WORKER_OPTIONS_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "worker/trainer.h"
+
+namespace tessera {
+
+struct WorkerOptions {
+  std::string scheduler_address;  // HOST:PORT; required unless local
+  bool local = false;             // train the job alone, with no servers (the baseline)
+  std::string job_path;           // local mode only: the JobSpec file
+  std::string run_dir;            // local mode only: metrics.jsonl and summary.json
+  std::string device = "auto";    // auto | cpu | cuda:N
+  int connect_attempts = 20;
+  int clock_wait_timeout_ms = 300000;
+  TrainerOptions trainer;
+};
+
+// INVALID_ARGUMENT naming the flag at fault.
+[[nodiscard]] absl::Status ValidateWorkerOptions(const WorkerOptions& options);
+
+}  // namespace tessera
+
+#endif  // TESSERA_WORKER_WORKER_OPTIONS_H_
