@@ -54,6 +54,9 @@ class JobCoordinator {
   [[nodiscard]] absl::StatusOr<tessera::v1::ReportResponse> Report(const tessera::v1::ReportRequest& request);
   [[nodiscard]] absl::Status Done(const tessera::v1::DoneRequest& request);
 
+  // Ends the job early: every clock gate opens with stop (no worker is left waiting). Never blocks.
+  void Abort(const std::string& reason) { clocks_.Stop(reason); }
+
   // The summary written at the end; empty before.
   nlohmann::json summary() const;
   bool finished() const;

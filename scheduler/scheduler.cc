@@ -43,6 +43,7 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Start(const SchedulerOptio
 }
 
 Scheduler::~Scheduler() {
+  if (coordinator_) coordinator_->Abort("scheduler shutting down");
   if (grpc_server_) grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   coordinator_.reset();  // drains its executor while the server pool is still alive
 }
@@ -55,9 +56,16 @@ absl::Status Scheduler::Wait() {
         +[](std::optional<absl::Status>* r) { return r->has_value(); }, &stop_reason_));
     reason = *stop_reason_;
   }
+  if (!reason.ok()) coordinator_->Abort(std::string(reason.message()));
   // Let in-flight calls (workers' last Done, servers' last heartbeat) finish, then close.
   grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return reason;
+}
+
+bool Scheduler::WaitForStop(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  return mu_.AwaitWithTimeout(
+      absl::Condition(+[](std::optional<absl::Status>* r) { return r->has_value(); }, &stop_reason_), timeout);
 }
 
 void Scheduler::Stop(absl::Status reason) {

@@ -31,6 +31,8 @@ class Scheduler {
   [[nodiscard]] absl::Status Wait();
   // Never blocks; safe from any thread.
   void Stop(absl::Status reason);
+  // True once the job has finished or Stop() was called; waits at most `timeout`.
+  bool WaitForStop(absl::Duration timeout);
 
   const std::string& address() const { return address_; }
   JobCoordinator& coordinator() { return *coordinator_; }

@@ -223,6 +223,11 @@ absl::Status PsClient::Pull(const std::vector<std::string>& names, const std::ve
 
 absl::Status PsClient::Push(const std::vector<std::string>& names, const std::vector<absl::Span<const float>>& grads,
                             int batch_size) {
+  // Checked here too, so that a bad gradient reaches no server: the servers check each chunk on its own, and a
+  // push rejected by one of them but applied by another would change part of the parameter.
+  for (size_t i = 0; i < names.size() && i < grads.size(); ++i) {
+    TESSERA_RETURN_IF_ERROR(CheckFinite(grads[i], absl::StrCat("gradient of '", names[i], "'")));
+  }
   return RunChunks(/*push=*/true, PushRequest::GRADIENT, names, grads, batch_size, {});
 }
 

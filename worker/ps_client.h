@@ -73,6 +73,8 @@ class PsClient {
   const tessera::v1::JobSpec& job() const { return job_; }
   int64_t clock() const { return clock_; }
   uint64_t epoch() const { return map_ ? map_->epoch() : 0; }
+  // The shard map this client holds; null before Declare.
+  const tessera::v1::ShardMap* shard_map() const { return map_ ? &map_->map() : nullptr; }
 
   // Declares parameters (all workers declare the same ones; the first declaration places them). Blocks until
   // every server has registered and holds its chunks. FAILED_PRECONDITION when a name is already declared

@@ -79,7 +79,7 @@ Dataset MakeSynthetic(int64_t examples, int features, int classes, uint64_t seed
   std::mt19937_64 centres_rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> centres(static_cast<size_t>(classes) * features);
-  for (float& c : centres) c = 1.5f * normal(centres_rng);
+  for (float& c : centres) c = 0.3f * normal(centres_rng);  // overlapping classes: not trivially separable
   std::mt19937_64 rng(seed * 2 + (train ? 1 : 2));
   std::uniform_int_distribution<int> pick(0, classes - 1);
   Dataset data;

@@ -1,0 +1,79 @@
+#include "common/job_spec.h"
+
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+
+namespace tessera {
+namespace {
+
+using ::tessera::testing::IsOk;
+using ::tessera::testing::StatusIs;
+using ::testing::HasSubstr;
+
+tessera::v1::JobSpec ParseValid(const std::string& text) {
+  absl::StatusOr<tessera::v1::JobSpec> job = ParseJobSpec(text, "job.pbtxt");
+  EXPECT_THAT(job, IsOk());
+  ApplyJobDefaults(*job);
+  return *job;
+}
+
+TEST(JobSpecTest, DefaultsFillTheDebianDataSetAndSgd) {
+  tessera::v1::JobSpec job = ParseValid("model { mlp { hidden_sizes: 8 } } stop { max_steps: 3 }");
+  EXPECT_THAT(ValidateJobSpec(job), IsOk());
+  EXPECT_EQ(job.data().train_images(), std::string(kFashionMnistDir) + "/train-images-idx3-ubyte.gz");
+  EXPECT_EQ(job.optimizer().kind(), tessera::v1::OptimizerSpec::SGD);
+  EXPECT_EQ(job.consistency().mode(), tessera::v1::ConsistencySpec::SYNC);
+  EXPECT_EQ(job.batch_size(), 64);
+  EXPECT_EQ(job.chunk_bytes(), 65536);
+}
+
+TEST(JobSpecTest, SyntaxErrorNamesTheLine) {
+  EXPECT_THAT(ParseJobSpec("name: \"x\"\nmodel { mlp { hidden_sizes: 8 }\nbatch_size: }\n", "bad.pbtxt"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "bad.pbtxt: line 3"));
+}
+
+TEST(JobSpecTest, UnknownFieldNamesTheLineAndField) {
+  absl::StatusOr<tessera::v1::JobSpec> job = ParseJobSpec("name: \"x\"\nbatchsize: 3\n", "job.pbtxt");
+  EXPECT_THAT(job, StatusIs(absl::StatusCode::kInvalidArgument, "line 2"));
+  EXPECT_THAT(std::string(job.status().message()), HasSubstr("batchsize"));
+}
+
+TEST(JobSpecTest, JsonIsAccepted) {
+  absl::StatusOr<tessera::v1::JobSpec> job =
+      ParseJobSpec(R"({"model": {"mlp": {"hiddenSizes": [4]}}, "stop": {"maxSteps": 2}})", "job.json");
+  ASSERT_THAT(job, IsOk());
+  EXPECT_EQ(job->stop().max_steps(), 2);
+}
+
+TEST(JobSpecTest, StalenessOutsideSspIsAContradiction) {
+  tessera::v1::JobSpec job = ParseValid(
+      "model { softmax_regression {} } stop { max_steps: 3 } consistency { mode: SYNC staleness: 2 }");
+  EXPECT_THAT(ValidateJobSpec(job), StatusIs(absl::StatusCode::kInvalidArgument, "consistency.staleness"));
+}
+
+TEST(JobSpecTest, MomentumWithAdamIsAContradiction) {
+  tessera::v1::JobSpec job =
+      ParseValid("model { softmax_regression {} } stop { max_steps: 3 } optimizer { kind: ADAM momentum: 0.9 }");
+  EXPECT_THAT(ValidateJobSpec(job), StatusIs(absl::StatusCode::kInvalidArgument, "optimizer.momentum"));
+}
+
+TEST(JobSpecTest, MissingStopConditionNamesTheField) {
+  tessera::v1::JobSpec job = ParseValid("model { softmax_regression {} }");
+  EXPECT_THAT(ValidateJobSpec(job), StatusIs(absl::StatusCode::kInvalidArgument, "job field stop"));
+}
+
+TEST(JobSpecTest, OutOfRangeValuesNameTheField) {
+  tessera::v1::JobSpec job = ParseValid("model { mlp { hidden_sizes: [8, -1] } } stop { max_steps: 1 }");
+  EXPECT_THAT(ValidateJobSpec(job), StatusIs(absl::StatusCode::kInvalidArgument, "model.mlp.hidden_sizes[1]"));
+  job = ParseValid("model { softmax_regression {} } stop { target_accuracy: 1.5 }");
+  EXPECT_THAT(ValidateJobSpec(job), StatusIs(absl::StatusCode::kInvalidArgument, "stop.target_accuracy"));
+  job = ParseValid("model { softmax_regression {} } stop { max_steps: 1 } chunk_bytes: 2");
+  EXPECT_THAT(ValidateJobSpec(job), StatusIs(absl::StatusCode::kInvalidArgument, "chunk_bytes"));
+}
+
+TEST(JobSpecTest, LoadReportsAMissingFile) {
+  EXPECT_THAT(LoadJobSpec("/nonexistent/job.pbtxt"), StatusIs(absl::StatusCode::kNotFound, "/nonexistent/job.pbtxt"));
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,55 @@
+#include "server/update_rule.h"
+
+#include <cmath>
+
+#include "gtest/gtest.h"
+
+namespace tessera {
+namespace {
+
+TEST(UpdateRuleTest, SgdWithMomentumAccumulatesVelocity) {
+  tessera::v1::OptimizerSpec spec;
+  spec.set_kind(tessera::v1::OptimizerSpec::SGD);
+  spec.set_learning_rate(0.5f);
+  spec.set_momentum(0.9f);
+  UpdateRule rule(spec);
+  std::vector<float> w = {1.0f, -2.0f}, state(2 * rule.state_slots(), 0.0f);
+  const std::vector<float> g = {0.2f, 0.4f};
+  rule.Apply(absl::MakeSpan(w), g, absl::MakeSpan(state), 1, 1.0f);
+  EXPECT_FLOAT_EQ(w[0], 1.0f - 0.5f * 0.2f);
+  rule.Apply(absl::MakeSpan(w), g, absl::MakeSpan(state), 2, 1.0f);
+  // v = 0.9 * 0.2 + 0.2 = 0.38
+  EXPECT_FLOAT_EQ(w[0], 1.0f - 0.5f * 0.2f - 0.5f * 0.38f);
+  EXPECT_FLOAT_EQ(w[1], -2.0f - 0.5f * 0.4f - 0.5f * 0.76f);
+}
+
+TEST(UpdateRuleTest, LearningRateScaleShrinksTheStep) {
+  tessera::v1::OptimizerSpec spec;
+  spec.set_learning_rate(1.0f);
+  UpdateRule rule(spec);
+  std::vector<float> w = {0.0f}, state(1, 0.0f);
+  const std::vector<float> g = {1.0f};
+  rule.Apply(absl::MakeSpan(w), g, absl::MakeSpan(state), 1, 0.25f);
+  EXPECT_FLOAT_EQ(w[0], -0.25f);
+}
+
+TEST(UpdateRuleTest, AdamMatchesTheBiasCorrectedFormula) {
+  tessera::v1::OptimizerSpec spec;
+  spec.set_kind(tessera::v1::OptimizerSpec::ADAM);
+  spec.set_learning_rate(0.01f);
+  spec.set_beta1(0.9f);
+  spec.set_beta2(0.999f);
+  spec.set_epsilon(1e-8f);
+  UpdateRule rule(spec);
+  ASSERT_EQ(rule.state_slots(), 2);
+  std::vector<float> w = {1.0f}, state(2, 0.0f);
+  rule.Apply(absl::MakeSpan(w), std::vector<float>{0.5f}, absl::MakeSpan(state), 1, 1.0f);
+  EXPECT_NEAR(w[0], 1.0f - 0.01f, 1e-6);  // first step: m_hat / sqrt(v_hat) = sign(g)
+  rule.Apply(absl::MakeSpan(w), std::vector<float>{-1.0f}, absl::MakeSpan(state), 2, 1.0f);
+  const double m = 0.9 * 0.05 + 0.1 * -1.0, v = 0.999 * 0.00025 + 0.001 * 1.0;
+  const double expected = 0.99 - 0.01 * (m / (1 - 0.81)) / (std::sqrt(v / (1 - 0.998001)) + 1e-8);
+  EXPECT_NEAR(w[0], expected, 1e-6);
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,70 @@
+#include "worker/models/mlp.h"
+
+#include <random>
+
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+#include "worker/backend/cpu_backend.h"
+
+namespace tessera {
+namespace {
+
+using ::tessera::testing::IsOk;
+using ::tessera::testing::StatusIs;
+
+// Finite differences (in float, so loose) against the analytic gradient, on a small network.
+TEST(MlpTest, GradientsMatchFiniteDifferences) {
+  CpuBackend backend;
+  absl::StatusOr<std::unique_ptr<Mlp>> mlp = Mlp::Create(&backend, {5, 7, 3}, /*seed=*/3, 8);
+  ASSERT_THAT(mlp, IsOk());
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  std::vector<float> x(4 * 5);
+  for (float& v : x) v = normal(rng);
+  const std::vector<int32_t> y = {0, 2, 1, 2};
+  ASSERT_THAT((*mlp)->ForwardBackward(x, y), IsOk());
+  for (int p = 0; p < (*mlp)->num_parameters(); ++p) {
+    const size_t n = (*mlp)->parameters()[p].shape(0) *
+                     ((*mlp)->parameters()[p].shape_size() > 1 ? (*mlp)->parameters()[p].shape(1) : 1);
+    std::vector<float> values(n), grad(n);
+    ASSERT_THAT((*mlp)->GetParameter(p, absl::MakeSpan(values)), IsOk());
+    ASSERT_THAT((*mlp)->GetGradient(p, absl::MakeSpan(grad)), IsOk());
+    for (size_t i = 0; i < n; i += 3) {
+      const float eps = 1e-2f;
+      const float saved = values[i];
+      values[i] = saved + eps;
+      ASSERT_THAT((*mlp)->SetParameter(p, values), IsOk());
+      const double plus = (*mlp)->Evaluate(x, y)->loss / 4;
+      values[i] = saved - eps;
+      ASSERT_THAT((*mlp)->SetParameter(p, values), IsOk());
+      const double minus = (*mlp)->Evaluate(x, y)->loss / 4;
+      values[i] = saved;
+      ASSERT_THAT((*mlp)->SetParameter(p, values), IsOk());
+      EXPECT_NEAR(grad[i], (plus - minus) / (2 * eps), 2e-3) << (*mlp)->parameters()[p].name() << "[" << i << "]";
+    }
+  }
+}
+
+TEST(MlpTest, ParametersAreNamedPerLayerWithGlorotWeightsAndZeroBiases) {
+  CpuBackend backend;
+  auto mlp = Mlp::Create(&backend, {784, 256, 128, 10}, 1, 64);
+  ASSERT_THAT(mlp, IsOk());
+  ASSERT_EQ((*mlp)->num_parameters(), 6);
+  EXPECT_EQ((*mlp)->parameters()[0].name(), "layer0/weight");
+  EXPECT_EQ((*mlp)->parameters()[5].name(), "layer2/bias");
+  EXPECT_EQ((*mlp)->parameters()[0].init().kind(), tessera::v1::InitSpec::UNIFORM);
+  EXPECT_EQ((*mlp)->parameters()[1].init().kind(), tessera::v1::InitSpec::ZEROS);
+}
+
+TEST(MlpTest, RejectsOversizedBatchesAndBadLabels) {
+  CpuBackend backend;
+  auto mlp = Mlp::Create(&backend, {2, 3}, 1, 2);
+  ASSERT_THAT(mlp, IsOk());
+  EXPECT_THAT((*mlp)->ForwardBackward(std::vector<float>(6), std::vector<int32_t>{0, 1, 2}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "batch of 3"));
+  EXPECT_THAT((*mlp)->ForwardBackward(std::vector<float>(2), std::vector<int32_t>{7}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "label 7"));
+}
+
+}  // namespace
+}  // namespace tessera
