@@ -2,7 +2,9 @@
 // cross-entropy and copies. CpuBackend (OpenBLAS) and CudaBackend (cuBLAS plus kernels) implement it.
 //
 // Matrices are row-major float32 in Buffers the backend allocated (host memory for the CPU, device memory for
-// CUDA). Calls are issued in order; a Download returns once the values are on the host. Every failure is a
+// CUDA); a Buffer goes only to the backend that allocated it. Sizes must be positive (INVALID_ARGUMENT
+// otherwise). Calls are issued in order; a Download returns once the values are on the host. Gemm with
+// beta == 0 never reads C. Every failure is a
 // Status (a CUDA error names the call and the error), never a crash.
 //
 //   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend("auto"));

@@ -23,6 +23,13 @@ class HostBuffer final : public Buffer {
   std::vector<float> values_;
 };
 
+absl::Status CheckShape(int rows, int cols, const char* what) {
+  if (rows <= 0 || cols <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": sizes must be positive, got ", rows, " x ", cols));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckSize(const Buffer& b, size_t need, const char* what) {
   if (b.size() < need) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": buffer holds ", b.size(), " floats, need ", need));
@@ -58,6 +65,7 @@ absl::Status CpuBackend::Gemm(bool transpose_a, bool transpose_b, int m, int n, 
 }
 
 absl::Status CpuBackend::BiasActivation(Buffer& z, const Buffer& bias, int rows, int cols, bool relu) {
+  if (absl::Status s = CheckShape(rows, cols, "BiasActivation"); !s.ok()) return s;
   if (absl::Status s = CheckSize(z, static_cast<size_t>(rows) * cols, "BiasActivation"); !s.ok()) return s;
   if (absl::Status s = CheckSize(bias, cols, "BiasActivation bias"); !s.ok()) return s;
   float* data = z.data();
@@ -84,6 +92,7 @@ absl::Status CpuBackend::ReluBackward(Buffer& grad, const Buffer& activation, si
 }
 
 absl::Status CpuBackend::ColumnSum(const Buffer& x, int rows, int cols, Buffer& out) {
+  if (absl::Status s = CheckShape(rows, cols, "ColumnSum"); !s.ok()) return s;
   if (absl::Status s = CheckSize(x, static_cast<size_t>(rows) * cols, "ColumnSum"); !s.ok()) return s;
   if (absl::Status s = CheckSize(out, cols, "ColumnSum out"); !s.ok()) return s;
   float* o = out.data();
@@ -98,6 +107,7 @@ absl::Status CpuBackend::ColumnSum(const Buffer& x, int rows, int cols, Buffer& 
 absl::StatusOr<LossSums> CpuBackend::SoftmaxCrossEntropy(const Buffer& logits, absl::Span<const int32_t> labels,
                                                          int classes, float grad_scale, Buffer* grad) {
   const size_t rows = labels.size();
+  if (classes <= 0) return absl::InvalidArgumentError(absl::StrCat("SoftmaxCrossEntropy: classes must be positive"));
   if (absl::Status s = CheckSize(logits, rows * classes, "SoftmaxCrossEntropy"); !s.ok()) return s;
   if (grad != nullptr) {
     if (absl::Status s = CheckSize(*grad, rows * classes, "SoftmaxCrossEntropy grad"); !s.ok()) return s;

@@ -30,8 +30,7 @@ absl::Status CudaStatus(cudaError_t error, const char* call) {
   // The runtime also keeps the error as the thread's "last error"; clear it so that the launch check after the
   // next kernel does not report it a second time. (Sticky errors stay: every later call fails, as it should.)
   (void)cudaGetLastError();
-  const std::string message =
-      absl::StrCat(call, ": ", cudaGetErrorString(error), " (", cudaGetErrorName(error), ")");
+  const std::string message = absl::StrCat(call, ": ", cudaGetErrorString(error), " (", cudaGetErrorName(error), ")");
   switch (error) {
     case cudaErrorMemoryAllocation:
       return absl::ResourceExhaustedError(message);
@@ -287,7 +286,7 @@ __global__ void SoftmaxCrossEntropyKernel(const float* logits, const int32_t* la
     const float log_sum = logf(sum);
     const int label = labels[row];
     const float label_logit = z[label];  // read by every lane before any lane writes `grad`, which may alias
-    __syncwarp();                          // `logits` (lanes of a warp need not run in lockstep)
+    __syncwarp();                        // `logits` (lanes of a warp need not run in lockstep)
     if (grad != nullptr) {
       float* g = grad + static_cast<size_t>(row) * classes;
       for (int c = lane; c < classes; c += 32) {
@@ -358,6 +357,11 @@ class CudaBackend final : public Backend {
   static constexpr size_t kStagingBytes = size_t{4} << 20;
 
   static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(int ordinal, const CudaBackendOptions& options);
+  // Waits for the stream to drain first: a transfer may still be reading a staging chunk about to be freed.
+  ~CudaBackend() override {
+    ScopedDevice device(ordinal_);
+    if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_.get());
+  }
 
   std::string name() const override { return name_; }
   absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t n) override;
@@ -396,8 +400,7 @@ class CudaBackend final : public Backend {
   absl::Status CopyToHost(const void* device, void* host, size_t bytes);
   // Converts the first `na` floats of `a` and `nb` of `b` into operands_ as T (TF32-rounded float or bf16).
   template <typename T>
-  absl::StatusOr<std::pair<const T*, const T*>> ConvertOperands(const float* a, size_t na, const float* b,
-                                                                size_t nb);
+  absl::StatusOr<std::pair<const T*, const T*>> ConvertOperands(const float* a, size_t na, const float* b, size_t nb);
 
   // Constant after Init.
   const int ordinal_;
@@ -546,8 +549,8 @@ absl::Status CudaBackend::Download(const Buffer& src, absl::Span<float> dst) {
 }
 
 template <typename T>
-absl::StatusOr<std::pair<const T*, const T*>> CudaBackend::ConvertOperands(const float* a, size_t na,
-                                                                           const float* b, size_t nb) {
+absl::StatusOr<std::pair<const T*, const T*>> CudaBackend::ConvertOperands(const float* a, size_t na, const float* b,
+                                                                           size_t nb) {
   const size_t b_offset = (na * sizeof(T) + 255) / 256 * 256;  // keep B aligned for the tensor-core kernels
   TESSERA_ASSIGN_OR_RETURN(void* memory, operands_.Get(b_offset + nb * sizeof(T), stream_.get()));
   T* out_a = static_cast<T*>(memory);
@@ -557,9 +560,10 @@ absl::StatusOr<std::pair<const T*, const T*>> CudaBackend::ConvertOperands(const
   return std::pair<const T*, const T*>(out_a, out_b);
 }
 
-absl::Status CudaBackend::Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha,
-                               const Buffer& a, const Buffer& b, float beta, Buffer& c) {
-  if (m <= 0 || n <= 0 || k <= 0) return absl::InvalidArgumentError(absl::StrCat("Gemm: bad sizes ", m, "x", n, "x", k));
+absl::Status CudaBackend::Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const Buffer& a,
+                               const Buffer& b, float beta, Buffer& c) {
+  if (m <= 0 || n <= 0 || k <= 0)
+    return absl::InvalidArgumentError(absl::StrCat("Gemm: bad sizes ", m, "x", n, "x", k));
   const size_t size_a = static_cast<size_t>(m) * k, size_b = static_cast<size_t>(k) * n;
   TESSERA_ASSIGN_OR_RETURN(const float* da, DevicePointer(a, size_a, "Gemm A"));
   TESSERA_ASSIGN_OR_RETURN(const float* db, DevicePointer(b, size_b, "Gemm B"));
@@ -577,21 +581,20 @@ absl::Status CudaBackend::Gemm(bool transpose_a, bool transpose_b, int m, int n,
   cublasHandle_t handle = cublas_.get();
   switch (options_.math) {
     case CudaBackendOptions::Math::kFp32:
-      TESSERA_CUBLAS_RETURN_IF_ERROR(
-          cublasSgemm(handle, op_b, op_a, n, m, k, &alpha, db, ldb, da, lda, &beta, dc, n));
+      TESSERA_CUBLAS_RETURN_IF_ERROR(cublasSgemm(handle, op_b, op_a, n, m, k, &alpha, db, ldb, da, lda, &beta, dc, n));
       return absl::OkStatus();
     case CudaBackendOptions::Math::kTf32: {
       TESSERA_ASSIGN_OR_RETURN(auto operands, ConvertOperands<float>(da, size_a, db, size_b));
-      TESSERA_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(handle, op_b, op_a, n, m, k, &alpha, operands.second, CUDA_R_32F,
-                                                  ldb, operands.first, CUDA_R_32F, lda, &beta, dc, CUDA_R_32F, n,
+      TESSERA_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(handle, op_b, op_a, n, m, k, &alpha, operands.second, CUDA_R_32F, ldb,
+                                                  operands.first, CUDA_R_32F, lda, &beta, dc, CUDA_R_32F, n,
                                                   CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
       return absl::OkStatus();
     }
     case CudaBackendOptions::Math::kBf16: {
       TESSERA_ASSIGN_OR_RETURN(auto operands, ConvertOperands<__nv_bfloat16>(da, size_a, db, size_b));
-      TESSERA_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(handle, op_b, op_a, n, m, k, &alpha, operands.second,
-                                                  CUDA_R_16BF, ldb, operands.first, CUDA_R_16BF, lda, &beta, dc,
-                                                  CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      TESSERA_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(handle, op_b, op_a, n, m, k, &alpha, operands.second, CUDA_R_16BF,
+                                                  ldb, operands.first, CUDA_R_16BF, lda, &beta, dc, CUDA_R_32F, n,
+                                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       return absl::OkStatus();
     }
   }
@@ -695,9 +698,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device_ordinal, c
   if (!backend.ok()) {
     // Whatever stops the GPU from starting up (other than memory) means "this GPU cannot be used": callers such
     // as --device=auto move on to the CPU.
-    const absl::StatusCode code = absl::IsResourceExhausted(backend.status())
-                                      ? absl::StatusCode::kResourceExhausted
-                                      : absl::StatusCode::kFailedPrecondition;
+    const absl::StatusCode code = absl::IsResourceExhausted(backend.status()) ? absl::StatusCode::kResourceExhausted
+                                                                              : absl::StatusCode::kFailedPrecondition;
     return absl::Status(code, absl::StrCat("cuda:", device_ordinal, ": ", backend.status().message()));
   }
   return std::unique_ptr<Backend>(std::move(*backend));

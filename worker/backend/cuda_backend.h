@@ -2,10 +2,11 @@
 // the backend owns. This header needs no CUDA headers; only cuda_backend.cu does.
 //
 //   absl::StatusOr<std::unique_ptr<Backend>> gpu = CreateCudaBackend(0, CudaBackendOptions());
-//   if (!gpu.ok()) return gpu.status();  // FAILED_PRECONDITION "no usable GPU ..." on a machine without one
+//   if (!gpu.ok()) return gpu.status();  // FAILED_PRECONDITION, with the reason, on a machine without a GPU
 //   TESSERA_ASSIGN_OR_RETURN(auto a, (*gpu)->Allocate(m * k));
 //
-// Semantics are CpuBackend's (row-major float32, the same size checks and messages); what differs:
+// Semantics are CpuBackend's (row-major float32, the same size checks and messages, and negative sizes refused
+// outright); what differs:
 //
 //  * Buffers hold device memory. A buffer may only be passed to the backend that allocated it (any other gives
 //    INVALID_ARGUMENT). It may outlive that backend; destroying it waits for the device to finish with it.
@@ -13,7 +14,8 @@
 //    enqueued (a faulting kernel, an ECC error) surfaces from a later call as INTERNAL; the device is then
 //    unusable for the rest of the process.
 //  * Upload returns once the host values are copied into pinned staging memory (the caller may reuse `src`
-//    at once); the transfer to the device goes on in order with the other work.
+//    at once); the transfer to the device goes on in order with the other work. Values larger than the
+//    staging memory (2 x 4 MiB) make it wait for the earlier parts of their own transfer.
 //  * Download and SoftmaxCrossEntropy block until all work issued before them has finished.
 //  * Errors: INVALID_ARGUMENT for sizes, foreign buffers and labels out of range (checked on the host before
 //    anything is enqueued); RESOURCE_EXHAUSTED when device or pinned memory runs out; INTERNAL for any other
@@ -35,13 +37,14 @@ struct CUstream_st;
 namespace tessera {
 
 struct CudaBackendOptions {
-  // The arithmetic of Gemm; every other operation is float32 whatever this says. Measured against CpuBackend
-  // (relative Frobenius-norm error of an MLP gradient):
-  //   kFp32: IEEE float32 (cublasSgemm), ~1e-7.
-  //   kTf32: both operands rounded to TF32 (10-bit mantissa, round to nearest) on the device, then tensor
-  //          cores with float32 accumulation, ~5e-4. The explicit rounding matters: tensor cores truncate, and
-  //          truncation biases every product towards zero (measured ~2.5e-3 over an MLP's backward pass).
-  //   kBf16: both operands rounded to bfloat16 (8-bit mantissa), float32 accumulation and output, ~4e-3.
+  // The arithmetic of Gemm; every other operation is float32 whatever this says. The relative error of an MLP
+  // step's gradients against CpuBackend (Frobenius norm; estimated by emulating the rounding on the host):
+  //   kFp32: IEEE float32 (cublasSgemm), ~1e-7 (summation order only).
+  //   kTf32: both operands rounded to TF32 (10-bit mantissa, to nearest) on the device, then tensor cores with
+  //          float32 accumulation, ~5e-4. The explicit rounding matters: tensor cores may simply drop the low
+  //          mantissa bits, and truncation biases every product towards zero (~2.5e-3 over an MLP step).
+  //   kBf16: both operands rounded to bfloat16 (7-bit mantissa, to nearest), float32 accumulation and output,
+  //          ~4e-3.
   // kTf32 and kBf16 need compute capability 8.0 or newer, and pay one conversion pass over A and B per call.
   enum class Math { kFp32, kTf32, kBf16 };
   Math math = Math::kFp32;
@@ -61,7 +64,7 @@ struct CudaBackendOptions {
 // current on the calling thread for its duration only, so one thread may drive backends on several GPUs and
 // backends on the same or different GPUs may be used from different threads at once.
 [[nodiscard]] absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device_ordinal,
-                                                                       const CudaBackendOptions& options);
+                                                                         const CudaBackendOptions& options);
 
 // The stream on which a backend from CreateCudaBackend issues all of its work (a cudaStream_t), for tools that
 // time that work with CUDA events or order their own work after it; nullptr when `backend` is not a CUDA
