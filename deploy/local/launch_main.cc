@@ -21,7 +21,7 @@ DEFINE_string(run_dir, "", "run directory (logs/, metrics.jsonl, summary.json); 
 DEFINE_string(device, "auto", "worker device: auto, cpu or cuda:N");
 DEFINE_int32(slow_worker, -1, "experiments: the worker (process index) that gets --inject_slowdown_ms");
 DEFINE_int32(inject_slowdown_ms, 0, "experiments: extra milliseconds per step on --slow_worker");
-DEFINE_string(dump_params, "", "worker 0 writes the final parameters to this file");
+DEFINE_string(dump_params, "", "worker rank 0 writes the final parameters to this file");
 DEFINE_int32(timeout_s, 3600, "stop the whole cluster after this many seconds");
 
 int main(int argc, char** argv) {

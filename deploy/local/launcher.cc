@@ -181,7 +181,8 @@ class Cluster {
       if (i == options_.slow_worker && options_.inject_slowdown_ms > 0) {
         argv.push_back(absl::StrCat("--inject_slowdown_ms=", options_.inject_slowdown_ms));
       }
-      if (i == 0 && !options_.dump_params.empty()) argv.push_back("--dump_params=" + options_.dump_params);
+      // Every worker gets it; only the one that registers as rank 0 writes it.
+      if (!options_.dump_params.empty()) argv.push_back("--dump_params=" + options_.dump_params);
       absl::StatusOr<pid_t> pid = Spawn(argv, log, -1);
       if (!pid.ok()) return pid.status();
       children_.push_back({absl::StrCat("worker process ", i), log, *pid});

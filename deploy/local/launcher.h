@@ -24,7 +24,7 @@ struct LaunchOptions {
   std::string device = "auto";
   int slow_worker = -1;      // this worker gets --inject_slowdown_ms (experiments)
   int inject_slowdown_ms = 0;
-  std::string dump_params;   // handed to worker 0
+  std::string dump_params;   // handed to the workers; rank 0 writes its final parameters there
   int timeout_s = 3600;      // stop everything after this long
 };
 

@@ -1,0 +1,197 @@
+// The real binaries as separate processes on loopback: tessera-launch, -scheduler, -server, -worker.
+#include <dirent.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/job_spec.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/ports.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/subprocess.h"
+#include "worker/param_file.h"
+
+namespace tessera::testing {
+namespace {
+
+const std::string kBin = TESSERA_BIN_DIR;
+
+class DaemonsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    dir_ = std::filesystem::temp_directory_path() / absl::StrCat("tessera-", name, "-", getpid());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override {
+    if (!HasFailure()) std::filesystem::remove_all(dir_);
+  }
+
+  std::string Write(const std::string& name, const std::string& text) {
+    const std::string path = (dir_ / name).string();
+    std::ofstream(path) << text;
+    return path;
+  }
+
+  static bool HaveFashionMnist() {
+    return std::filesystem::exists(std::string(kFashionMnistDir) + "/train-images-idx3-ubyte.gz");
+  }
+
+  std::filesystem::path dir_;
+};
+
+// Process ids whose command line mentions `text` (other than this test process).
+std::vector<int> ProcessesMentioning(const std::string& text) {
+  std::vector<int> found;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "cmdline");
+    std::string cmdline((std::istreambuf_iterator<char>(in)), {});
+    if (std::stoi(name) != getpid() && cmdline.find(text) != std::string::npos) found.push_back(std::stoi(name));
+  }
+  return found;
+}
+
+std::string SchedulerAddress(const std::string& output) {
+  const std::string marker = "scheduler listening on ";
+  const size_t at = output.find(marker);
+  if (at == std::string::npos) return "";
+  return output.substr(at + marker.size(), output.find('\n', at) - at - marker.size());
+}
+
+constexpr char kSyncJob[] = R"(
+name: "mp-sync"
+model { mlp { hidden_sizes: [256, 128] } }
+optimizer { kind: SGD learning_rate: 0.05 momentum: 0.9 }
+batch_size: BATCH
+consistency { mode: SYNC }
+stop { max_steps: 20 }
+eval_every_steps: 10
+seed: 7
+chunk_bytes: 65536
+cluster { num_servers: 2 num_workers: WORKERS }
+)";
+
+std::string SyncJob(int batch, int workers) {
+  std::string text = kSyncJob;
+  text.replace(text.find("BATCH"), 5, std::to_string(batch));
+  text.replace(text.find("WORKERS"), 7, std::to_string(workers));
+  return text;
+}
+
+// Two worker processes in sync mode end with the parameters one local process gets on the union of their
+// batches, and the run directory holds the records a user reads.
+TEST_F(DaemonsTest, SyncClusterOfProcessesMatchesTheLocalBaseline) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not installed (Debian package dataset-fashion-mnist)";
+  const std::string run = (dir_ / "run").string();
+  Subprocess launch({kBin + "/tessera-launch", "--job=" + Write("sync.pbtxt", SyncJob(32, 2)), "--run_dir=" + run,
+                     "--device=cpu", "--dump_params=" + (dir_ / "cluster.params").string(), "--timeout_s=240"});
+  ASSERT_TRUE(launch.ReadUntilExit(absl::Seconds(300))) << launch.output();
+  ASSERT_EQ(launch.exit_code(), 0) << launch.output();
+
+  Subprocess local({kBin + "/tessera-worker", "--local", "--device=cpu", "--job=" + Write("local.pbtxt", SyncJob(64, 1)),
+                    "--dump_params=" + (dir_ / "local.params").string()});
+  ASSERT_TRUE(local.ReadUntilExit(absl::Seconds(300))) << local.output();
+  ASSERT_EQ(local.exit_code(), 0) << local.output();
+
+  absl::StatusOr<NamedTensors> cluster = ReadParamFile((dir_ / "cluster.params").string());
+  absl::StatusOr<NamedTensors> alone = ReadParamFile((dir_ / "local.params").string());
+  ASSERT_THAT(cluster, IsOk());
+  ASSERT_THAT(alone, IsOk());
+  absl::StatusOr<double> error = RelativeError(*cluster, *alone);
+  ASSERT_THAT(error, IsOk());
+  EXPECT_LT(*error, 1e-5);
+
+  std::ifstream summary_file(run + "/summary.json");
+  nlohmann::json summary = nlohmann::json::parse(summary_file);
+  for (const char* key : {"mode", "servers", "workers", "steps", "test_accuracy", "wall_seconds", "updates_applied",
+                          "max_staleness"}) {
+    EXPECT_TRUE(summary.contains(key)) << key;
+  }
+  EXPECT_EQ(summary["mode"], "sync");
+  EXPECT_EQ(summary["updates_applied"], 20);
+  EXPECT_EQ(summary["max_staleness"], 0);
+  std::ifstream metrics(run + "/metrics.jsonl");
+  int records = 0;
+  for (std::string line; std::getline(metrics, line); ++records) {
+    nlohmann::json record = nlohmann::json::parse(line);
+    for (const char* key : {"step", "wall_seconds", "train_loss", "test_accuracy", "samples_per_sec", "max_staleness"}) {
+      EXPECT_TRUE(record.contains(key)) << key << " in " << line;
+    }
+  }
+  EXPECT_EQ(records, 2);
+  EXPECT_NE(launch.output().find("step     10 |"), std::string::npos) << launch.output();
+}
+
+TEST_F(DaemonsTest, WorkerAndServerNameTheAddressWhereNoSchedulerAnswers) {
+  const std::string address = absl::StrCat("127.0.0.1:", UnusedLoopbackPort());
+  Subprocess worker({kBin + "/tessera-worker", "--scheduler=" + address, "--device=cpu", "--connect_attempts=3"});
+  ASSERT_TRUE(worker.ReadUntilExit(absl::Seconds(60)));
+  EXPECT_EQ(worker.exit_code(), 1);
+  EXPECT_NE(worker.output().find("no scheduler answered at " + address), std::string::npos) << worker.output();
+  Subprocess server({kBin + "/tessera-server", "--scheduler=" + address, "--connect_attempts=3"});
+  ASSERT_TRUE(server.ReadUntilExit(absl::Seconds(60)));
+  EXPECT_EQ(server.exit_code(), 1);
+  EXPECT_NE(server.output().find(address), std::string::npos) << server.output();
+}
+
+TEST_F(DaemonsTest, SchedulerNamesTheLineOfAMalformedJobAndTheFieldOfAContradictoryOne) {
+  Subprocess bad({kBin + "/tessera-scheduler", "--job=" + Write("bad.pbtxt", "name: \"x\"\nmodel {\n  mlp { hidden_sizes: [4, }\n}\n")});
+  ASSERT_TRUE(bad.ReadUntilExit(absl::Seconds(30)));
+  EXPECT_EQ(bad.exit_code(), 2);
+  EXPECT_NE(bad.output().find("line 3"), std::string::npos) << bad.output();
+  Subprocess contradictory({kBin + "/tessera-scheduler",
+                            "--job=" + Write("c.pbtxt", "model { softmax_regression {} } stop { max_steps: 1 }\n"
+                                                        "consistency { mode: ASYNC staleness: 2 }\n")});
+  ASSERT_TRUE(contradictory.ReadUntilExit(absl::Seconds(30)));
+  EXPECT_EQ(contradictory.exit_code(), 2);
+  EXPECT_NE(contradictory.output().find("consistency.staleness"), std::string::npos) << contradictory.output();
+}
+
+// A worker that cannot find its data fails; the launcher stops every other daemon, says which child failed and
+// why, and leaves no process behind.
+TEST_F(DaemonsTest, LauncherStopsTheClusterWhenAChildFails) {
+  const std::string job = Write("missing.pbtxt", absl::StrCat(R"(
+model { softmax_regression {} }
+data { format: IDX train_images: ")", kFashionMnistDir, R"(/missing-train-images.gz" }
+stop { max_steps: 5 }
+cluster { num_servers: 1 num_workers: 2 }
+)"));
+  Subprocess launch({kBin + "/tessera-launch", "--job=" + job, "--run_dir=" + (dir_ / "run").string(), "--device=cpu"});
+  ASSERT_TRUE(launch.ReadUntilExit(absl::Seconds(120))) << launch.output();
+  EXPECT_EQ(launch.exit_code(), 1);
+  EXPECT_NE(launch.output().find("worker process"), std::string::npos) << launch.output();
+  EXPECT_NE(launch.output().find("dataset-fashion-mnist"), std::string::npos) << launch.output();
+  const std::string address = SchedulerAddress(launch.output());
+  ASSERT_FALSE(address.empty()) << launch.output();
+  EXPECT_TRUE(ProcessesMentioning(address).empty()) << "daemons outlived the launcher";
+}
+
+// Ctrl-C (SIGINT) on a running cluster: every daemon stops and the launcher exits 130.
+TEST_F(DaemonsTest, InterruptStopsEveryDaemon) {
+  const std::string job = Write("long.pbtxt", R"(
+model { mlp { hidden_sizes: 16 } }
+data { format: SYNTHETIC }
+consistency { mode: SSP staleness: 1 }
+stop { max_steps: 100000000 }
+eval_every_steps: 50
+cluster { num_servers: 2 num_workers: 2 }
+)");
+  Subprocess launch({kBin + "/tessera-launch", "--job=" + job, "--run_dir=" + (dir_ / "run").string(), "--device=cpu"});
+  ASSERT_TRUE(launch.ReadUntil("step     50 |", absl::Seconds(120))) << launch.output();
+  const std::string address = SchedulerAddress(launch.output());
+  ASSERT_FALSE(address.empty());
+  ASSERT_EQ(ProcessesMentioning(address).size(), 4u) << "2 servers and 2 workers should be running";
+  kill(launch.pid(), SIGINT);
+  ASSERT_TRUE(launch.ReadUntilExit(absl::Seconds(60))) << launch.output();
+  EXPECT_EQ(launch.exit_code(), 130) << launch.output();
+  EXPECT_TRUE(ProcessesMentioning(address).empty()) << "daemons outlived the launcher";
+}
+
+}  // namespace
+}  // namespace tessera::testing
