@@ -183,7 +183,7 @@ eval_every_steps: 50
 cluster { num_servers: 2 num_workers: 2 }
 )");
   Subprocess launch({kBin + "/tessera-launch", "--job=" + job, "--run_dir=" + (dir_ / "run").string(), "--device=cpu"});
-  ASSERT_TRUE(launch.ReadUntil("step     50 |", absl::Seconds(120))) << launch.output();
+  ASSERT_TRUE(launch.ReadUntilLine("step     50 |", absl::Seconds(120))) << launch.output();
   const std::string address = SchedulerAddress(launch.output());
   ASSERT_FALSE(address.empty());
   ASSERT_EQ(ProcessesMentioning(address).size(), 4u) << "2 servers and 2 workers should be running";
@@ -191,6 +191,28 @@ cluster { num_servers: 2 num_workers: 2 }
   ASSERT_TRUE(launch.ReadUntilExit(absl::Seconds(60))) << launch.output();
   EXPECT_EQ(launch.exit_code(), 130) << launch.output();
   EXPECT_TRUE(ProcessesMentioning(address).empty()) << "daemons outlived the launcher";
+}
+
+// The README's three-terminal recipe, with the example program as the worker: a training loop written against
+// the client library learns its weights through real daemons.
+TEST_F(DaemonsTest, ExampleClientProgramTrainsAgainstHandStartedDaemons) {
+  Subprocess scheduler({kBin + "/tessera-scheduler", "--job=" + std::string(TESSERA_SOURCE_DIR) + "/deploy/jobs/custom_loop.pbtxt",
+                        "--port=0", "--run_dir=" + (dir_ / "run").string()});
+  ASSERT_TRUE(scheduler.ReadUntilLine("scheduler listening on ", absl::Seconds(30))) << scheduler.output();
+  const std::string address = SchedulerAddress(scheduler.output());
+  ASSERT_FALSE(address.empty()) << scheduler.output();
+  Subprocess server({kBin + "/tessera-server", "--scheduler=" + address});
+  Subprocess example({kBin + "/tessera-example-linear-regression", "--scheduler=" + address});
+  ASSERT_TRUE(example.ReadUntilExit(absl::Seconds(120))) << example.output();
+  EXPECT_EQ(example.exit_code(), 0) << example.output();
+  const size_t at = example.output().find("final loss ");
+  ASSERT_NE(at, std::string::npos) << example.output();
+  EXPECT_LT(std::stod(example.output().substr(at + 11)), 0.05) << example.output();
+  // The job is over: the scheduler shuts the server down and exits.
+  ASSERT_TRUE(server.ReadUntilExit(absl::Seconds(60))) << server.output();
+  EXPECT_EQ(server.exit_code(), 0) << server.output();
+  ASSERT_TRUE(scheduler.ReadUntilExit(absl::Seconds(60))) << scheduler.output();
+  EXPECT_EQ(scheduler.exit_code(), 0) << scheduler.output();
 }
 
 }  // namespace

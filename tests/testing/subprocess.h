@@ -61,6 +61,16 @@ class Subprocess {
     return true;
   }
 
+  // Reads until a whole line (ending in a newline) contains `text`; false as ReadUntil.
+  bool ReadUntilLine(const std::string& text, absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      const size_t at = output_.find(text);
+      if (at != std::string::npos && output_.find('\n', at) != std::string::npos) return true;
+      if (!ReadSome(deadline)) return false;
+    }
+  }
+
   // Reads to the end of the output, then reaps the process. False if that takes longer than `timeout` (the
   // process is then killed).
   bool ReadUntilExit(absl::Duration timeout) {
