@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "common/daemon_init.h"
 #include "common/signals.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
@@ -18,11 +19,7 @@ DEFINE_int32(num_workers, 0, "override the job's cluster.num_workers (0: keep)")
 DEFINE_int32(heartbeat_interval_ms, 500, "how often servers and workers heartbeat");
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage("tessera-scheduler --job=FILE [--port=N --run_dir=DIR]");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
-  google::InitGoogleLogging(argv[0]);
-  FLAGS_logtostderr = true;
-  tessera::BlockTerminationSignals();
+  tessera::InitDaemon("tessera-scheduler --job=FILE [--port=N --run_dir=DIR]", &argc, &argv);
 
   auto job = tessera::LoadSchedulerJob(FLAGS_job, FLAGS_num_servers, FLAGS_num_workers);
   if (!job.ok()) {

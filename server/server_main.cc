@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "common/daemon_init.h"
 #include "common/signals.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
@@ -16,12 +17,7 @@ DEFINE_int32(connect_attempts, 20, "tries to reach the scheduler at start-up (ex
 DEFINE_int32(heartbeat_timeout_ms, 10000, "exit when the scheduler has not answered for this long");
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage("tessera-server --scheduler=HOST:PORT [--host=ADDR --port=N]");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
-  google::InitGoogleLogging(argv[0]);
-  FLAGS_logtostderr = true;
-
-  tessera::BlockTerminationSignals();
+  tessera::InitDaemon("tessera-server --scheduler=HOST:PORT [--host=ADDR --port=N]", &argc, &argv);
 
   tessera::ServerOptions options;
   options.scheduler_address = FLAGS_scheduler;

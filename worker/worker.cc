@@ -8,7 +8,7 @@ namespace tessera {
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& options) {
   TESSERA_RETURN_IF_ERROR(ValidateWorkerOptions(options));
   std::unique_ptr<Worker> worker(new Worker());
-  TESSERA_ASSIGN_OR_RETURN(worker->backend_, CreateBackend(options.device));
+  TESSERA_ASSIGN_OR_RETURN(worker->backend_, CreateBackend(options.device, options.cpu_threads));
   if (options.local) {
     TESSERA_ASSIGN_OR_RETURN(tessera::v1::JobSpec job, LoadJobSpec(options.job_path));
     TESSERA_ASSIGN_OR_RETURN(worker->source_, LocalSource::Create(job, options.run_dir));

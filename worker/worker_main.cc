@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "common/daemon_init.h"
 #include "common/signals.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
@@ -13,18 +14,15 @@ DEFINE_bool(local, false, "train --job alone in this process, with no scheduler 
 DEFINE_string(job, "", "--local only: the JobSpec file (text format or JSON)");
 DEFINE_string(run_dir, "", "--local only: directory for metrics.jsonl and summary.json");
 DEFINE_string(device, "auto", "auto (a GPU when one answers, else the CPU), cpu, or cuda:N");
+DEFINE_int32(cpu_threads, 1, "BLAS threads of the CPU backend (more than the free cores slows every process down)");
 DEFINE_int32(connect_attempts, 20, "tries to reach the scheduler at start-up (exponential backoff up to 1 s)");
 DEFINE_int32(clock_wait_timeout_ms, 300000, "longest wait for slower workers at the clock gate");
 DEFINE_int32(inject_slowdown_ms, 0, "sleep this long every step: make this worker a straggler on purpose");
 DEFINE_string(dump_params, "", "worker 0: write the final parameters to this file");
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage("tessera-worker --scheduler=HOST:PORT [--device=auto|cpu|cuda:N]\n"
-                          "       tessera-worker --local --job=FILE [--run_dir=DIR]");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
-  google::InitGoogleLogging(argv[0]);
-  FLAGS_logtostderr = true;
-  tessera::BlockTerminationSignals();
+  tessera::InitDaemon("tessera-worker --scheduler=HOST:PORT [--device=auto|cpu|cuda:N]\n"
+                          "       tessera-worker --local --job=FILE [--run_dir=DIR]", &argc, &argv);
 
   tessera::WorkerOptions options;
   options.scheduler_address = FLAGS_scheduler;
@@ -32,6 +30,7 @@ int main(int argc, char** argv) {
   options.job_path = FLAGS_job;
   options.run_dir = FLAGS_run_dir;
   options.device = FLAGS_device;
+  options.cpu_threads = FLAGS_cpu_threads;
   options.connect_attempts = FLAGS_connect_attempts;
   options.clock_wait_timeout_ms = FLAGS_clock_wait_timeout_ms;
   options.trainer.inject_slowdown_ms = FLAGS_inject_slowdown_ms;

@@ -15,6 +15,7 @@ struct WorkerOptions {
   std::string job_path;           // local mode only: the JobSpec file
   std::string run_dir;            // local mode only: metrics.jsonl and summary.json
   std::string device = "auto";    // auto | cpu | cuda:N
+  int cpu_threads = 1;            // BLAS threads of the CPU backend
   int connect_attempts = 20;
   int clock_wait_timeout_ms = 300000;
   TrainerOptions trainer;

@@ -12,6 +12,7 @@
 #include "common/job_spec.h"
 #include "deploy/default_job.h"
 #include "deploy/local/launcher.h"
+#include "absl/synchronization/mutex.h"
 #include "gflags/gflags.h"
 
 DEFINE_string(job, "", "JobSpec file (text format or JSON); default: the embedded Fashion-MNIST MLP sync job");
@@ -25,6 +26,7 @@ DEFINE_string(dump_params, "", "worker rank 0 writes the final parameters to thi
 DEFINE_int32(timeout_s, 3600, "stop the whole cluster after this many seconds");
 
 int main(int argc, char** argv) {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);  // see common/daemon_init.h
   gflags::SetUsageMessage("tessera-launch [--job=FILE] [--servers=N --workers=M --run_dir=DIR]");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
 

@@ -11,8 +11,8 @@
 
 namespace tessera {
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& device) {
-  if (device == "cpu") return std::unique_ptr<Backend>(std::make_unique<CpuBackend>());
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& device, int cpu_threads) {
+  if (device == "cpu") return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(cpu_threads));
   if (device == "auto") {
 #if TESSERA_HAVE_CUDA
     absl::StatusOr<std::unique_ptr<Backend>> gpu = CreateCudaBackend(0, CudaBackendOptions());
@@ -24,7 +24,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& device
 #else
     LOG(INFO) << "device auto: using the CPU, because this build has no CUDA backend";
 #endif
-    return std::unique_ptr<Backend>(std::make_unique<CpuBackend>());
+    return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(cpu_threads));
   }
   if (absl::StartsWith(device, "cuda:")) {
     int ordinal = -1;

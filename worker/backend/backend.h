@@ -75,7 +75,8 @@ class Backend {
 // Picks a backend for `device`: "cpu", "cuda:N", or "auto" (the first GPU that answers, else the CPU, with one
 // log line saying why). INVALID_ARGUMENT for anything else; FAILED_PRECONDITION for "cuda:N" when that GPU
 // cannot be used (or this build has no CUDA), with the reason.
-[[nodiscard]] absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& device);
+// `cpu_threads` is the CPU backend's BLAS thread count.
+[[nodiscard]] absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& device, int cpu_threads = 1);
 
 }  // namespace tessera
 

@@ -39,6 +39,8 @@ absl::Status CheckSize(const Buffer& b, size_t need, const char* what) {
 
 }  // namespace
 
+CpuBackend::CpuBackend(int threads) { openblas_set_num_threads(threads < 1 ? 1 : threads); }
+
 absl::StatusOr<std::unique_ptr<Buffer>> CpuBackend::Allocate(size_t n) { return std::make_unique<HostBuffer>(n); }
 
 absl::Status CpuBackend::Upload(absl::Span<const float> src, Buffer& dst) {

@@ -9,6 +9,9 @@ namespace tessera {
 // Thread-compatible.
 class CpuBackend final : public Backend {
  public:
+  // `threads` is OpenBLAS's thread count, which is process-wide. The default of 1 suits a worker that shares
+  // its cores with servers and other workers: more BLAS threads than free cores spin and slow everyone down.
+  explicit CpuBackend(int threads = 1);
   std::string name() const override { return "cpu"; }
   absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t n) override;
   absl::Status Upload(absl::Span<const float> src, Buffer& dst) override;

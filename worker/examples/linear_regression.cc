@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "worker/ps_client.h"
@@ -20,6 +21,7 @@ DEFINE_int32(features, 64, "number of weights to fit");
 DEFINE_int32(batch_size, 32, "samples per step");
 
 int main(int argc, char** argv) {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);  // see common/daemon_init.h
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   google::InitGoogleLogging(argv[0]);
 

@@ -1,0 +1,15 @@
+// Start-up shared by every Tessera binary: flags, logging, signals, and the process-wide Abseil settings.
+#ifndef TESSERA_COMMON_DAEMON_INIT_H_
+#define TESSERA_COMMON_DAEMON_INIT_H_
+
+namespace tessera {
+
+// Parses flags (--help lists them), logs to stderr, blocks SIGINT/SIGTERM in every thread (take them with
+// WatchTerminationSignals), and turns off Abseil's mutex deadlock detection: Debian's Abseil is built with it on,
+// and its lock graph grows with every short-lived mutex, slowing a long run down step after step.
+// Call first in main, before any thread starts.
+void InitDaemon(const char* usage, int* argc, char*** argv);
+
+}  // namespace tessera
+
+#endif  // TESSERA_COMMON_DAEMON_INIT_H_
