@@ -10,6 +10,10 @@ namespace tessera {
 // Call first in main, before any thread starts.
 void InitDaemon(const char* usage, int* argc, char*** argv);
 
+// On --help or -h: prints the usage message (set it first) and the flags defined in the binary's *_main.cc,
+// then exits 0.
+void ShowHelpAndExitIfAsked(int argc, char** argv);
+
 }  // namespace tessera
 
 #endif  // TESSERA_COMMON_DAEMON_INIT_H_

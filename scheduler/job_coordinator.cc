@@ -1,5 +1,6 @@
 #include "scheduler/job_coordinator.h"
 
+#include <cmath>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -226,13 +227,14 @@ void JobCoordinator::FinishJob() {
     summary["mode"] = ModeName(job_.consistency());
     summary["servers"] = job_.cluster().num_servers();
     summary["workers"] = job_.cluster().num_workers();
-    summary["steps"] = clocks.empty() ? 0 : *std::max_element(clocks.begin(), clocks.end());
+    // Clocks every worker completed (one may have started a step the stop cut short).
+    summary["steps"] = clocks.empty() ? 0 : *std::min_element(clocks.begin(), clocks.end());
     summary["worker_clocks"] = clocks;
     summary["wall_seconds"] = absl::ToDoubleSeconds(absl::Now() - start_);
     summary["test_accuracy"] = last_eval_ ? last_eval_->test_accuracy() : 0.0;
     summary["test_loss"] = last_eval_ ? last_eval_->test_loss() : 0.0;
     summary["epochs"] = last_eval_ ? last_eval_->epoch() : 0.0;
-    summary["target_accuracy"] = job_.stop().target_accuracy();
+    summary["target_accuracy"] = std::round(job_.stop().target_accuracy() * 1e6) / 1e6;  // float -> short decimal
     summary["seconds_to_target"] = seconds_to_target_ ? nlohmann::json(*seconds_to_target_) : nlohmann::json();
     summary["updates_applied"] = sum.model_updates();
     summary["chunk_updates_applied"] = sum.chunk_updates;

@@ -1,5 +1,7 @@
 #include "worker/parameter_source.h"
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "common/param_init.h"
 #include "common/status_macros.h"
@@ -100,7 +102,7 @@ absl::Status LocalSource::Done() {
   summary["test_accuracy"] = last_eval_ ? last_eval_->test_accuracy() : 0.0;
   summary["test_loss"] = last_eval_ ? last_eval_->test_loss() : 0.0;
   summary["epochs"] = last_eval_ ? last_eval_->epoch() : 0.0;
-  summary["target_accuracy"] = job_.stop().target_accuracy();
+  summary["target_accuracy"] = std::round(job_.stop().target_accuracy() * 1e6) / 1e6;  // float -> short decimal
   summary["seconds_to_target"] = seconds_to_target_ ? nlohmann::json(*seconds_to_target_) : nlohmann::json();
   summary["updates_applied"] = updates_;
   summary["max_staleness"] = 0;

@@ -18,7 +18,7 @@ DEFINE_int32(cpu_threads, 1, "BLAS threads of the CPU backend (more than the fre
 DEFINE_int32(connect_attempts, 20, "tries to reach the scheduler at start-up (exponential backoff up to 1 s)");
 DEFINE_int32(clock_wait_timeout_ms, 300000, "longest wait for slower workers at the clock gate");
 DEFINE_int32(inject_slowdown_ms, 0, "sleep this long every step: make this worker a straggler on purpose");
-DEFINE_string(dump_params, "", "worker 0: write the final parameters to this file");
+DEFINE_string(dump_params, "", "if this worker is rank 0 (or --local): write the final parameters to this file");
 
 int main(int argc, char** argv) {
   tessera::InitDaemon("tessera-worker --scheduler=HOST:PORT [--device=auto|cpu|cuda:N]\n"

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/daemon_init.h"
 #include "common/job_spec.h"
 #include "deploy/default_job.h"
 #include "deploy/local/launcher.h"
@@ -28,6 +29,7 @@ DEFINE_int32(timeout_s, 3600, "stop the whole cluster after this many seconds");
 int main(int argc, char** argv) {
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);  // see common/daemon_init.h
   gflags::SetUsageMessage("tessera-launch [--job=FILE] [--servers=N --workers=M --run_dir=DIR]");
+  tessera::ShowHelpAndExitIfAsked(argc, argv);
   gflags::ParseCommandLineFlags(&argc, &argv, true);
 
   std::string job_text = tessera::kDefaultJobText;
