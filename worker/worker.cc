@@ -8,19 +8,32 @@ namespace tessera {
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& options) {
   TESSERA_RETURN_IF_ERROR(ValidateWorkerOptions(options));
   std::unique_ptr<Worker> worker(new Worker());
-  TESSERA_ASSIGN_OR_RETURN(worker->backend_, CreateBackend(options.device, options.cpu_threads));
   if (options.local) {
     TESSERA_ASSIGN_OR_RETURN(tessera::v1::JobSpec job, LoadJobSpec(options.job_path));
     TESSERA_ASSIGN_OR_RETURN(worker->source_, LocalSource::Create(job, options.run_dir));
   } else {
     PsClient::Options client_options;
     client_options.scheduler_address = options.scheduler_address;
-    client_options.device = worker->backend_->name();
+    client_options.device = options.device;
     client_options.connect_attempts = options.connect_attempts;
     client_options.clock_wait_timeout = absl::Milliseconds(options.clock_wait_timeout_ms);
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client, PsClient::Connect(client_options));
     worker->source_ = std::make_unique<RemoteSource>(std::move(client));
   }
+  // The job (known only now, for a cluster worker) picks the GEMM precision.
+  BackendOptions backend_options;
+  backend_options.cpu_threads = options.cpu_threads;
+  switch (worker->source_->job().compute().math()) {
+    case tessera::v1::ComputeSpec::TF32:
+      backend_options.math = BackendOptions::Math::kTf32;
+      break;
+    case tessera::v1::ComputeSpec::BF16:
+      backend_options.math = BackendOptions::Math::kBf16;
+      break;
+    default:
+      break;
+  }
+  TESSERA_ASSIGN_OR_RETURN(worker->backend_, CreateBackend(options.device, backend_options));
   worker->trainer_ = std::make_unique<Trainer>(worker->source_.get(), worker->backend_.get(), options.trainer);
   Worker* self = worker.get();
   worker->thread_ = std::thread([self] {

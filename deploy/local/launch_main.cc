@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/daemon_init.h"
@@ -21,6 +22,8 @@ DEFINE_int32(servers, 0, "number of servers (0: the job's cluster.num_servers)")
 DEFINE_int32(workers, 0, "number of workers (0: the job's cluster.num_workers)");
 DEFINE_string(run_dir, "", "run directory (logs/, metrics.jsonl, summary.json); default: runs/<job>-<time>");
 DEFINE_string(device, "auto", "worker device: auto, cpu or cuda:N");
+DEFINE_string(worker_devices, "", "comma-separated device per worker, e.g. cuda:0,cpu (a mixed-device job); "
+              "overrides --device");
 DEFINE_int32(slow_worker, -1, "experiments: the worker (process index) that gets --inject_slowdown_ms");
 DEFINE_int32(inject_slowdown_ms, 0, "experiments: extra milliseconds per step on --slow_worker");
 DEFINE_string(dump_params, "", "worker rank 0 writes the final parameters to this file");
@@ -65,6 +68,9 @@ int main(int argc, char** argv) {
   options.servers = job->cluster().num_servers();
   options.workers = job->cluster().num_workers();
   options.device = FLAGS_device;
+  if (!FLAGS_worker_devices.empty()) {
+    options.worker_devices = absl::StrSplit(FLAGS_worker_devices, ',', absl::SkipEmpty());
+  }
   options.slow_worker = FLAGS_slow_worker;
   options.inject_slowdown_ms = FLAGS_inject_slowdown_ms;
   options.dump_params = FLAGS_dump_params;

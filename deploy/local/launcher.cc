@@ -176,8 +176,10 @@ class Cluster {
     }
     for (int i = 0; i < workers; ++i) {
       const std::string log = absl::StrCat(options_.run_dir, "/logs/worker-", i, ".log");
+      const std::string device =
+          options_.worker_devices.empty() ? options_.device : options_.worker_devices[i % options_.worker_devices.size()];
       std::vector<std::string> argv = {options_.bin_dir + "/tessera-worker", "--scheduler=" + address,
-                                       "--device=" + options_.device};
+                                       "--device=" + device};
       if (i == options_.slow_worker && options_.inject_slowdown_ms > 0) {
         argv.push_back(absl::StrCat("--inject_slowdown_ms=", options_.inject_slowdown_ms));
       }

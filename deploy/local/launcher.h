@@ -22,6 +22,7 @@ struct LaunchOptions {
   int servers = 0;           // 0: the job's cluster.num_servers
   int workers = 0;           // 0: the job's cluster.num_workers
   std::string device = "auto";
+  std::vector<std::string> worker_devices;  // when set, worker i gets worker_devices[i] (a mixed-device job)
   int slow_worker = -1;      // this worker gets --inject_slowdown_ms (experiments)
   int inject_slowdown_ms = 0;
   std::string dump_params;   // handed to the workers; rank 0 writes its final parameters there

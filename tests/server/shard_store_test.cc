@@ -119,6 +119,17 @@ TEST_F(ShardStoreTest, StalenessIsClockMinusTheClockVersionRead) {
   EXPECT_EQ(store_.Stats().staleness().max(), 3);
 }
 
+TEST_F(ShardStoreTest, StalenessAwareLearningRateDividesTheStepByTheStaleness) {
+  job_.mutable_consistency()->set_staleness_aware_lr(true);
+  Assign(tessera::v1::ConsistencySpec::ASYNC, 2);
+  tessera::v1::PushRequest stale = Gradient(0, 1, 4, {8, 8, 8});
+  stale.set_read_clock_version(0);  // staleness 4: the step is lr * g / 4
+  ASSERT_THAT(store_.Push(stale), IsOk());
+  EXPECT_EQ(Values(), (std::vector<float>{-2, -2, -2}));
+  ASSERT_THAT(store_.Push(Gradient(1, 1, 0, {1, 1, 1})), IsOk());  // staleness 0: the full step
+  EXPECT_EQ(Values(), (std::vector<float>{-3, -3, -3}));
+}
+
 TEST_F(ShardStoreTest, UnknownParameterIsNotFound) {
   Assign(tessera::v1::ConsistencySpec::ASYNC, 1);
   tessera::v1::PushRequest r = Gradient(0, 1, 0, {1, 1, 1});

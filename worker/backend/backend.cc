@@ -11,11 +11,30 @@
 
 namespace tessera {
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& device, int cpu_threads) {
-  if (device == "cpu") return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(cpu_threads));
+#if TESSERA_HAVE_CUDA
+namespace {
+CudaBackendOptions CudaOptions(const BackendOptions& options) {
+  CudaBackendOptions cuda;
+  switch (options.math) {
+    case BackendOptions::Math::kTf32:
+      cuda.math = CudaBackendOptions::Math::kTf32;
+      break;
+    case BackendOptions::Math::kBf16:
+      cuda.math = CudaBackendOptions::Math::kBf16;
+      break;
+    default:
+      cuda.math = CudaBackendOptions::Math::kFp32;
+  }
+  return cuda;
+}
+}  // namespace
+#endif
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& device, const BackendOptions& options) {
+  if (device == "cpu") return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(options.cpu_threads));
   if (device == "auto") {
 #if TESSERA_HAVE_CUDA
-    absl::StatusOr<std::unique_ptr<Backend>> gpu = CreateCudaBackend(0, CudaBackendOptions());
+    absl::StatusOr<std::unique_ptr<Backend>> gpu = CreateCudaBackend(0, CudaOptions(options));
     if (gpu.ok()) {
       LOG(INFO) << "device auto: using " << (*gpu)->name();
       return gpu;
@@ -24,7 +43,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& device
 #else
     LOG(INFO) << "device auto: using the CPU, because this build has no CUDA backend";
 #endif
-    return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(cpu_threads));
+    return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(options.cpu_threads));
   }
   if (absl::StartsWith(device, "cuda:")) {
     int ordinal = -1;
@@ -32,7 +51,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& device
       return absl::InvalidArgumentError(absl::StrCat("--device: bad GPU number in '", device, "'"));
     }
 #if TESSERA_HAVE_CUDA
-    return CreateCudaBackend(ordinal, CudaBackendOptions());
+    return CreateCudaBackend(ordinal, CudaOptions(options));
 #else
     return absl::FailedPreconditionError(
         absl::StrCat("--device=", device, ": this build has no CUDA backend (nvcc was not found at configure time)"));

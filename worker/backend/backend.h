@@ -72,11 +72,18 @@ class Backend {
                                                                      float grad_scale, Buffer* grad) = 0;
 };
 
+// What CreateBackend configures beyond the device.
+struct BackendOptions {
+  int cpu_threads = 1;  // CPU: BLAS threads (process-wide)
+  enum class Math { kFp32, kTf32, kBf16 };
+  Math math = Math::kFp32;  // CUDA: GEMM precision (the CPU always computes in float32)
+};
+
 // Picks a backend for `device`: "cpu", "cuda:N", or "auto" (the first GPU that answers, else the CPU, with one
 // log line saying why). INVALID_ARGUMENT for anything else; FAILED_PRECONDITION for "cuda:N" when that GPU
 // cannot be used (or this build has no CUDA), with the reason.
-// `cpu_threads` is the CPU backend's BLAS thread count.
-[[nodiscard]] absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& device, int cpu_threads = 1);
+[[nodiscard]] absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& device,
+                                                                     const BackendOptions& options = {});
 
 }  // namespace tessera
 
