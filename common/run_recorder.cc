@@ -1,5 +1,6 @@
 #include "common/run_recorder.h"
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -52,6 +53,28 @@ absl::Status RunRecorder::WriteSummary(const nlohmann::json& summary) {
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) return absl::DataLossError("cannot rename " + tmp + " to " + path);
   return absl::OkStatus();
+}
+
+void RunSummary::SetLastEval(double e, double accuracy, double loss) {
+  epochs = e;
+  test_accuracy = accuracy;
+  test_loss = loss;
+}
+
+nlohmann::json RunSummary::ToJson() const {
+  return {{"job", job},
+          {"mode", mode},
+          {"servers", servers},
+          {"workers", workers},
+          {"steps", steps},
+          {"wall_seconds", wall_seconds},
+          {"epochs", epochs},
+          {"test_accuracy", test_accuracy},
+          {"test_loss", test_loss},
+          {"target_accuracy", std::round(target_accuracy * 1e6) / 1e6},  // a float's short decimal
+          {"seconds_to_target", seconds_to_target ? nlohmann::json(*seconds_to_target) : nlohmann::json()},
+          {"updates_applied", updates_applied},
+          {"max_staleness", max_staleness}};
 }
 
 std::string ProgressLine(const EvalRecord& r) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -26,6 +27,27 @@ struct EvalRecord {
   double samples_per_sec = 0;  // whole cluster
   int64_t max_staleness = 0;   // largest staleness of any update so far
   int64_t updates_applied = 0; // model updates so far (chunk updates / chunks)
+};
+
+// The fields every summary.json has, whoever ran the job (the scheduler, or a worker in local mode).
+struct RunSummary {
+  std::string job;
+  std::string mode;             // "sync", "async", "ssp(2)", "local"
+  int servers = 0;
+  int workers = 0;
+  int64_t steps = 0;            // clocks every worker completed
+  double wall_seconds = 0;
+  double epochs = 0;            // at the last evaluation
+  double test_accuracy = 0;     // at the last evaluation
+  double test_loss = 0;
+  double target_accuracy = 0;   // 0: none
+  std::optional<double> seconds_to_target;
+  int64_t updates_applied = 0;  // model updates
+  int64_t max_staleness = 0;
+
+  // Fills the evaluation fields from the last evaluation.
+  void SetLastEval(double epochs, double test_accuracy, double test_loss);
+  nlohmann::json ToJson() const;
 };
 
 // Appends records to <run_dir>/metrics.jsonl and writes <run_dir>/summary.json. Thread-safe.

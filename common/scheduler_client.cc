@@ -1,5 +1,9 @@
 #include "common/scheduler_client.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/rpc.h"
@@ -12,8 +16,13 @@ constexpr absl::Duration kControlTimeout = absl::Seconds(10);
 SchedulerClient::SchedulerClient(std::string address)
     : address_(std::move(address)), stub_(tessera::v1::Scheduler::NewStub(MakeChannel(address_))) {}
 
-absl::StatusOr<tessera::v1::RegisterResponse> SchedulerClient::Register(const tessera::v1::RegisterRequest& request,
+absl::StatusOr<tessera::v1::RegisterResponse> SchedulerClient::Register(tessera::v1::RegisterRequest request,
                                                                         int attempts) {
+  if (request.hostname().empty()) {
+    char hostname[256] = {0};
+    gethostname(hostname, sizeof(hostname) - 1);
+    request.set_hostname(hostname);
+  }
   tessera::v1::RegisterResponse response;
   RetryPolicy policy;
   policy.max_attempts = attempts;
@@ -37,6 +46,26 @@ absl::StatusOr<tessera::v1::HeartbeatResponse> SchedulerClient::Heartbeat(
                                        absl::StrCat("Heartbeat to scheduler ", address_));
   if (!status.ok()) return status;
   return response;
+}
+
+std::unique_ptr<Heartbeater> SchedulerClient::StartHeartbeats(tessera::v1::Role role, int id, absl::Duration interval,
+                                                              std::function<void()> on_job_finished,
+                                                              std::function<void(const absl::Status&)> on_lost,
+                                                              absl::Duration give_up_after) {
+  auto heartbeater = std::make_unique<Heartbeater>(
+      std::max(interval, absl::Milliseconds(10)),
+      [this, role, id, on_job_finished = std::move(on_job_finished)]() -> absl::Status {
+        tessera::v1::HeartbeatRequest beat;
+        beat.set_role(role);
+        beat.set_id(id);
+        absl::StatusOr<tessera::v1::HeartbeatResponse> response = Heartbeat(beat);
+        if (!response.ok()) return response.status();
+        if (response->job_finished()) on_job_finished();
+        return absl::OkStatus();
+      },
+      std::move(on_lost), give_up_after);
+  heartbeater->Start();
+  return heartbeater;
 }
 
 absl::StatusOr<tessera::v1::ShardMap> SchedulerClient::Declare(const tessera::v1::DeclareRequest& request,

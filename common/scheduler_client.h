@@ -2,11 +2,13 @@
 #ifndef TESSERA_COMMON_SCHEDULER_CLIENT_H_
 #define TESSERA_COMMON_SCHEDULER_CLIENT_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/heartbeater.h"
 #include "proto/cluster.grpc.pb.h"
 
 namespace tessera {
@@ -19,12 +21,20 @@ class SchedulerClient {
 
   const std::string& address() const { return address_; }
 
-  // Registers, retrying while nobody answers at the address: at most `attempts` tries with exponential backoff
+  // Registers (filling in this host's name), retrying while nobody answers at the address: at most `attempts` tries with exponential backoff
   // (50 ms doubling to 1 s), then UNAVAILABLE naming the address. Other errors (a full job) come back at once.
-  [[nodiscard]] absl::StatusOr<tessera::v1::RegisterResponse> Register(const tessera::v1::RegisterRequest& request,
+  [[nodiscard]] absl::StatusOr<tessera::v1::RegisterResponse> Register(tessera::v1::RegisterRequest request,
                                                                        int attempts);
 
   [[nodiscard]] absl::StatusOr<tessera::v1::HeartbeatResponse> Heartbeat(const tessera::v1::HeartbeatRequest& request);
+
+  // Starts heartbeating as (role, id) every `interval` on a thread of its own. `on_job_finished` runs when the
+  // scheduler answers that the job is over; `on_lost` once, when no heartbeat succeeded for `give_up_after`.
+  // The client must outlive the returned heartbeater.
+  std::unique_ptr<Heartbeater> StartHeartbeats(tessera::v1::Role role, int id, absl::Duration interval,
+                                               std::function<void()> on_job_finished,
+                                               std::function<void(const absl::Status&)> on_lost,
+                                               absl::Duration give_up_after);
 
   // Retries while the scheduler answers UNAVAILABLE (still waiting for servers), up to `timeout`.
   [[nodiscard]] absl::StatusOr<tessera::v1::ShardMap> Declare(const tessera::v1::DeclareRequest& request,

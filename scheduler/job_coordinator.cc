@@ -1,6 +1,5 @@
 #include "scheduler/job_coordinator.h"
 
-#include <cmath>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -223,25 +222,25 @@ void JobCoordinator::FinishJob() {
   nlohmann::json summary;
   {
     absl::MutexLock lock(&mu_);
-    summary["job"] = job_.name();
-    summary["mode"] = ModeName(job_.consistency());
-    summary["servers"] = job_.cluster().num_servers();
-    summary["workers"] = job_.cluster().num_workers();
+    RunSummary common;
+    common.job = job_.name();
+    common.mode = ModeName(job_.consistency());
+    common.servers = job_.cluster().num_servers();
+    common.workers = job_.cluster().num_workers();
     // Clocks every worker completed (one may have started a step the stop cut short).
-    summary["steps"] = clocks.empty() ? 0 : *std::min_element(clocks.begin(), clocks.end());
+    common.steps = clocks.empty() ? 0 : *std::min_element(clocks.begin(), clocks.end());
+    common.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start_);
+    if (last_eval_) common.SetLastEval(last_eval_->epoch(), last_eval_->test_accuracy(), last_eval_->test_loss());
+    common.target_accuracy = job_.stop().target_accuracy();
+    common.seconds_to_target = seconds_to_target_;
+    common.updates_applied = sum.model_updates();
+    common.max_staleness = sum.staleness.max();
+    summary = common.ToJson();
     summary["worker_clocks"] = clocks;
-    summary["wall_seconds"] = absl::ToDoubleSeconds(absl::Now() - start_);
-    summary["test_accuracy"] = last_eval_ ? last_eval_->test_accuracy() : 0.0;
-    summary["test_loss"] = last_eval_ ? last_eval_->test_loss() : 0.0;
-    summary["epochs"] = last_eval_ ? last_eval_->epoch() : 0.0;
-    summary["target_accuracy"] = std::round(job_.stop().target_accuracy() * 1e6) / 1e6;  // float -> short decimal
-    summary["seconds_to_target"] = seconds_to_target_ ? nlohmann::json(*seconds_to_target_) : nlohmann::json();
-    summary["updates_applied"] = sum.model_updates();
     summary["chunk_updates_applied"] = sum.chunk_updates;
     summary["pushes"] = sum.pushes;
     summary["duplicate_pushes"] = sum.duplicate_pushes;
     summary["late_pushes"] = sum.late_pushes;
-    summary["max_staleness"] = sum.staleness.max();
     const tessera::v1::StalenessHistogram histogram = sum.staleness.ToProto();
     summary["staleness_histogram"] = std::vector<int64_t>(histogram.bucket().begin(), histogram.bucket().end());
   }

@@ -1,7 +1,5 @@
 #include "server/server.h"
 
-#include <unistd.h>
-
 #include "absl/strings/str_cat.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
@@ -32,30 +30,19 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   tessera::v1::RegisterRequest request;
   request.set_role(tessera::v1::SERVER);
   request.set_address(server->address_);
-  char hostname[256] = {0};
-  gethostname(hostname, sizeof(hostname) - 1);
-  request.set_hostname(hostname);
   TESSERA_ASSIGN_OR_RETURN(tessera::v1::RegisterResponse registered,
                            server->scheduler_->Register(request, options.connect_attempts));
   server->id_ = registered.id();
   LOG(INFO) << "server " << server->id_ << " serving at " << server->address_ << " for job '"
             << registered.job().name() << "' of scheduler " << options.scheduler_address;
 
-  server->heartbeater_ = std::make_unique<Heartbeater>(
-      absl::Milliseconds(std::max<uint64_t>(10, registered.heartbeat_interval_ms())),
-      [self]() -> absl::Status {
-        tessera::v1::HeartbeatRequest beat;
-        beat.set_role(tessera::v1::SERVER);
-        beat.set_id(self->id_);
-        TESSERA_ASSIGN_OR_RETURN(tessera::v1::HeartbeatResponse response, self->scheduler_->Heartbeat(beat));
-        if (response.job_finished()) self->Stop();
-        return absl::OkStatus();
-      },
+  server->heartbeater_ = server->scheduler_->StartHeartbeats(
+      tessera::v1::SERVER, server->id_, absl::Milliseconds(registered.heartbeat_interval_ms()),
+      [self] { self->Stop(); },
       [self](const absl::Status& why) {
         self->Stop(absl::UnavailableError(absl::StrCat("lost the scheduler: ", why.message())));
       },
       absl::Milliseconds(options.heartbeat_timeout_ms));
-  server->heartbeater_->Start();
   return server;
 }
 

@@ -1,12 +1,10 @@
 #include "worker/parameter_source.h"
 
-#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "common/param_init.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
-#include "nlohmann/json.hpp"
 
 namespace tessera {
 
@@ -92,21 +90,17 @@ absl::StatusOr<tessera::v1::ReportResponse> LocalSource::Report(const tessera::v
 }
 
 absl::Status LocalSource::Done() {
-  nlohmann::json summary;
-  summary["job"] = job_.name();
-  summary["mode"] = "local";
-  summary["servers"] = 0;
-  summary["workers"] = 1;
-  summary["steps"] = clock_;
-  summary["wall_seconds"] = absl::ToDoubleSeconds(absl::Now() - start_);
-  summary["test_accuracy"] = last_eval_ ? last_eval_->test_accuracy() : 0.0;
-  summary["test_loss"] = last_eval_ ? last_eval_->test_loss() : 0.0;
-  summary["epochs"] = last_eval_ ? last_eval_->epoch() : 0.0;
-  summary["target_accuracy"] = std::round(job_.stop().target_accuracy() * 1e6) / 1e6;  // float -> short decimal
-  summary["seconds_to_target"] = seconds_to_target_ ? nlohmann::json(*seconds_to_target_) : nlohmann::json();
-  summary["updates_applied"] = updates_;
-  summary["max_staleness"] = 0;
-  return recorder_->WriteSummary(summary);
+  RunSummary summary;
+  summary.job = job_.name();
+  summary.mode = "local";
+  summary.workers = 1;
+  summary.steps = clock_;
+  summary.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start_);
+  if (last_eval_) summary.SetLastEval(last_eval_->epoch(), last_eval_->test_accuracy(), last_eval_->test_loss());
+  summary.target_accuracy = job_.stop().target_accuracy();
+  summary.seconds_to_target = seconds_to_target_;
+  summary.updates_applied = updates_;
+  return recorder_->WriteSummary(summary.ToJson());
 }
 
 }  // namespace tessera

@@ -1,7 +1,5 @@
 #include "worker/ps_client.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <thread>
 
@@ -45,26 +43,14 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(const Options& optio
   tessera::v1::RegisterRequest request;
   request.set_role(tessera::v1::WORKER);
   request.set_device(options.device);
-  char hostname[256] = {0};
-  gethostname(hostname, sizeof(hostname) - 1);
-  request.set_hostname(hostname);
   TESSERA_ASSIGN_OR_RETURN(tessera::v1::RegisterResponse registered,
                            client->scheduler_->Register(request, options.connect_attempts));
   client->worker_id_ = registered.id();
   client->job_ = registered.job();
   if (options.heartbeat) {
-    PsClient* self = client.get();
-    client->heartbeater_ = std::make_unique<Heartbeater>(
-        absl::Milliseconds(std::max<uint64_t>(10, registered.heartbeat_interval_ms())),
-        [self]() -> absl::Status {
-          tessera::v1::HeartbeatRequest beat;
-          beat.set_role(tessera::v1::WORKER);
-          beat.set_id(self->worker_id_);
-          return self->scheduler_->Heartbeat(beat).status();
-        },
-        [](const absl::Status& why) { LOG(WARNING) << "worker heartbeats stopped: " << why; },
-        absl::Seconds(30));
-    client->heartbeater_->Start();
+    client->heartbeater_ = client->scheduler_->StartHeartbeats(
+        tessera::v1::WORKER, client->worker_id_, absl::Milliseconds(registered.heartbeat_interval_ms()), [] {},
+        [](const absl::Status& why) { LOG(WARNING) << "worker heartbeats stopped: " << why; }, absl::Seconds(30));
   }
   return client;
 }
