@@ -8,7 +8,7 @@ packages=(
   cmake ninja-build g++ pkg-config ccache
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgoogle-glog-dev libgflags-dev libssl-dev zlib1g-dev
-  libopenblas-dev nlohmann-json3-dev libgtest-dev libgmock-dev
+  libopenblas-dev nlohmann-json3-dev libcpp-httplib-dev libgtest-dev libgmock-dev
   dataset-fashion-mnist
 )
 

@@ -3,6 +3,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "common/http_endpoint.h"
 #include "common/job_spec.h"
 #include "common/shard_map.h"
 #include "common/status_macros.h"
@@ -254,6 +255,52 @@ void JobCoordinator::FinishJob() {
     if (absl::Status s = servers_->Shutdown(*map); !s.ok()) LOG(WARNING) << s;
   }
   on_finished_();
+}
+
+nlohmann::json JobCoordinator::StatusJson() const {
+  nlohmann::json status;
+  status["job"] = job_.name();
+  status["mode"] = ModeName(job_.consistency());
+  status["uptime_seconds"] = absl::ToDoubleSeconds(absl::Now() - start_);
+  status["clocks"] = clocks_.Clocks();
+  status["stopped"] = clocks_.stopped();
+  const absl::Time now = absl::Now();
+  auto members = [&](const std::vector<Member>& list) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const Member& m : list) {
+      out.push_back({{"id", m.id},
+                     {"address", m.address},
+                     {"hostname", m.hostname},
+                     {"device", m.device},
+                     {"seconds_since_heartbeat", absl::ToDoubleSeconds(now - m.last_seen)}});
+    }
+    return out;
+  };
+  status["servers"] = members(membership_.Servers());
+  status["workers"] = members(membership_.Workers());
+  absl::MutexLock lock(&mu_);
+  status["shard_map_epoch"] = map_ ? map_->epoch() : 0;
+  status["finished"] = finished_;
+  if (last_eval_) {
+    status["last_eval"] = {{"step", last_eval_->clock()},
+                           {"test_accuracy", last_eval_->test_accuracy()},
+                           {"test_loss", last_eval_->test_loss()}};
+  }
+  return status;
+}
+
+std::string JobCoordinator::MetricsText() const {
+  std::string text = PrometheusMetric("tessera_scheduler_servers", "gauge", membership_.Servers().size()) +
+                     PrometheusMetric("tessera_scheduler_workers", "gauge", membership_.Workers().size());
+  text += "# TYPE tessera_scheduler_worker_clock gauge\n";
+  const std::vector<int64_t> clocks = clocks_.Clocks();
+  for (size_t i = 0; i < clocks.size(); ++i) {
+    absl::StrAppend(&text, "tessera_scheduler_worker_clock{worker=\"", i, "\"} ", clocks[i], "\n");
+  }
+  absl::MutexLock lock(&mu_);
+  text += PrometheusMetric("tessera_scheduler_job_finished", "gauge", finished_ ? 1 : 0);
+  if (last_eval_) text += PrometheusMetric("tessera_scheduler_test_accuracy", "gauge", last_eval_->test_accuracy());
+  return text;
 }
 
 nlohmann::json JobCoordinator::summary() const {

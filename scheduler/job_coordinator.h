@@ -57,6 +57,11 @@ class JobCoordinator {
   // Ends the job early: every clock gate opens with stop (no worker is left waiting). Never blocks.
   void Abort(const std::string& reason) { clocks_.Stop(reason); }
 
+  // The scheduler's /status page: job, members, clocks, last evaluation, state.
+  nlohmann::json StatusJson() const;
+  // The scheduler's /metrics page (Prometheus text format).
+  std::string MetricsText() const;
+
   // The summary written at the end; empty before.
   nlohmann::json summary() const;
   bool finished() const;

@@ -35,6 +35,15 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Start(const SchedulerOptio
       return absl::PermissionDeniedError(absl::StrCat("cannot write ", options.address_file));
     }
   }
+  if (options.http_port >= 0) {
+    const JobCoordinator* coordinator = scheduler->coordinator_.get();
+    TESSERA_ASSIGN_OR_RETURN(
+        scheduler->http_,
+        HttpEndpoint::Start(options.listen_host, options.http_port,
+                            {{"/metrics", {"text/plain; version=0.0.4", [coordinator] { return coordinator->MetricsText(); }}},
+                             {"/status", {"application/json", [coordinator] { return coordinator->StatusJson().dump(2); }}}}));
+    LOG(INFO) << "status at http://" << options.listen_host << ":" << scheduler->http_->port() << "/status";
+  }
   const auto& job = options.job;
   LOG(INFO) << "scheduler at " << scheduler->address_ << ": job '" << job.name() << "', "
             << ModeName(job.consistency()) << ", " << job.cluster().num_servers() << " servers, "
@@ -43,6 +52,7 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Start(const SchedulerOptio
 }
 
 Scheduler::~Scheduler() {
+  http_.reset();
   if (coordinator_) coordinator_->Abort("scheduler shutting down");
   if (grpc_server_) grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   coordinator_.reset();  // drains its executor while the server pool is still alive

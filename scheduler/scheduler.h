@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/http_endpoint.h"
 #include "scheduler/job_coordinator.h"
 #include "scheduler/scheduler_options.h"
 #include "scheduler/scheduler_service.h"
@@ -35,6 +36,8 @@ class Scheduler {
   bool WaitForStop(absl::Duration timeout);
 
   const std::string& address() const { return address_; }
+  // The port of /healthz, /metrics and /status; 0 when off.
+  int http_port() const { return http_ ? http_->port() : 0; }
   JobCoordinator& coordinator() { return *coordinator_; }
 
  private:
@@ -45,6 +48,7 @@ class Scheduler {
   std::unique_ptr<JobCoordinator> coordinator_;
   std::unique_ptr<SchedulerService> service_;
   std::unique_ptr<grpc::Server> grpc_server_;
+  std::unique_ptr<HttpEndpoint> http_;
 
   absl::Mutex mu_;
   std::optional<absl::Status> stop_reason_ ABSL_GUARDED_BY(mu_);

@@ -9,6 +9,22 @@ namespace tessera {
 
 Server::Server(const ServerOptions& options) : options_(options) {}
 
+std::string ServerMetricsText(const tessera::v1::ServerStats& stats) {
+  std::string text = PrometheusMetric("tessera_server_chunks", "gauge", stats.chunks()) +
+                     PrometheusMetric("tessera_server_bytes", "gauge", stats.bytes()) +
+                     PrometheusMetric("tessera_server_updates_applied_total", "counter", stats.updates_applied()) +
+                     PrometheusMetric("tessera_server_pushes_total", "counter", stats.pushes()) +
+                     PrometheusMetric("tessera_server_duplicate_pushes_total", "counter", stats.duplicate_pushes()) +
+                     PrometheusMetric("tessera_server_late_pushes_total", "counter", stats.late_pushes()) +
+                     PrometheusMetric("tessera_server_max_staleness", "gauge", stats.staleness().max());
+  text += "# TYPE tessera_server_staleness_updates gauge\n";
+  for (int i = 0; i < stats.staleness().bucket_size(); ++i) {
+    absl::StrAppend(&text, "tessera_server_staleness_updates{staleness=\"", i, "\"} ", stats.staleness().bucket(i),
+                    "\n");
+  }
+  return text;
+}
+
 Server::~Server() {
   if (heartbeater_) heartbeater_->Stop();
   if (grpc_server_) grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
@@ -26,6 +42,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   const std::string host = options.advertise_host.empty() ? options.listen_host : options.advertise_host;
   server->address_ = absl::StrCat(host, ":", started.port);
 
+  if (options.http_port >= 0) {
+    const ShardStore* store = server->store_.get();
+    TESSERA_ASSIGN_OR_RETURN(
+        server->http_, HttpEndpoint::Start(options.listen_host, options.http_port,
+                                           {{"/metrics", {"text/plain; version=0.0.4", [store] {
+                                               return ServerMetricsText(store->Stats());
+                                             }}}}));
+  }
+
   server->scheduler_ = std::make_unique<SchedulerClient>(options.scheduler_address);
   tessera::v1::RegisterRequest request;
   request.set_role(tessera::v1::SERVER);
@@ -34,7 +59,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                            server->scheduler_->Register(request, options.connect_attempts));
   server->id_ = registered.id();
   LOG(INFO) << "server " << server->id_ << " serving at " << server->address_ << " for job '"
-            << registered.job().name() << "' of scheduler " << options.scheduler_address;
+            << registered.job().name() << "' of scheduler " << options.scheduler_address
+            << (server->http_ ? absl::StrCat("; metrics at http://", options.listen_host, ":", server->http_->port(),
+                                             "/metrics")
+                              : "");
 
   server->heartbeater_ = server->scheduler_->StartHeartbeats(
       tessera::v1::SERVER, server->id_, absl::Milliseconds(registered.heartbeat_interval_ms()),

@@ -15,12 +15,16 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/heartbeater.h"
+#include "common/http_endpoint.h"
 #include "common/scheduler_client.h"
 #include "server/server_options.h"
 #include "server/server_service.h"
 #include "server/shard_store.h"
 
 namespace tessera {
+
+// The server's statistics in Prometheus text format (its /metrics page).
+std::string ServerMetricsText(const tessera::v1::ServerStats& stats);
 
 // Thread-safe.
 class Server {
@@ -37,6 +41,8 @@ class Server {
   void Stop(absl::Status reason = absl::OkStatus());
 
   int id() const { return id_; }
+  // The port of /healthz and /metrics; 0 when off.
+  int http_port() const { return http_ ? http_->port() : 0; }
   const std::string& address() const { return address_; }
   const ShardStore& store() const { return *store_; }
 
@@ -51,6 +57,7 @@ class Server {
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<SchedulerClient> scheduler_;
   std::unique_ptr<Heartbeater> heartbeater_;
+  std::unique_ptr<HttpEndpoint> http_;
 
   absl::Mutex mu_;
   std::optional<absl::Status> stop_reason_ ABSL_GUARDED_BY(mu_);

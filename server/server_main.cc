@@ -14,6 +14,7 @@ DEFINE_string(host, "127.0.0.1", "address to listen on (loopback by default; 0.0
 DEFINE_int32(port, 0, "port to listen on; 0 picks a free one");
 DEFINE_string(advertise_host, "", "host name or address workers should dial; default: --host");
 DEFINE_int32(connect_attempts, 20, "tries to reach the scheduler at start-up (exponential backoff up to 1 s)");
+DEFINE_int32(http_port, 0, "port of /healthz and /metrics on --host; 0 picks a free one (logged), -1 turns them off");
 DEFINE_int32(heartbeat_timeout_ms, 10000, "exit when the scheduler has not answered for this long");
 
 int main(int argc, char** argv) {
@@ -26,6 +27,7 @@ int main(int argc, char** argv) {
   options.advertise_host = FLAGS_advertise_host;
   options.connect_attempts = FLAGS_connect_attempts;
   options.heartbeat_timeout_ms = FLAGS_heartbeat_timeout_ms;
+  options.http_port = FLAGS_http_port;
 
   auto server = tessera::Server::Start(options);
   if (!server.ok()) {

@@ -15,6 +15,9 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
   if (options.port < 0 || options.port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("--port: expected 0 .. 65535, got ", options.port));
   }
+  if (options.http_port < -1 || options.http_port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("--http_port: expected -1 .. 65535, got ", options.http_port));
+  }
   if (options.connect_attempts < 1) return absl::InvalidArgumentError("--connect_attempts: expected >= 1");
   if (options.heartbeat_timeout_ms < 100) return absl::InvalidArgumentError("--heartbeat_timeout_ms: expected >= 100");
   return absl::OkStatus();

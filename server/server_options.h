@@ -15,6 +15,7 @@ struct ServerOptions {
   std::string advertise_host;            // what workers dial; default: listen_host
   int connect_attempts = 20;             // tries to reach the scheduler at start-up
   int heartbeat_timeout_ms = 10000;      // exit when the scheduler is silent this long
+  int http_port = 0;                     // /healthz and /metrics on listen_host; 0: a free port; -1: off
 };
 
 // INVALID_ARGUMENT naming the flag at fault.

@@ -105,6 +105,12 @@ absl::StatusOr<TrainerResult> Trainer::Run() {
       result.test_accuracy = r.test_accuracy();
       last_eval_clock = clock;
     }
+    {
+      absl::MutexLock lock(&progress_mu_);
+      progress_.train_loss = r.train_loss();
+      progress_.samples_per_sec = r.samples_per_sec();
+      if (with_eval) progress_.test_accuracy = r.test_accuracy();
+    }
     TESSERA_ASSIGN_OR_RETURN(tessera::v1::ReportResponse answer, source_->Report(r));
     loss_sum = 0;
     loss_steps = 0;
@@ -138,6 +144,11 @@ absl::StatusOr<TrainerResult> Trainer::Run() {
     samples_window += batch.size();
     TESSERA_ASSIGN_OR_RETURN(ClockResult gate, source_->Clock());
     clock = gate.clock;
+    {
+      absl::MutexLock lock(&progress_mu_);
+      progress_.clock = clock;
+      progress_.samples = samples_total;
+    }
     if (gate.stop) {
       result.stop_reason = gate.stop_reason;
       break;

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "worker/backend/backend.h"
 #include "worker/parameter_source.h"
 
@@ -25,7 +26,16 @@ struct TrainerResult {
   std::string stop_reason;
 };
 
-// Not thread-safe, except Cancel().
+// A snapshot of a running trainer, for the worker's /metrics page.
+struct TrainerProgress {
+  int64_t clock = 0;
+  int64_t samples = 0;
+  double train_loss = 0;       // mean over the last reporting window
+  double samples_per_sec = 0;  // over the last reporting window
+  double test_accuracy = 0;    // last evaluation (worker 0)
+};
+
+// Not thread-safe, except Cancel() and progress().
 class Trainer {
  public:
   // `source` and `backend` are not owned and must outlive the trainer.
@@ -39,11 +49,19 @@ class Trainer {
   // Makes Run() return CANCELLED after the current step. Thread-safe.
   void Cancel() { cancelled_ = true; }
 
+  // Thread-safe.
+  TrainerProgress progress() const {
+    absl::MutexLock lock(&progress_mu_);
+    return progress_;
+  }
+
  private:
   ParameterSource* const source_;  // not owned
   Backend* const backend_;         // not owned
   const TrainerOptions options_;
   std::atomic<bool> cancelled_{false};
+  mutable absl::Mutex progress_mu_;
+  TrainerProgress progress_ ABSL_GUARDED_BY(progress_mu_);
 };
 
 }  // namespace tessera

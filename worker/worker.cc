@@ -1,7 +1,9 @@
 #include "worker/worker.h"
 
+#include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
 #include "common/status_macros.h"
+#include "glog/logging.h"
 
 namespace tessera {
 
@@ -35,6 +37,25 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
   }
   TESSERA_ASSIGN_OR_RETURN(worker->backend_, CreateBackend(options.device, backend_options));
   worker->trainer_ = std::make_unique<Trainer>(worker->source_.get(), worker->backend_.get(), options.trainer);
+  if (options.http_port >= 0) {
+    const Trainer* trainer = worker->trainer_.get();
+    const int rank = worker->source_->rank();
+    TESSERA_ASSIGN_OR_RETURN(
+        worker->http_,
+        HttpEndpoint::Start(options.listen_host, options.http_port,
+                            {{"/metrics", {"text/plain; version=0.0.4", [trainer, rank] {
+                                const TrainerProgress p = trainer->progress();
+                                const std::string label = absl::StrCat("worker=\"", rank, "\"");
+                                return PrometheusMetric("tessera_worker_clock", "gauge", p.clock, label) +
+                                       PrometheusMetric("tessera_worker_samples_total", "counter", p.samples, label) +
+                                       PrometheusMetric("tessera_worker_train_loss", "gauge", p.train_loss, label) +
+                                       PrometheusMetric("tessera_worker_samples_per_sec", "gauge", p.samples_per_sec,
+                                                        label) +
+                                       PrometheusMetric("tessera_worker_test_accuracy", "gauge", p.test_accuracy, label);
+                              }}}}));
+    LOG(INFO) << "worker " << rank << " on " << worker->backend_->name() << "; metrics at http://"
+              << options.listen_host << ":" << worker->http_->port() << "/metrics";
+  }
   Worker* self = worker.get();
   worker->thread_ = std::thread([self] {
     self->result_ = self->trainer_->Run();
@@ -44,6 +65,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
 }
 
 Worker::~Worker() {
+  http_.reset();
   Stop();
   if (thread_.joinable()) thread_.join();
 }

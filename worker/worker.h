@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
+#include "common/http_endpoint.h"
 #include "worker/backend/backend.h"
 #include "worker/parameter_source.h"
 #include "worker/trainer.h"
@@ -31,6 +32,8 @@ class Worker {
 
   // Blocks until training ends; the trainer's result or error.
   [[nodiscard]] absl::StatusOr<TrainerResult> Wait();
+  // The port of /healthz and /metrics; 0 when off.
+  int http_port() const { return http_ ? http_->port() : 0; }
   // Asks training to stop after the current step (Wait then returns CANCELLED). Never blocks.
   void Stop();
 
@@ -40,6 +43,7 @@ class Worker {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<ParameterSource> source_;
   std::unique_ptr<Trainer> trainer_;
+  std::unique_ptr<HttpEndpoint> http_;  // reads trainer_
   std::thread thread_;
   absl::Notification finished_;
   absl::StatusOr<TrainerResult> result_ = absl::UnknownError("not finished");  // written before finished_

@@ -15,6 +15,8 @@ DEFINE_string(job, "", "--local only: the JobSpec file (text format or JSON)");
 DEFINE_string(run_dir, "", "--local only: directory for metrics.jsonl and summary.json");
 DEFINE_string(device, "auto", "auto (a GPU when one answers, else the CPU), cpu, or cuda:N");
 DEFINE_int32(cpu_threads, 1, "BLAS threads of the CPU backend (more than the free cores slows every process down)");
+DEFINE_string(host, "127.0.0.1", "address /healthz and /metrics listen on (loopback by default)");
+DEFINE_int32(http_port, 0, "port of /healthz and /metrics; 0 picks a free one (logged), -1 turns them off");
 DEFINE_int32(connect_attempts, 20, "tries to reach the scheduler at start-up (exponential backoff up to 1 s)");
 DEFINE_int32(clock_wait_timeout_ms, 300000, "longest wait for slower workers at the clock gate");
 DEFINE_int32(inject_slowdown_ms, 0, "sleep this long every step: make this worker a straggler on purpose");
@@ -31,6 +33,8 @@ int main(int argc, char** argv) {
   options.run_dir = FLAGS_run_dir;
   options.device = FLAGS_device;
   options.cpu_threads = FLAGS_cpu_threads;
+  options.listen_host = FLAGS_host;
+  options.http_port = FLAGS_http_port;
   options.connect_attempts = FLAGS_connect_attempts;
   options.clock_wait_timeout_ms = FLAGS_clock_wait_timeout_ms;
   options.trainer.inject_slowdown_ms = FLAGS_inject_slowdown_ms;

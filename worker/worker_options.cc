@@ -24,6 +24,9 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& options) {
       return absl::InvalidArgumentError(absl::StrCat("--scheduler: ", s.message()));
     }
   }
+  if (options.http_port < -1 || options.http_port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("--http_port: expected -1 .. 65535, got ", options.http_port));
+  }
   if (options.connect_attempts < 1) return absl::InvalidArgumentError("--connect_attempts: expected >= 1");
   if (options.trainer.inject_slowdown_ms < 0) return absl::InvalidArgumentError("--inject_slowdown_ms: expected >= 0");
   if (options.clock_wait_timeout_ms < 1) return absl::InvalidArgumentError("--clock_wait_timeout_ms: expected >= 1");

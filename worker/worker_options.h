@@ -16,6 +16,8 @@ struct WorkerOptions {
   std::string run_dir;            // local mode only: metrics.jsonl and summary.json
   std::string device = "auto";    // auto | cpu | cuda:N
   int cpu_threads = 1;            // BLAS threads of the CPU backend
+  std::string listen_host = "127.0.0.1";  // where /healthz and /metrics listen
+  int http_port = 0;              // 0: a free port; -1: off
   int connect_attempts = 20;
   int clock_wait_timeout_ms = 300000;
   TrainerOptions trainer;

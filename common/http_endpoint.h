@@ -1,0 +1,54 @@
+// A daemon's small HTTP face: /healthz, /metrics (Prometheus text format) and whatever else the role adds
+// (the scheduler's /status). Served from a thread of its own, never from a gRPC thread.
+//
+//   auto http = HttpEndpoint::Start("127.0.0.1", 0, {{"/metrics", {"text/plain; version=0.0.4", [&] {
+//     return store.MetricsText(); }}}});
+//   LOG(INFO) << "metrics at http://127.0.0.1:" << (*http)->port() << "/metrics";
+#ifndef TESSERA_COMMON_HTTP_ENDPOINT_H_
+#define TESSERA_COMMON_HTTP_ENDPOINT_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+
+namespace httplib {
+class Server;
+}  // namespace httplib
+
+namespace tessera {
+
+// Thread-safe. Handlers run on the endpoint's threads and must be thread-safe themselves.
+class HttpEndpoint {
+ public:
+  struct Route {
+    std::string content_type;
+    std::function<std::string()> body;
+  };
+
+  // Binds host:port (0: a free port) and serves `routes` plus /healthz ("ok"). UNAVAILABLE when the bind fails.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<HttpEndpoint>> Start(const std::string& host, int port,
+                                                                           std::map<std::string, Route> routes);
+  // Stops serving and joins.
+  ~HttpEndpoint();
+
+  int port() const { return port_; }
+
+ private:
+  HttpEndpoint() = default;
+
+  std::unique_ptr<httplib::Server> server_;
+  std::thread thread_;
+  int port_ = 0;
+};
+
+// Prometheus text lines for a counter or gauge: "# TYPE name kind\nname{labels} value\n".
+std::string PrometheusMetric(const std::string& name, const std::string& kind, double value,
+                             const std::string& labels = "");
+
+}  // namespace tessera
+
+#endif  // TESSERA_COMMON_HTTP_ENDPOINT_H_
