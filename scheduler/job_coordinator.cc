@@ -195,13 +195,37 @@ absl::Status JobCoordinator::Done(const tessera::v1::DoneRequest& request) {
     return absl::InvalidArgumentError(absl::StrCat("done from unknown worker ", request.worker_id()));
   }
   clocks_.Done(request.worker_id());
-  absl::MutexLock lock(&mu_);
-  done_[request.worker_id()] = true;
   LOG(INFO) << "worker " << request.worker_id() << " done at clock " << request.clock();
-  if (finishing_ || std::find(done_.begin(), done_.end(), false) != done_.end()) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  MarkDoneLocked(request.worker_id());
+  return absl::OkStatus();
+}
+
+void JobCoordinator::MarkDoneLocked(int worker) {
+  done_[worker] = true;
+  if (finishing_ || std::find(done_.begin(), done_.end(), false) != done_.end()) return;
   finishing_ = true;
   executor_.Submit([this] { FinishJob(); });
-  return absl::OkStatus();
+}
+
+void JobCoordinator::CheckLiveness(absl::Time now, absl::Duration timeout) {
+  for (int worker : membership_.SilentWorkers(now, timeout)) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (done_[worker]) continue;
+      lost_.push_back(worker);
+    }
+    const std::string reason =
+        absl::StrCat("worker ", worker, " lost: no heartbeat for ", absl::FormatDuration(timeout));
+    LOG(WARNING) << reason << (job_.consistency().mode() == ConsistencySpec::SYNC
+                                   ? "; a sync round needs every worker, so the job stops"
+                                   : "; the others go on without it");
+    // Stop first: a sync worker released by the Done below must learn that the job is over.
+    if (job_.consistency().mode() == ConsistencySpec::SYNC) clocks_.Stop(reason);
+    clocks_.Done(worker);
+    absl::MutexLock lock(&mu_);
+    MarkDoneLocked(worker);
+  }
 }
 
 void JobCoordinator::FinishJob() {
@@ -238,6 +262,8 @@ void JobCoordinator::FinishJob() {
     common.max_staleness = sum.staleness.max();
     summary = common.ToJson();
     summary["worker_clocks"] = clocks;
+    summary["lost_workers"] = lost_;
+    summary["stop_reason"] = clocks_.stop_reason();
     summary["chunk_updates_applied"] = sum.chunk_updates;
     summary["pushes"] = sum.pushes;
     summary["duplicate_pushes"] = sum.duplicate_pushes;

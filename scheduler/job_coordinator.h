@@ -54,6 +54,11 @@ class JobCoordinator {
   [[nodiscard]] absl::StatusOr<tessera::v1::ReportResponse> Report(const tessera::v1::ReportRequest& request);
   [[nodiscard]] absl::Status Done(const tessera::v1::DoneRequest& request);
 
+  // Failure detection, called periodically: a worker silent for `timeout` is lost. It leaves the clock gate at
+  // once (ASYNC and SSP go on without it); in SYNC, whose rounds need every worker, the job stops with the
+  // reason. A lost worker counts as done, so the job still ends and writes its summary.
+  void CheckLiveness(absl::Time now, absl::Duration timeout);
+
   // Ends the job early: every clock gate opens with stop (no worker is left waiting). Never blocks.
   void Abort(const std::string& reason) { clocks_.Stop(reason); }
 
@@ -73,6 +78,8 @@ class JobCoordinator {
                  ServerControl* servers, std::function<void()> on_finished);
 
   tessera::v1::ReportResponse StopResponse() const;
+  // Marks `worker` done; queues the end of the job when it was the last.
+  void MarkDoneLocked(int worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Executor tasks.
   void WriteEvalRecord(const tessera::v1::ReportRequest& eval);
@@ -93,6 +100,7 @@ class JobCoordinator {
   std::optional<tessera::v1::ShardMap> map_ ABSL_GUARDED_BY(mu_);
   std::vector<tessera::v1::ReportRequest> last_report_ ABSL_GUARDED_BY(mu_);  // per worker
   std::vector<bool> done_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> lost_ ABSL_GUARDED_BY(mu_);
   std::optional<tessera::v1::ReportRequest> last_eval_ ABSL_GUARDED_BY(mu_);
   std::optional<double> seconds_to_target_ ABSL_GUARDED_BY(mu_);
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;

@@ -44,6 +44,15 @@ absl::Status Membership::Touch(tessera::v1::Role role, int id, absl::Time now) {
   return absl::OkStatus();
 }
 
+std::vector<int> Membership::SilentWorkers(absl::Time now, absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<int> silent;
+  for (const Member& w : workers_) {
+    if (now - w.last_seen > timeout) silent.push_back(w.id);
+  }
+  return silent;
+}
+
 std::vector<Member> Membership::Servers() const {
   absl::MutexLock lock(&mu_);
   return servers_;

@@ -33,6 +33,9 @@ class Membership {
   // Notes a heartbeat. NOT_FOUND for a node that never registered.
   [[nodiscard]] absl::Status Touch(tessera::v1::Role role, int id, absl::Time now);
 
+  // Workers not heard from for `timeout` (registration counts as hearing from them).
+  std::vector<int> SilentWorkers(absl::Time now, absl::Duration timeout) const;
+
   std::vector<Member> Servers() const;
   std::vector<Member> Workers() const;
   bool AllServersRegistered() const;

@@ -44,6 +44,18 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Start(const SchedulerOptio
                              {"/status", {"application/json", [coordinator] { return coordinator->StatusJson().dump(2); }}}}));
     LOG(INFO) << "status at http://" << options.listen_host << ":" << scheduler->http_->port() << "/status";
   }
+  {
+    JobCoordinator* coordinator = scheduler->coordinator_.get();
+    const absl::Duration timeout = absl::Milliseconds(options.heartbeat_timeout_ms);
+    scheduler->failure_detector_ = std::make_unique<Heartbeater>(
+        absl::Milliseconds(options.heartbeat_interval_ms),
+        [coordinator, timeout] {
+          coordinator->CheckLiveness(absl::Now(), timeout);
+          return absl::OkStatus();
+        },
+        [](const absl::Status&) {}, absl::InfiniteDuration());
+    scheduler->failure_detector_->Start();
+  }
   const auto& job = options.job;
   LOG(INFO) << "scheduler at " << scheduler->address_ << ": job '" << job.name() << "', "
             << ModeName(job.consistency()) << ", " << job.cluster().num_servers() << " servers, "
@@ -52,6 +64,7 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Start(const SchedulerOptio
 }
 
 Scheduler::~Scheduler() {
+  failure_detector_.reset();
   http_.reset();
   if (coordinator_) coordinator_->Abort("scheduler shutting down");
   if (grpc_server_) grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));

@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/heartbeater.h"
 #include "common/http_endpoint.h"
 #include "scheduler/job_coordinator.h"
 #include "scheduler/scheduler_options.h"
@@ -49,6 +50,7 @@ class Scheduler {
   std::unique_ptr<SchedulerService> service_;
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<HttpEndpoint> http_;
+  std::unique_ptr<Heartbeater> failure_detector_;  // runs JobCoordinator::CheckLiveness periodically
 
   absl::Mutex mu_;
   std::optional<absl::Status> stop_reason_ ABSL_GUARDED_BY(mu_);

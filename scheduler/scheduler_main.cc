@@ -17,6 +17,7 @@ DEFINE_string(run_dir, "", "directory for metrics.jsonl and summary.json; empty:
 DEFINE_int32(num_servers, 0, "override the job's cluster.num_servers (0: keep)");
 DEFINE_int32(num_workers, 0, "override the job's cluster.num_workers (0: keep)");
 DEFINE_int32(http_port, 0, "port of /healthz, /metrics and /status on --host; 0 picks a free one (logged), -1: off");
+DEFINE_int32(heartbeat_timeout_ms, 10000, "a worker silent this long is lost (async/ssp go on without it; sync stops)");
 DEFINE_int32(heartbeat_interval_ms, 500, "how often servers and workers heartbeat");
 
 int main(int argc, char** argv) {
@@ -34,6 +35,7 @@ int main(int argc, char** argv) {
   options.address_file = FLAGS_address_file;
   options.run_dir = FLAGS_run_dir;
   options.heartbeat_interval_ms = FLAGS_heartbeat_interval_ms;
+  options.heartbeat_timeout_ms = FLAGS_heartbeat_timeout_ms;
   options.http_port = FLAGS_http_port;
 
   auto scheduler = tessera::Scheduler::Start(options);

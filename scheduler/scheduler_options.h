@@ -16,6 +16,7 @@ struct SchedulerOptions {
   std::string address_file;              // when set, HOST:PORT is written here once listening
   std::string run_dir;                   // metrics.jsonl and summary.json; empty: none
   int heartbeat_interval_ms = 500;
+  int heartbeat_timeout_ms = 10000;      // a worker silent this long is lost
   int http_port = 0;                     // /healthz, /metrics, /status on listen_host; 0: a free port; -1: off
 };
 

@@ -7,11 +7,13 @@
 
 namespace tessera::testing {
 
-absl::StatusOr<std::unique_ptr<MiniCluster>> MiniCluster::Start(const tessera::v1::JobSpec& job) {
+absl::StatusOr<std::unique_ptr<MiniCluster>> MiniCluster::Start(const tessera::v1::JobSpec& job,
+                                                                absl::Duration heartbeat_timeout) {
   std::unique_ptr<MiniCluster> cluster(new MiniCluster());
   SchedulerOptions options;
   options.job = job;
-  options.heartbeat_interval_ms = 200;
+  options.heartbeat_interval_ms = 100;
+  options.heartbeat_timeout_ms = static_cast<int>(absl::ToInt64Milliseconds(heartbeat_timeout));
   TESSERA_ASSIGN_OR_RETURN(cluster->scheduler_, Scheduler::Start(options));
   for (int i = 0; i < job.cluster().num_servers(); ++i) {
     ServerOptions server_options;
@@ -27,10 +29,10 @@ MiniCluster::~MiniCluster() {
   scheduler_.reset();
 }
 
-absl::StatusOr<std::unique_ptr<PsClient>> MiniCluster::ConnectClient() {
+absl::StatusOr<std::unique_ptr<PsClient>> MiniCluster::ConnectClient(bool heartbeat) {
   PsClient::Options options;
   options.scheduler_address = scheduler_->address();
-  options.heartbeat = false;
+  options.heartbeat = heartbeat;
   options.clock_wait_timeout = absl::Seconds(60);
   return PsClient::Connect(options);
 }

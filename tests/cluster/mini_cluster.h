@@ -23,7 +23,9 @@ namespace tessera::testing {
 // Not thread-safe (the daemons inside are).
 class MiniCluster {
  public:
-  static absl::StatusOr<std::unique_ptr<MiniCluster>> Start(const tessera::v1::JobSpec& job);
+  // Workers silent for `heartbeat_timeout` are lost (long by default: ConnectClient's clients do not heartbeat).
+  static absl::StatusOr<std::unique_ptr<MiniCluster>> Start(const tessera::v1::JobSpec& job,
+                                                            absl::Duration heartbeat_timeout = absl::Minutes(5));
   ~MiniCluster();
 
   const std::string& scheduler_address() const { return scheduler_->address(); }
@@ -31,8 +33,8 @@ class MiniCluster {
   Server& server(int i) { return *servers_[i]; }
   int num_servers() const { return static_cast<int>(servers_.size()); }
 
-  // A registered worker client (heartbeats off: tests drive every call).
-  absl::StatusOr<std::unique_ptr<PsClient>> ConnectClient();
+  // A registered worker client; heartbeats off unless asked for (tests drive every call).
+  absl::StatusOr<std::unique_ptr<PsClient>> ConnectClient(bool heartbeat = false);
 
   // The job summary once every worker called Done; DEADLINE_EXCEEDED naming the wait otherwise.
   absl::StatusOr<nlohmann::json> WaitForSummary(absl::Duration timeout);

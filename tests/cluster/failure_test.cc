@@ -1,0 +1,73 @@
+// A worker that dies (stops heartbeating without calling Done) never hangs the others.
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "tests/cluster/mini_cluster.h"
+#include "tests/testing/status_matchers.h"
+
+namespace tessera::testing {
+namespace {
+
+using tessera::v1::ConsistencySpec;
+
+tessera::v1::ParameterSpec Param() {
+  tessera::v1::ParameterSpec p;
+  p.set_name("w");
+  p.set_dtype(tessera::v1::DT_FLOAT32);
+  p.add_shape(64);
+  return p;
+}
+
+// One step of a client: pull, push a constant gradient, clock.
+absl::StatusOr<ClockResult> Step(PsClient& client) {
+  std::vector<float> values(64), grad(64, 0.01f);
+  if (absl::Status s = client.Pull({"w"}, {absl::MakeSpan(values)}); !s.ok()) return s;
+  if (absl::Status s = client.Push({"w"}, {absl::MakeConstSpan(grad)}, 1); !s.ok()) return s;
+  return client.Clock();
+}
+
+class FailureTest : public ::testing::TestWithParam<ConsistencySpec::Mode> {};
+
+TEST_P(FailureTest, LostWorkerLeavesTheClockGate) {
+  tessera::v1::JobSpec job = TestJob(GetParam(), /*servers=*/1, /*workers=*/2);
+  auto cluster = MiniCluster::Start(job, /*heartbeat_timeout=*/absl::Milliseconds(500));
+  ASSERT_THAT(cluster, IsOk());
+  auto survivor = (*cluster)->ConnectClient(/*heartbeat=*/true);
+  auto doomed = (*cluster)->ConnectClient(/*heartbeat=*/true);
+  ASSERT_THAT(survivor, IsOk());
+  ASSERT_THAT(doomed, IsOk());
+  ASSERT_THAT((*survivor)->Declare({Param()}), IsOk());
+  ASSERT_THAT((*doomed)->Declare({Param()}), IsOk());
+  const int lost = (*doomed)->worker_id();
+  // Step 0 together (each one's clock gate waits for the other).
+  std::thread doomed_step([&] { EXPECT_THAT(Step(**doomed), IsOk()); });
+  ASSERT_THAT(Step(**survivor), IsOk());
+  doomed_step.join();
+  doomed->reset();  // dies: no Done, no more heartbeats
+
+  // Clock 2 needs the lost worker at clock >= 2 (SSP(0)) or a full round (SYNC): only its loss lets it through.
+  int64_t steps = 1;
+  bool stopped = false;
+  while (steps < 5 && !stopped) {
+    absl::StatusOr<ClockResult> clock = Step(**survivor);
+    ASSERT_THAT(clock, IsOk()) << "the survivor must not wait out its deadline";
+    ++steps;
+    stopped = clock->stop;
+    if (stopped) EXPECT_NE(clock->stop_reason.find("lost"), std::string::npos) << clock->stop_reason;
+  }
+  if (GetParam() == ConsistencySpec::SYNC) {
+    EXPECT_TRUE(stopped) << "a sync job cannot go on without a worker";
+  } else {
+    EXPECT_EQ(steps, 5) << "SSP goes on without the lost worker";
+  }
+  ASSERT_THAT((*survivor)->Done(), IsOk());
+  absl::StatusOr<nlohmann::json> summary = (*cluster)->WaitForSummary(absl::Seconds(30));
+  ASSERT_THAT(summary, IsOk());
+  EXPECT_EQ((*summary)["lost_workers"], nlohmann::json::array({lost}));
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, FailureTest, ::testing::Values(ConsistencySpec::SSP, ConsistencySpec::SYNC),
+                         [](const auto& info) { return ConsistencySpec::Mode_Name(info.param); });
+
+}  // namespace
+}  // namespace tessera::testing
