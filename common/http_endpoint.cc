@@ -11,8 +11,9 @@ absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(const std::str
   std::unique_ptr<HttpEndpoint> endpoint(new HttpEndpoint());
   endpoint->server_ = std::make_unique<httplib::Server>();
   routes["/healthz"] = Route{"text/plain", [] { return std::string("ok\n"); }};
-  for (auto& [path, route] : routes) {
-    endpoint->server_->Get(path, [route](const httplib::Request&, httplib::Response& response) {
+  for (const auto& entry : routes) {
+    const Route route = entry.second;  // a copy the handler owns (structured bindings cannot be captured in C++17)
+    endpoint->server_->Get(entry.first, [route](const httplib::Request&, httplib::Response& response) {
       response.set_content(route.body(), route.content_type.c_str());
     });
   }
