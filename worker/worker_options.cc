@@ -27,6 +27,11 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& options) {
   if (options.http_port < -1 || options.http_port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("--http_port: expected -1 .. 65535, got ", options.http_port));
   }
+  const bool cuda = options.device.rfind("cuda:", 0) == 0 && options.device.size() > 5 &&
+                    options.device.find_first_not_of("0123456789", 5) == std::string::npos;
+  if (options.device != "auto" && options.device != "cpu" && !cuda) {
+    return absl::InvalidArgumentError(absl::StrCat("--device: expected auto, cpu or cuda:N, got '", options.device, "'"));
+  }
   if (options.connect_attempts < 1) return absl::InvalidArgumentError("--connect_attempts: expected >= 1");
   if (options.trainer.inject_slowdown_ms < 0) return absl::InvalidArgumentError("--inject_slowdown_ms: expected >= 0");
   if (options.clock_wait_timeout_ms < 1) return absl::InvalidArgumentError("--clock_wait_timeout_ms: expected >= 1");

@@ -35,6 +35,10 @@ int main(int argc, char** argv) {
   tessera::ShowHelpAndExitIfAsked(argc, argv);
   gflags::ParseCommandLineFlags(&argc, &argv, true);
 
+  if (FLAGS_servers < 0 || FLAGS_workers < 0) {
+    std::cerr << "tessera-launch: --servers and --workers must be >= 0 (0: the job's value)" << std::endl;
+    return 2;
+  }
   std::string job_text = tessera::kDefaultJobText;
   std::string origin = "the embedded default job";
   if (!FLAGS_job.empty()) {
