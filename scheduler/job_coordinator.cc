@@ -263,7 +263,10 @@ void JobCoordinator::FinishJob() {
     summary = common.ToJson();
     summary["worker_clocks"] = clocks;
     summary["lost_workers"] = lost_;
-    summary["stop_reason"] = clocks_.stop_reason();
+    const std::string stopped_by = clocks_.stop_reason();
+    summary["stop_reason"] =
+        stopped_by.empty() ? absl::StrCat("every worker reached its last step (stop.max_steps / stop.epochs)")
+                           : stopped_by;
     summary["chunk_updates_applied"] = sum.chunk_updates;
     summary["pushes"] = sum.pushes;
     summary["duplicate_pushes"] = sum.duplicate_pushes;
