@@ -183,9 +183,15 @@ void JobCoordinator::WriteEvalRecord(const tessera::v1::ReportRequest& eval) {
       ClusterStats sum = ClusterStats::Sum(*stats);
       record.max_staleness = sum.staleness.max();
       record.updates_applied = sum.model_updates();
+      absl::MutexLock lock(&mu_);
+      staleness_ = sum.staleness.ToProto();
     } else {
       LOG(WARNING) << "no server statistics for the progress record: " << stats.status();
     }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    history_.push_back(record);
   }
   if (absl::Status s = recorder_->Append(record); !s.ok()) LOG(ERROR) << s;
 }
@@ -310,6 +316,17 @@ nlohmann::json JobCoordinator::StatusJson() const {
   absl::MutexLock lock(&mu_);
   status["shard_map_epoch"] = map_ ? map_->epoch() : 0;
   status["finished"] = finished_;
+  nlohmann::json history = nlohmann::json::array();
+  for (const EvalRecord& r : history_) {
+    history.push_back({{"step", r.step},
+                       {"wall_seconds", r.wall_seconds},
+                       {"train_loss", r.train_loss},
+                       {"test_accuracy", r.test_accuracy},
+                       {"samples_per_sec", r.samples_per_sec},
+                       {"max_staleness", r.max_staleness}});
+  }
+  status["history"] = std::move(history);
+  status["staleness_histogram"] = std::vector<int64_t>(staleness_.bucket().begin(), staleness_.bucket().end());
   if (last_eval_) {
     status["last_eval"] = {{"step", last_eval_->clock()},
                            {"test_accuracy", last_eval_->test_accuracy()},

@@ -62,7 +62,7 @@ class JobCoordinator {
   // Ends the job early: every clock gate opens with stop (no worker is left waiting). Never blocks.
   void Abort(const std::string& reason) { clocks_.Stop(reason); }
 
-  // The scheduler's /status page: job, members, clocks, last evaluation, state.
+  // The scheduler's /status page: job, members, clocks, last evaluation, progress history, staleness histogram.
   nlohmann::json StatusJson() const;
   // The scheduler's /metrics page (Prometheus text format).
   std::string MetricsText() const;
@@ -103,6 +103,8 @@ class JobCoordinator {
   std::vector<int> lost_ ABSL_GUARDED_BY(mu_);
   std::optional<tessera::v1::ReportRequest> last_eval_ ABSL_GUARDED_BY(mu_);
   std::optional<double> seconds_to_target_ ABSL_GUARDED_BY(mu_);
+  std::vector<EvalRecord> history_ ABSL_GUARDED_BY(mu_);                 // every progress record, for /status
+  tessera::v1::StalenessHistogram staleness_ ABSL_GUARDED_BY(mu_);       // as of the last record
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   nlohmann::json summary_ ABSL_GUARDED_BY(mu_);

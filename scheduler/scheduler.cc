@@ -6,6 +6,7 @@
 #include "common/job_spec.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
+#include "scheduler/dashboard_page.h"
 #include "glog/logging.h"
 
 namespace tessera {
@@ -40,9 +41,11 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Start(const SchedulerOptio
     TESSERA_ASSIGN_OR_RETURN(
         scheduler->http_,
         HttpEndpoint::Start(options.listen_host, options.http_port,
-                            {{"/metrics", {"text/plain; version=0.0.4", [coordinator] { return coordinator->MetricsText(); }}},
+                            {{"/", {"text/html; charset=utf-8", [] { return std::string(kDashboardPage); }}},
+                             {"/metrics", {"text/plain; version=0.0.4", [coordinator] { return coordinator->MetricsText(); }}},
                              {"/status", {"application/json", [coordinator] { return coordinator->StatusJson().dump(2); }}}}));
-    LOG(INFO) << "status at http://" << options.listen_host << ":" << scheduler->http_->port() << "/status";
+    LOG(INFO) << "dashboard at http://" << options.listen_host << ":" << scheduler->http_->port()
+              << "/ (JSON at /status)";
   }
   {
     JobCoordinator* coordinator = scheduler->coordinator_.get();

@@ -46,6 +46,8 @@ TEST(ObservabilityTest, DaemonsServeHealthMetricsAndStatus) {
   EXPECT_EQ(status["servers"].size(), 2u);
   EXPECT_EQ(status["workers"].size(), 1u);
   EXPECT_EQ(status["shard_map_epoch"], 1);
+  EXPECT_TRUE(status["history"].is_array());
+  EXPECT_NE(Get(scheduler_port, "/").find("<title>Tessera dashboard</title>"), std::string::npos);
   EXPECT_NE(Get(scheduler_port, "/metrics").find("tessera_scheduler_worker_clock{worker=\"0\"} 0"), std::string::npos);
 }
 
