@@ -4,7 +4,8 @@
 #   deploy/gpu/gpu_checks.sh prepare   # on a Debian build machine: build for sm_90 into build-gpu/ and pack the
 #                                      # binaries, the shared libraries they need (not CUDA's) and the
 #                                      # Fashion-MNIST files into .device/ (about 50 MiB)
-#   deploy/gpu/gpu_checks.sh run       # on the GPU machine, from the repository root with .device/ beside it
+#   deploy/gpu/gpu_checks.sh run       # on the GPU machine, from the repository root with .device/ beside it;
+#                                      # TESSERA_GPU_OUT (default runs/gpu-checks) gets the logs
 #
 # `run` prints one table: the parity suite, GEMM TFLOP/s beside cuBLAS's best, local-mode training samples/s
 # beside PyTorch (same model, batch and optimizer, same GPU, same run), and a job with one GPU worker and one
@@ -46,8 +47,10 @@ median_samples() {
 
 run() {
   [[ -f .device/bundle.tar.xz ]] || { echo "no .device/bundle.tar.xz: run '$0 prepare' first" >&2; exit 2; }
-  local t=/tmp/tessera-gpu
-  rm -rf "$t" && mkdir -p "$t" && tar -C "$t" -xJf .device/bundle.tar.xz
+  local t
+  t=$(mktemp -d)
+  trap 'rm -rf "$t"' EXIT
+  tar -C "$t" -xJf .device/bundle.tar.xz
   data="$(pwd)/.device/data"
   local cuda_libs
   cuda_libs=$(python3 - <<'PY'
@@ -63,7 +66,7 @@ print(":".join(d for d in dirs if os.path.isdir(d)))
 PY
 )
   export LD_LIBRARY_PATH="$t/lib:$cuda_libs"
-  local out=${OUT:-/tmp/tessera-gpu-out}
+  local out=${TESSERA_GPU_OUT:-runs/gpu-checks}  # logs, run directories and the table
   mkdir -p "$out"
   nvidia-smi -L || true
 
