@@ -100,12 +100,15 @@ PY
   seconds=$(json_field "$out/hetero/summary.json" seconds_to_target)
 
   echo
-  echo "| check | Tessera | reference |"
-  echo "|---|---|---|"
-  echo "| parity suite (cuda_backend_test) | $parity | CPU backend |"
-  printf '%s' "$rows"
-  echo "| 1 GPU + 1 CPU worker, 2 servers, sync | test accuracy $accuracy after $seconds s | target 0.85 |"
-  echo "(GEMM TFLOP/s: the table above, from gemm_bench)"
+  {
+    echo "| check | Tessera | reference |"
+    echo "|---|---|---|"
+    echo "| parity suite (cuda_backend_test) | $parity | CPU backend |"
+    printf '%s' "$rows"
+    echo "| 1 GPU + 1 CPU worker, 2 servers, sync | test accuracy $accuracy after $seconds s | target 0.85 |"
+    echo
+    cat "$out/gemm.txt"
+  } | tee "$out/table.md"
 }
 
 case "${1:-}" in
