@@ -129,6 +129,7 @@ absl::StatusOr<tessera::v1::ReportResponse> JobCoordinator::Report(const tessera
   if (request.worker_id() < 0 || request.worker_id() >= job_.cluster().num_workers()) {
     return absl::InvalidArgumentError(absl::StrCat("report from unknown worker ", request.worker_id()));
   }
+  if (!request.device().empty()) membership_.SetWorkerDevice(request.worker_id(), request.device());
   {
     absl::MutexLock lock(&mu_);
     last_report_[request.worker_id()] = request;

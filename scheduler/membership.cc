@@ -53,6 +53,11 @@ std::vector<int> Membership::SilentWorkers(absl::Time now, absl::Duration timeou
   return silent;
 }
 
+void Membership::SetWorkerDevice(int id, const std::string& device) {
+  absl::MutexLock lock(&mu_);
+  if (id >= 0 && id < static_cast<int>(workers_.size())) workers_[id].device = device;
+}
+
 std::vector<Member> Membership::Servers() const {
   absl::MutexLock lock(&mu_);
   return servers_;

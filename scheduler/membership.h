@@ -36,6 +36,9 @@ class Membership {
   // Workers not heard from for `timeout` (registration counts as hearing from them).
   std::vector<int> SilentWorkers(absl::Time now, absl::Duration timeout) const;
 
+  // Records the device a worker computes on (known to the worker only after it registered).
+  void SetWorkerDevice(int id, const std::string& device);
+
   std::vector<Member> Servers() const;
   std::vector<Member> Workers() const;
   bool AllServersRegistered() const;

@@ -96,6 +96,7 @@ absl::StatusOr<TrainerResult> Trainer::Run() {
     r.set_samples_per_sec(seconds > 0 ? samples_window / seconds : 0.0);
     r.set_samples(samples_total);
     r.set_epoch(schedule.Epochs(clock));
+    r.set_device(backend_->name());
     if (with_eval) {
       TESSERA_RETURN_IF_ERROR(PullInto(*source_, host, *model));
       TESSERA_ASSIGN_OR_RETURN(LossSums sums, model->Evaluate(test.x, test.y));
