@@ -121,8 +121,8 @@ absl::Status PsClient::RunChunks(bool push, PushRequest::Kind kind, const std::v
           r.set_worker_id(worker_id_);
           r.set_seq(seq_);
           r.set_clock(clock_);
-          auto it = read_clock_version_.find({placement->param(), placement->index()});
-          r.set_read_clock_version(it == read_clock_version_.end() ? clock_ : it->second);
+          auto it = pulled_.find({placement->param(), placement->index()});
+          r.set_read_clock_version(it == pulled_.end() ? clock_ : it->second.clock_version);
           r.set_batch_size(batch_size);
           r.set_kind(kind);
           *r.mutable_key() = key;
@@ -131,7 +131,8 @@ absl::Status PsClient::RunChunks(bool push, PushRequest::Kind kind, const std::v
           PullRequest& r = call->pull;
           r.set_epoch(map_->epoch());
           r.set_worker_id(worker_id_);
-          r.set_have_version(-1);
+          auto it = pulled_.find({placement->param(), placement->index()});
+          r.set_have_version(it == pulled_.end() ? -1 : it->second.version);
           *r.mutable_key() = key;
         }
         calls.push_back(std::move(call));
@@ -183,10 +184,19 @@ absl::Status PsClient::RunChunks(bool push, PushRequest::Kind kind, const std::v
       if (!push) {
         for (const auto& call : calls) {
           const auto* p = call->placement;
-          TESSERA_RETURN_IF_ERROR(DecodeFloats(call->pulled.data(),
-                                               out[call->name_index].subspan(p->offset(), p->length()),
-                                               absl::StrCat("pulled ", p->param(), "/", p->index())));
-          read_clock_version_[{p->param(), p->index()}] = call->pulled.clock_version();
+          absl::Span<float> dst = out[call->name_index].subspan(p->offset(), p->length());
+          PulledChunk& cached = pulled_[{p->param(), p->index()}];
+          if (call->pulled.data().empty() && call->pulled.version() == cached.version &&
+              cached.values.size() == dst.size()) {
+            std::copy(cached.values.begin(), cached.values.end(), dst.begin());  // unchanged: no bytes came
+          } else {
+            TESSERA_RETURN_IF_ERROR(
+                DecodeFloats(call->pulled.data(), dst, absl::StrCat("pulled ", p->param(), "/", p->index())));
+            cached.values.assign(dst.begin(), dst.end());
+            bytes_pulled_ += static_cast<int64_t>(call->pulled.data().size());
+          }
+          cached.version = call->pulled.version();
+          cached.clock_version = call->pulled.clock_version();
         }
       }
       return absl::OkStatus();
@@ -254,7 +264,7 @@ absl::Status PsClient::Done() {
 
 int64_t PsClient::last_read_clock_version() const {
   int64_t min = clock_;
-  for (const auto& [key, version] : read_clock_version_) min = std::min(min, version);
+  for (const auto& [key, chunk] : pulled_) min = std::min(min, chunk.clock_version);
   return min;
 }
 

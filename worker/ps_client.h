@@ -110,6 +110,9 @@ class PsClient {
   // This worker is finished; it no longer holds others back.
   [[nodiscard]] absl::Status Done();
 
+  // Value bytes received by pulls so far (unchanged chunks cost none).
+  int64_t bytes_pulled() const { return bytes_pulled_; }
+
   // The smallest clock_version among the chunks last pulled: the clocks of every worker's updates all of them
   // contained.
   int64_t last_read_clock_version() const;
@@ -133,7 +136,15 @@ class PsClient {
   tessera::v1::JobSpec job_;
   std::unique_ptr<ShardMapIndex> map_;
   std::map<std::string, std::unique_ptr<tessera::v1::ParameterServer::Stub>> stubs_;  // by address
-  std::map<std::pair<std::string, int>, int64_t> read_clock_version_;                 // per chunk, from pulls
+  // What the last pull of each chunk returned. A pull names the version it holds, and a server whose chunk has
+  // not changed since answers with no bytes; the values then come from here.
+  struct PulledChunk {
+    int64_t version = -1;
+    int64_t clock_version = 0;
+    std::vector<float> values;
+  };
+  std::map<std::pair<std::string, int>, PulledChunk> pulled_;
+  int64_t bytes_pulled_ = 0;
   int64_t clock_ = 0;
   uint64_t seq_ = 0;
 };

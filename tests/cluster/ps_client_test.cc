@@ -1,0 +1,39 @@
+// The client library against a real in-process cluster.
+#include "gtest/gtest.h"
+#include "tests/cluster/mini_cluster.h"
+#include "tests/testing/status_matchers.h"
+
+namespace tessera::testing {
+namespace {
+
+TEST(PsClientTest, UnchangedChunksArePulledWithoutBytes) {
+  auto cluster = MiniCluster::Start(TestJob(tessera::v1::ConsistencySpec::ASYNC, /*servers=*/2, /*workers=*/1));
+  ASSERT_THAT(cluster, IsOk());
+  auto client = (*cluster)->ConnectClient();
+  ASSERT_THAT(client, IsOk());
+  PsClient& c = **client;
+  tessera::v1::ParameterSpec p;
+  p.set_name("w");
+  p.set_dtype(tessera::v1::DT_FLOAT32);
+  p.add_shape(1000);
+  p.mutable_init()->set_kind(tessera::v1::InitSpec::UNIFORM);
+  p.mutable_init()->set_scale(1.0f);
+  ASSERT_THAT(c.Declare({p}), IsOk());
+  ASSERT_GT(c.shard_map()->chunks_size(), 1);
+
+  std::vector<float> first(1000), second(1000), third(1000);
+  ASSERT_THAT(c.Pull({"w"}, {absl::MakeSpan(first)}), IsOk());
+  EXPECT_EQ(c.bytes_pulled(), 4000);
+  ASSERT_THAT(c.Pull({"w"}, {absl::MakeSpan(second)}), IsOk());
+  EXPECT_EQ(c.bytes_pulled(), 4000) << "nothing changed, so nothing should travel";
+  EXPECT_EQ(second, first);
+
+  std::vector<float> grad(1000, 1.0f);
+  ASSERT_THAT(c.Push({"w"}, {absl::MakeConstSpan(grad)}, 1), IsOk());
+  ASSERT_THAT(c.Pull({"w"}, {absl::MakeSpan(third)}), IsOk());
+  EXPECT_EQ(c.bytes_pulled(), 8000);
+  EXPECT_FLOAT_EQ(third[0], first[0] - 0.1f);  // TestJob: SGD, lr 0.1
+}
+
+}  // namespace
+}  // namespace tessera::testing
