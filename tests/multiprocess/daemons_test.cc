@@ -90,7 +90,8 @@ TEST_F(DaemonsTest, SyncClusterOfProcessesMatchesTheLocalBaseline) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not installed (Debian package dataset-fashion-mnist)";
   const std::string run = (dir_ / "run").string();
   Subprocess launch({kBin + "/tessera-launch", "--job=" + Write("sync.pbtxt", SyncJob(32, 2)), "--run_dir=" + run,
-                     "--device=cpu", "--dump_params=" + (dir_ / "cluster.params").string(), "--timeout_s=240"});
+                     "--worker_devices=cpu,cpu", "--dump_params=" + (dir_ / "cluster.params").string(),
+                     "--timeout_s=240"});
   ASSERT_TRUE(launch.ReadUntilExit(absl::Seconds(300))) << launch.output();
   ASSERT_EQ(launch.exit_code(), 0) << launch.output();
 
@@ -126,6 +127,19 @@ TEST_F(DaemonsTest, SyncClusterOfProcessesMatchesTheLocalBaseline) {
   }
   EXPECT_EQ(records, 2);
   EXPECT_NE(launch.output().find("step     10 |"), std::string::npos) << launch.output();
+}
+
+TEST_F(DaemonsTest, EveryBinaryDocumentsItsOwnFlags) {
+  const std::vector<std::pair<std::string, std::string>> expected = {
+      {"tessera-scheduler", "-job"}, {"tessera-server", "-scheduler"}, {"tessera-worker", "-device"},
+      {"tessera-launch", "-workers"}};
+  for (const auto& [binary, flag] : expected) {
+    Subprocess help({kBin + "/" + binary, "--help"});
+    ASSERT_TRUE(help.ReadUntilExit(absl::Seconds(30))) << binary;
+    EXPECT_EQ(help.exit_code(), 0) << binary;
+    EXPECT_NE(help.output().find(flag), std::string::npos) << binary << ": " << help.output();
+    EXPECT_EQ(help.output().find("-logtostderr"), std::string::npos) << binary << " lists library flags";
+  }
 }
 
 TEST_F(DaemonsTest, WorkerAndServerNameTheAddressWhereNoSchedulerAnswers) {
