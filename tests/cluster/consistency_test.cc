@@ -85,7 +85,8 @@ TEST_P(SyncEquivalenceTest, TwoWorkersMatchOneProcessOnTheUnionOfTheirBatches) {
   ASSERT_THAT(summary, IsOk());
   EXPECT_EQ((*summary)["updates_applied"], 20);
   EXPECT_EQ((*summary)["max_staleness"], 0);
-  for (const auto& member : (*cluster)->scheduler().coordinator().StatusJson()["workers"]) {
+  const nlohmann::json status = (*cluster)->scheduler().coordinator().StatusJson();
+  for (const auto& member : status["workers"]) {
     EXPECT_EQ(member["device"], "cpu") << "workers report the backend they compute on";
   }
 
