@@ -141,11 +141,6 @@ std::vector<int64_t> ClockTable::Clocks() const {
   return clocks_;
 }
 
-int64_t ClockTable::MaxClock() const {
-  absl::MutexLock lock(&mu_);
-  return clocks_.empty() ? 0 : *std::max_element(clocks_.begin(), clocks_.end());
-}
-
 bool ClockTable::stopped() const {
   absl::MutexLock lock(&mu_);
   return stopped_;

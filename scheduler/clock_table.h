@@ -53,7 +53,6 @@ class ClockTable {
   void Stop(const std::string& reason);
 
   std::vector<int64_t> Clocks() const;
-  int64_t MaxClock() const;
   bool stopped() const;
   std::string stop_reason() const;
 

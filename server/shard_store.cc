@@ -217,9 +217,4 @@ tessera::v1::ServerStats ShardStore::Stats() const {
   return stats;
 }
 
-uint64_t ShardStore::epoch() const {
-  absl::ReaderMutexLock lock(&mu_);
-  return epoch_;
-}
-
 }  // namespace tessera

@@ -57,7 +57,6 @@ class ShardStore {
   [[nodiscard]] absl::StatusOr<tessera::v1::PushResponse> Push(const tessera::v1::PushRequest& request);
 
   tessera::v1::ServerStats Stats() const;
-  uint64_t epoch() const;
 
  private:
   struct Chunk {

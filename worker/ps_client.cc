@@ -262,10 +262,4 @@ absl::Status PsClient::Done() {
   return scheduler_->Done(worker_id_, clock_);
 }
 
-int64_t PsClient::last_read_clock_version() const {
-  int64_t min = clock_;
-  for (const auto& [key, chunk] : pulled_) min = std::min(min, chunk.clock_version);
-  return min;
-}
-
 }  // namespace tessera

@@ -113,9 +113,6 @@ class PsClient {
   // Value bytes received by pulls so far (unchanged chunks cost none).
   int64_t bytes_pulled() const { return bytes_pulled_; }
 
-  // The smallest clock_version among the chunks last pulled: the clocks of every worker's updates all of them
-  // contained.
-  int64_t last_read_clock_version() const;
 
  private:
   struct ChunkCall;

@@ -35,5 +35,20 @@ TEST(PsClientTest, UnchangedChunksArePulledWithoutBytes) {
   EXPECT_FLOAT_EQ(third[0], first[0] - 0.1f);  // TestJob: SGD, lr 0.1
 }
 
+TEST(PsClientTest, PushPullReturnsTheValuesAfterTheUpdate) {
+  auto cluster = MiniCluster::Start(TestJob(tessera::v1::ConsistencySpec::ASYNC, /*servers=*/2, /*workers=*/1));
+  ASSERT_THAT(cluster, IsOk());
+  auto client = (*cluster)->ConnectClient();
+  ASSERT_THAT(client, IsOk());
+  tessera::v1::ParameterSpec p;
+  p.set_name("w");
+  p.set_dtype(tessera::v1::DT_FLOAT32);
+  p.add_shape(500);  // zeros, chunks on both servers
+  ASSERT_THAT((*client)->Declare({p}), IsOk());
+  std::vector<float> grad(500, 2.0f), values(500, 7.0f);
+  ASSERT_THAT((*client)->PushPull({"w"}, {absl::MakeConstSpan(grad)}, 1, {absl::MakeSpan(values)}), IsOk());
+  for (float v : values) ASSERT_FLOAT_EQ(v, -0.2f);  // 0 - lr 0.1 * 2
+}
+
 }  // namespace
 }  // namespace tessera::testing
