@@ -1,10 +1,13 @@
 #include "common/tensor_codec.h"
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/float_payload.h"
+#include "common/status_macros.h"
 
 namespace tessera {
 
@@ -36,13 +39,42 @@ absl::Status DecodeFloats(std::string_view bytes, absl::Span<float> out, std::st
   return absl::OkStatus();
 }
 
+bool AllFinite(absl::Span<const float> values) {
+  // A float is NaN or infinite exactly when its exponent bits are all ones. Integer compares and an OR keep the
+  // loop branch-free, so the compiler vectorises it.
+  const float* p = values.data();
+  const size_t n = values.size();
+  uint32_t bad = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, p + i, sizeof(bits));
+    bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return bad == 0;
+}
+
 absl::Status CheckFinite(absl::Span<const float> values, std::string_view what) {
+  if (AllFinite(values)) return absl::OkStatus();
   for (size_t i = 0; i < values.size(); ++i) {
     if (!std::isfinite(values[i])) {
       return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": value at index ", i, " is ", values[i],
                                                      "; gradients must be finite"));
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace tessera
+
+namespace tessera {
+
+absl::Status SpanPayload::CopyFloatsTo(absl::Span<float> out, bool check_finite, std::string_view what) const {
+  if (values_.size() != out.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": expected ", out.size() * sizeof(float),
+                                                   " bytes (", out.size(), " float32 values), got ", size()));
+  }
+  if (check_finite) TESSERA_RETURN_IF_ERROR(CheckFinite(values_, what));
+  std::copy(values_.begin(), values_.end(), out.begin());
   return absl::OkStatus();
 }
 

@@ -25,6 +25,9 @@ void EncodeFloats(absl::Span<const float> values, std::string* out);
 // 4 * out.size(); `out` is untouched then.
 [[nodiscard]] absl::Status DecodeFloats(std::string_view bytes, absl::Span<float> out, std::string_view what);
 
+// True when no value is NaN or infinite (vectorised: one pass over the bits).
+bool AllFinite(absl::Span<const float> values);
+
 // INVALID_ARGUMENT naming `what` and the first offending index when any value is NaN or infinite.
 [[nodiscard]] absl::Status CheckFinite(absl::Span<const float> values, std::string_view what);
 

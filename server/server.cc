@@ -81,6 +81,7 @@ absl::Status Server::Wait() {
         +[](std::optional<absl::Status>* reason) { return reason->has_value(); }, &stop_reason_));
   }
   if (heartbeater_) heartbeater_->Stop();
+  store_->CancelWaiters(absl::UnavailableError(absl::StrCat("server ", id_, " is shutting down")));
   grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   absl::MutexLock lock(&mu_);
   return *stop_reason_;

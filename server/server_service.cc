@@ -1,41 +1,139 @@
 #include "server/server_service.h"
 
+#include <memory>
+
 #include "common/grpc_status.h"
+#include "common/wire_payload.h"
 
 namespace tessera {
+namespace {
 
-template <typename T>
-static grpc::Status Reply(absl::StatusOr<T> result, T* response, grpc::ServerContext* context) {
-  if (!result.ok()) return ToGrpcStatus(result.status(), context);
-  *response = std::move(result).value();
-  return grpc::Status::OK;
+using tessera::v1::PullRequest;
+using tessera::v1::PullResponse;
+using tessera::v1::PushRequest;
+using tessera::v1::PushResponse;
+
+constexpr int kPushDataField = PushRequest::kDataFieldNumber;
+constexpr int kPullDataField = PullResponse::kDataFieldNumber;
+
+grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context, const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status, context));
+  return reactor;
 }
 
-grpc::Status ServerService::Pull(grpc::ServerContext* context, const tessera::v1::PullRequest* request,
-                                 tessera::v1::PullResponse* response) {
-  return Reply(store_->Pull(*request), response, context);
+// The reply of a Pull or PushPull: header fields, then the values straight from their pooled buffer.
+void WriteValues(const ChunkValues& values, grpc::ByteBuffer* response) {
+  PullResponse header;
+  header.set_version(values.version);
+  header.set_clock_version(values.clock_version);
+  if (values.bytes == nullptr) {
+    grpc::Slice head(header.SerializeAsString());
+    *response = grpc::ByteBuffer(&head, 1);
+    return;
+  }
+  *response = SerializeWithPayload(header, kPullDataField, BufferSlice(values.bytes, values.length));
 }
 
-grpc::Status ServerService::Push(grpc::ServerContext* context, const tessera::v1::PushRequest* request,
-                                 tessera::v1::PushResponse* response) {
-  return Reply(store_->Push(*request), response, context);
+ChunkPush ToChunkPush(const PushRequest& r) {
+  ChunkPush push;
+  push.address = {r.epoch(), r.key().param(), r.key().index()};
+  push.worker_id = r.worker_id();
+  push.seq = r.seq();
+  push.clock = r.clock();
+  push.read_clock_version = r.read_clock_version();
+  push.batch_size = r.batch_size();
+  push.assign = r.kind() == PushRequest::ASSIGN;
+  return push;
 }
 
-grpc::Status ServerService::AssignShards(grpc::ServerContext* context, const tessera::v1::AssignShardsRequest* request,
-                                         tessera::v1::AssignShardsResponse*) {
-  return ToGrpcStatus(store_->Assign(request->shard_map(), request->job(), request->server_id()), context);
+// A PushPull in flight. The store completes its waiter, from this call's thread or from the push that closes
+// the round; a cancelled call completes it with CANCELLED instead. Whichever comes first finishes the call.
+class ExchangeReactor final : public grpc::ServerUnaryReactor {
+ public:
+  ExchangeReactor(grpc::CallbackServerContext* context, grpc::ByteBuffer* response)
+      : waiter_(std::make_shared<ExchangeWaiter>([this, context, response](absl::StatusOr<ChunkValues> values) {
+          if (!values.ok()) {
+            Finish(ToGrpcStatus(values.status(), context));
+            return;
+          }
+          WriteValues(*values, response);
+          Finish(grpc::Status::OK);
+        })) {}
+
+  const std::shared_ptr<ExchangeWaiter>& waiter() const { return waiter_; }
+
+  void OnCancel() override { waiter_->Complete(absl::CancelledError("the caller cancelled the exchange")); }
+  void OnDone() override { delete this; }
+
+ private:
+  const std::shared_ptr<ExchangeWaiter> waiter_;
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* ServerService::Pull(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                                              grpc::ByteBuffer* response) {
+  PullRequest r;
+  ReceivedPayload unused;
+  if (absl::Status parsed = ParseWithPayload(*request, /*field_number=*/0, &r, &unused); !parsed.ok()) {
+    return Finish(context, parsed);
+  }
+  absl::StatusOr<ChunkValues> values =
+      store_->Pull(ChunkPull{{r.epoch(), r.key().param(), r.key().index()}, r.have_version()});
+  if (!values.ok()) return Finish(context, values.status());
+  WriteValues(*values, response);
+  return Finish(context, absl::OkStatus());
 }
 
-grpc::Status ServerService::GetStats(grpc::ServerContext*, const tessera::v1::ServerStatsRequest*,
-                                     tessera::v1::ServerStats* response) {
+grpc::ServerUnaryReactor* ServerService::Push(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                                              grpc::ByteBuffer* response) {
+  PushRequest r;
+  ReceivedPayload payload;
+  if (absl::Status parsed = ParseWithPayload(*request, kPushDataField, &r, &payload); !parsed.ok()) {
+    return Finish(context, parsed);
+  }
+  absl::StatusOr<PushOutcome> outcome = store_->Push(ToChunkPush(r), payload);
+  if (!outcome.ok()) return Finish(context, outcome.status());
+  PushResponse reply;
+  reply.set_version(outcome->version);
+  reply.set_duplicate(outcome->duplicate);
+  reply.set_late(outcome->late);
+  grpc::Slice slice(reply.SerializeAsString());
+  *response = grpc::ByteBuffer(&slice, 1);
+  return Finish(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* ServerService::PushPull(grpc::CallbackServerContext* context,
+                                                  const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
+  PushRequest r;
+  ReceivedPayload payload;
+  if (absl::Status parsed = ParseWithPayload(*request, kPushDataField, &r, &payload); !parsed.ok()) {
+    return Finish(context, parsed);
+  }
+  auto* reactor = new ExchangeReactor(context, response);
+  store_->PushPull(ToChunkPush(r), payload, reactor->waiter());
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ServerService::AssignShards(grpc::CallbackServerContext* context,
+                                                      const tessera::v1::AssignShardsRequest* request,
+                                                      tessera::v1::AssignShardsResponse*) {
+  return Finish(context, store_->Assign(request->shard_map(), request->job(), request->server_id()));
+}
+
+grpc::ServerUnaryReactor* ServerService::GetStats(grpc::CallbackServerContext* context,
+                                                  const tessera::v1::ServerStatsRequest*,
+                                                  tessera::v1::ServerStats* response) {
   *response = store_->Stats();
-  return grpc::Status::OK;
+  return Finish(context, absl::OkStatus());
 }
 
-grpc::Status ServerService::Shutdown(grpc::ServerContext*, const tessera::v1::ShutdownRequest*,
-                                     tessera::v1::ShutdownResponse*) {
+grpc::ServerUnaryReactor* ServerService::Shutdown(grpc::CallbackServerContext* context,
+                                                  const tessera::v1::ShutdownRequest*,
+                                                  tessera::v1::ShutdownResponse*) {
   on_shutdown_();
-  return grpc::Status::OK;
+  return Finish(context, absl::OkStatus());
 }
 
 }  // namespace tessera

@@ -1,4 +1,9 @@
 // The gRPC adapter of a parameter server: converts messages and statuses, and nothing else.
+//
+// The data plane (Pull, Push, PushPull) is served on gRPC's callback API with raw byte buffers: a request's
+// values are copied once, from gRPC's slices into the store (see common/wire_payload.h), and a reply's values
+// go from a pooled buffer to the socket. A PushPull of an open SYNC round holds its reply until the round
+// closes, without holding a thread.
 #ifndef TESSERA_SERVER_SERVER_SERVICE_H_
 #define TESSERA_SERVER_SERVER_SERVICE_H_
 
@@ -9,24 +14,33 @@
 
 namespace tessera {
 
+using ParameterServerBase = tessera::v1::ParameterServer::WithRawCallbackMethod_Pull<
+    tessera::v1::ParameterServer::WithRawCallbackMethod_Push<
+        tessera::v1::ParameterServer::WithRawCallbackMethod_PushPull<tessera::v1::ParameterServer::CallbackService>>>;
+
 // Thread-safe.
-class ServerService final : public tessera::v1::ParameterServer::Service {
+class ServerService final : public ParameterServerBase {
  public:
   // `store` is not owned and must outlive the service. `on_shutdown` runs (on an RPC thread, so it must not
   // block) when the scheduler asks the server to exit.
   ServerService(ShardStore* store, std::function<void()> on_shutdown)
       : store_(store), on_shutdown_(std::move(on_shutdown)) {}
 
-  grpc::Status Pull(grpc::ServerContext* context, const tessera::v1::PullRequest* request,
-                    tessera::v1::PullResponse* response) override;
-  grpc::Status Push(grpc::ServerContext* context, const tessera::v1::PushRequest* request,
-                    tessera::v1::PushResponse* response) override;
-  grpc::Status AssignShards(grpc::ServerContext* context, const tessera::v1::AssignShardsRequest* request,
-                            tessera::v1::AssignShardsResponse* response) override;
-  grpc::Status GetStats(grpc::ServerContext* context, const tessera::v1::ServerStatsRequest* request,
-                        tessera::v1::ServerStats* response) override;
-  grpc::Status Shutdown(grpc::ServerContext* context, const tessera::v1::ShutdownRequest* request,
-                        tessera::v1::ShutdownResponse* response) override;
+  grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* PushPull(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* AssignShards(grpc::CallbackServerContext* context,
+                                         const tessera::v1::AssignShardsRequest* request,
+                                         tessera::v1::AssignShardsResponse* response) override;
+  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
+                                     const tessera::v1::ServerStatsRequest* request,
+                                     tessera::v1::ServerStats* response) override;
+  grpc::ServerUnaryReactor* Shutdown(grpc::CallbackServerContext* context,
+                                     const tessera::v1::ShutdownRequest* request,
+                                     tessera::v1::ShutdownResponse* response) override;
 
  private:
   ShardStore* const store_;

@@ -1,6 +1,7 @@
 #include "server/shard_store.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -12,14 +13,27 @@
 namespace tessera {
 
 using tessera::v1::ConsistencySpec;
-using tessera::v1::PullRequest;
-using tessera::v1::PullResponse;
-using tessera::v1::PushRequest;
-using tessera::v1::PushResponse;
 
 namespace {
-std::string KeyName(const tessera::v1::ChunkKey& key) { return absl::StrCat(key.param(), "/", key.index()); }
+std::string KeyName(const ChunkAddress& a) { return absl::StrCat(std::string(a.param), "/", a.index); }
 }  // namespace
+
+bool ExchangeWaiter::Complete(absl::StatusOr<ChunkValues> result) {
+  std::function<void(absl::StatusOr<ChunkValues>)> done;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!done_) return false;
+    done = std::move(done_);
+    done_ = nullptr;
+  }
+  done(std::move(result));
+  return true;
+}
+
+bool ExchangeWaiter::completed() const {
+  absl::MutexLock lock(&mu_);
+  return !done_;
+}
 
 absl::Status ShardStore::Assign(const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job,
                                 int server_id) {
@@ -54,46 +68,59 @@ absl::Status ShardStore::Assign(const tessera::v1::ShardMap& map, const tessera:
     absl::MutexLock chunk_lock(&chunk->mu);
     FillInit(spec->init(), spec->name(), placement.offset(), absl::MakeSpan(chunk->values));
     chunk->applied_clocks.assign(workers, 0);
-    chunk->sync_sum.assign(placement.length(), 0.0f);
+    if (job.consistency().mode() == ConsistencySpec::SYNC) chunk->sync_sum.assign(placement.length(), 0.0f);
     chunks_[key] = std::move(chunk);
   }
   epoch_ = map.epoch();
   return absl::OkStatus();
 }
 
-absl::StatusOr<ShardStore::Found> ShardStore::Find(uint64_t epoch, const tessera::v1::ChunkKey& key) const {
+absl::StatusOr<ShardStore::Found> ShardStore::Find(const ChunkAddress& address) const {
   absl::ReaderMutexLock lock(&mu_);
-  if (epoch < epoch_) {
-    absl::Status status = absl::FailedPreconditionError(
-        absl::StrCat("stale shard map: request has epoch ", epoch, ", server ", server_id_, " is at epoch ", epoch_));
+  if (address.epoch < epoch_) {
+    absl::Status status = absl::FailedPreconditionError(absl::StrCat(
+        "stale shard map: request has epoch ", address.epoch, ", server ", server_id_, " is at epoch ", epoch_));
     SetCurrentEpoch(status, epoch_);
     return status;
   }
-  if (epoch > epoch_) {
+  if (address.epoch > epoch_) {
     return absl::UnavailableError(absl::StrCat("server ", server_id_, " is at shard map epoch ", epoch_,
-                                               ", request has ", epoch, "; its assignment is on the way"));
+                                               ", request has ", address.epoch, "; its assignment is on the way"));
   }
-  auto it = chunks_.find(std::make_pair(key.param(), key.index()));
+  auto it = chunks_.find(std::make_pair(std::string(address.param), address.index));
   if (it == chunks_.end()) {
     std::vector<std::string> held;
     for (const auto& [k, unused] : chunks_) {
       if (held.empty() || held.back() != k.first) held.push_back(k.first);
     }
-    return absl::NotFoundError(absl::StrCat("unknown parameter chunk '", KeyName(key), "' on server ", server_id_,
-                                            " (it holds chunks of: ", absl::StrJoin(held, ", "), ")"));
+    return absl::NotFoundError(absl::StrCat("unknown parameter chunk '", KeyName(address), "' on server ",
+                                            server_id_, " (it holds chunks of: ", absl::StrJoin(held, ", "), ")"));
   }
   return Found{it->second.get(), config_.get()};
 }
 
-absl::StatusOr<PullResponse> ShardStore::Pull(const PullRequest& request) const {
-  TESSERA_ASSIGN_OR_RETURN(Found found, Find(request.epoch(), request.key()));
+ChunkValues ShardStore::SnapshotLocked(const Chunk& chunk) const {
+  ChunkValues values;
+  values.version = chunk.version;
+  values.clock_version = ClockVersionLocked(chunk);
+  values.length = chunk.values.size() * sizeof(float);
+  std::shared_ptr<PooledBuffer> buffer = buffers_.Get(values.length);
+  if (values.length > 0) std::memcpy(buffer->data(), chunk.values.data(), values.length);
+  values.bytes = std::move(buffer);
+  return values;
+}
+
+absl::StatusOr<ChunkValues> ShardStore::Pull(const ChunkPull& request) const {
+  TESSERA_ASSIGN_OR_RETURN(Found found, Find(request.address));
   Chunk& chunk = *found.chunk;
-  PullResponse response;
   absl::MutexLock lock(&chunk.mu);
-  response.set_version(chunk.version);
-  response.set_clock_version(ClockVersionLocked(chunk));
-  if (request.have_version() != chunk.version) EncodeFloats(chunk.values, response.mutable_data());
-  return response;
+  if (request.have_version == chunk.version) {
+    ChunkValues unchanged;
+    unchanged.version = chunk.version;
+    unchanged.clock_version = ClockVersionLocked(chunk);
+    return unchanged;
+  }
+  return SnapshotLocked(chunk);
 }
 
 int64_t ShardStore::ClockVersionLocked(const Chunk& chunk) {
@@ -110,63 +137,69 @@ void ShardStore::ApplyLocked(const JobConfig& config, Chunk& chunk, absl::Span<c
   for (int w : workers) chunk.applied_clocks[w] = std::max(chunk.applied_clocks[w], clock + 1);
 }
 
-absl::StatusOr<PushResponse> ShardStore::Push(const PushRequest& request) {
-  TESSERA_ASSIGN_OR_RETURN(Found found, Find(request.epoch(), request.key()));
+absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& request, const FloatPayload& payload,
+                                                              const std::shared_ptr<ExchangeWaiter>* waiter) {
+  TESSERA_ASSIGN_OR_RETURN(Found found, Find(request.address));
   Chunk& chunk = *found.chunk;
   const JobConfig& config = *found.config;
   const tessera::v1::JobSpec& job = config.job;
-  const int worker = request.worker_id();
+  const int worker = request.worker_id;
   if (worker < 0 || worker >= job.cluster().num_workers()) {
     return absl::InvalidArgumentError(absl::StrCat("worker id ", worker, " out of range: the job has ",
                                                    job.cluster().num_workers(), " workers"));
   }
-  if (request.seq() == 0) return absl::InvalidArgumentError("push seq must be >= 1");
-  const std::string what = absl::StrCat("push to ", KeyName(request.key()));
+  if (request.seq == 0) return absl::InvalidArgumentError("push seq must be >= 1");
+  const std::string what = absl::StrCat("push to ", KeyName(request.address));
+  if (!request.assign && request.batch_size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": batch_size must be > 0, got ", request.batch_size));
+  }
 
-  // Decode and validate outside the chunk lock; nothing has changed if this fails.
-  std::vector<float> values;
+  // Copy (checking finiteness on the way) outside the chunk lock; nothing has changed if this fails. A chunk's
+  // length never changes once created, so reading it needs no lock.
+  size_t length;
   {
     absl::ReaderMutexLock lock(&chunk.mu);
-    values.resize(chunk.values.size());
+    length = chunk.values.size();
   }
-  TESSERA_RETURN_IF_ERROR(DecodeFloats(request.data(), absl::MakeSpan(values), what));
-  if (request.kind() == PushRequest::GRADIENT) TESSERA_RETURN_IF_ERROR(CheckFinite(values, what));
-  if (request.kind() == PushRequest::GRADIENT && request.batch_size() <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": batch_size must be > 0, got ", request.batch_size()));
-  }
+  std::shared_ptr<PooledBuffer> scratch = buffers_.Get(length * sizeof(float));
+  absl::Span<float> values(reinterpret_cast<float*>(scratch->data()), length);
+  TESSERA_RETURN_IF_ERROR(payload.CopyFloatsTo(values, /*check_finite=*/!request.assign, what));
 
-  PushResponse response;
+  Applied applied;
+  PushOutcome& outcome = applied.outcome;
   int64_t staleness = -1;
-  bool late = false;
   {
     absl::MutexLock lock(&chunk.mu);
     auto seq_it = chunk.last_seq.find(worker);
-    if (seq_it != chunk.last_seq.end() && request.seq() <= seq_it->second) {
-      response.set_version(chunk.version);
-      response.set_duplicate(true);
-    } else if (request.kind() == PushRequest::ASSIGN) {
-      chunk.values = std::move(values);
+    if (seq_it != chunk.last_seq.end() && request.seq <= seq_it->second) {
+      outcome.duplicate = true;
+      // A retried exchange of a round that is still open waits for it like the original.
+      applied.round_open = job.consistency().mode() == ConsistencySpec::SYNC && !request.assign &&
+                           request.clock == chunk.version;
+    } else if (request.assign) {
+      std::copy(values.begin(), values.end(), chunk.values.begin());
       ++chunk.version;
-      chunk.last_seq[worker] = request.seq();
+      chunk.last_seq[worker] = request.seq;
     } else if (job.consistency().mode() == ConsistencySpec::SYNC) {
       const int64_t round = chunk.version;
-      if (request.clock() < round) {
-        late = true;  // the round closed without it; never mixed into a later round
-        chunk.last_seq[worker] = request.seq();
-      } else if (request.clock() > round) {
-        return absl::FailedPreconditionError(absl::StrCat(what, ": round ", request.clock(),
+      if (request.clock < round) {
+        outcome.late = true;  // the round closed without it; never mixed into a later round
+        chunk.last_seq[worker] = request.seq;
+      } else if (request.clock > round) {
+        return absl::FailedPreconditionError(absl::StrCat(what, ": round ", request.clock,
                                                           " is not open yet; the chunk is collecting round ", round));
       } else if (std::find(chunk.sync_workers.begin(), chunk.sync_workers.end(), worker) !=
                  chunk.sync_workers.end()) {
         return absl::AbortedError(absl::StrCat(what, ": worker ", worker, " already pushed round ", round,
                                                " with another seq"));
       } else {
-        chunk.last_seq[worker] = request.seq();
-        const float weight = static_cast<float>(request.batch_size());
-        for (size_t i = 0; i < values.size(); ++i) chunk.sync_sum[i] += weight * values[i];
-        chunk.sync_weight += request.batch_size();
+        chunk.last_seq[worker] = request.seq;
+        const float weight = static_cast<float>(request.batch_size);
+        float* sum = chunk.sync_sum.data();
+        for (size_t i = 0; i < length; ++i) sum[i] += weight * values[i];
+        chunk.sync_weight += request.batch_size;
         chunk.sync_workers.push_back(worker);
-        staleness = request.clock() - request.read_clock_version();
+        staleness = request.clock - request.read_clock_version;
         if (static_cast<int>(chunk.sync_workers.size()) == job.cluster().num_workers()) {
           const float inv = static_cast<float>(1.0 / chunk.sync_weight);
           for (float& v : chunk.sync_sum) v *= inv;
@@ -174,25 +207,72 @@ absl::StatusOr<PushResponse> ShardStore::Push(const PushRequest& request) {
           std::fill(chunk.sync_sum.begin(), chunk.sync_sum.end(), 0.0f);
           chunk.sync_weight = 0;
           chunk.sync_workers.clear();
+          applied.closed_waiters.swap(chunk.waiters);
+        } else {
+          applied.round_open = true;
         }
       }
-      response.set_version(chunk.version);
     } else {
-      chunk.last_seq[worker] = request.seq();
-      staleness = std::max<int64_t>(0, request.clock() - request.read_clock_version());
+      chunk.last_seq[worker] = request.seq;
+      staleness = std::max<int64_t>(0, request.clock - request.read_clock_version);
       const float scale =
           job.consistency().staleness_aware_lr() ? 1.0f / static_cast<float>(std::max<int64_t>(1, staleness)) : 1.0f;
-      ApplyLocked(config, chunk, values, scale, {worker}, request.clock());
-      response.set_version(chunk.version);
+      ApplyLocked(config, chunk, values, scale, {worker}, request.clock);
+    }
+    outcome.version = chunk.version;
+    if (waiter != nullptr) {
+      if (applied.round_open) {
+        // Completed waiters (callers that gave up) are dropped here, so the list stays bounded.
+        chunk.waiters.erase(std::remove_if(chunk.waiters.begin(), chunk.waiters.end(),
+                                           [](const auto& w) { return w->completed(); }),
+                            chunk.waiters.end());
+        chunk.waiters.push_back(*waiter);
+      } else {
+        applied.values = SnapshotLocked(chunk);
+      }
+    } else if (!applied.closed_waiters.empty()) {
+      applied.values = SnapshotLocked(chunk);
     }
   }
 
   absl::MutexLock lock(&counters_mu_);
   ++counters_.pushes;
-  if (response.duplicate()) ++counters_.duplicate_pushes;
-  if (late) ++counters_.late_pushes;
+  if (outcome.duplicate) ++counters_.duplicate_pushes;
+  if (outcome.late) ++counters_.late_pushes;
   if (staleness >= 0) counters_.staleness.Add(staleness);
-  return response;
+  return applied;
+}
+
+absl::StatusOr<PushOutcome> ShardStore::Push(const ChunkPush& request, const FloatPayload& values) {
+  TESSERA_ASSIGN_OR_RETURN(Applied applied, PushInternal(request, values, nullptr));
+  // A plain push that closed a round also answers the exchanges that waited for it.
+  for (auto& w : applied.closed_waiters) w->Complete(applied.values);
+  return applied.outcome;
+}
+
+void ShardStore::PushPull(const ChunkPush& request, const FloatPayload& values,
+                          std::shared_ptr<ExchangeWaiter> waiter) {
+  absl::StatusOr<Applied> applied = PushInternal(request, values, &waiter);
+  if (!applied.ok()) {
+    waiter->Complete(applied.status());
+    return;
+  }
+  // Every exchange of a closed round shares one copy of the new values.
+  for (auto& w : applied->closed_waiters) w->Complete(applied->values);
+  if (!applied->round_open) waiter->Complete(std::move(applied->values));
+}
+
+void ShardStore::CancelWaiters(const absl::Status& why) {
+  std::vector<std::shared_ptr<ExchangeWaiter>> waiting;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    for (const auto& [key, chunk] : chunks_) {
+      absl::MutexLock chunk_lock(&chunk->mu);
+      for (auto& w : chunk->waiters) waiting.push_back(std::move(w));
+      chunk->waiters.clear();
+    }
+  }
+  for (auto& w : waiting) w->Complete(why);
 }
 
 tessera::v1::ServerStats ShardStore::Stats() const {
@@ -205,6 +285,7 @@ tessera::v1::ServerStats ShardStore::Stats() const {
       absl::MutexLock chunk_lock(&chunk->mu);
       updates += chunk->gradient_updates;
       stats.set_bytes(stats.bytes() + static_cast<int64_t>(chunk->values.size() * sizeof(float)));
+      stats.set_optimizer_bytes(stats.optimizer_bytes() + static_cast<int64_t>(chunk->state.size() * sizeof(float)));
     }
     stats.set_chunks(static_cast<int64_t>(chunks_.size()));
     stats.set_updates_applied(updates);

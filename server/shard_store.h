@@ -1,4 +1,5 @@
-// The chunks one server owns, and the consistency rules that govern their updates. Transport-free.
+// The chunks one server owns, and the consistency rules that govern their updates. Transport-free: requests
+// arrive as domain structs, values as a FloatPayload, and values leave as pooled buffers.
 //
 // Every request carries the shard-map epoch its sender holds. A request for an older epoch fails with
 // FAILED_PRECONDITION carrying the store's epoch (see GetCurrentEpoch in common/status_macros.h); one for a newer
@@ -11,22 +12,28 @@
 //   SSP    applied like ASYNC; the scheduler's clock gate bounds how far workers drift apart.
 // In every mode a push is applied at most once per (worker id, seq): a retried push answers `duplicate`.
 //
+// PushPull is a push whose answer is the chunk's values after it: in SYNC once the push's round has closed
+// (so one exchange per chunk replaces push, clock barrier and pull on a sync step), otherwise at once.
+//
 // Staleness of a gradient = its clock minus the chunk's clock_version when the gradient's values were read
 // (read_clock_version): how many clocks of some worker's updates it did not see. clock_version is the smallest
 // count of clocks any worker of the job has had applied to the chunk.
 #ifndef TESSERA_SERVER_SHARD_STORE_H_
 #define TESSERA_SERVER_SHARD_STORE_H_
 
+#include <functional>
 #include <map>
 #include <memory>
-#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/buffer_pool.h"
+#include "common/float_payload.h"
 #include "common/staleness_histogram.h"
 #include "proto/cluster.pb.h"
 #include "proto/ps.pb.h"
@@ -34,10 +41,62 @@
 
 namespace tessera {
 
-// Thread-safe. Pushes to different chunks run in parallel; pushes to one chunk are serialised.
+// Which chunk, and under which shard-map epoch the sender addresses it.
+struct ChunkAddress {
+  uint64_t epoch = 0;
+  std::string_view param;  // must outlive the call it is passed to
+  int index = 0;
+};
+
+struct ChunkPull {
+  ChunkAddress address;
+  int64_t have_version = -1;  // the version the caller holds; its bytes are not sent again. -1: none
+};
+
+struct ChunkPush {
+  ChunkAddress address;
+  int worker_id = 0;
+  uint64_t seq = 0;                 // per worker, strictly increasing; a repeated seq is applied once
+  int64_t clock = 0;                // the step the gradient belongs to
+  int64_t read_clock_version = 0;   // clock_version of the values the gradient was computed on
+  int batch_size = 0;               // weight in the sync mean
+  bool assign = false;              // overwrite the values instead of applying a gradient
+};
+
+struct PushOutcome {
+  int64_t version = 0;
+  bool duplicate = false;
+  bool late = false;
+};
+
+// A chunk's values at one version. `bytes` holds `length` bytes of float32 values; null when the caller already
+// held this version.
+struct ChunkValues {
+  int64_t version = 0;
+  int64_t clock_version = 0;
+  std::shared_ptr<const PooledBuffer> bytes;
+  size_t length = 0;
+};
+
+// One PushPull waiting for its answer. Exactly one Complete() runs `done`; later ones do nothing, so the round
+// closing and the caller giving up may race. Thread-safe.
+class ExchangeWaiter {
+ public:
+  explicit ExchangeWaiter(std::function<void(absl::StatusOr<ChunkValues>)> done) : done_(std::move(done)) {}
+  // Runs `done` with `result` unless it already ran; true when this call ran it.
+  bool Complete(absl::StatusOr<ChunkValues> result);
+  bool completed() const;
+
+ private:
+  mutable absl::Mutex mu_;
+  std::function<void(absl::StatusOr<ChunkValues>)> done_ ABSL_GUARDED_BY(mu_);
+};
+
+// Thread-safe. Requests to different chunks run in parallel; requests to one chunk are serialised.
 class ShardStore {
  public:
-  ShardStore() = default;
+  // `max_cached_buffer_bytes` bounds the free reply and scratch buffers kept for reuse.
+  explicit ShardStore(size_t max_cached_buffer_bytes = 64 << 20) : buffers_(max_cached_buffer_bytes) {}
 
   ShardStore(const ShardStore&) = delete;
   ShardStore& operator=(const ShardStore&) = delete;
@@ -49,19 +108,28 @@ class ShardStore {
                                     int server_id);
 
   // The chunk's value (no bytes when `have_version` is current). NOT_FOUND for a chunk not on this server.
-  [[nodiscard]] absl::StatusOr<tessera::v1::PullResponse> Pull(const tessera::v1::PullRequest& request) const;
+  [[nodiscard]] absl::StatusOr<ChunkValues> Pull(const ChunkPull& request) const;
 
-  // Applies (or, in SYNC, collects) a gradient, or assigns values. INVALID_ARGUMENT for a wrong byte length or a
-  // non-finite gradient, leaving the chunk unchanged; NOT_FOUND for an unknown chunk; ABORTED for a second,
-  // different push of one worker in one SYNC round.
-  [[nodiscard]] absl::StatusOr<tessera::v1::PushResponse> Push(const tessera::v1::PushRequest& request);
+  // Applies (or, in SYNC, collects) a gradient, or assigns values. INVALID_ARGUMENT for a wrong byte length, a
+  // non-finite gradient or a bad worker id, batch size or seq, leaving the chunk unchanged; NOT_FOUND for an
+  // unknown chunk; ABORTED for a second, different push of one worker in one SYNC round; FAILED_PRECONDITION
+  // for a SYNC round that is not open yet.
+  [[nodiscard]] absl::StatusOr<PushOutcome> Push(const ChunkPush& request, const FloatPayload& values);
+
+  // Push, then completes `waiter` with the chunk's values after it: at once, except in SYNC while the push's
+  // round is still open, when the waiter is completed by the push that closes it. Errors complete the waiter
+  // with the status Push would return. Never blocks on other workers.
+  void PushPull(const ChunkPush& request, const FloatPayload& values, std::shared_ptr<ExchangeWaiter> waiter);
+
+  // Completes every waiting PushPull with `why` (shutdown).
+  void CancelWaiters(const absl::Status& why);
 
   tessera::v1::ServerStats Stats() const;
 
  private:
   struct Chunk {
     explicit Chunk(int64_t length, int state_slots)
-        : values(length), state(length * state_slots), sync_sum(0) {}
+        : values(length), state(length * state_slots) {}
 
     mutable absl::Mutex mu;
     std::vector<float> values ABSL_GUARDED_BY(mu);
@@ -70,10 +138,12 @@ class ShardStore {
     int64_t gradient_updates ABSL_GUARDED_BY(mu) = 0;  // optimizer steps taken (Adam's t)
     std::map<int, uint64_t> last_seq ABSL_GUARDED_BY(mu);
     std::vector<int64_t> applied_clocks ABSL_GUARDED_BY(mu);  // per worker id
-    // SYNC round being collected (round == version).
+    // SYNC round being collected (round == version); sync_sum is allocated in SYNC jobs only.
     std::vector<float> sync_sum ABSL_GUARDED_BY(mu);
     double sync_weight ABSL_GUARDED_BY(mu) = 0;
     std::vector<int> sync_workers ABSL_GUARDED_BY(mu);
+    // PushPulls of the open SYNC round, answered when it closes.
+    std::vector<std::shared_ptr<ExchangeWaiter>> waiters ABSL_GUARDED_BY(mu);
   };
 
   struct Counters {
@@ -96,8 +166,24 @@ class ShardStore {
     const JobConfig* config;
   };
 
-  // The chunk for `key` after checking `epoch`, or the error to answer with.
-  absl::StatusOr<Found> Find(uint64_t epoch, const tessera::v1::ChunkKey& key) const ABSL_LOCKS_EXCLUDED(mu_);
+  // What one push did under the chunk's lock.
+  struct Applied {
+    PushOutcome outcome;
+    bool round_open = false;  // SYNC: the push's round still waits for other workers
+    std::vector<std::shared_ptr<ExchangeWaiter>> closed_waiters;  // SYNC: PushPulls of the round it closed
+    ChunkValues values;       // after the push (when asked for)
+  };
+
+  // The chunk for `address` after checking its epoch, or the error to answer with.
+  absl::StatusOr<Found> Find(const ChunkAddress& address) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Validates and applies one push. With `waiter` (PushPull), a SYNC push whose round stays open parks the
+  // waiter on the chunk, and `values` of the result are filled otherwise.
+  absl::StatusOr<Applied> PushInternal(const ChunkPush& request, const FloatPayload& payload,
+                                       const std::shared_ptr<ExchangeWaiter>* waiter);
+
+  // A copy of the chunk's values into a pooled buffer.
+  ChunkValues SnapshotLocked(const Chunk& chunk) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
 
   // Applies `grad` (already validated) to `chunk`, advancing its version and the clocks of `workers` to
   // `clock` + 1.
@@ -105,6 +191,8 @@ class ShardStore {
                           const std::vector<int>& workers, int64_t clock) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
 
   static int64_t ClockVersionLocked(const Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+
+  mutable BufferPool buffers_;  // reply and scratch buffers
 
   mutable absl::Mutex mu_;
   int server_id_ ABSL_GUARDED_BY(mu_) = -1;  // set by the first Assign

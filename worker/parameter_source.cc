@@ -7,6 +7,38 @@
 #include "common/tensor_codec.h"
 
 namespace tessera {
+namespace {
+
+// A step run as Push, Clock and Pull when it finishes.
+class SerialStep final : public StepExchange {
+ public:
+  SerialStep(ParameterSource* source, const std::vector<std::string>& names,
+             const std::vector<absl::Span<const float>>& grads, int batch_size,
+             const std::vector<absl::Span<float>>& out)
+      : source_(source), names_(names), grads_(grads), batch_size_(batch_size), out_(out) {}
+  absl::Status Send(int) override { return absl::OkStatus(); }
+  absl::StatusOr<ClockResult> Finish() override {
+    TESSERA_RETURN_IF_ERROR(source_->Push(names_, grads_, batch_size_));
+    TESSERA_ASSIGN_OR_RETURN(ClockResult gate, source_->Clock());
+    if (!gate.stop) TESSERA_RETURN_IF_ERROR(source_->Pull(names_, out_));
+    return gate;
+  }
+
+ private:
+  ParameterSource* const source_;  // not owned
+  const std::vector<std::string>& names_;
+  const std::vector<absl::Span<const float>> grads_;
+  const int batch_size_;
+  const std::vector<absl::Span<float>> out_;
+};
+
+}  // namespace
+
+std::unique_ptr<StepExchange> ParameterSource::BeginStep(const std::vector<std::string>& names,
+                                                         const std::vector<absl::Span<const float>>& grads,
+                                                         int batch_size, const std::vector<absl::Span<float>>& out) {
+  return std::make_unique<SerialStep>(this, names, grads, batch_size, out);
+}
 
 absl::StatusOr<std::unique_ptr<LocalSource>> LocalSource::Create(const tessera::v1::JobSpec& job,
                                                                  const std::string& run_dir) {

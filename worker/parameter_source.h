@@ -33,6 +33,13 @@ class ParameterSource {
   [[nodiscard]] virtual absl::Status Push(const std::vector<std::string>& names,
                                           const std::vector<absl::Span<const float>>& grads, int batch_size) = 0;
   [[nodiscard]] virtual absl::StatusOr<ClockResult> Clock() = 0;
+  // One training step: gradients sent parameter by parameter (StepExchange::Send), then Finish() leaves the next
+  // step's values in `out` and advances the clock (see PsClient::BeginStep). The default runs Push, Clock and
+  // Pull in Finish.
+  [[nodiscard]] virtual std::unique_ptr<StepExchange> BeginStep(const std::vector<std::string>& names,
+                                                                const std::vector<absl::Span<const float>>& grads,
+                                                                int batch_size,
+                                                                const std::vector<absl::Span<float>>& out);
   // Records progress; the answer's `stop` says the job is over.
   [[nodiscard]] virtual absl::StatusOr<tessera::v1::ReportResponse> Report(
       const tessera::v1::ReportRequest& report) = 0;
@@ -57,6 +64,11 @@ class RemoteSource final : public ParameterSource {
     return client_->Push(names, grads, batch_size);
   }
   absl::StatusOr<ClockResult> Clock() override { return client_->Clock(); }
+  std::unique_ptr<StepExchange> BeginStep(const std::vector<std::string>& names,
+                                          const std::vector<absl::Span<const float>>& grads, int batch_size,
+                                          const std::vector<absl::Span<float>>& out) override {
+    return client_->BeginStep(names, grads, batch_size, out);
+  }
   absl::StatusOr<tessera::v1::ReportResponse> Report(const tessera::v1::ReportRequest& report) override {
     return client_->Report(report);
   }

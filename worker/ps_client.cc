@@ -1,6 +1,7 @@
 #include "worker/ps_client.h"
 
 #include <algorithm>
+#include <atomic>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -8,6 +9,7 @@
 #include "common/rpc.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
+#include "common/wire_payload.h"
 #include "glog/logging.h"
 
 namespace tessera {
@@ -17,17 +19,179 @@ using tessera::v1::PullResponse;
 using tessera::v1::PushRequest;
 using tessera::v1::PushResponse;
 
+namespace {
+
+// What one chunk RPC does.
+enum ChunkOp { kPull = 0, kPush = 1, kAssign = 2, kExchange = 3 };
+
+const char* MethodName(ChunkOp op) {
+  switch (op) {
+    case kPull:
+      return "/tessera.v1.ParameterServer/Pull";
+    case kExchange:
+      return "/tessera.v1.ParameterServer/PushPull";
+    default:
+      return "/tessera.v1.ParameterServer/Push";
+  }
+}
+
+}  // namespace
+
 // One chunk's RPC: owns everything the callback API needs until the call completes.
-struct PsClient::ChunkCall {
+struct ChunkCall {
+  ChunkOp op = kPull;
   const tessera::v1::ChunkPlacement* placement = nullptr;
-  size_t name_index = 0;
+  size_t name_index = 0;  // also the priority: lower goes first at a busy server
+  int server_id = 0;
   std::string server;
+  absl::Span<float> dst;  // pull and exchange: where the chunk's values go
   grpc::ClientContext context;
-  PullRequest pull;
-  PullResponse pulled;
-  PushRequest push;
-  PushResponse pushed;
+  grpc::ByteBuffer request;
+  grpc::ByteBuffer response;
+  // Filled on completion.
   absl::Status status;
+  int64_t version = -1;
+  int64_t clock_version = 0;
+  int64_t bytes = 0;  // value bytes received
+
+  std::string What() const {
+    return absl::StrCat(op == kPull ? "Pull " : op == kExchange ? "PushPull " : "Push ", placement->param(), "/",
+                        placement->index(), " at ", server);
+  }
+};
+
+// The chunk RPCs of one call or step: at most `window` in flight per server, the rest queued by priority.
+// Replies are decoded on gRPC's threads, straight into the destination spans. Thread-safe.
+class ChunkBatch {
+ public:
+  // `stubs` returns the stub of a server id (called on the adding thread only).
+  ChunkBatch(int window, std::function<grpc::GenericStub*(int)> stubs) : window_(window), stubs_(std::move(stubs)) {}
+  ~ChunkBatch() {
+    CancelAll();
+    Wait(absl::InfiniteFuture());  // every call has a deadline
+  }
+
+  // Starts `call` now, or queues it behind calls of higher priority to a busy server.
+  void Add(std::unique_ptr<ChunkCall> call) {
+    ChunkCall* c = call.get();
+    c->context.set_wait_for_ready(false);
+    bool start = false;
+    {
+      absl::MutexLock lock(&mu_);
+      stubs_by_server_.try_emplace(c->server_id, stubs_(c->server_id));
+      calls_.push_back(std::move(call));
+      ++pending_;
+      Server& s = servers_[c->server_id];
+      if (s.in_flight < window_) {
+        ++s.in_flight;
+        start = true;
+      } else {
+        s.queue.emplace(c->name_index, c);
+      }
+    }
+    if (start) Launch(c);
+  }
+
+  // Waits until every added call completed, or `deadline`; true when all completed.
+  bool Wait(absl::Time deadline) {
+    absl::MutexLock lock(&mu_);
+    return mu_.AwaitWithDeadline(absl::Condition(+[](size_t* p) { return *p == 0; }, &pending_), deadline);
+  }
+
+  // Waits like Wait(), but also returns (false) once `stop` returns true (checked whenever a call completes or
+  // `poke()` is called).
+  bool WaitOr(const std::function<bool()>& stop) {
+    absl::MutexLock lock(&mu_);
+    while (pending_ > 0) {
+      if (stop()) return false;
+      poked_.WaitWithTimeout(&mu_, absl::Milliseconds(100));  // re-checks `stop`
+    }
+    return true;
+  }
+  void Poke() {
+    absl::MutexLock lock(&mu_);
+    poked_.SignalAll();
+  }
+
+  void CancelAll() {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    for (auto& c : calls_) c->context.TryCancel();
+    for (auto& [id, s] : servers_) {
+      pending_ -= s.queue.size();
+      for (auto& [prio, c] : s.queue) c->status = absl::CancelledError(c->What() + ": cancelled");
+      s.queue.clear();
+    }
+    poked_.SignalAll();
+  }
+
+  // Valid once Wait() returned true.
+  const std::vector<std::unique_ptr<ChunkCall>>& calls() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return calls_; }
+
+ private:
+  struct Server {
+    int in_flight = 0;
+    std::multimap<size_t, ChunkCall*> queue;
+  };
+
+  void Launch(ChunkCall* c) {
+    grpc::GenericStub* stub;
+    {
+      absl::MutexLock lock(&mu_);
+      stub = stubs_by_server_.at(c->server_id);
+    }
+    stub->UnaryCall(&c->context, MethodName(c->op), grpc::StubOptions(), &c->request, &c->response,
+                    [this, c](grpc::Status status) { OnDone(c, status); });
+  }
+
+  // On a gRPC thread.
+  void OnDone(ChunkCall* c, const grpc::Status& status) {
+    c->status = FromGrpcStatus(status, c->context, c->What());
+    if (c->status.ok()) c->status = Decode(*c);
+    ChunkCall* next = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      Server& s = servers_[c->server_id];
+      if (!s.queue.empty() && !cancelled_) {
+        next = s.queue.begin()->second;
+        s.queue.erase(s.queue.begin());
+      } else {
+        --s.in_flight;
+      }
+      --pending_;
+      poked_.SignalAll();
+    }
+    if (next != nullptr) Launch(next);
+  }
+
+  static absl::Status Decode(ChunkCall& c) {
+    if (c.op == kPush || c.op == kAssign) {
+      PushResponse reply;
+      ReceivedPayload none;
+      TESSERA_RETURN_IF_ERROR(ParseWithPayload(c.response, /*field_number=*/0, &reply, &none));
+      c.version = reply.version();
+      return absl::OkStatus();
+    }
+    PullResponse header;
+    ReceivedPayload payload;
+    TESSERA_RETURN_IF_ERROR(ParseWithPayload(c.response, PullResponse::kDataFieldNumber, &header, &payload));
+    c.version = header.version();
+    c.clock_version = header.clock_version();
+    if (payload.empty()) return absl::OkStatus();  // unchanged since the version the pull named
+    TESSERA_RETURN_IF_ERROR(payload.CopyFloatsTo(c.dst, /*check_finite=*/true, c.What()));
+    c.bytes = static_cast<int64_t>(payload.size());
+    return absl::OkStatus();
+  }
+
+  const int window_;
+  const std::function<grpc::GenericStub*(int)> stubs_;
+  absl::Mutex mu_;
+  absl::CondVar poked_;
+  std::vector<std::unique_ptr<ChunkCall>> calls_ ABSL_GUARDED_BY(mu_);
+  std::map<int, grpc::GenericStub*> stubs_by_server_ ABSL_GUARDED_BY(mu_);
+  std::map<int, Server> servers_ ABSL_GUARDED_BY(mu_);
+  size_t pending_ ABSL_GUARDED_BY(mu_) = 0;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 PsClient::PsClient(const Options& options) : options_(options) {}
@@ -38,6 +202,10 @@ PsClient::~PsClient() {
 
 absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(const Options& options) {
   if (options.scheduler_address.empty()) return absl::InvalidArgumentError("scheduler address is required");
+  if (options.window_per_server < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("window_per_server must be at least 1, got ", options.window_per_server));
+  }
   std::unique_ptr<PsClient> client(new PsClient(options));
   client->scheduler_ = std::make_unique<SchedulerClient>(options.scheduler_address);
   tessera::v1::RegisterRequest request;
@@ -75,133 +243,137 @@ absl::Status PsClient::RefreshMap(uint64_t at_least_epoch) {
   return absl::OkStatus();
 }
 
-tessera::v1::ParameterServer::Stub* PsClient::StubFor(int server_id) {
+grpc::GenericStub* PsClient::StubFor(int server_id) {
   absl::StatusOr<std::string> address = map_->ServerAddress(server_id);
   const std::string key = address.ok() ? *address : "";
   auto& stub = stubs_[key];
-  if (!stub) stub = tessera::v1::ParameterServer::NewStub(MakeChannel(key));
+  if (!stub) stub = std::make_unique<grpc::GenericStub>(MakeChannel(key));
   return stub.get();
 }
 
-absl::Status PsClient::RunChunks(bool push, PushRequest::Kind kind, const std::vector<std::string>& names,
-                                 const std::vector<absl::Span<const float>>& grads, int batch_size,
-                                 const std::vector<absl::Span<float>>& out) {
+int64_t PsClient::bytes_pulled() const {
+  absl::MutexLock lock(&bytes_mu_);
+  return bytes_pulled_;
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> PsClient::MakeCalls(
+    int op_number, size_t name_index, const std::string& name, absl::Span<const float> grad, int batch_size,
+    absl::Span<float> out) {
+  const ChunkOp op = static_cast<ChunkOp>(op_number);
   if (map_ == nullptr) return absl::FailedPreconditionError("no parameters declared yet: call Declare first");
-  if (names.size() != (push ? grads.size() : out.size())) {
-    return absl::InvalidArgumentError(absl::StrCat(names.size(), " names but ", push ? grads.size() : out.size(),
+  TESSERA_ASSIGN_OR_RETURN(const tessera::v1::ParameterSpec* spec, map_->Param(name));
+  const size_t expected = static_cast<size_t>(NumElements(spec->shape()));
+  const bool sends = op != kPull;
+  const bool receives = op == kPull || op == kExchange;
+  if ((sends && grad.size() != expected) || (receives && out.size() != expected)) {
+    return absl::InvalidArgumentError(absl::StrCat("parameter '", name, "' has shape ", ShapeString(spec->shape()),
+                                                   " (", expected, " values); the span holds ",
+                                                   sends && grad.size() != expected ? grad.size() : out.size()));
+  }
+  TESSERA_ASSIGN_OR_RETURN(std::vector<const tessera::v1::ChunkPlacement*> chunks, map_->Chunks(name));
+  const absl::Duration timeout =
+      op == kExchange ? std::max(options_.rpc_timeout, options_.clock_wait_timeout) : options_.rpc_timeout;
+  std::vector<std::unique_ptr<ChunkCall>> calls;
+  for (const tessera::v1::ChunkPlacement* placement : chunks) {
+    auto call = std::make_unique<ChunkCall>();
+    call->op = op;
+    call->placement = placement;
+    call->name_index = name_index;
+    call->server_id = placement->server_id();
+    call->server = map_->ServerAddress(placement->server_id()).value_or("?");
+    SetTimeout(call->context, timeout);
+    auto cached = pulled_.find({placement->param(), placement->index()});
+    if (receives) call->dst = out.subspan(placement->offset(), placement->length());
+    if (op == kPull) {
+      PullRequest r;
+      r.set_epoch(map_->epoch());
+      r.set_worker_id(worker_id_);
+      r.mutable_key()->set_param(placement->param());
+      r.mutable_key()->set_index(placement->index());
+      const bool same_memory = cached != pulled_.end() && cached->second.where == call->dst.data();
+      r.set_have_version(same_memory ? cached->second.version : -1);
+      grpc::Slice slice(r.SerializeAsString());
+      call->request = grpc::ByteBuffer(&slice, 1);
+    } else {
+      PushRequest r;
+      r.set_epoch(map_->epoch());
+      r.set_worker_id(worker_id_);
+      r.set_seq(seq_);
+      r.set_clock(clock_);
+      r.set_read_clock_version(cached == pulled_.end() ? clock_ : cached->second.clock_version);
+      r.set_batch_size(batch_size);
+      r.set_kind(op == kAssign ? PushRequest::ASSIGN : PushRequest::GRADIENT);
+      r.mutable_key()->set_param(placement->param());
+      r.mutable_key()->set_index(placement->index());
+      call->request = SerializeWithPayload(r, PushRequest::kDataFieldNumber,
+                                           BorrowedFloatsSlice(grad.subspan(placement->offset(), placement->length())));
+    }
+    calls.push_back(std::move(call));
+  }
+  return calls;
+}
+
+absl::StatusOr<uint64_t> PsClient::Absorb(const std::vector<std::unique_ptr<ChunkCall>>& calls,
+                                          std::vector<size_t>* failed_names) {
+  uint64_t newer_epoch = 0;
+  absl::Status retry;
+  int64_t bytes = 0;
+  for (const auto& call : calls) {
+    if (call->status.ok()) {
+      bytes += call->bytes;
+      if (call->op == kPull || call->op == kExchange) {
+        PulledChunk& cached = pulled_[{call->placement->param(), call->placement->index()}];
+        cached.version = call->version;
+        cached.clock_version = call->clock_version;
+        cached.where = call->dst.data();
+      }
+      continue;
+    }
+    std::optional<uint64_t> epoch = GetCurrentEpoch(call->status);
+    if (call->status.code() == absl::StatusCode::kFailedPrecondition && epoch) {
+      newer_epoch = std::max(newer_epoch, *epoch);
+    } else if (call->status.code() != absl::StatusCode::kUnavailable) {
+      return call->status;  // not retryable: the caller must fix something
+    }
+    retry = call->status;
+    // The destination may hold part of the chunk now: its cached version no longer describes it.
+    pulled_.erase({call->placement->param(), call->placement->index()});
+    if (failed_names->empty() || failed_names->back() != call->name_index) failed_names->push_back(call->name_index);
+  }
+  {
+    absl::MutexLock lock(&bytes_mu_);
+    bytes_pulled_ += bytes;
+  }
+  if (!failed_names->empty()) last_retry_status_ = retry;
+  return newer_epoch;
+}
+
+absl::Status PsClient::RunChunks(int op, const std::vector<std::string>& names,
+                                 const std::vector<absl::Span<const float>>& grads, int batch_size,
+                                 const std::vector<absl::Span<float>>& out, bool new_seq) {
+  if (map_ == nullptr) return absl::FailedPreconditionError("no parameters declared yet: call Declare first");
+  const bool sends = op != kPull, receives = op == kPull || op == kExchange;
+  if ((sends && names.size() != grads.size()) || (receives && names.size() != out.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(names.size(), " names but ", sends ? grads.size() : out.size(),
                                                    " value spans"));
   }
-  if (push) ++seq_;  // one sequence number per call, reused by its retries
+  if (sends && new_seq) ++seq_;  // one sequence number per call, reused by its retries
   absl::Duration backoff = absl::Milliseconds(20);
-  absl::Status last;
+  std::vector<size_t> todo(names.size());
+  for (size_t i = 0; i < names.size(); ++i) todo[i] = i;
   for (int attempt = 0; attempt <= options_.retries; ++attempt) {
-    std::vector<std::unique_ptr<ChunkCall>> calls;
-    for (size_t i = 0; i < names.size(); ++i) {
-      TESSERA_ASSIGN_OR_RETURN(const tessera::v1::ParameterSpec* spec, map_->Param(names[i]));
-      const size_t expected = static_cast<size_t>(NumElements(spec->shape()));
-      const size_t given = push ? grads[i].size() : out[i].size();
-      if (given != expected) {
-        return absl::InvalidArgumentError(absl::StrCat("parameter '", names[i], "' has shape ",
-                                                       ShapeString(spec->shape()), " (", expected,
-                                                       " values); the span holds ", given));
-      }
-      TESSERA_ASSIGN_OR_RETURN(std::vector<const tessera::v1::ChunkPlacement*> chunks, map_->Chunks(names[i]));
-      for (const tessera::v1::ChunkPlacement* placement : chunks) {
-        auto call = std::make_unique<ChunkCall>();
-        call->placement = placement;
-        call->name_index = i;
-        call->server = map_->ServerAddress(placement->server_id()).value_or("?");
-        SetTimeout(call->context, options_.rpc_timeout);
-        tessera::v1::ChunkKey key;
-        key.set_param(placement->param());
-        key.set_index(placement->index());
-        if (push) {
-          PushRequest& r = call->push;
-          r.set_epoch(map_->epoch());
-          r.set_worker_id(worker_id_);
-          r.set_seq(seq_);
-          r.set_clock(clock_);
-          auto it = pulled_.find({placement->param(), placement->index()});
-          r.set_read_clock_version(it == pulled_.end() ? clock_ : it->second.clock_version);
-          r.set_batch_size(batch_size);
-          r.set_kind(kind);
-          *r.mutable_key() = key;
-          EncodeFloats(grads[i].subspan(placement->offset(), placement->length()), r.mutable_data());
-        } else {
-          PullRequest& r = call->pull;
-          r.set_epoch(map_->epoch());
-          r.set_worker_id(worker_id_);
-          auto it = pulled_.find({placement->param(), placement->index()});
-          r.set_have_version(it == pulled_.end() ? -1 : it->second.version);
-          *r.mutable_key() = key;
-        }
-        calls.push_back(std::move(call));
-      }
+    ChunkBatch batch(options_.window_per_server, [this](int id) { return StubFor(id); });
+    for (size_t i : todo) {
+      TESSERA_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<ChunkCall>> calls,
+                               MakeCalls(op, i, names[i], sends ? grads[i] : absl::Span<const float>(), batch_size,
+                                         receives ? out[i] : absl::Span<float>()));
+      for (auto& c : calls) batch.Add(std::move(c));
     }
-
-    absl::Mutex mu;
-    size_t pending = calls.size();
-    for (auto& call : calls) {
-      ChunkCall* c = call.get();
-      auto done = [c, &mu, &pending, push](grpc::Status status) {
-        absl::Status converted = FromGrpcStatus(
-            status, c->context,
-            absl::StrCat(push ? "Push " : "Pull ", c->placement->param(), "/", c->placement->index(), " at ",
-                         c->server));
-        absl::MutexLock lock(&mu);
-        c->status = std::move(converted);
-        --pending;
-      };
-      auto* stub = StubFor(c->placement->server_id());
-      if (push) {
-        stub->async()->Push(&c->context, &c->push, &c->pushed, done);
-      } else {
-        stub->async()->Pull(&c->context, &c->pull, &c->pulled, done);
-      }
-    }
-    {
-      absl::MutexLock lock(&mu);
-      mu.Await(absl::Condition(+[](size_t* p) { return *p == 0; }, &pending));  // every call has a deadline
-    }
-
-    absl::Status retry;
-    uint64_t newer_epoch = 0;
-    bool all_ok = true;
-    for (const auto& call : calls) {
-      if (call->status.ok()) continue;
-      all_ok = false;
-      std::optional<uint64_t> epoch = GetCurrentEpoch(call->status);
-      if (call->status.code() == absl::StatusCode::kFailedPrecondition && epoch) {
-        newer_epoch = std::max(newer_epoch, *epoch);
-        retry = call->status;
-      } else if (call->status.code() == absl::StatusCode::kUnavailable) {
-        retry = call->status;
-      } else {
-        return call->status;  // not retryable: the caller must fix something
-      }
-    }
-    if (all_ok) {
-      if (!push) {
-        for (const auto& call : calls) {
-          const auto* p = call->placement;
-          absl::Span<float> dst = out[call->name_index].subspan(p->offset(), p->length());
-          PulledChunk& cached = pulled_[{p->param(), p->index()}];
-          if (call->pulled.data().empty() && call->pulled.version() == cached.version &&
-              cached.values.size() == dst.size()) {
-            std::copy(cached.values.begin(), cached.values.end(), dst.begin());  // unchanged: no bytes came
-          } else {
-            TESSERA_RETURN_IF_ERROR(
-                DecodeFloats(call->pulled.data(), dst, absl::StrCat("pulled ", p->param(), "/", p->index())));
-            cached.values.assign(dst.begin(), dst.end());
-            bytes_pulled_ += static_cast<int64_t>(call->pulled.data().size());
-          }
-          cached.version = call->pulled.version();
-          cached.clock_version = call->pulled.clock_version();
-        }
-      }
-      return absl::OkStatus();
-    }
-    last = retry;
+    batch.Wait(absl::InfiniteFuture());  // every call has a deadline
+    std::vector<size_t> failed;
+    TESSERA_ASSIGN_OR_RETURN(uint64_t newer_epoch, Absorb(batch.calls(), &failed));
+    if (failed.empty()) return absl::OkStatus();
+    todo = failed;
     if (newer_epoch > 0) {
       TESSERA_RETURN_IF_ERROR(RefreshMap(newer_epoch));
       continue;
@@ -210,11 +382,11 @@ absl::Status PsClient::RunChunks(bool push, PushRequest::Kind kind, const std::v
     std::this_thread::sleep_for(absl::ToChronoMilliseconds(backoff));
     backoff = std::min(backoff * 2, absl::Seconds(1));
   }
-  return Annotate(last, absl::StrCat("gave up after ", options_.retries + 1, " attempts"));
+  return Annotate(last_retry_status_, absl::StrCat("gave up after ", options_.retries + 1, " attempts"));
 }
 
 absl::Status PsClient::Pull(const std::vector<std::string>& names, const std::vector<absl::Span<float>>& out) {
-  return RunChunks(/*push=*/false, PushRequest::GRADIENT, names, {}, 0, out);
+  return RunChunks(kPull, names, {}, 0, out, /*new_seq=*/false);
 }
 
 absl::Status PsClient::Push(const std::vector<std::string>& names, const std::vector<absl::Span<const float>>& grads,
@@ -224,19 +396,21 @@ absl::Status PsClient::Push(const std::vector<std::string>& names, const std::ve
   for (size_t i = 0; i < names.size() && i < grads.size(); ++i) {
     TESSERA_RETURN_IF_ERROR(CheckFinite(grads[i], absl::StrCat("gradient of '", names[i], "'")));
   }
-  return RunChunks(/*push=*/true, PushRequest::GRADIENT, names, grads, batch_size, {});
+  return RunChunks(kPush, names, grads, batch_size, {}, /*new_seq=*/true);
 }
 
 absl::Status PsClient::PushPull(const std::vector<std::string>& names,
                                 const std::vector<absl::Span<const float>>& grads, int batch_size,
                                 const std::vector<absl::Span<float>>& out) {
-  TESSERA_RETURN_IF_ERROR(Push(names, grads, batch_size));
-  return Pull(names, out);
+  for (size_t i = 0; i < names.size() && i < grads.size(); ++i) {
+    TESSERA_RETURN_IF_ERROR(CheckFinite(grads[i], absl::StrCat("gradient of '", names[i], "'")));
+  }
+  return RunChunks(kExchange, names, grads, batch_size, out, /*new_seq=*/true);
 }
 
 absl::Status PsClient::Assign(const std::vector<std::string>& names,
                               const std::vector<absl::Span<const float>>& values) {
-  return RunChunks(/*push=*/true, PushRequest::ASSIGN, names, values, 1, {});
+  return RunChunks(kAssign, names, values, 1, {}, /*new_seq=*/true);
 }
 
 absl::StatusOr<ClockResult> PsClient::Clock() {
@@ -260,6 +434,152 @@ absl::StatusOr<tessera::v1::ReportResponse> PsClient::Report(tessera::v1::Report
 absl::Status PsClient::Done() {
   if (heartbeater_) heartbeater_->Stop();
   return scheduler_->Done(worker_id_, clock_);
+}
+
+// SYNC and ASYNC: one exchange per chunk, started as each gradient is sent; in SYNC the clock is advanced on
+// the client's clock executor at the same time. SSP: push, clock gate, pull, all in Finish().
+class StepExchangeImpl final : public StepExchange {
+ public:
+  StepExchangeImpl(PsClient* client, const std::vector<std::string>& names,
+                   const std::vector<absl::Span<const float>>& grads, int batch_size,
+                   const std::vector<absl::Span<float>>& out)
+      : client_(client),
+        names_(names),
+        grads_(grads),
+        batch_size_(batch_size),
+        out_(out),
+        mode_(client->job().consistency().mode()),
+        sent_(names.size(), false),
+        batch_(client->options_.window_per_server, [client](int id) { return client->StubFor(id); }) {
+    if (mode_ == tessera::v1::ConsistencySpec::SSP) return;
+    ++client_->seq_;
+    if (mode_ == tessera::v1::ConsistencySpec::SYNC) {
+      clock_state_ = std::make_shared<ClockState>();
+      auto state = clock_state_;
+      SchedulerClient* scheduler = client_->scheduler_.get();
+      const int worker = client_->worker_id_;
+      const int64_t next = client_->clock_ + 1;
+      const absl::Duration wait = client_->options_.clock_wait_timeout;
+      ChunkBatch* batch = &batch_;
+      client_->clock_executor_.Submit([state, scheduler, worker, next, wait, batch] {
+        absl::StatusOr<tessera::v1::AdvanceClockResponse> gate = scheduler->AdvanceClock(worker, next, wait);
+        absl::MutexLock lock(&state->mu);  // lock order: clock state, then batch
+        state->stop = !gate.ok() || gate->stop();
+        state->result = std::move(gate);
+        if (!state->abandoned) batch->Poke();
+      });
+    }
+  }
+
+  ~StepExchangeImpl() override {
+    if (clock_state_) {
+      absl::MutexLock lock(&clock_state_->mu);
+      clock_state_->abandoned = true;  // the executor's task must not poke a destroyed batch
+    }
+  }
+
+  absl::Status Send(int index) override {
+    if (index < 0 || static_cast<size_t>(index) >= names_.size() || sent_[index]) {
+      return absl::InvalidArgumentError(absl::StrCat("Send(", index, "): no such unsent parameter"));
+    }
+    sent_[index] = true;
+    TESSERA_RETURN_IF_ERROR(CheckFinite(grads_[index], absl::StrCat("gradient of '", names_[index], "'")));
+    if (mode_ == tessera::v1::ConsistencySpec::SSP) return absl::OkStatus();
+    TESSERA_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<ChunkCall>> calls,
+                             client_->MakeCalls(kExchange, index, names_[index], grads_[index], batch_size_,
+                                                out_[index]));
+    for (auto& c : calls) batch_.Add(std::move(c));
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<ClockResult> Finish() override {
+    for (size_t i = 0; i < names_.size(); ++i) {
+      if (!sent_[i]) TESSERA_RETURN_IF_ERROR(Send(static_cast<int>(i)));
+    }
+    if (mode_ == tessera::v1::ConsistencySpec::SSP) {
+      TESSERA_RETURN_IF_ERROR(client_->Push(names_, grads_, batch_size_));
+      TESSERA_ASSIGN_OR_RETURN(ClockResult gate, client_->Clock());
+      if (!gate.stop) TESSERA_RETURN_IF_ERROR(client_->Pull(names_, out_));
+      return gate;
+    }
+    if (mode_ == tessera::v1::ConsistencySpec::SYNC) {
+      // The round may never close when the job stopped meanwhile (another worker left): the clock says so.
+      const bool all_in = batch_.WaitOr([this] { return ClockStopped(); });
+      if (!all_in) {
+        batch_.CancelAll();
+        batch_.Wait(absl::InfiniteFuture());
+        TESSERA_ASSIGN_OR_RETURN(tessera::v1::AdvanceClockResponse gate, WaitClock());
+        return Advance(gate);
+      }
+    } else {
+      batch_.Wait(absl::InfiniteFuture());  // every call has a deadline
+    }
+    std::vector<size_t> failed;
+    TESSERA_ASSIGN_OR_RETURN(uint64_t newer_epoch, client_->Absorb(batch_.calls(), &failed));
+    if (!failed.empty()) {
+      // Retry what failed through the ordinary path, with the same sequence number.
+      if (newer_epoch > 0) TESSERA_RETURN_IF_ERROR(client_->RefreshMap(newer_epoch));
+      std::vector<std::string> names;
+      std::vector<absl::Span<const float>> grads;
+      std::vector<absl::Span<float>> out;
+      for (size_t i : failed) {
+        names.push_back(names_[i]);
+        grads.push_back(grads_[i]);
+        out.push_back(out_[i]);
+      }
+      TESSERA_RETURN_IF_ERROR(client_->RunChunks(kExchange, names, grads, batch_size_, out, /*new_seq=*/false));
+    }
+    if (mode_ == tessera::v1::ConsistencySpec::SYNC) {
+      TESSERA_ASSIGN_OR_RETURN(tessera::v1::AdvanceClockResponse gate, WaitClock());
+      return Advance(gate);
+    }
+    return client_->Clock();  // ASYNC: records the clock; never waits at the gate
+  }
+
+ private:
+  struct ClockState {
+    absl::Mutex mu;
+    std::optional<absl::StatusOr<tessera::v1::AdvanceClockResponse>> result ABSL_GUARDED_BY(mu);
+    bool abandoned ABSL_GUARDED_BY(mu) = false;
+    // The gate answered stop or failed. Atomic so that the batch's wait reads it without taking `mu`.
+    std::atomic<bool> stop{false};
+  };
+
+  bool ClockStopped() const { return clock_state_->stop.load(); }
+
+  absl::StatusOr<tessera::v1::AdvanceClockResponse> WaitClock() {
+    absl::MutexLock lock(&clock_state_->mu);
+    clock_state_->mu.Await(absl::Condition(
+        +[](std::optional<absl::StatusOr<tessera::v1::AdvanceClockResponse>>* r) { return r->has_value(); },
+        &clock_state_->result));  // the clock call has its own deadline
+    return *clock_state_->result;
+  }
+
+  ClockResult Advance(const tessera::v1::AdvanceClockResponse& gate) {
+    ++client_->clock_;
+    ClockResult result;
+    result.clock = client_->clock_;
+    result.min_clock = gate.min_clock();
+    result.stop = gate.stop();
+    result.stop_reason = gate.stop_reason();
+    return result;
+  }
+
+  PsClient* const client_;
+  const std::vector<std::string>& names_;
+  const std::vector<absl::Span<const float>> grads_;
+  const int batch_size_;
+  const std::vector<absl::Span<float>> out_;
+  const tessera::v1::ConsistencySpec::Mode mode_;
+  std::vector<bool> sent_;
+  std::shared_ptr<ClockState> clock_state_;
+  ChunkBatch batch_;
+};
+
+std::unique_ptr<StepExchange> PsClient::BeginStep(const std::vector<std::string>& names,
+                                                  const std::vector<absl::Span<const float>>& grads, int batch_size,
+                                                  const std::vector<absl::Span<float>>& out) {
+  return std::make_unique<StepExchangeImpl>(this, names, grads, batch_size, out);
 }
 
 }  // namespace tessera

@@ -17,10 +17,22 @@
 //   }
 //   TESSERA_RETURN_IF_ERROR((*client)->Done());
 //
-// Every chunk of a call travels as its own RPC, all in flight at once across servers. Calls retry by
-// themselves when a server is briefly unavailable and when the shard map moved on (FAILED_PRECONDITION with a
-// newer epoch: the map is refreshed from the scheduler first). A retried push reuses its sequence number, so a
-// server applies it at most once.
+// Every chunk of a call travels as its own RPC; up to Options::window_per_server of them are in flight per
+// server, the rest queue in the order the names were given (so list the first layer first). Values go from
+// the caller's spans to the socket and from the socket into the caller's spans, copied once on each side.
+// Calls retry by themselves when a server is briefly unavailable and when the shard map moved on
+// (FAILED_PRECONDITION with a newer epoch: the map is refreshed from the scheduler first). A retried push
+// reuses its sequence number, so a server applies it at most once.
+//
+// Unchanged chunks cost no bytes: a Pull into the same memory as the previous Pull of a chunk names the version
+// it holds, and a server whose chunk has not changed since sends nothing. That assumes the caller did not
+// write into that memory in between; pull into other memory (or call ForgetPulledValues()) otherwise.
+//
+// A training step can be one exchange per chunk instead of push, clock and pull (see BeginStep):
+//
+//   auto step = client->BeginStep(names, grads, batch_size, values);   // values: where the new values go
+//   for (int i = last layer; i >= 0; --i) { ...backward of layer i...; step->Send(i); }   // pushes start now
+//   TESSERA_ASSIGN_OR_RETURN(tessera::ClockResult clock, step->Finish());  // values are in; clock advanced
 //
 // Consistency is the job's: in SYNC, Push contributes to the round of the current clock and Clock() returns when
 // every worker has pushed that round; in SSP(s), Clock() holds a worker more than s clocks ahead of the slowest;
@@ -38,11 +50,17 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/heartbeater.h"
+#include "common/serial_executor.h"
 #include "common/scheduler_client.h"
 #include "common/shard_map.h"
+#include <grpcpp/generic/generic_stub.h>
+
 #include "proto/ps.grpc.pb.h"
 
 namespace tessera {
+
+class StepExchange;
+struct ChunkCall;
 
 struct ClockResult {
   int64_t clock = 0;      // this worker's clock now (steps completed)
@@ -62,6 +80,7 @@ class PsClient {
     absl::Duration clock_wait_timeout = absl::Minutes(5);  // longest wait at the clock gate
     absl::Duration declare_timeout = absl::Minutes(2);     // waiting for servers to register
     int retries = 8;                                 // per call, on UNAVAILABLE or a stale epoch
+    int window_per_server = 8;                       // chunk RPCs in flight per server
     bool heartbeat = true;
   };
 
@@ -103,6 +122,19 @@ class PsClient {
   // Completes this worker's step: advances its clock and waits at the gate for the next one.
   [[nodiscard]] absl::StatusOr<ClockResult> Clock();
 
+  // Starts a step whose gradients are sent parameter by parameter as they become final (StepExchange::Send)
+  // and whose answer is the values for the next step, written into `out`, then the clock. In SYNC each
+  // chunk's exchange is answered when its round closes and the scheduler's clock is advanced alongside, off
+  // the step's path; in ASYNC each push is answered with the values right after it; in SSP the step runs push,
+  // clock gate and pull. The spans must stay valid until Finish returns; the client must not be used for
+  // anything else meanwhile.
+  [[nodiscard]] std::unique_ptr<StepExchange> BeginStep(const std::vector<std::string>& names,
+                                                        const std::vector<absl::Span<const float>>& grads,
+                                                        int batch_size, const std::vector<absl::Span<float>>& out);
+
+  // Forgets which versions were pulled where: the next pulls move every byte.
+  void ForgetPulledValues() { pulled_.clear(); }
+
   // Progress for the scheduler's records (clock and worker id are filled in). The answer says whether the job
   // has stopped (e.g. this evaluation reached the target accuracy).
   [[nodiscard]] absl::StatusOr<tessera::v1::ReportResponse> Report(tessera::v1::ReportRequest report);
@@ -110,21 +142,32 @@ class PsClient {
   // This worker is finished; it no longer holds others back.
   [[nodiscard]] absl::Status Done();
 
-  // Value bytes received by pulls so far (unchanged chunks cost none).
-  int64_t bytes_pulled() const { return bytes_pulled_; }
+  // Value bytes received by pulls and exchanges so far (unchanged chunks cost none).
+  int64_t bytes_pulled() const;
 
 
  private:
-  struct ChunkCall;
+  friend class StepExchangeImpl;
   explicit PsClient(const Options& options);
 
   absl::Status RefreshMap(uint64_t at_least_epoch);
-  tessera::v1::ParameterServer::Stub* StubFor(int server_id);
-  // Runs one RPC per chunk of `names`, all in flight together; retries the whole set on a stale epoch or
-  // UNAVAILABLE. `kind` selects pull or push; `grads` (push) or `out` (pull) hold the values.
-  absl::Status RunChunks(bool push, tessera::v1::PushRequest::Kind kind, const std::vector<std::string>& names,
+  grpc::GenericStub* StubFor(int server_id);
+  // Runs one RPC per chunk of `names` (pull, push, assign or exchange; see ChunkOp in ps_client.cc), at most
+  // window_per_server in flight per server; retries the whole set on a stale epoch or UNAVAILABLE.
+  // `new_seq`: the call takes a new sequence number (a push); otherwise it reuses the last one (a retry).
+  absl::Status RunChunks(int op, const std::vector<std::string>& names,
                          const std::vector<absl::Span<const float>>& grads, int batch_size,
-                         const std::vector<absl::Span<float>>& out);
+                         const std::vector<absl::Span<float>>& out, bool new_seq);
+  // The RPCs, one per chunk, of one parameter for op `op`.
+  absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> MakeCalls(int op, size_t name_index,
+                                                                    const std::string& name,
+                                                                    absl::Span<const float> grad, int batch_size,
+                                                                    absl::Span<float> out);
+  // Takes the results of completed calls: caches pulled versions and counts bytes. Returns the newest epoch a
+  // server named (0: none) and lists the names whose calls may be retried; a call that may not be retried is
+  // returned as the error.
+  absl::StatusOr<uint64_t> Absorb(const std::vector<std::unique_ptr<ChunkCall>>& calls,
+                                  std::vector<size_t>* failed_names);
 
   const Options options_;
   std::unique_ptr<SchedulerClient> scheduler_;
@@ -132,18 +175,34 @@ class PsClient {
   int worker_id_ = -1;
   tessera::v1::JobSpec job_;
   std::unique_ptr<ShardMapIndex> map_;
-  std::map<std::string, std::unique_ptr<tessera::v1::ParameterServer::Stub>> stubs_;  // by address
-  // What the last pull of each chunk returned. A pull names the version it holds, and a server whose chunk has
-  // not changed since answers with no bytes; the values then come from here.
+  std::map<std::string, std::unique_ptr<grpc::GenericStub>> stubs_;  // by address
+  // What the last pull of each chunk returned, and where its bytes were written. A pull into the same memory
+  // names that version, and a server whose chunk has not changed since answers with no bytes.
   struct PulledChunk {
     int64_t version = -1;
     int64_t clock_version = 0;
-    std::vector<float> values;
+    const float* where = nullptr;
   };
   std::map<std::pair<std::string, int>, PulledChunk> pulled_;
-  int64_t bytes_pulled_ = 0;
+  mutable absl::Mutex bytes_mu_;
+  int64_t bytes_pulled_ ABSL_GUARDED_BY(bytes_mu_) = 0;
   int64_t clock_ = 0;
   uint64_t seq_ = 0;
+  absl::Status last_retry_status_;
+  SerialExecutor clock_executor_;  // SYNC steps advance the clock here, alongside the exchange
+};
+
+// One step's exchanges (see PsClient::BeginStep). Send() and Finish() are called by the training loop's
+// thread; the replies are processed on gRPC's threads. Thread-compatible.
+class StepExchange {
+ public:
+  virtual ~StepExchange() = default;
+  // grads[index] is final: its chunks start now (queued behind earlier parameters at a busy server).
+  // INVALID_ARGUMENT when the gradient is not finite (nothing of it was sent).
+  [[nodiscard]] virtual absl::Status Send(int index) = 0;
+  // Sends what was not sent yet, waits for every value and for the clock; retries what failed on a stale
+  // epoch or an unavailable server.
+  [[nodiscard]] virtual absl::StatusOr<ClockResult> Finish() = 0;
 };
 
 }  // namespace tessera

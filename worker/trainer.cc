@@ -47,6 +47,28 @@ absl::Status PullInto(ParameterSource& source, HostTensors& host, Mlp& model) {
   return absl::OkStatus();
 }
 
+// The stand-in for a GPU step: waits `total_ms` split across the layers in proportion to their weights, half
+// as forward (first layer first) and half as backward (last layer first, announcing each layer's gradients).
+// The gradients keep whatever values they hold (their sizes are the model's).
+absl::Status SimulateCompute(const Mlp& model, int total_ms, const Mlp::LayerGradientsReady& ready) {
+  std::vector<double> weight(model.layers());
+  double sum = 0;
+  for (int l = 0; l < model.layers(); ++l) {
+    weight[l] = static_cast<double>(NumElements(model.parameters()[2 * l].shape()));
+    sum += weight[l];
+  }
+  auto wait = [&](int l) {
+    // A stand-in for compute time (benchmarks only), not a synchronisation point.
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(0.5 * total_ms * weight[l] / sum));
+  };
+  for (int l = 0; l < model.layers(); ++l) wait(l);
+  for (int l = model.layers() - 1; l >= 0; --l) {
+    wait(l);
+    TESSERA_RETURN_IF_ERROR(ready(l));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<TrainerResult> Trainer::Run() {
@@ -121,29 +143,46 @@ absl::StatusOr<TrainerResult> Trainer::Run() {
     return answer.stop();
   };
 
+  TESSERA_RETURN_IF_ERROR(PullInto(*source_, host, *model));
   while (clock < stop_clock) {
     if (cancelled_) return absl::CancelledError(absl::StrCat("worker ", rank, " cancelled at clock ", clock));
-    TESSERA_RETURN_IF_ERROR(PullInto(*source_, host, *model));
     const std::vector<int64_t> batch = schedule.Batch(clock);
     for (size_t i = 0; i < batch.size(); ++i) {
       absl::Span<const float> example = train.Example(batch[i]);
       std::copy(example.begin(), example.end(), x.begin() + i * train.features);
       y[i] = train.y[batch[i]];
     }
-    TESSERA_ASSIGN_OR_RETURN(LossSums sums, model->ForwardBackward(x, y));
-    for (int i = 0; i < model->num_parameters(); ++i) {
-      TESSERA_RETURN_IF_ERROR(model->GetGradient(i, absl::MakeSpan(host.grads[i])));
-    }
     if (options_.inject_slowdown_ms > 0) {
       // Simulated extra compute time: this worker is meant to be a straggler.
       std::this_thread::sleep_for(std::chrono::milliseconds(options_.inject_slowdown_ms));
     }
-    TESSERA_RETURN_IF_ERROR(source_->Push(host.names, host.GradSpans(), static_cast<int>(batch.size())));
+    std::unique_ptr<StepExchange> step =
+        source_->BeginStep(host.names, host.GradSpans(), static_cast<int>(batch.size()), host.ValueSpans());
+    // Each layer's gradients leave for the servers while backward goes on with the layers below.
+    auto send_layer = [&](int layer) -> absl::Status {
+      for (int i : {2 * layer, 2 * layer + 1}) {
+        TESSERA_RETURN_IF_ERROR(model->GetGradient(i, absl::MakeSpan(host.grads[i])));
+        TESSERA_RETURN_IF_ERROR(step->Send(i));
+      }
+      return absl::OkStatus();
+    };
+    LossSums sums;
+    if (options_.simulate_compute_ms > 0) {
+      TESSERA_RETURN_IF_ERROR(SimulateCompute(*model, options_.simulate_compute_ms, send_layer));
+    } else {
+      TESSERA_ASSIGN_OR_RETURN(sums, model->ForwardBackward(x, y, send_layer));
+    }
+    TESSERA_ASSIGN_OR_RETURN(ClockResult gate, step->Finish());
+    step.reset();
+    if (!gate.stop) {
+      for (int i = 0; i < model->num_parameters(); ++i) {
+        TESSERA_RETURN_IF_ERROR(model->SetParameter(i, host.values[i]));
+      }
+    }
     loss_sum += sums.loss / batch.size();
     ++loss_steps;
     samples_total += batch.size();
     samples_window += batch.size();
-    TESSERA_ASSIGN_OR_RETURN(ClockResult gate, source_->Clock());
     clock = gate.clock;
     {
       absl::MutexLock lock(&progress_mu_);

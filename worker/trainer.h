@@ -1,5 +1,6 @@
-// The training loop a worker runs: pull -> forward and backward on its slice of the global batch -> push ->
-// clock, with progress reports and (worker 0) evaluation on the test set.
+// The training loop a worker runs: forward and backward on its slice of the global batch, each layer's gradient
+// sent as soon as backward produces it, then the step's exchange brings the next step's values and advances
+// the clock (ParameterSource::BeginStep); with progress reports and (worker 0) evaluation on the test set.
 #ifndef TESSERA_WORKER_TRAINER_H_
 #define TESSERA_WORKER_TRAINER_H_
 
@@ -16,6 +17,10 @@ namespace tessera {
 
 struct TrainerOptions {
   int inject_slowdown_ms = 0;  // extra time per step, to make this worker a straggler on purpose
+  // Benchmarks only: replaces forward and backward by waiting this long per step in total, split across the
+  // layers in proportion to their weights (half forward, half backward), with gradients of the right sizes.
+  // Everything else in the step is the real code. 0: compute for real.
+  int simulate_compute_ms = 0;
   std::string dump_params;     // worker 0 writes the final parameters here (see param_file.h)
 };
 

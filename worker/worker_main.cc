@@ -20,6 +20,9 @@ DEFINE_int32(http_port, 0, "port of /healthz and /metrics; 0 picks a free one (l
 DEFINE_int32(connect_attempts, 20, "tries to reach the scheduler at start-up (exponential backoff up to 1 s)");
 DEFINE_int32(clock_wait_timeout_ms, 300000, "longest wait for slower workers at the clock gate");
 DEFINE_int32(inject_slowdown_ms, 0, "sleep this long every step: make this worker a straggler on purpose");
+DEFINE_int32(simulate_compute_ms, 0,
+             "benchmarks only: replace forward and backward by waiting this many milliseconds per step, split "
+             "across the layers (a stand-in for a fast GPU); 0 computes for real");
 DEFINE_string(dump_params, "", "if this worker is rank 0 (or --local): write the final parameters to this file");
 
 int main(int argc, char** argv) {
@@ -38,6 +41,7 @@ int main(int argc, char** argv) {
   options.connect_attempts = FLAGS_connect_attempts;
   options.clock_wait_timeout_ms = FLAGS_clock_wait_timeout_ms;
   options.trainer.inject_slowdown_ms = FLAGS_inject_slowdown_ms;
+  options.trainer.simulate_compute_ms = FLAGS_simulate_compute_ms;
   options.trainer.dump_params = FLAGS_dump_params;
 
   auto worker = tessera::Worker::Start(options);

@@ -34,6 +34,9 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& options) {
   }
   if (options.connect_attempts < 1) return absl::InvalidArgumentError("--connect_attempts: expected >= 1");
   if (options.trainer.inject_slowdown_ms < 0) return absl::InvalidArgumentError("--inject_slowdown_ms: expected >= 0");
+  if (options.trainer.simulate_compute_ms < 0) {
+    return absl::InvalidArgumentError("--simulate_compute_ms: expected >= 0");
+  }
   if (options.clock_wait_timeout_ms < 1) return absl::InvalidArgumentError("--clock_wait_timeout_ms: expected >= 1");
   return absl::OkStatus();
 }

@@ -26,6 +26,8 @@ DEFINE_string(worker_devices, "", "comma-separated device per worker, e.g. cuda:
               "overrides --device");
 DEFINE_int32(slow_worker, -1, "experiments: the worker (process index) that gets --inject_slowdown_ms");
 DEFINE_int32(inject_slowdown_ms, 0, "experiments: extra milliseconds per step on --slow_worker");
+DEFINE_int32(simulate_compute_ms, 0,
+             "benchmarks: every worker replaces forward and backward by waiting this many milliseconds per step");
 DEFINE_string(dump_params, "", "worker rank 0 writes the final parameters to this file");
 DEFINE_int32(timeout_s, 3600, "stop the whole cluster after this many seconds");
 
@@ -77,6 +79,7 @@ int main(int argc, char** argv) {
   }
   options.slow_worker = FLAGS_slow_worker;
   options.inject_slowdown_ms = FLAGS_inject_slowdown_ms;
+  options.simulate_compute_ms = FLAGS_simulate_compute_ms;
   options.dump_params = FLAGS_dump_params;
   options.timeout_s = FLAGS_timeout_s;
 

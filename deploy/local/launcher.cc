@@ -183,6 +183,9 @@ class Cluster {
       if (i == options_.slow_worker && options_.inject_slowdown_ms > 0) {
         argv.push_back(absl::StrCat("--inject_slowdown_ms=", options_.inject_slowdown_ms));
       }
+      if (options_.simulate_compute_ms > 0) {
+        argv.push_back(absl::StrCat("--simulate_compute_ms=", options_.simulate_compute_ms));
+      }
       // Every worker gets it; only the one that registers as rank 0 writes it.
       if (!options_.dump_params.empty()) argv.push_back("--dump_params=" + options_.dump_params);
       absl::StatusOr<pid_t> pid = Spawn(argv, log, -1);

@@ -25,6 +25,7 @@ struct LaunchOptions {
   std::vector<std::string> worker_devices;  // when set, worker i gets worker_devices[i] (a mixed-device job)
   int slow_worker = -1;      // this worker gets --inject_slowdown_ms (experiments)
   int inject_slowdown_ms = 0;
+  int simulate_compute_ms = 0;  // every worker gets --simulate_compute_ms (benchmarks)
   std::string dump_params;   // handed to the workers; rank 0 writes its final parameters there
   int timeout_s = 3600;      // stop everything after this long
 };

@@ -21,18 +21,26 @@ TEST(PsClientTest, UnchangedChunksArePulledWithoutBytes) {
   ASSERT_THAT(c.Declare({p}), IsOk());
   ASSERT_GT(c.shard_map()->chunks_size(), 1);
 
-  std::vector<float> first(1000), second(1000), third(1000);
-  ASSERT_THAT(c.Pull({"w"}, {absl::MakeSpan(first)}), IsOk());
+  std::vector<float> values(1000), other(1000);
+  ASSERT_THAT(c.Pull({"w"}, {absl::MakeSpan(values)}), IsOk());
   EXPECT_EQ(c.bytes_pulled(), 4000);
-  ASSERT_THAT(c.Pull({"w"}, {absl::MakeSpan(second)}), IsOk());
-  EXPECT_EQ(c.bytes_pulled(), 4000) << "nothing changed, so nothing should travel";
-  EXPECT_EQ(second, first);
+  const std::vector<float> first = values;
+  ASSERT_THAT(c.Pull({"w"}, {absl::MakeSpan(values)}), IsOk());
+  EXPECT_EQ(c.bytes_pulled(), 4000) << "nothing changed and the memory holds it: nothing should travel";
+  EXPECT_EQ(values, first);
+
+  ASSERT_THAT(c.Pull({"w"}, {absl::MakeSpan(other)}), IsOk());
+  EXPECT_EQ(c.bytes_pulled(), 8000) << "other memory does not hold the values: every byte travels";
+  EXPECT_EQ(other, first);
+  c.ForgetPulledValues();
+  ASSERT_THAT(c.Pull({"w"}, {absl::MakeSpan(other)}), IsOk());
+  EXPECT_EQ(c.bytes_pulled(), 12000);
 
   std::vector<float> grad(1000, 1.0f);
   ASSERT_THAT(c.Push({"w"}, {absl::MakeConstSpan(grad)}, 1), IsOk());
-  ASSERT_THAT(c.Pull({"w"}, {absl::MakeSpan(third)}), IsOk());
-  EXPECT_EQ(c.bytes_pulled(), 8000);
-  EXPECT_FLOAT_EQ(third[0], first[0] - 0.1f);  // TestJob: SGD, lr 0.1
+  ASSERT_THAT(c.Pull({"w"}, {absl::MakeSpan(values)}), IsOk());
+  EXPECT_EQ(c.bytes_pulled(), 16000) << "a pull after a push always moves bytes";
+  EXPECT_FLOAT_EQ(values[0], first[0] - 0.1f);  // TestJob: SGD, lr 0.1
 }
 
 TEST(PsClientTest, PushPullReturnsTheValuesAfterTheUpdate) {

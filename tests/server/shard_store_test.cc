@@ -1,6 +1,8 @@
 #include "server/shard_store.h"
 
 #include <cmath>
+#include <cstring>
+#include <optional>
 #include <limits>
 
 #include "common/status_macros.h"
@@ -42,32 +44,52 @@ class ShardStoreTest : public ::testing::Test {
     ASSERT_THAT(store_.Assign(map_, job_, 0), IsOk());
   }
 
-  tessera::v1::PushRequest Gradient(int worker, uint64_t seq, int64_t clock, std::vector<float> values,
-                                    int batch = 1, int index = 0) {
-    tessera::v1::PushRequest r;
-    r.set_epoch(1);
-    r.set_worker_id(worker);
-    r.set_seq(seq);
-    r.set_clock(clock);
-    r.set_read_clock_version(clock);
-    r.set_batch_size(batch);
-    r.mutable_key()->set_param("w");
-    r.mutable_key()->set_index(index);
-    EncodeFloats(values, r.mutable_data());
+  // A push and its values; `param` is what push.address.param points at.
+  struct TestPush {
+    ChunkPush push;
+    std::vector<float> values;
+    std::string param = "w";
+  };
+
+  TestPush Gradient(int worker, uint64_t seq, int64_t clock, std::vector<float> values, int batch = 1,
+                    int index = 0) {
+    TestPush r;
+    r.push.address.epoch = 1;
+    r.push.address.index = index;
+    r.push.worker_id = worker;
+    r.push.seq = seq;
+    r.push.clock = clock;
+    r.push.read_clock_version = clock;
+    r.push.batch_size = batch;
+    r.values = std::move(values);
     return r;
   }
 
-  std::vector<float> Values(int index = 0) {
-    tessera::v1::PullRequest r;
-    r.set_epoch(1);
-    r.mutable_key()->set_param("w");
-    r.mutable_key()->set_index(index);
-    r.set_have_version(-1);
-    absl::StatusOr<tessera::v1::PullResponse> pulled = store_.Pull(r);
-    EXPECT_THAT(pulled, IsOk());
-    std::vector<float> out(3);
-    EXPECT_THAT(DecodeFloats(pulled->data(), absl::MakeSpan(out), "w"), IsOk());
+  absl::StatusOr<PushOutcome> Push(TestPush r) {
+    r.push.address.param = r.param;
+    return store_.Push(r.push, SpanPayload(r.values));
+  }
+
+  // Starts a PushPull; the returned slot is filled when the store answers.
+  std::shared_ptr<std::optional<absl::StatusOr<ChunkValues>>> PushPull(TestPush r) {
+    auto slot = std::make_shared<std::optional<absl::StatusOr<ChunkValues>>>();
+    r.push.address.param = r.param;
+    store_.PushPull(r.push, SpanPayload(r.values), std::make_shared<ExchangeWaiter>([slot](auto v) {
+                      *slot = std::move(v);
+                    }));
+    return slot;
+  }
+
+  static std::vector<float> Floats(const ChunkValues& v) {
+    std::vector<float> out(v.length / sizeof(float));
+    if (v.bytes) std::memcpy(out.data(), v.bytes->data(), v.length);
     return out;
+  }
+
+  std::vector<float> Values(int index = 0) {
+    absl::StatusOr<ChunkValues> pulled = store_.Pull(ChunkPull{{1, "w", index}, -1});
+    EXPECT_THAT(pulled, IsOk());
+    return pulled.ok() ? Floats(*pulled) : std::vector<float>();
   }
 
   tessera::v1::JobSpec job_;
@@ -77,83 +99,83 @@ class ShardStoreTest : public ::testing::Test {
 
 TEST_F(ShardStoreTest, AsyncPushAppliesSgdUpdateOnArrival) {
   Assign(tessera::v1::ConsistencySpec::ASYNC, 2);
-  ASSERT_THAT(store_.Push(Gradient(0, 1, 0, {1, 2, 3})), IsOk());
+  ASSERT_THAT(Push(Gradient(0, 1, 0, {1, 2, 3})), IsOk());
   EXPECT_EQ(Values(), (std::vector<float>{-1, -2, -3}));
   EXPECT_EQ(Values(1), (std::vector<float>{0, 0, 0}));
 }
 
 TEST_F(ShardStoreTest, RepeatedSeqIsAppliedOnce) {
   Assign(tessera::v1::ConsistencySpec::ASYNC, 1);
-  ASSERT_THAT(store_.Push(Gradient(0, 1, 0, {1, 1, 1})), IsOk());
-  absl::StatusOr<tessera::v1::PushResponse> again = store_.Push(Gradient(0, 1, 0, {1, 1, 1}));
+  ASSERT_THAT(Push(Gradient(0, 1, 0, {1, 1, 1})), IsOk());
+  absl::StatusOr<PushOutcome> again = Push(Gradient(0, 1, 0, {1, 1, 1}));
   ASSERT_THAT(again, IsOk());
-  EXPECT_TRUE(again->duplicate());
+  EXPECT_TRUE(again->duplicate);
   EXPECT_EQ(Values(), (std::vector<float>{-1, -1, -1}));
   EXPECT_EQ(store_.Stats().duplicate_pushes(), 1);
 }
 
 TEST_F(ShardStoreTest, SyncRoundAppliesTheBatchWeightedMeanOnce) {
   Assign(tessera::v1::ConsistencySpec::SYNC, 2);
-  ASSERT_THAT(store_.Push(Gradient(0, 1, 0, {3, 3, 3}, /*batch=*/1)), IsOk());
+  ASSERT_THAT(Push(Gradient(0, 1, 0, {3, 3, 3}, /*batch=*/1)), IsOk());
   EXPECT_EQ(Values(), (std::vector<float>{0, 0, 0})) << "a round is applied only when complete";
-  ASSERT_THAT(store_.Push(Gradient(1, 1, 0, {7, 7, 7}, /*batch=*/3)), IsOk());
+  ASSERT_THAT(Push(Gradient(1, 1, 0, {7, 7, 7}, /*batch=*/3)), IsOk());
   // (1 * 3 + 3 * 7) / 4 = 6
   EXPECT_EQ(Values(), (std::vector<float>{-6, -6, -6}));
 }
 
 TEST_F(ShardStoreTest, SyncLatePushIsCountedAndNotMixedIn) {
   Assign(tessera::v1::ConsistencySpec::SYNC, 1);
-  ASSERT_THAT(store_.Push(Gradient(0, 1, 0, {1, 1, 1})), IsOk());
-  ASSERT_THAT(store_.Push(Gradient(0, 2, 0, {5, 5, 5})), IsOk());  // round 0 again, new seq: late
+  ASSERT_THAT(Push(Gradient(0, 1, 0, {1, 1, 1})), IsOk());
+  ASSERT_THAT(Push(Gradient(0, 2, 0, {5, 5, 5})), IsOk());  // round 0 again, new seq: late
   EXPECT_EQ(Values(), (std::vector<float>{-1, -1, -1}));
   EXPECT_EQ(store_.Stats().late_pushes(), 1);
-  EXPECT_THAT(store_.Push(Gradient(0, 3, 5, {1, 1, 1})),
+  EXPECT_THAT(Push(Gradient(0, 3, 5, {1, 1, 1})),
               StatusIs(absl::StatusCode::kFailedPrecondition, "round 5 is not open"));
 }
 
 TEST_F(ShardStoreTest, StalenessIsClockMinusTheClockVersionRead) {
   Assign(tessera::v1::ConsistencySpec::ASYNC, 2);
-  tessera::v1::PushRequest r = Gradient(0, 1, 4, {1, 1, 1});
-  r.set_read_clock_version(1);
-  ASSERT_THAT(store_.Push(r), IsOk());
+  TestPush r = Gradient(0, 1, 4, {1, 1, 1});
+  r.push.read_clock_version = 1;
+  ASSERT_THAT(Push(r), IsOk());
   EXPECT_EQ(store_.Stats().staleness().max(), 3);
 }
 
 TEST_F(ShardStoreTest, StalenessAwareLearningRateDividesTheStepByTheStaleness) {
   job_.mutable_consistency()->set_staleness_aware_lr(true);
   Assign(tessera::v1::ConsistencySpec::ASYNC, 2);
-  tessera::v1::PushRequest stale = Gradient(0, 1, 4, {8, 8, 8});
-  stale.set_read_clock_version(0);  // staleness 4: the step is lr * g / 4
-  ASSERT_THAT(store_.Push(stale), IsOk());
+  TestPush stale = Gradient(0, 1, 4, {8, 8, 8});
+  stale.push.read_clock_version = 0;  // staleness 4: the step is lr * g / 4
+  ASSERT_THAT(Push(stale), IsOk());
   EXPECT_EQ(Values(), (std::vector<float>{-2, -2, -2}));
-  ASSERT_THAT(store_.Push(Gradient(1, 1, 0, {1, 1, 1})), IsOk());  // staleness 0: the full step
+  ASSERT_THAT(Push(Gradient(1, 1, 0, {1, 1, 1})), IsOk());  // staleness 0: the full step
   EXPECT_EQ(Values(), (std::vector<float>{-3, -3, -3}));
 }
 
 TEST_F(ShardStoreTest, UnknownParameterIsNotFound) {
   Assign(tessera::v1::ConsistencySpec::ASYNC, 1);
-  tessera::v1::PushRequest r = Gradient(0, 1, 0, {1, 1, 1});
-  r.mutable_key()->set_param("nope");
-  EXPECT_THAT(store_.Push(r), StatusIs(absl::StatusCode::kNotFound, "nope"));
+  TestPush r = Gradient(0, 1, 0, {1, 1, 1});
+  r.param = "nope";
+  EXPECT_THAT(Push(r), StatusIs(absl::StatusCode::kNotFound, "nope"));
 }
 
 TEST_F(ShardStoreTest, WrongByteLengthIsInvalidAndChangesNothing) {
   Assign(tessera::v1::ConsistencySpec::ASYNC, 1);
-  EXPECT_THAT(store_.Push(Gradient(0, 1, 0, {1, 1})),
+  EXPECT_THAT(Push(Gradient(0, 1, 0, {1, 1})),
               StatusIs(absl::StatusCode::kInvalidArgument, "expected 12 bytes (3 float32 values), got 8"));
   EXPECT_EQ(Values(), (std::vector<float>{0, 0, 0}));
 }
 
 TEST_F(ShardStoreTest, NonFiniteGradientIsInvalidAndChangesNothing) {
   Assign(tessera::v1::ConsistencySpec::ASYNC, 1);
-  EXPECT_THAT(store_.Push(Gradient(0, 1, 0, {1, std::numeric_limits<float>::quiet_NaN(), 1})),
+  EXPECT_THAT(Push(Gradient(0, 1, 0, {1, std::numeric_limits<float>::quiet_NaN(), 1})),
               StatusIs(absl::StatusCode::kInvalidArgument, "index 1"));
-  EXPECT_THAT(store_.Push(Gradient(0, 2, 0, {1, 1, std::numeric_limits<float>::infinity()})),
+  EXPECT_THAT(Push(Gradient(0, 2, 0, {1, 1, std::numeric_limits<float>::infinity()})),
               StatusIs(absl::StatusCode::kInvalidArgument, "index 2"));
   EXPECT_EQ(Values(), (std::vector<float>{0, 0, 0}));
-  absl::StatusOr<tessera::v1::PushResponse> retried = store_.Push(Gradient(0, 1, 0, {1, 1, 1}));
+  absl::StatusOr<PushOutcome> retried = Push(Gradient(0, 1, 0, {1, 1, 1}));
   ASSERT_THAT(retried, IsOk());
-  EXPECT_FALSE(retried->duplicate()) << "a rejected push does not use up its seq";
+  EXPECT_FALSE(retried->duplicate) << "a rejected push does not use up its seq";
   EXPECT_EQ(Values(), (std::vector<float>{-1, -1, -1}));
 }
 
@@ -161,9 +183,92 @@ TEST_F(ShardStoreTest, StaleEpochIsFailedPreconditionCarryingTheCurrentEpoch) {
   Assign(tessera::v1::ConsistencySpec::ASYNC, 1);
   map_.set_epoch(3);
   ASSERT_THAT(store_.Assign(map_, job_, 0), IsOk());
-  absl::StatusOr<tessera::v1::PushResponse> pushed = store_.Push(Gradient(0, 1, 0, {1, 1, 1}));
+  absl::StatusOr<PushOutcome> pushed = Push(Gradient(0, 1, 0, {1, 1, 1}));
   EXPECT_THAT(pushed, StatusIs(absl::StatusCode::kFailedPrecondition, "epoch 1"));
   EXPECT_EQ(GetCurrentEpoch(pushed.status()), std::optional<uint64_t>(3));
+}
+
+TEST_F(ShardStoreTest, SyncExchangeAnswersEveryWorkerWhenTheRoundClosesWithOneSharedCopy) {
+  Assign(tessera::v1::ConsistencySpec::SYNC, 2);
+  auto first = PushPull(Gradient(0, 1, 0, {3, 3, 3}, /*batch=*/1));
+  EXPECT_FALSE(first->has_value()) << "the round waits for worker 1";
+  auto second = PushPull(Gradient(1, 1, 0, {7, 7, 7}, /*batch=*/3));
+  ASSERT_TRUE(first->has_value());
+  ASSERT_TRUE(second->has_value());
+  ASSERT_THAT(**first, IsOk());
+  ASSERT_THAT(**second, IsOk());
+  EXPECT_EQ(Floats(***first), (std::vector<float>{-6, -6, -6}));
+  EXPECT_EQ((**first)->version, 1);
+  EXPECT_EQ((**first)->bytes, (**second)->bytes) << "one copy of the closed round serves every exchange";
+  EXPECT_EQ(Values(), (std::vector<float>{-6, -6, -6}));
+}
+
+TEST_F(ShardStoreTest, PlainPushClosingTheRoundAnswersWaitingExchanges) {
+  Assign(tessera::v1::ConsistencySpec::SYNC, 2);
+  auto waiting = PushPull(Gradient(0, 1, 0, {2, 2, 2}));
+  ASSERT_THAT(Push(Gradient(1, 1, 0, {4, 4, 4})), IsOk());
+  ASSERT_TRUE(waiting->has_value());
+  ASSERT_THAT(**waiting, IsOk());
+  EXPECT_EQ(Floats(***waiting), (std::vector<float>{-3, -3, -3}));
+}
+
+TEST_F(ShardStoreTest, RetriedExchangeOfAClosedRoundGetsTheValuesWithoutApplyingTwice) {
+  Assign(tessera::v1::ConsistencySpec::SYNC, 1);
+  auto original = PushPull(Gradient(0, 1, 0, {1, 1, 1}));
+  ASSERT_TRUE(original->has_value());
+  auto retried = PushPull(Gradient(0, 1, 0, {1, 1, 1}));
+  ASSERT_TRUE(retried->has_value());
+  ASSERT_THAT(**retried, IsOk());
+  EXPECT_EQ(Floats(***retried), (std::vector<float>{-1, -1, -1}));
+  EXPECT_EQ(store_.Stats().duplicate_pushes(), 1);
+}
+
+TEST_F(ShardStoreTest, AsyncExchangeAnswersAtOnceWithTheValuesAfterThePush) {
+  Assign(tessera::v1::ConsistencySpec::ASYNC, 2);
+  auto answer = PushPull(Gradient(0, 1, 0, {1, 2, 3}));
+  ASSERT_TRUE(answer->has_value());
+  ASSERT_THAT(**answer, IsOk());
+  EXPECT_EQ(Floats(***answer), (std::vector<float>{-1, -2, -3}));
+}
+
+TEST_F(ShardStoreTest, ExchangeErrorsCompleteTheWaiterWithTheStatus) {
+  Assign(tessera::v1::ConsistencySpec::SYNC, 2);
+  auto bad = PushPull(Gradient(0, 1, 0, {1, std::numeric_limits<float>::infinity(), 1}));
+  ASSERT_TRUE(bad->has_value());
+  EXPECT_THAT(**bad, StatusIs(absl::StatusCode::kInvalidArgument, "index 1"));
+}
+
+TEST_F(ShardStoreTest, CancelWaitersReleasesAnOpenRound) {
+  Assign(tessera::v1::ConsistencySpec::SYNC, 2);
+  auto waiting = PushPull(Gradient(0, 1, 0, {1, 1, 1}));
+  ASSERT_FALSE(waiting->has_value());
+  store_.CancelWaiters(absl::UnavailableError("shutting down"));
+  ASSERT_TRUE(waiting->has_value());
+  EXPECT_THAT(**waiting, StatusIs(absl::StatusCode::kUnavailable, "shutting down"));
+}
+
+TEST_F(ShardStoreTest, PullOfTheVersionHeldCarriesNoBytesAndAPullAfterAPushAlwaysDoes) {
+  Assign(tessera::v1::ConsistencySpec::ASYNC, 1);
+  absl::StatusOr<ChunkValues> first = store_.Pull(ChunkPull{{1, "w", 0}, -1});
+  ASSERT_THAT(first, IsOk());
+  ASSERT_NE(first->bytes, nullptr);
+  absl::StatusOr<ChunkValues> unchanged = store_.Pull(ChunkPull{{1, "w", 0}, first->version});
+  ASSERT_THAT(unchanged, IsOk());
+  EXPECT_EQ(unchanged->bytes, nullptr);
+  ASSERT_THAT(Push(Gradient(0, 1, 0, {1, 1, 1})), IsOk());
+  absl::StatusOr<ChunkValues> changed = store_.Pull(ChunkPull{{1, "w", 0}, first->version});
+  ASSERT_THAT(changed, IsOk());
+  ASSERT_NE(changed->bytes, nullptr);
+  EXPECT_EQ(Floats(*changed), (std::vector<float>{-1, -1, -1}));
+}
+
+TEST_F(ShardStoreTest, ExchangeWaiterRunsItsCallbackExactlyOnce) {
+  int runs = 0;
+  ExchangeWaiter waiter([&runs](absl::StatusOr<ChunkValues>) { ++runs; });
+  EXPECT_TRUE(waiter.Complete(ChunkValues{}));
+  EXPECT_FALSE(waiter.Complete(absl::CancelledError("late")));
+  EXPECT_TRUE(waiter.completed());
+  EXPECT_EQ(runs, 1);
 }
 
 }  // namespace

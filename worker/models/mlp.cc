@@ -79,7 +79,8 @@ absl::Status Mlp::GetGradient(int index, absl::Span<float> out) {
   return backend_->Download(*grads_[index], out);
 }
 
-absl::StatusOr<LossSums> Mlp::Forward(absl::Span<const float> x, absl::Span<const int32_t> labels, bool backward) {
+absl::StatusOr<LossSums> Mlp::Forward(absl::Span<const float> x, absl::Span<const int32_t> labels, bool backward,
+                                      const LayerGradientsReady& ready) {
   const int batch = static_cast<int>(labels.size());
   if (batch <= 0 || batch > max_batch_) {
     return absl::InvalidArgumentError(absl::StrCat("batch of ", batch, " examples; expected 1..", max_batch_));
@@ -105,6 +106,7 @@ absl::StatusOr<LossSums> Mlp::Forward(absl::Span<const float> x, absl::Span<cons
     TESSERA_RETURN_IF_ERROR(backend_->Gemm(true, false, sizes_[l], sizes_[l + 1], batch, 1.0f, *activations_[l],
                                            *deltas_[l + 1], 0.0f, *grads_[2 * l]));
     TESSERA_RETURN_IF_ERROR(backend_->ColumnSum(*deltas_[l + 1], batch, sizes_[l + 1], *grads_[2 * l + 1]));
+    if (ready) TESSERA_RETURN_IF_ERROR(ready(l));
     if (l == 0) break;
     TESSERA_RETURN_IF_ERROR(backend_->Gemm(false, true, batch, sizes_[l], sizes_[l + 1], 1.0f, *deltas_[l + 1],
                                            *values_[2 * l], 0.0f, *deltas_[l]));
@@ -114,8 +116,9 @@ absl::StatusOr<LossSums> Mlp::Forward(absl::Span<const float> x, absl::Span<cons
   return sums;
 }
 
-absl::StatusOr<LossSums> Mlp::ForwardBackward(absl::Span<const float> x, absl::Span<const int32_t> labels) {
-  return Forward(x, labels, /*backward=*/true);
+absl::StatusOr<LossSums> Mlp::ForwardBackward(absl::Span<const float> x, absl::Span<const int32_t> labels,
+                                              const LayerGradientsReady& ready) {
+  return Forward(x, labels, /*backward=*/true, ready);
 }
 
 absl::StatusOr<LossSums> Mlp::Evaluate(absl::Span<const float> x, absl::Span<const int32_t> labels) {
@@ -124,7 +127,7 @@ absl::StatusOr<LossSums> Mlp::Evaluate(absl::Span<const float> x, absl::Span<con
   for (size_t start = 0; start < n; start += max_batch_) {
     const size_t count = std::min<size_t>(max_batch_, n - start);
     TESSERA_ASSIGN_OR_RETURN(LossSums part, Forward(x.subspan(start * inputs(), count * inputs()),
-                                                    labels.subspan(start, count), /*backward=*/false));
+                                                    labels.subspan(start, count), /*backward=*/false, nullptr));
     total.loss += part.loss;
     total.correct += part.correct;
   }

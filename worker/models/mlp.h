@@ -11,6 +11,7 @@
 #ifndef TESSERA_WORKER_MODELS_MLP_H_
 #define TESSERA_WORKER_MODELS_MLP_H_
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -37,6 +38,7 @@ class Mlp {
   int inputs() const { return sizes_.front(); }
   int classes() const { return sizes_.back(); }
   int max_batch() const { return max_batch_; }
+  int layers() const { return static_cast<int>(sizes_.size()) - 1; }
 
   // Copies host values into parameter `index`; INVALID_ARGUMENT on a size mismatch.
   [[nodiscard]] absl::Status SetParameter(int index, absl::Span<const float> values);
@@ -44,16 +46,22 @@ class Mlp {
   [[nodiscard]] absl::Status GetParameter(int index, absl::Span<float> out);
   [[nodiscard]] absl::Status GetGradient(int index, absl::Span<float> out);
 
+  // Called during backward as soon as layer `layer`'s gradients (parameters 2*layer and 2*layer+1) are final,
+  // last layer first; an error stops the backward pass and is returned.
+  using LayerGradientsReady = std::function<absl::Status(int layer)>;
+
   // Forward and backward over `labels.size()` examples (x is row-major [batch, inputs]); leaves the gradients of
-  // the mean loss in the model. INVALID_ARGUMENT for a batch larger than max_batch or mismatched sizes.
-  [[nodiscard]] absl::StatusOr<LossSums> ForwardBackward(absl::Span<const float> x, absl::Span<const int32_t> labels);
+  // the mean loss in the model, announcing each layer's to `ready` (if set) as backward produces it.
+  // INVALID_ARGUMENT for a batch larger than max_batch or mismatched sizes.
+  [[nodiscard]] absl::StatusOr<LossSums> ForwardBackward(absl::Span<const float> x, absl::Span<const int32_t> labels,
+                                                         const LayerGradientsReady& ready = nullptr);
   // Forward only, in slices of max_batch: summed loss and hits over all examples.
   [[nodiscard]] absl::StatusOr<LossSums> Evaluate(absl::Span<const float> x, absl::Span<const int32_t> labels);
 
  private:
   Mlp(Backend* backend, std::vector<int> sizes, int max_batch) : backend_(backend), sizes_(std::move(sizes)), max_batch_(max_batch) {}
-  absl::StatusOr<LossSums> Forward(absl::Span<const float> x, absl::Span<const int32_t> labels, bool backward);
-  int layers() const { return static_cast<int>(sizes_.size()) - 1; }
+  absl::StatusOr<LossSums> Forward(absl::Span<const float> x, absl::Span<const int32_t> labels, bool backward,
+                                   const LayerGradientsReady& ready);
 
   Backend* const backend_;  // not owned
   const std::vector<int> sizes_;
