@@ -19,6 +19,9 @@ namespace tessera {
 // Largest message any Tessera endpoint sends or accepts (a chunk is at most 64 MiB plus its header).
 inline constexpr int kMaxMessageBytes = (64 << 20) + (1 << 20);
 
+// Initial HTTP/2 stream window of every Tessera channel and server.
+inline constexpr int kFlowControlWindowBytes = 8 << 20;
+
 // An insecure channel to `address` (HOST:PORT) with Tessera's message limits.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
 

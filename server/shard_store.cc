@@ -129,10 +129,10 @@ int64_t ShardStore::ClockVersionLocked(const Chunk& chunk) {
 }
 
 void ShardStore::ApplyLocked(const JobConfig& config, Chunk& chunk, absl::Span<const float> grad, float lr_scale,
-                             const std::vector<int>& workers, int64_t clock) {
+                             float grad_scale, const std::vector<int>& workers, int64_t clock) {
   ++chunk.gradient_updates;
   config.rule.Apply(absl::MakeSpan(chunk.values), grad, absl::MakeSpan(chunk.state), chunk.gradient_updates,
-                    lr_scale);
+                    lr_scale, grad_scale);
   ++chunk.version;
   for (int w : workers) chunk.applied_clocks[w] = std::max(chunk.applied_clocks[w], clock + 1);
 }
@@ -196,15 +196,19 @@ absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& re
         chunk.last_seq[worker] = request.seq;
         const float weight = static_cast<float>(request.batch_size);
         float* sum = chunk.sync_sum.data();
-        for (size_t i = 0; i < length; ++i) sum[i] += weight * values[i];
+        // The round's first gradient starts the sum (no separate clearing pass); the mean's division happens
+        // inside the update rule.
+        if (chunk.sync_workers.empty()) {
+          for (size_t i = 0; i < length; ++i) sum[i] = weight * values[i];
+        } else {
+          for (size_t i = 0; i < length; ++i) sum[i] += weight * values[i];
+        }
         chunk.sync_weight += request.batch_size;
         chunk.sync_workers.push_back(worker);
         staleness = request.clock - request.read_clock_version;
         if (static_cast<int>(chunk.sync_workers.size()) == job.cluster().num_workers()) {
           const float inv = static_cast<float>(1.0 / chunk.sync_weight);
-          for (float& v : chunk.sync_sum) v *= inv;
-          ApplyLocked(config, chunk, chunk.sync_sum, 1.0f, chunk.sync_workers, round);
-          std::fill(chunk.sync_sum.begin(), chunk.sync_sum.end(), 0.0f);
+          ApplyLocked(config, chunk, chunk.sync_sum, 1.0f, inv, chunk.sync_workers, round);
           chunk.sync_weight = 0;
           chunk.sync_workers.clear();
           applied.closed_waiters.swap(chunk.waiters);
@@ -217,7 +221,7 @@ absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& re
       staleness = std::max<int64_t>(0, request.clock - request.read_clock_version);
       const float scale =
           job.consistency().staleness_aware_lr() ? 1.0f / static_cast<float>(std::max<int64_t>(1, staleness)) : 1.0f;
-      ApplyLocked(config, chunk, values, scale, {worker}, request.clock);
+      ApplyLocked(config, chunk, values, scale, 1.0f, {worker}, request.clock);
     }
     outcome.version = chunk.version;
     if (waiter != nullptr) {

@@ -188,7 +188,8 @@ class ShardStore {
   // Applies `grad` (already validated) to `chunk`, advancing its version and the clocks of `workers` to
   // `clock` + 1.
   static void ApplyLocked(const JobConfig& config, Chunk& chunk, absl::Span<const float> grad, float lr_scale,
-                          const std::vector<int>& workers, int64_t clock) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+                          float grad_scale, const std::vector<int>& workers, int64_t clock)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
 
   static int64_t ClockVersionLocked(const Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
 

@@ -28,7 +28,7 @@ class FlushDenormalsScope {
 }  // namespace
 
 void UpdateRule::Apply(absl::Span<float> params, absl::Span<const float> grad, absl::Span<float> state, int64_t step,
-                       float lr_scale) const {
+                       float lr_scale, float grad_scale) const {
   CHECK_EQ(params.size(), grad.size());
   CHECK_EQ(state.size(), params.size() * static_cast<size_t>(state_slots()));
   FlushDenormalsScope flush;
@@ -41,7 +41,7 @@ void UpdateRule::Apply(absl::Span<float> params, absl::Span<const float> grad, a
     float* m = state.data();
     float* v = state.data() + n;
     for (size_t i = 0; i < n; ++i) {
-      const float g = grad[i];
+      const float g = grad[i] * grad_scale;
       m[i] = b1 * m[i] + (1.0f - b1) * g;
       v[i] = b2 * v[i] + (1.0f - b2) * g * g;
       params[i] -= lr * (m[i] / c1) / (std::sqrt(v[i] / c2) + eps);
@@ -49,10 +49,12 @@ void UpdateRule::Apply(absl::Span<float> params, absl::Span<const float> grad, a
     return;
   }
   const float mu = spec_.momentum();
-  float* velocity = state.data();
+  float* __restrict velocity = state.data();
+  float* __restrict p = params.data();
+  const float* __restrict g = grad.data();
   for (size_t i = 0; i < n; ++i) {
-    velocity[i] = mu * velocity[i] + grad[i];
-    params[i] -= lr * velocity[i];
+    velocity[i] = mu * velocity[i] + g[i] * grad_scale;
+    p[i] -= lr * velocity[i];
   }
 }
 

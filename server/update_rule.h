@@ -23,9 +23,10 @@ class UpdateRule {
 
   // One step on `params` with gradient `grad`. `state` holds state_slots() * params.size() floats, zero before
   // the first step. `step` counts the updates applied to these values, this one included (Adam's bias
-  // correction). The learning rate is multiplied by `lr_scale` (staleness-aware training).
+  // correction). The learning rate is multiplied by `lr_scale` (staleness-aware training); the gradient is read
+  // as grad[i] * grad_scale (a sync round's sum of weighted gradients becomes their mean without another pass).
   void Apply(absl::Span<float> params, absl::Span<const float> grad, absl::Span<float> state, int64_t step,
-             float lr_scale) const;
+             float lr_scale, float grad_scale = 1.0f) const;
 
  private:
   const tessera::v1::OptimizerSpec spec_;
