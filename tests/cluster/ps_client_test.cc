@@ -1,4 +1,6 @@
 // The client library against a real in-process cluster.
+#include <thread>
+
 #include "gtest/gtest.h"
 #include "tests/cluster/mini_cluster.h"
 #include "tests/testing/status_matchers.h"
@@ -56,6 +58,129 @@ TEST(PsClientTest, PushPullReturnsTheValuesAfterTheUpdate) {
   std::vector<float> grad(500, 2.0f), values(500, 7.0f);
   ASSERT_THAT((*client)->PushPull({"w"}, {absl::MakeConstSpan(grad)}, 1, {absl::MakeSpan(values)}), IsOk());
   for (float v : values) ASSERT_FLOAT_EQ(v, -0.2f);  // 0 - lr 0.1 * 2
+}
+
+tessera::v1::ParameterSpec Param(const std::string& name, int64_t n) {
+  tessera::v1::ParameterSpec p;
+  p.set_name(name);
+  p.set_dtype(tessera::v1::DT_FLOAT32);
+  p.add_shape(n);  // zeros; 256-byte chunks spread over both servers
+  return p;
+}
+
+// Two workers of a SYNC job each run steps whose gradients are sent parameter by parameter, last first (as
+// backward produces them). Every exchange is answered once the round closed, with the same values for both.
+TEST(PsClientTest, SyncStepExchangeAnswersBothWorkersWithTheClosedRoundsValues) {
+  auto cluster = MiniCluster::Start(TestJob(tessera::v1::ConsistencySpec::SYNC, /*servers=*/2, /*workers=*/2));
+  ASSERT_THAT(cluster, IsOk());
+  std::vector<std::unique_ptr<PsClient>> clients;
+  for (int i = 0; i < 2; ++i) {
+    auto client = (*cluster)->ConnectClient();
+    ASSERT_THAT(client, IsOk());
+    clients.push_back(std::move(*client));
+  }
+  const std::vector<std::string> names = {"a", "b"};
+  std::vector<std::vector<float>> values(2, std::vector<float>(300 + 200));
+  std::vector<absl::Status> errors(2);
+  auto run = [&](int w) {
+    PsClient& c = *clients[w];
+    absl::Status declared = c.Declare({Param("a", 300), Param("b", 200)});
+    if (!declared.ok()) {
+      errors[w] = declared;
+      return;
+    }
+    std::vector<float> ga(300, 1.0f + w), gb(200, 3.0f * (w + 1)), a(300), b(200);
+    for (int step = 0; step < 3; ++step) {
+      auto exchange = c.BeginStep(names, {absl::MakeConstSpan(ga), absl::MakeConstSpan(gb)}, /*batch_size=*/1,
+                                  {absl::MakeSpan(a), absl::MakeSpan(b)});
+      absl::Status sent = exchange->Send(1);  // "b" first, then "a"
+      if (sent.ok()) sent = exchange->Send(0);
+      absl::StatusOr<ClockResult> clock = sent.ok() ? exchange->Finish() : absl::StatusOr<ClockResult>(sent);
+      if (!clock.ok()) {
+        errors[w] = clock.status();
+        return;
+      }
+      if (clock->clock != step + 1) errors[w] = absl::InternalError("clock did not advance by one");
+    }
+    std::copy(a.begin(), a.end(), values[w].begin());
+    std::copy(b.begin(), b.end(), values[w].begin() + 300);
+  };
+  std::thread other(run, 1);
+  run(0);
+  other.join();
+  ASSERT_THAT(errors[0], IsOk());
+  ASSERT_THAT(errors[1], IsOk());
+  EXPECT_EQ(values[0], values[1]) << "both workers get the same closed rounds";
+  // Three rounds of SGD (lr 0.1, no momentum) with the mean gradients 1.5 ("a") and 4.5 ("b").
+  EXPECT_NEAR(values[0][0], -0.45f, 1e-5);
+  EXPECT_NEAR(values[0][300], -1.35f, 1e-5);
+  auto stats = (*cluster)->server(0).store().Stats();
+  EXPECT_EQ(stats.duplicate_pushes(), 0);
+  EXPECT_EQ(stats.late_pushes(), 0);
+}
+
+TEST(PsClientTest, StepExchangeRejectsANonFiniteGradientBeforeSendingIt) {
+  auto cluster = MiniCluster::Start(TestJob(tessera::v1::ConsistencySpec::ASYNC, /*servers=*/2, /*workers=*/1));
+  ASSERT_THAT(cluster, IsOk());
+  auto client = (*cluster)->ConnectClient();
+  ASSERT_THAT(client, IsOk());
+  ASSERT_THAT((*client)->Declare({Param("a", 300)}), IsOk());
+  const std::vector<std::string> names = {"a"};
+  std::vector<float> grad(300, 1.0f), out(300);
+  grad[299] = std::numeric_limits<float>::infinity();
+  auto exchange = (*client)->BeginStep(names, {absl::MakeConstSpan(grad)}, 1, {absl::MakeSpan(out)});
+  EXPECT_THAT(exchange->Send(0), StatusIs(absl::StatusCode::kInvalidArgument, "index 299"));
+  exchange.reset();
+  std::vector<float> values(300, 5.0f);
+  ASSERT_THAT((*client)->Pull(names, {absl::MakeSpan(values)}), IsOk());
+  for (float v : values) ASSERT_EQ(v, 0.0f) << "nothing of the bad gradient reached a server";
+}
+
+// Many exchanges in flight at once from several clients, each into its own memory: every client reads back
+// exactly the values after its own push (ASYNC, one worker id each), so no reply buffer is shared wrongly.
+TEST(PsClientTest, ConcurrentExchangesFromSeveralWorkersNeverMixTheirReplies) {
+  auto job = TestJob(tessera::v1::ConsistencySpec::ASYNC, /*servers=*/2, /*workers=*/4);
+  auto cluster = MiniCluster::Start(job);
+  ASSERT_THAT(cluster, IsOk());
+  std::vector<std::unique_ptr<PsClient>> clients;
+  for (int i = 0; i < 4; ++i) {
+    auto client = (*cluster)->ConnectClient();
+    ASSERT_THAT(client, IsOk());
+    clients.push_back(std::move(*client));
+  }
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> errors(4);
+  std::atomic<int64_t> pushes{0};
+  for (int w = 0; w < 4; ++w) {
+    threads.emplace_back([&, w] {
+      PsClient& c = *clients[w];
+      // Each worker owns one parameter, so the values after its push are known exactly.
+      const std::string name = absl::StrCat("p", w);
+      std::vector<tessera::v1::ParameterSpec> all;
+      for (int k = 0; k < 4; ++k) all.push_back(Param(absl::StrCat("p", k), 1000));
+      if (auto s = c.Declare(all); !s.ok()) {
+        errors[w] = s;
+        return;
+      }
+      std::vector<float> grad(1000, 1.0f), out(1000);
+      for (int step = 1; step <= 20; ++step) {
+        if (auto s = c.PushPull({name}, {absl::MakeConstSpan(grad)}, 1, {absl::MakeSpan(out)}); !s.ok()) {
+          errors[w] = s;
+          return;
+        }
+        ++pushes;
+        for (float v : out) {
+          if (std::abs(v - (-0.1f * step)) > 1e-4f) {
+            errors[w] = absl::InternalError(absl::StrCat("worker ", w, " step ", step, " read ", v));
+            return;
+          }
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors) EXPECT_THAT(e, IsOk());
+  EXPECT_EQ(pushes.load(), 80);
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 
 #include <random>
 
+#include "common/status_macros.h"
+#include "common/tensor_codec.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 #include "worker/backend/cpu_backend.h"
@@ -64,6 +66,35 @@ TEST(MlpTest, RejectsOversizedBatchesAndBadLabels) {
               StatusIs(absl::StatusCode::kInvalidArgument, "batch of 3"));
   EXPECT_THAT((*mlp)->ForwardBackward(std::vector<float>(2), std::vector<int32_t>{7}),
               StatusIs(absl::StatusCode::kInvalidArgument, "label 7"));
+}
+
+TEST(MlpTest, BackwardAnnouncesEachLayersFinalGradientsLastLayerFirst) {
+  CpuBackend backend;
+  auto mlp = Mlp::Create(&backend, {6, 5, 4, 3}, /*seed=*/2, 4);
+  ASSERT_TRUE(mlp.ok());
+  std::vector<float> x(4 * 6);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = 0.1f * static_cast<float>(i % 7) - 0.3f;
+  std::vector<int32_t> y = {0, 1, 2, 1};
+  std::vector<int> order;
+  std::vector<std::vector<float>> announced((*mlp)->num_parameters());
+  auto ready = [&](int layer) -> absl::Status {
+    order.push_back(layer);
+    for (int i : {2 * layer, 2 * layer + 1}) {
+      announced[i].resize(NumElements((*mlp)->parameters()[i].shape()));
+      TESSERA_RETURN_IF_ERROR((*mlp)->GetGradient(i, absl::MakeSpan(announced[i])));
+    }
+    return absl::OkStatus();
+  };
+  ASSERT_TRUE((*mlp)->ForwardBackward(x, y, ready).ok());
+  EXPECT_EQ(order, (std::vector<int>{2, 1, 0}));
+  for (int i = 0; i < (*mlp)->num_parameters(); ++i) {
+    std::vector<float> final_grad(announced[i].size());
+    ASSERT_TRUE((*mlp)->GetGradient(i, absl::MakeSpan(final_grad)).ok());
+    EXPECT_EQ(announced[i], final_grad) << "parameter " << i << " changed after it was announced";
+  }
+  // An error from the callback stops backward and is returned.
+  EXPECT_EQ((*mlp)->ForwardBackward(x, y, [](int) { return absl::AbortedError("stop"); }).status().code(),
+            absl::StatusCode::kAborted);
 }
 
 }  // namespace
