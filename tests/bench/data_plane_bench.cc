@@ -1,0 +1,1018 @@
+// tessera-bench: the data-plane benchmark of issue 6. It prints ONE Markdown table (stdout) in which every speed
+// is a ratio to a reference measured by this same process in this same run; progress goes to stderr.
+//
+//   deploy/bench/data_plane.sh                      # installs iperf3 if missing, builds, runs, keeps the table
+//   build/bin/tessera-bench --sections=a,b,c --repeats=3   # a part of it, from the repository root
+//
+// Sections (rows of the table):
+//   a. push, pull and push-then-pull (one PsClient::PushPull) of a float32 tensor of --sizes_mib between this
+//      process (a PsClient) and 1 and 2 real tessera-server processes (with a real tessera-scheduler) over
+//      loopback, as GB/s of payload and as a ratio to iperf3's single-stream loopback TCP. Each timed pull moves
+//      bytes: an untimed push changes the values first, and pulls alternate between two destination buffers;
+//      bytes_pulled() is checked and a row whose pulls moved fewer bytes says "cache hit". One extra row pulls an
+//      unchanged 16 MiB tensor into the same buffer (the unchanged-chunk cache, labelled as such).
+//   b. round trips per second of a 16-byte tensor (push; pull), 1 server, against the target of 10,000/s.
+//   c. the servers' update rule (UpdateRule::Apply) over --update_mib of float32, SGD, SGD with momentum and
+//      Adam, in GB/s of parameters updated, against a plain y += a*x loop over the same arrays.
+//   d. the Quick start MLP for --steps fixed steps (local baseline; 1 server + 1 worker sync; 2 servers +
+//      2 workers sync) as wall-time ratios to the local baseline of the same global batch, and seconds to
+//      --target_accuracy.
+//   e. a GPU stand-in: workers with --simulate_compute_ms=T (forward and backward replaced by waiting T ms),
+//      a 16 MiB MLP on synthetic data, 2 servers, sync, 1 and 2 workers: steps/s against 1000/T.
+//   f. a server's resident memory (VmRSS) holding a --memory_mib model with SGD momentum, against the bytes it
+//      holds (values + optimizer state).
+//
+// Every daemon runs as its own process in its own process group and is killed when the benchmark ends, however
+// it ends. Ports: every daemon picks a free one (port 0); iperf3 gets a port the OS just handed out.
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/job_spec.h"
+#include "common/signals.h"
+#include "gflags/gflags.h"
+#include "glog/logging.h"
+#include "nlohmann/json.hpp"
+#include "server/update_rule.h"
+#include "tests/bench/bench_process.h"
+#include "tests/testing/ports.h"
+#include "worker/ps_client.h"
+
+DEFINE_string(sections, "a,b,c,d,e,f", "comma-separated sections to run (see the file comment): a,b,c,d,e,f");
+DEFINE_string(sizes_mib, "1,4,16,64", "a: tensor sizes in MiB of float32");
+DEFINE_string(server_counts, "1,2", "a: numbers of server processes to measure against");
+DEFINE_int32(repeats, 7, "a: timed calls per measurement (the median is reported)");
+DEFINE_int32(repeats_large, 3, "a: timed calls per measurement for tensors of 64 MiB or more");
+DEFINE_int64(chunk_bytes, 1 << 20, "a, b, e: the job's chunk_bytes (bytes per chunk)");
+DEFINE_int32(iperf_seconds, 3, "a: length of the iperf3 loopback TCP measurement, in seconds");
+DEFINE_double(roundtrip_seconds, 2.0, "b: how long each round-trip rate is measured, in seconds");
+DEFINE_int32(update_mib, 16, "c: size of the updated array, in MiB of float32");
+DEFINE_int32(update_repeats, 20, "c: timed updates per rule (the median is reported)");
+DEFINE_string(sync_job, "deploy/jobs/fashion_mnist_mlp_sync.pbtxt", "d: the Quick start job file");
+DEFINE_string(local_job, "deploy/jobs/fashion_mnist_mlp_local.pbtxt", "d: the local-baseline job file");
+DEFINE_int64(steps, 1000, "d: fixed number of steps of the end-to-end runs");
+DEFINE_double(target_accuracy, 0.85, "d: test accuracy for the seconds-to-target runs; 0 skips them");
+DEFINE_string(device, "auto", "d, e: worker device (auto, cpu, cuda:N)");
+DEFINE_int32(simulate_compute_ms, 40, "e: T, milliseconds of simulated forward+backward per step");
+DEFINE_int64(gpu_steps, 100, "e: steps of each GPU stand-in run");
+DEFINE_int32(memory_mib, 256, "f: model size in MiB of float32 (split into --memory_params parameters)");
+DEFINE_int32(memory_params, 4, "f: number of parameters the model is split into");
+DEFINE_int64(memory_chunk_bytes, 4 << 20, "f: the job's chunk_bytes (bytes per chunk)");
+DEFINE_int32(run_timeout_s, 300, "longest any one run or daemon start may take, in seconds");
+DEFINE_string(work_dir, "", "where job files, run directories and daemon logs go; default: a fresh temporary "
+              "directory, removed at the end unless --keep_work_dir");
+DEFINE_bool(keep_work_dir, false, "keep the work directory (logs of every daemon) after the run");
+
+namespace tessera::bench {
+namespace {
+
+using tessera::v1::JobSpec;
+using Clock = std::chrono::steady_clock;
+
+constexpr double kMiB = 1 << 20;
+constexpr double kGB = 1e9;
+
+// ---------------------------------------------------------------------------------------------------------------
+// The table.
+
+struct Row {
+  std::string section;
+  std::string what;
+  std::string value;
+  std::string reference;  // what the ratio is to, with its value, measured in this run
+  std::string ratio;
+  std::string target;
+  std::string note;
+};
+
+class Table {
+ public:
+  void Add(Row row) {
+    std::cerr << "tessera-bench: | " << row.section << " | " << row.what << " | " << row.value << " | "
+              << row.reference << " | " << row.ratio << " |" << std::endl;
+    rows_.push_back(std::move(row));
+  }
+  void Failed(const std::string& section, const std::string& what, const absl::Status& status) {
+    std::string message(status.message());
+    std::cerr << "tessera-bench: section " << section << ": " << what << " failed: " << message << std::endl;
+    const size_t newline = message.find('\n');
+    if (newline != std::string::npos) message = message.substr(0, newline) + " (see stderr)";
+    Add({section, what, "failed", "", "", "", message});
+  }
+  // Rows in section order (a before b, ...), in the order each section added them.
+  void Print(std::ostream& out) const {
+    std::vector<Row> rows = rows_;
+    std::stable_sort(rows.begin(), rows.end(), [](const Row& x, const Row& y) { return x.section < y.section; });
+    out << "| | measurement | value | reference (same run) | x ref | target | note |\n";
+    out << "|---|---|---|---|---|---|---|\n";
+    for (const Row& r : rows) {
+      out << "| " << absl::StrJoin({r.section, Cell(r.what), Cell(r.value), Cell(r.reference), Cell(r.ratio),
+                                    Cell(r.target), Cell(r.note)},
+                                   " | ")
+          << " |\n";
+    }
+  }
+
+ private:
+  static std::string Cell(const std::string& s) { return absl::StrReplaceAll(s, {{"|", "\\|"}, {"\n", " "}}); }
+  std::vector<Row> rows_;
+};
+
+std::string Ratio(double value, double reference) {
+  if (!std::isfinite(value) || !std::isfinite(reference) || reference <= 0) return "n/a";
+  return absl::StrFormat("%.2fx", value / reference);
+}
+
+std::string Gbs(double gbs) { return std::isfinite(gbs) ? absl::StrFormat("%.2f GB/s", gbs) : "n/a"; }
+
+void Progress(const std::string& line) { std::cerr << "tessera-bench: " << line << std::endl; }
+
+// ---------------------------------------------------------------------------------------------------------------
+// Small helpers.
+
+double SecondsSince(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return NAN;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+absl::StatusOr<std::vector<int>> ParseInts(const std::string& flag, const std::string& text) {
+  std::vector<int> out;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    int v = 0;
+    if (!absl::SimpleAtoi(part, &v) || v <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, ": expected positive integers, got '", text, "'"));
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+absl::Status WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  if (!out) return absl::PermissionDeniedError(absl::StrCat("cannot write ", path));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<nlohmann::json> ReadJson(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::DataLossError(absl::StrCat("not JSON: ", path));
+  return j;
+}
+
+// The JSON records of a metrics.jsonl file.
+std::vector<nlohmann::json> ReadJsonLines(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded()) out.push_back(std::move(j));
+  }
+  return out;
+}
+
+// A /proc/PID/status field in bytes ("VmRSS", "VmHWM"); -1 when absent.
+int64_t ProcStatusBytes(pid_t pid, const std::string& field) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  for (std::string line; std::getline(in, line);) {
+    if (!absl::StartsWith(line, field + ":")) continue;
+    int64_t kb = 0;  // "VmRSS:	  123456 kB"
+    const absl::string_view number = absl::StripSuffix(absl::string_view(line).substr(field.size() + 1), "kB");
+    if (absl::SimpleAtoi(absl::StripAsciiWhitespace(number), &kb)) return kb * 1024;
+  }
+  return -1;
+}
+
+// What every section needs: where the binaries are and where files go.
+struct Context {
+  std::string bin_dir;
+  std::string work_dir;
+};
+
+// A fresh directory under the work directory.
+absl::StatusOr<std::string> MakeDir(const Context& ctx, const std::string& name) {
+  const std::string dir = ctx.work_dir + "/" + name;
+  std::error_code error;
+  std::filesystem::remove_all(dir, error);
+  std::filesystem::create_directories(dir, error);
+  if (error) return absl::PermissionDeniedError(absl::StrCat("cannot create ", dir, ": ", error.message()));
+  return dir;
+}
+
+// Fills defaults, validates and writes `job` to `path`.
+absl::Status WriteJob(JobSpec job, const std::string& path) {
+  ApplyJobDefaults(job);
+  if (absl::Status valid = ValidateJobSpec(job); !valid.ok()) return valid;
+  return WriteFile(path, JobSpecToText(job));
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// A cluster of real daemons: one tessera-scheduler, N tessera-server and optionally M tessera-worker processes.
+// The destructor stops workers, then servers, then the scheduler.
+
+struct Cluster {
+  std::string dir;       // job.pbtxt, run/ (metrics.jsonl, summary.json), *.log
+  std::string address;   // the scheduler's HOST:PORT
+  std::unique_ptr<Process> scheduler;
+  std::vector<std::unique_ptr<Process>> servers;
+  std::vector<std::unique_ptr<Process>> workers;
+
+  ~Cluster() {
+    for (auto& w : workers) w->Stop();
+    for (auto& s : servers) s->Stop();
+    if (scheduler) scheduler->Stop();
+  }
+
+  // OK while every daemon runs or exited 0; else the first failure, with the end of its log.
+  absl::Status Healthy() {
+    for (auto* list : {&workers, &servers}) {
+      for (auto& p : *list) {
+        if (p->Exited() && !p->Succeeded()) return p->ExitStatus();
+      }
+    }
+    if (scheduler->Exited() && !scheduler->Succeeded()) return scheduler->ExitStatus();
+    return absl::OkStatus();
+  }
+
+  // Waits for the job to end (the scheduler exits) and for the other daemons to follow.
+  absl::Status WaitForJob(absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (!scheduler->Exited()) {
+      if (absl::Status s = Healthy(); !s.ok()) return s;
+      if (absl::Now() > deadline) return absl::DeadlineExceededError("timed out waiting for the job to finish");
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    if (absl::Status s = scheduler->ExitStatus(); !s.ok()) return s;
+    for (auto* list : {&workers, &servers}) {
+      for (auto& p : *list) {
+        if (!p->WaitForExit(absl::Seconds(10))) continue;  // stopped by the destructor
+        if (!p->Succeeded()) return p->ExitStatus();
+      }
+    }
+    return absl::OkStatus();
+  }
+};
+
+// Starts the scheduler with `job`, its servers, and `workers` worker processes with `worker_flags`.
+absl::StatusOr<std::unique_ptr<Cluster>> StartCluster(const Context& ctx, const std::string& name, const JobSpec& job,
+                                                      int workers, const std::vector<std::string>& worker_flags) {
+  auto cluster = std::make_unique<Cluster>();
+  absl::StatusOr<std::string> dir = MakeDir(ctx, name);
+  if (!dir.ok()) return dir.status();
+  cluster->dir = *dir;
+  const std::string job_path = cluster->dir + "/job.pbtxt";
+  if (absl::Status s = WriteJob(job, job_path); !s.ok()) return s;
+  const std::string address_file = cluster->dir + "/scheduler.address";
+  absl::StatusOr<std::unique_ptr<Process>> scheduler = Process::Start(
+      "scheduler",
+      {ctx.bin_dir + "/tessera-scheduler", "--job=" + job_path, "--run_dir=" + cluster->dir + "/run", "--port=0",
+       "--address_file=" + address_file, "--http_port=-1"},
+      cluster->dir + "/scheduler.log");
+  if (!scheduler.ok()) return scheduler.status();
+  cluster->scheduler = std::move(*scheduler);
+
+  // The scheduler writes its address (through a rename) once it listens.
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (cluster->address.empty()) {
+    std::ifstream in(address_file);
+    if (in && std::getline(in, cluster->address) && !cluster->address.empty()) break;
+    cluster->address.clear();
+    if (cluster->scheduler->Exited()) return cluster->scheduler->ExitStatus();
+    if (absl::Now() > deadline) return absl::DeadlineExceededError("timed out waiting for the scheduler to listen");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (int i = 0; i < job.cluster().num_servers(); ++i) {
+    absl::StatusOr<std::unique_ptr<Process>> server =
+        Process::Start(absl::StrCat("server ", i),
+                       {ctx.bin_dir + "/tessera-server", "--scheduler=" + cluster->address, "--http_port=-1"},
+                       absl::StrCat(cluster->dir, "/server-", i, ".log"));
+    if (!server.ok()) return server.status();
+    cluster->servers.push_back(std::move(*server));
+  }
+  for (int i = 0; i < workers; ++i) {
+    std::vector<std::string> argv = {ctx.bin_dir + "/tessera-worker", "--scheduler=" + cluster->address,
+                                     "--http_port=-1"};
+    argv.insert(argv.end(), worker_flags.begin(), worker_flags.end());
+    absl::StatusOr<std::unique_ptr<Process>> worker =
+        Process::Start(absl::StrCat("worker ", i), argv, absl::StrCat(cluster->dir, "/worker-", i, ".log"));
+    if (!worker.ok()) return worker.status();
+    cluster->workers.push_back(std::move(*worker));
+  }
+  return cluster;
+}
+
+// A job for the data-plane measurements: ASYNC (pushes apply on arrival, nothing waits at a clock), one worker
+// (this process), SGD with a tiny learning rate so values change but stay small, and no end in sight.
+JobSpec TransferJob(const std::string& name, int servers, int64_t chunk_bytes, float momentum) {
+  JobSpec job;
+  job.set_name(name);
+  job.mutable_model()->mutable_mlp();  // the workers' model; unused (this process pushes its own parameters)
+  job.mutable_data()->set_format(tessera::v1::DataSpec::SYNTHETIC);
+  job.mutable_optimizer()->set_kind(tessera::v1::OptimizerSpec::SGD);
+  job.mutable_optimizer()->set_learning_rate(1e-6f);
+  job.mutable_optimizer()->set_momentum(momentum);
+  job.mutable_consistency()->set_mode(tessera::v1::ConsistencySpec::ASYNC);
+  job.mutable_stop()->set_max_steps(int64_t{1} << 40);
+  job.set_chunk_bytes(chunk_bytes);
+  job.mutable_cluster()->set_num_servers(servers);
+  job.mutable_cluster()->set_num_workers(1);
+  return job;
+}
+
+absl::StatusOr<std::unique_ptr<PsClient>> ConnectClient(const Cluster& cluster) {
+  PsClient::Options options;
+  options.scheduler_address = cluster.address;
+  options.device = "cpu";
+  return PsClient::Connect(options);
+}
+
+tessera::v1::ParameterSpec FloatParam(const std::string& name, int64_t elements) {
+  tessera::v1::ParameterSpec p;
+  p.set_name(name);
+  p.set_dtype(tessera::v1::DT_FLOAT32);
+  p.add_shape(elements);
+  return p;  // zeros
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Reference: iperf3, one TCP stream over loopback.
+
+// GB/s, or NaN with the reason in `why`.
+double MeasureIperf(const Context& ctx, std::string* why) {
+  const std::string iperf = FindInPath("iperf3");
+  if (iperf.empty()) {
+    *why = "not installed (deploy/bench/data_plane.sh installs it)";
+    return NAN;
+  }
+  const int port = tessera::testing::UnusedLoopbackPort();
+  Progress(absl::StrCat("iperf3: one TCP stream over loopback for ", FLAGS_iperf_seconds, " s (port ", port, ")"));
+  absl::StatusOr<std::unique_ptr<Process>> server =
+      Process::Start("iperf3 server", {iperf, "-s", "-1", "-p", absl::StrCat(port)}, ctx.work_dir + "/iperf3-s.log");
+  if (!server.ok()) {
+    *why = std::string(server.status().message());
+    return NAN;
+  }
+  const std::string json_path = ctx.work_dir + "/iperf3.json";
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100 * (attempt + 1)));  // the server starts listening
+    std::filesystem::remove(json_path);
+    absl::StatusOr<std::unique_ptr<Process>> client =
+        Process::Start("iperf3 client",
+                       {iperf, "-c", "127.0.0.1", "-p", absl::StrCat(port), "-t", absl::StrCat(FLAGS_iperf_seconds),
+                        "-J"},
+                       json_path);
+    if (!client.ok()) break;
+    if (!(*client)->WaitForExit(absl::Seconds(FLAGS_iperf_seconds + 30))) break;
+    absl::StatusOr<nlohmann::json> j = ReadJson(json_path);
+    if ((*client)->Succeeded() && j.ok()) {
+      const nlohmann::json& bps = (*j)["end"]["sum_received"]["bits_per_second"];
+      if (bps.is_number()) return bps.get<double>() / 8 / kGB;
+    }
+    if ((*server)->Exited()) break;  // a real failure, not "not listening yet"
+  }
+  *why = absl::StrCat("iperf3 failed; see ", json_path);
+  return NAN;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// a. Push, pull and push-then-pull of large tensors.
+
+struct Timing {
+  double seconds = NAN;  // median of the timed calls
+  bool moved_bytes = true;  // every timed pull received the whole tensor
+  int64_t bytes_pulled = 0;  // over all timed calls
+};
+
+// Times `calls` calls of `call` (median). `before` runs untimed before each call. `expect_pulled`: bytes each
+// call must pull (0: no check).
+absl::StatusOr<Timing> TimeCalls(PsClient& client, int calls, int64_t expect_pulled,
+                                 const std::function<absl::Status(int)>& before,
+                                 const std::function<absl::Status(int)>& call) {
+  Timing t;
+  std::vector<double> seconds;
+  for (int i = 0; i < calls; ++i) {
+    if (before) {
+      if (absl::Status s = before(i); !s.ok()) return s;
+    }
+    const int64_t pulled = client.bytes_pulled();
+    const Clock::time_point start = Clock::now();
+    if (absl::Status s = call(i); !s.ok()) return s;
+    seconds.push_back(SecondsSince(start));
+    const int64_t delta = client.bytes_pulled() - pulled;
+    t.bytes_pulled += delta;
+    if (expect_pulled > 0 && delta < expect_pulled) t.moved_bytes = false;
+  }
+  t.seconds = Median(seconds);
+  return t;
+}
+
+absl::Status TransferSection(PsClient& client, int servers, const std::vector<int>& sizes_mib, double iperf_gbs,
+                             const std::string& iperf_ref, Table& table) {
+  const std::string target = servers >= 2 ? ">= 0.8x" : "";
+  for (int mib : sizes_mib) {
+    const std::string name = absl::StrCat("a", mib);
+    const int64_t n = static_cast<int64_t>(mib * kMiB / sizeof(float));
+    const int64_t bytes = n * static_cast<int64_t>(sizeof(float));
+    const int calls = std::max(1, mib >= 64 ? FLAGS_repeats_large : FLAGS_repeats);
+    Progress(absl::StrCat("a: ", mib, " MiB, ", servers, " server(s), ", calls, " calls each"));
+    std::vector<float> grad(n, 1.0f);
+    std::vector<float> out[2] = {std::vector<float>(n), std::vector<float>(n)};
+    const std::vector<std::string> names = {name};
+    const std::vector<absl::Span<const float>> grads = {absl::MakeConstSpan(grad)};
+    auto push = [&](int) { return client.Push(names, grads, 1); };
+    auto pull_alternating = [&](int i) { return client.Pull(names, {absl::MakeSpan(out[i % 2])}); };
+    // Warm-up: connections, first-touch of every buffer on both sides.
+    if (absl::Status s = push(0); !s.ok()) return s;
+    if (absl::Status s = pull_alternating(0); !s.ok()) return s;
+    if (absl::Status s = pull_alternating(1); !s.ok()) return s;
+
+    const std::string what = absl::StrCat(mib, " MiB, ", servers, servers == 1 ? " server" : " servers");
+    auto add = [&](const std::string& op, const Timing& t, double payload, bool pulls) {
+      const double gbs = payload / t.seconds / kGB;
+      std::string label = absl::StrCat(op, " ", what);
+      std::string note;
+      if (pulls && !t.moved_bytes) {
+        label += " (cache hit)";
+        note = absl::StrFormat("pulls moved %.1f of %.1f MiB", t.bytes_pulled / kMiB, bytes * calls / kMiB);
+      }
+      table.Add({"a", label, Gbs(gbs), iperf_ref, Ratio(gbs, iperf_gbs), op == "push-then-pull" ? "" : target,
+                 note});
+    };
+    absl::StatusOr<Timing> t = TimeCalls(client, calls, 0, nullptr, push);
+    if (!t.ok()) return t.status();
+    add("push", *t, bytes, false);
+    // The values change before every timed pull (an untimed push), and the destination alternates.
+    t = TimeCalls(client, calls, bytes, push, pull_alternating);
+    if (!t.ok()) return t.status();
+    add("pull", *t, bytes, true);
+    t = TimeCalls(client, calls, bytes, nullptr, [&](int i) {
+      return client.PushPull(names, grads, 1, {absl::MakeSpan(out[i % 2])});
+    });
+    if (!t.ok()) return t.status();
+    add("push-then-pull", *t, 2.0 * bytes, true);
+    if (mib == 16) {
+      // The unchanged-chunk cache: same values, same destination.
+      if (absl::Status s = client.Pull(names, {absl::MakeSpan(out[0])}); !s.ok()) return s;
+      t = TimeCalls(client, calls, 0, nullptr, [&](int) { return client.Pull(names, {absl::MakeSpan(out[0])}); });
+      if (!t.ok()) return t.status();
+      const double gbs = bytes / t->seconds / kGB;
+      table.Add({"a", absl::StrCat("pull ", what, ", unchanged (cache hit)"), Gbs(gbs), iperf_ref,
+                 Ratio(gbs, iperf_gbs), "",
+                 absl::StrFormat("same values, same buffer; %.1f MiB moved per pull", t->bytes_pulled / kMiB / calls)});
+    }
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// b. Round trips of a 16-byte tensor.
+
+absl::Status RoundTripSection(PsClient& client, Table& table) {
+  const std::vector<std::string> names = {"b16"};
+  std::vector<float> grad(4, 1.0f);
+  std::vector<float> out[2] = {std::vector<float>(4), std::vector<float>(4)};
+  const std::vector<absl::Span<const float>> grads = {absl::MakeConstSpan(grad)};
+  const double kTarget = 10000;
+  const std::string reference = "target 10k/s";
+  auto rate = [&](const std::string& op, const std::function<absl::Status(int64_t)>& call,
+                  bool pulls) -> absl::Status {
+    Progress(absl::StrCat("b: ", op, " of a 16-byte tensor for ", FLAGS_roundtrip_seconds, " s"));
+    for (int i = 0; i < 20; ++i) {  // warm-up
+      if (absl::Status s = call(i); !s.ok()) return s;
+    }
+    const int64_t pulled = client.bytes_pulled();
+    const Clock::time_point start = Clock::now();
+    int64_t calls = 0;
+    double seconds = 0;
+    while ((seconds = SecondsSince(start)) < FLAGS_roundtrip_seconds) {
+      if (absl::Status s = call(calls); !s.ok()) return s;
+      ++calls;
+    }
+    const double per_second = calls / seconds;
+    const bool hit = pulls && client.bytes_pulled() - pulled < calls * 16;
+    table.Add({"b", absl::StrCat(op, " 16 B, 1 server, round trips/s", hit ? " (cache hit)" : ""),
+               absl::StrFormat("%.0f/s", per_second), reference, Ratio(per_second, kTarget), ">= 1.00x",
+               absl::StrFormat("%d calls, %.2f ms each", calls, 1e3 * seconds / calls)});
+    return absl::OkStatus();
+  };
+  if (absl::Status s = rate("push", [&](int64_t) { return client.Push(names, grads, 1); }, false); !s.ok()) return s;
+  // Alternating destinations: by the client's contract a pull into another buffer receives the bytes.
+  return rate("pull", [&](int64_t i) { return client.Pull(names, {absl::MakeSpan(out[i % 2])}); }, true);
+}
+
+// a and b: one cluster per server count.
+void TransferSections(const Context& ctx, bool run_a, bool run_b, Table& table) {
+  absl::StatusOr<std::vector<int>> sizes = ParseInts("sizes_mib", FLAGS_sizes_mib);
+  absl::StatusOr<std::vector<int>> counts = ParseInts("server_counts", FLAGS_server_counts);
+  if (!sizes.ok() || !counts.ok()) {
+    table.Failed("a", "flags", sizes.ok() ? counts.status() : sizes.status());
+    return;
+  }
+  double iperf_gbs = NAN;
+  std::string iperf_ref;
+  if (run_a) {
+    std::string why;
+    iperf_gbs = MeasureIperf(ctx, &why);
+    iperf_ref = std::isfinite(iperf_gbs) ? absl::StrFormat("iperf3 TCP 1 stream: %.2f GB/s", iperf_gbs)
+                                         : absl::StrCat("iperf3: n/a, ", why);
+    Progress(iperf_ref);
+  }
+  std::vector<int> server_counts = run_a ? *counts : std::vector<int>{};
+  if (run_b && std::find(server_counts.begin(), server_counts.end(), 1) == server_counts.end()) {
+    server_counts.insert(server_counts.begin(), 1);
+  }
+  for (int servers : server_counts) {
+    const std::string section = run_a ? "a" : "b";
+    Progress(absl::StrCat("a/b: starting a scheduler and ", servers, " server(s)"));
+    absl::StatusOr<std::unique_ptr<Cluster>> cluster =
+        StartCluster(ctx, absl::StrCat("transfer-", servers), TransferJob("bench-transfer", servers,
+                                                                          FLAGS_chunk_bytes, 0), 0, {});
+    if (!cluster.ok()) {
+      table.Failed(section, absl::StrCat(servers, " server(s): start"), cluster.status());
+      continue;
+    }
+    absl::StatusOr<std::unique_ptr<PsClient>> client = ConnectClient(**cluster);
+    std::vector<tessera::v1::ParameterSpec> params;
+    if (run_a) {
+      for (int mib : *sizes) params.push_back(FloatParam(absl::StrCat("a", mib), mib * (1 << 20) / 4));
+    }
+    params.push_back(FloatParam("b16", 4));
+    absl::Status status = client.ok() ? (*client)->Declare(params) : client.status();
+    if (!status.ok()) {
+      table.Failed(section, absl::StrCat(servers, " server(s): connect and declare"), status);
+      continue;
+    }
+    if (run_a) {
+      status = TransferSection(**client, servers, *sizes, iperf_gbs, iperf_ref, table);
+      if (!status.ok()) table.Failed("a", absl::StrCat(servers, " server(s)"), status);
+    }
+    if (run_b && servers == 1) {
+      status = RoundTripSection(**client, table);
+      if (!status.ok()) table.Failed("b", "round trips", status);
+    }
+    (*client)->Done().IgnoreError();  // the job ends; the daemons exit (or are stopped)
+    client->reset();
+    (*cluster)->WaitForJob(absl::Seconds(10)).IgnoreError();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// c. Update throughput.
+
+void UpdateSection(Table& table) {
+  const int64_t n = static_cast<int64_t>(FLAGS_update_mib * kMiB / sizeof(float));
+  const double bytes = n * sizeof(float);
+  const int repeats = std::max(1, FLAGS_update_repeats);
+  std::vector<float> params(n, 0.5f), grad(n), state(2 * n, 0.0f);
+  for (int64_t i = 0; i < n; ++i) grad[i] = 1e-3f * static_cast<float>(i % 97);
+  auto time_median = [&](const std::function<void(int)>& body) {
+    body(0);  // warm-up (first touch)
+    std::vector<double> seconds;
+    for (int r = 1; r <= repeats; ++r) {
+      const Clock::time_point start = Clock::now();
+      body(r);
+      seconds.push_back(SecondsSince(start));
+    }
+    return Median(seconds);
+  };
+  Progress(absl::StrCat("c: updates over ", FLAGS_update_mib, " MiB, ", repeats, " times each"));
+  // The reference: a plain loop over the same arrays (a read from a flag, so nothing is folded away).
+  const float a = -static_cast<float>(FLAGS_update_mib) * 1e-6f;
+  const double axpy_s = time_median([&](int) {
+    float* y = params.data();
+    const float* x = grad.data();
+    for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+  });
+  const double axpy_gbs = bytes / axpy_s / kGB;
+  const std::string reference = absl::StrFormat("y += a*x: %.2f GB/s", axpy_gbs);
+
+  struct Rule {
+    std::string label;
+    tessera::v1::OptimizerSpec::Kind kind;
+    float momentum;
+    std::string target;
+  };
+  for (const Rule& rule : {Rule{"SGD", tessera::v1::OptimizerSpec::SGD, 0.0f, ">= 0.7x"},
+                           Rule{"SGD, momentum 0.9", tessera::v1::OptimizerSpec::SGD, 0.9f, ""},
+                           Rule{"Adam", tessera::v1::OptimizerSpec::ADAM, 0.0f, ""}}) {
+    tessera::v1::OptimizerSpec spec;
+    spec.set_kind(rule.kind);
+    spec.set_learning_rate(1e-4f);
+    spec.set_momentum(rule.momentum);
+    if (rule.kind == tessera::v1::OptimizerSpec::ADAM) {
+      spec.set_beta1(0.9f);
+      spec.set_beta2(0.999f);
+      spec.set_epsilon(1e-8f);
+    }
+    const UpdateRule update(spec);
+    std::fill(state.begin(), state.end(), 0.0f);
+    const size_t state_floats = static_cast<size_t>(update.state_slots()) * n;
+    int64_t step = 0;
+    const double s = time_median([&](int) {
+      update.Apply(absl::MakeSpan(params), absl::MakeConstSpan(grad), absl::MakeSpan(state.data(), state_floats),
+                   ++step, 1.0f);
+    });
+    const double gbs = bytes / s / kGB;
+    table.Add({"c", absl::StrCat("update ", FLAGS_update_mib, " MiB, ", rule.label), Gbs(gbs), reference,
+               Ratio(gbs, axpy_gbs), rule.target, "GB/s of parameters updated, one thread"});
+  }
+  double checksum = 0;
+  for (int64_t i = 0; i < n; i += 4096) checksum += params[i];
+  if (!std::isfinite(checksum)) Progress("c: warning: parameters became non-finite");
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// d. End to end: the Quick start MLP.
+
+struct RunResult {
+  double wall_seconds = NAN;               // summary.json
+  std::optional<double> seconds_to_target;  // summary.json
+  double command_seconds = NAN;            // the whole command, as measured here
+  int64_t steps = 0;
+};
+
+// Runs `argv` to completion and reads `run_dir`/summary.json.
+absl::StatusOr<RunResult> RunToSummary(const std::string& name, const std::vector<std::string>& argv,
+                                       const std::string& run_dir, const std::string& log) {
+  const Clock::time_point start = Clock::now();
+  absl::StatusOr<std::unique_ptr<Process>> p = Process::Start(name, argv, log);
+  if (!p.ok()) return p.status();
+  if (!(*p)->WaitForExit(absl::Seconds(FLAGS_run_timeout_s))) {
+    (*p)->Stop(absl::Seconds(10));
+    return absl::DeadlineExceededError(absl::StrCat(name, " did not finish in ", FLAGS_run_timeout_s, " s"));
+  }
+  RunResult r;
+  r.command_seconds = SecondsSince(start);
+  if (absl::Status s = (*p)->ExitStatus(); !s.ok()) return s;
+  absl::StatusOr<nlohmann::json> summary = ReadJson(run_dir + "/summary.json");
+  if (!summary.ok()) return summary.status();
+  if ((*summary)["wall_seconds"].is_number()) r.wall_seconds = (*summary)["wall_seconds"].get<double>();
+  if ((*summary)["seconds_to_target"].is_number()) r.seconds_to_target = (*summary)["seconds_to_target"].get<double>();
+  if ((*summary)["steps"].is_number()) r.steps = (*summary)["steps"].get<int64_t>();
+  return r;
+}
+
+void EndToEndSection(const Context& ctx, Table& table) {
+  absl::StatusOr<JobSpec> sync_job = LoadJobSpec(FLAGS_sync_job);
+  absl::StatusOr<JobSpec> local_job = LoadJobSpec(FLAGS_local_job);
+  if (!sync_job.ok() || !local_job.ok()) {
+    table.Failed("d", "job files", sync_job.ok() ? local_job.status() : sync_job.status());
+    return;
+  }
+  const int per_worker_batch = sync_job->batch_size();
+
+  struct Config {
+    std::string label;  // row label
+    bool local;
+    int servers, workers;
+    int batch;           // per worker (or the local batch)
+    int reference;       // index of the local config this one is compared with; -1: itself a reference
+  };
+  const std::vector<Config> configs = {
+      {absl::StrCat("local baseline, batch ", per_worker_batch), true, 0, 1, per_worker_batch, -1},
+      {absl::StrCat("1 server + 1 worker, sync, batch ", per_worker_batch), false, 1, 1, per_worker_batch, 0},
+      {absl::StrCat("local baseline, batch ", 2 * per_worker_batch), true, 0, 1, 2 * per_worker_batch, -1},
+      {absl::StrCat("2 servers + 2 workers, sync, batch ", per_worker_batch, "/worker (", 2 * per_worker_batch,
+                    " global)"),
+       false, 2, 2, per_worker_batch, 2},
+  };
+  // kind 0: fixed steps; kind 1: to the target accuracy.
+  for (int kind = 0; kind < 2; ++kind) {
+    if (kind == 1 && FLAGS_target_accuracy <= 0) break;
+    std::vector<absl::StatusOr<RunResult>> results;
+    for (size_t i = 0; i < configs.size(); ++i) {
+      const Config& c = configs[i];
+      JobSpec job = c.local ? *local_job : *sync_job;
+      job.set_batch_size(c.batch);
+      job.mutable_stop()->Clear();
+      if (kind == 0) {
+        job.mutable_stop()->set_max_steps(FLAGS_steps);
+      } else {
+        job.mutable_stop()->set_target_accuracy(static_cast<float>(FLAGS_target_accuracy));
+        job.mutable_stop()->set_epochs(10);
+      }
+      if (!c.local) {
+        job.mutable_cluster()->set_num_servers(c.servers);
+        job.mutable_cluster()->set_num_workers(c.workers);
+      }
+      const std::string name = absl::StrCat("e2e-", kind == 0 ? "steps" : "target", "-", i);
+      Progress(absl::StrCat("d: ", c.label, ", ",
+                            kind == 0 ? absl::StrCat(FLAGS_steps, " steps")
+                                      : absl::StrCat("to ", FLAGS_target_accuracy, " test accuracy")));
+      absl::StatusOr<std::string> dir = MakeDir(ctx, name);
+      absl::Status written = dir.ok() ? WriteJob(job, *dir + "/job.pbtxt") : dir.status();
+      if (!written.ok()) {
+        results.push_back(written);
+        continue;
+      }
+      const std::string run_dir = *dir + "/run";
+      std::vector<std::string> argv =
+          c.local ? std::vector<std::string>{ctx.bin_dir + "/tessera-worker", "--local", "--job=" + *dir + "/job.pbtxt",
+                                             "--run_dir=" + run_dir, "--device=" + FLAGS_device, "--http_port=-1"}
+                  : std::vector<std::string>{ctx.bin_dir + "/tessera-launch", "--job=" + *dir + "/job.pbtxt",
+                                             "--run_dir=" + run_dir, "--device=" + FLAGS_device};
+      results.push_back(RunToSummary(c.label, argv, run_dir, *dir + "/run.log"));
+    }
+    for (size_t i = 0; i < configs.size(); ++i) {
+      const Config& c = configs[i];
+      const std::string what = kind == 0 ? absl::StrCat(c.label, ": wall s, ", FLAGS_steps, " steps")
+                                         : absl::StrCat(c.label, ": s to ", FLAGS_target_accuracy);
+      if (!results[i].ok()) {
+        table.Failed("d", what, results[i].status());
+        continue;
+      }
+      auto figure = [&](const RunResult& r) -> double {
+        return kind == 0 ? r.wall_seconds : r.seconds_to_target.value_or(NAN);
+      };
+      const double value = figure(*results[i]);
+      const std::string value_text = std::isfinite(value) ? absl::StrFormat("%.2f s", value) : "not reached";
+      std::string reference = "(reference)";
+      std::string ratio = std::isfinite(value) ? "1.00x" : "n/a";
+      std::string target;
+      if (c.reference >= 0) {
+        const absl::StatusOr<RunResult>& ref = results[c.reference];
+        const double ref_value = ref.ok() ? figure(*ref) : NAN;
+        reference = absl::StrCat(configs[c.reference].label, ": ",
+                                 std::isfinite(ref_value) ? absl::StrFormat("%.2f s", ref_value) : "n/a");
+        ratio = Ratio(value, ref_value);
+        if ((kind == 0 && c.workers == 1) || (kind == 1 && c.workers == 2)) target = "<= 1.5x";
+      }
+      table.Add({"d", what, value_text, reference, ratio, target,
+                 absl::StrFormat("%d steps; whole command %.1f s", results[i]->steps, results[i]->command_seconds)});
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// e. GPU stand-in: simulated compute, real communication.
+
+bool WorkerHasFlag(const Context& ctx, const std::string& flag) {
+  absl::StatusOr<std::unique_ptr<Process>> p =
+      Process::Start("tessera-worker --help", {ctx.bin_dir + "/tessera-worker", "--help"},
+                     ctx.work_dir + "/worker-help.txt");
+  if (!p.ok() || !(*p)->WaitForExit(absl::Seconds(30))) return false;
+  std::ifstream in(ctx.work_dir + "/worker-help.txt");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return absl::StrContains(text, "-" + flag);
+}
+
+JobSpec StandInJob(int workers) {
+  JobSpec job;
+  job.set_name("bench-gpu-stand-in");
+  for (int width : {2048, 1024, 512}) job.mutable_model()->mutable_mlp()->add_hidden_sizes(width);
+  tessera::v1::DataSpec& data = *job.mutable_data();
+  data.set_format(tessera::v1::DataSpec::SYNTHETIC);
+  data.set_synthetic_train_examples(4096);
+  data.set_synthetic_test_examples(16);  // evaluation runs on worker 0's path: keep it short
+  data.set_synthetic_features(784);
+  data.set_synthetic_classes(10);
+  job.mutable_optimizer()->set_kind(tessera::v1::OptimizerSpec::SGD);
+  job.mutable_optimizer()->set_learning_rate(0.01f);
+  job.mutable_optimizer()->set_momentum(0.9f);
+  job.set_batch_size(64);
+  job.mutable_consistency()->set_mode(tessera::v1::ConsistencySpec::SYNC);
+  job.mutable_stop()->set_max_steps(FLAGS_gpu_steps);
+  job.set_eval_every_steps(std::max<int64_t>(1, FLAGS_gpu_steps / 4));
+  job.set_seed(42);
+  job.set_chunk_bytes(FLAGS_chunk_bytes);
+  job.mutable_cluster()->set_num_servers(2);
+  job.mutable_cluster()->set_num_workers(workers);
+  return job;
+}
+
+void StandInSection(const Context& ctx, Table& table) {
+  const double t_ms = FLAGS_simulate_compute_ms;
+  const double compute_only = 1000.0 / t_ms;
+  const std::string reference = absl::StrFormat("1000/T = %.1f steps/s (T = %d ms)", compute_only, FLAGS_simulate_compute_ms);
+  const bool supported = WorkerHasFlag(ctx, "simulate_compute_ms");
+  for (int workers : {1, 2}) {
+    const std::string what =
+        absl::StrCat("GPU stand-in, 16 MiB MLP, 2 servers + ", workers, workers == 1 ? " worker" : " workers",
+                     ", sync: steps/s");
+    const std::string target = workers == 1 ? ">= 0.9x" : ">= 0.8x";
+    if (!supported) {
+      table.Add({"e", what, "n/a (needs --simulate_compute_ms)", reference, "n/a", target,
+                 "tessera-worker has no --simulate_compute_ms yet"});
+      continue;
+    }
+    Progress(absl::StrCat("e: GPU stand-in, ", workers, " worker(s), ", FLAGS_gpu_steps, " steps"));
+    absl::StatusOr<std::unique_ptr<Cluster>> cluster =
+        StartCluster(ctx, absl::StrCat("stand-in-", workers), StandInJob(workers), workers,
+                     {"--device=" + FLAGS_device, absl::StrCat("--simulate_compute_ms=", FLAGS_simulate_compute_ms)});
+    absl::Status status = cluster.ok() ? (*cluster)->WaitForJob(absl::Seconds(FLAGS_run_timeout_s)) : cluster.status();
+    if (!status.ok()) {
+      table.Failed("e", what, status);
+      continue;
+    }
+    // Steps/s between the first and the last evaluation record: start-up and the first steps are left out.
+    const std::vector<nlohmann::json> records = ReadJsonLines((*cluster)->dir + "/run/metrics.jsonl");
+    double per_second = NAN;
+    std::string note = "no two evaluation records in metrics.jsonl";
+    if (records.size() >= 2) {
+      const nlohmann::json& first = records.front();
+      const nlohmann::json& last = records.back();
+      const double steps = last.value("step", 0.0) - first.value("step", 0.0);
+      const double seconds = last.value("wall_seconds", 0.0) - first.value("wall_seconds", 0.0);
+      if (steps > 0 && seconds > 0) {
+        per_second = steps / seconds;
+        note = absl::StrFormat("steps %d to %d; batch 64/worker", first.value("step", 0), last.value("step", 0));
+      }
+    }
+    table.Add({"e", what, std::isfinite(per_second) ? absl::StrFormat("%.1f steps/s", per_second) : "n/a", reference,
+               Ratio(per_second, compute_only), target, note});
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// f. Server memory.
+
+void MemorySection(const Context& ctx, Table& table) {
+  const int params = std::max(1, FLAGS_memory_params);
+  const int64_t per_param = static_cast<int64_t>(FLAGS_memory_mib * kMiB / sizeof(float) / params);
+  const double model_bytes = static_cast<double>(per_param) * params * sizeof(float);
+  const JobSpec job = TransferJob("bench-memory", 1, FLAGS_memory_chunk_bytes, 0.9f);
+  const UpdateRule rule(job.optimizer());
+  const double held = model_bytes * (1 + rule.state_slots());
+  const std::string what = absl::StrFormat("server RSS, %d MiB model (%d x %d MiB), SGD momentum, 1 server",
+                                           FLAGS_memory_mib, params, static_cast<int>(per_param * 4 / kMiB));
+  Progress(absl::StrCat("f: ", what));
+  absl::StatusOr<std::unique_ptr<Cluster>> cluster = StartCluster(ctx, "memory", job, 0, {});
+  absl::StatusOr<std::unique_ptr<PsClient>> client =
+      cluster.ok() ? ConnectClient(**cluster) : absl::StatusOr<std::unique_ptr<PsClient>>(cluster.status());
+  std::vector<tessera::v1::ParameterSpec> specs;
+  std::vector<std::string> names;
+  for (int i = 0; i < params; ++i) {
+    names.push_back(absl::StrCat("m", i));
+    specs.push_back(FloatParam(names.back(), per_param));
+  }
+  absl::Status status = client.ok() ? (*client)->Declare(specs) : client.status();
+  if (status.ok()) {
+    // One gradient buffer serves every parameter: the client's own memory is not what is measured.
+    std::vector<float> grad(per_param, 1.0f);
+    const std::vector<absl::Span<const float>> grads(params, absl::MakeConstSpan(grad));
+    status = (*client)->Push(names, grads, 1);
+  }
+  if (!status.ok()) {
+    table.Failed("f", what, status);
+    return;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // let the server settle after the push
+  const pid_t pid = (*cluster)->servers[0]->pid();
+  const int64_t rss = ProcStatusBytes(pid, "VmRSS");
+  const int64_t peak = ProcStatusBytes(pid, "VmHWM");
+  (*client)->Done().IgnoreError();
+  if (rss < 0) {
+    table.Failed("f", what, absl::NotFoundError(absl::StrCat("no VmRSS in /proc/", pid, "/status")));
+    return;
+  }
+  table.Add({"f", what, absl::StrFormat("%.0f MiB", rss / kMiB),
+             absl::StrFormat("held (values + %d state slot%s): %.0f MiB", rule.state_slots(),
+                             rule.state_slots() == 1 ? "" : "s", held / kMiB),
+             Ratio(rss, held), "<= 1.2x + 100 MiB",
+             absl::StrFormat("RSS - 1.2 x held = %+.0f MiB (target <= 100); peak RSS %.0f MiB", (rss - 1.2 * held) / kMiB,
+                             peak / kMiB)});
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+
+std::string CpuModel() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (absl::StartsWith(line, "model name")) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos) return std::string(absl::StripAsciiWhitespace(line.substr(colon + 1)));
+    }
+  }
+  return "unknown CPU";
+}
+
+int Main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  gflags::SetUsageMessage(
+      "tessera-bench [--sections=a,b,c,d,e,f] [--repeats=N] ...\n"
+      "Data-plane benchmark: prints one Markdown table, every speed a ratio to a reference measured in the same run.\n"
+      "Run from the repository root (the job files of section d are relative paths), or use deploy/bench/data_plane.sh.");
+  for (const std::string& a : args) {
+    if (a == "--help" || a == "-h") {
+      gflags::ShowUsageWithFlagsRestrict(argv[0], "data_plane_bench");
+      return 0;
+    }
+  }
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);  // see common/daemon_init.h
+  google::InitGoogleLogging(argv[0]);
+  FLAGS_logtostderr = true;
+  FLAGS_minloglevel = 1;  // warnings and errors only: the progress lines are ours
+
+  const std::string sections = FLAGS_sections;
+  auto want = [&](const char* s) {
+    for (absl::string_view part : absl::StrSplit(sections, ',', absl::SkipEmpty())) {
+      if (absl::StripAsciiWhitespace(part) == s) return true;
+    }
+    return false;
+  };
+
+  Context ctx;
+  std::error_code error;
+  ctx.bin_dir = std::filesystem::read_symlink("/proc/self/exe", error).parent_path().string();
+  for (const char* daemon : {"tessera-scheduler", "tessera-server", "tessera-worker", "tessera-launch"}) {
+    if (access((ctx.bin_dir + "/" + daemon).c_str(), X_OK) != 0) {
+      std::cerr << "tessera-bench: " << daemon << " is not in " << ctx.bin_dir << "; build it first" << std::endl;
+      return 2;
+    }
+  }
+  const bool temporary = FLAGS_work_dir.empty();
+  if (temporary) {
+    std::string pattern = (std::filesystem::temp_directory_path(error) / "tessera-bench-XXXXXX").string();
+    if (mkdtemp(pattern.data()) == nullptr) {
+      std::cerr << "tessera-bench: cannot create a temporary directory " << pattern << std::endl;
+      return 2;
+    }
+    ctx.work_dir = pattern;
+  } else {
+    ctx.work_dir = std::filesystem::absolute(FLAGS_work_dir).string();
+    std::filesystem::create_directories(ctx.work_dir, error);
+  }
+  Progress(absl::StrCat("binaries in ", ctx.bin_dir, "; logs in ", ctx.work_dir));
+  BlockTerminationSignals();
+  const std::string remove_on_signal = temporary && !FLAGS_keep_work_dir ? ctx.work_dir : "";
+  WatchTerminationSignals([remove_on_signal](int signal) {
+    std::cerr << "tessera-bench: signal " << signal << "; stopping every daemon" << std::endl;
+    KillAllProcesses();
+    std::error_code ignored;
+    if (!remove_on_signal.empty()) std::filesystem::remove_all(remove_on_signal, ignored);
+    std::_Exit(128 + signal);
+  });
+
+  const Clock::time_point start = Clock::now();
+  Table table;
+  if (want("a") || want("b")) TransferSections(ctx, want("a"), want("b"), table);
+  if (want("c")) UpdateSection(table);
+  if (want("d")) EndToEndSection(ctx, table);
+  if (want("e")) StandInSection(ctx, table);
+  if (want("f")) MemorySection(ctx, table);
+
+  std::cout << absl::StrFormat("Tessera data plane, %s, %s, %d cores; tessera-bench %s; %.0f s\n\n",
+                               absl::FormatTime("%Y-%m-%d %H:%M", absl::Now(), absl::LocalTimeZone()), CpuModel(),
+                               static_cast<int>(std::thread::hardware_concurrency()),
+                               args.empty() ? "(defaults)" : absl::StrJoin(args, " "),
+                               SecondsSince(start));
+  table.Print(std::cout);
+  std::cout << "\nGB/s = 1e9 bytes of float32 payload per second (push-then-pull counts both directions); each a "
+               "median of timed calls. a, b: this process is the worker (a PsClient), the servers and scheduler are "
+               "real processes on loopback, ASYNC job, chunk_bytes "
+            << FLAGS_chunk_bytes
+            << "; before each timed pull an untimed push changes the values, and pulls alternate between two "
+               "buffers. d: local rows train alone (tessera-worker --local); the 1x1 row is compared with the local "
+               "baseline of the same batch, the 2x2 row (global batch 2x) with the local baseline of the global "
+               "batch; wall s and s to target come from summary.json (the cluster's clock starts with the "
+               "scheduler, so it includes daemon start-up; the whole command's time is in the note); evaluation every "
+               "100 steps, so s to target is rounded up to the next evaluation. e: steps/s between the first and the "
+               "last evaluation record. f: VmRSS of the server process after one push.\n";
+  std::cout.flush();
+
+  if (temporary && !FLAGS_keep_work_dir) {
+    std::filesystem::remove_all(ctx.work_dir, error);
+  } else {
+    Progress(absl::StrCat("logs kept in ", ctx.work_dir));
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace tessera::bench
+
+int main(int argc, char** argv) { return tessera::bench::Main(argc, argv); }
