@@ -19,7 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/run_recorder.h"
-#include "common/serial_executor.h"
+#include "common/thread_pool.h"
 #include "nlohmann/json.hpp"
 #include "proto/cluster.pb.h"
 #include "scheduler/clock_table.h"

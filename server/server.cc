@@ -35,7 +35,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   std::unique_ptr<Server> server(new Server(options));
   Server* self = server.get();
   server->store_ = std::make_unique<ShardStore>();
-  server->service_ = std::make_unique<ServerService>(server->store_.get(), [self] { self->Stop(); });
+  server->updates_ = std::make_unique<ThreadPool>(options.update_threads);
+  server->service_ = std::make_unique<ServerService>(server->store_.get(), server->updates_.get(),
+                                                     options.inline_update_bytes, [self] { self->Stop(); });
   TESSERA_ASSIGN_OR_RETURN(StartedServer started,
                            StartGrpcServer(options.listen_host, options.port, {server->service_.get()}));
   server->grpc_server_ = std::move(started.server);

@@ -17,6 +17,7 @@
 #include "common/heartbeater.h"
 #include "common/http_endpoint.h"
 #include "common/scheduler_client.h"
+#include "common/thread_pool.h"
 #include "server/server_options.h"
 #include "server/server_service.h"
 #include "server/shard_store.h"
@@ -53,6 +54,7 @@ class Server {
   int id_ = -1;
   std::string address_;
   std::unique_ptr<ShardStore> store_;
+  std::unique_ptr<ThreadPool> updates_;  // large pushes are applied here
   std::unique_ptr<ServerService> service_;
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<SchedulerClient> scheduler_;

@@ -16,6 +16,9 @@ DEFINE_string(advertise_host, "", "host name or address workers should dial; def
 DEFINE_int32(connect_attempts, 20, "tries to reach the scheduler at start-up (exponential backoff up to 1 s)");
 DEFINE_int32(http_port, 0, "port of /healthz and /metrics on --host; 0 picks a free one (logged), -1 turns them off");
 DEFINE_int32(heartbeat_timeout_ms, 10000, "exit when the scheduler has not answered for this long");
+DEFINE_int32(update_threads, 2, "threads that apply large pushes, so that gRPC's threads keep reading the network");
+DEFINE_int32(inline_update_bytes, 64 << 10,
+             "pushes smaller than this many bytes are applied on the gRPC thread that received them");
 
 int main(int argc, char** argv) {
   tessera::InitDaemon("tessera-server --scheduler=HOST:PORT [--host=ADDR --port=N]", &argc, &argv);
@@ -28,6 +31,8 @@ int main(int argc, char** argv) {
   options.connect_attempts = FLAGS_connect_attempts;
   options.heartbeat_timeout_ms = FLAGS_heartbeat_timeout_ms;
   options.http_port = FLAGS_http_port;
+  options.update_threads = FLAGS_update_threads;
+  options.inline_update_bytes = FLAGS_inline_update_bytes;
 
   auto server = tessera::Server::Start(options);
   if (!server.ok()) {

@@ -20,6 +20,13 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
   }
   if (options.connect_attempts < 1) return absl::InvalidArgumentError("--connect_attempts: expected >= 1");
   if (options.heartbeat_timeout_ms < 100) return absl::InvalidArgumentError("--heartbeat_timeout_ms: expected >= 100");
+  if (options.update_threads < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--update_threads: expected >= 1, got ", options.update_threads));
+  }
+  if (options.inline_update_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--inline_update_bytes: expected >= 0, got ", options.inline_update_bytes));
+  }
   return absl::OkStatus();
 }
 

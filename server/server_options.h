@@ -16,6 +16,8 @@ struct ServerOptions {
   int connect_attempts = 20;             // tries to reach the scheduler at start-up
   int heartbeat_timeout_ms = 10000;      // exit when the scheduler is silent this long
   int http_port = 0;                     // /healthz and /metrics on listen_host; 0: a free port; -1: off
+  int update_threads = 2;                // threads that apply pushes of at least inline_update_bytes
+  int inline_update_bytes = 64 << 10;    // smaller pushes are applied on the gRPC thread (microseconds)
 };
 
 // INVALID_ARGUMENT naming the flag at fault.

@@ -86,33 +86,51 @@ grpc::ServerUnaryReactor* ServerService::Pull(grpc::CallbackServerContext* conte
   return Finish(context, absl::OkStatus());
 }
 
+void ServerService::RunUpdate(size_t bytes, std::function<void()> apply) {
+  if (bytes < inline_update_bytes_) {
+    apply();
+  } else {
+    updates_->Submit(std::move(apply));
+  }
+}
+
 grpc::ServerUnaryReactor* ServerService::Push(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
                                               grpc::ByteBuffer* response) {
   PushRequest r;
-  ReceivedPayload payload;
-  if (absl::Status parsed = ParseWithPayload(*request, kPushDataField, &r, &payload); !parsed.ok()) {
+  auto payload = std::make_shared<ReceivedPayload>();
+  if (absl::Status parsed = ParseWithPayload(*request, kPushDataField, &r, payload.get()); !parsed.ok()) {
     return Finish(context, parsed);
   }
-  absl::StatusOr<PushOutcome> outcome = store_->Push(ToChunkPush(r), payload);
-  if (!outcome.ok()) return Finish(context, outcome.status());
-  PushResponse reply;
-  reply.set_version(outcome->version);
-  reply.set_duplicate(outcome->duplicate);
-  reply.set_late(outcome->late);
-  grpc::Slice slice(reply.SerializeAsString());
-  *response = grpc::ByteBuffer(&slice, 1);
-  return Finish(context, absl::OkStatus());
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  RunUpdate(payload->size(), [this, context, response, reactor, r = std::move(r), payload] {
+    absl::StatusOr<PushOutcome> outcome = store_->Push(ToChunkPush(r), *payload);
+    if (!outcome.ok()) {
+      reactor->Finish(ToGrpcStatus(outcome.status(), context));
+      return;
+    }
+    PushResponse reply;
+    reply.set_version(outcome->version);
+    reply.set_duplicate(outcome->duplicate);
+    reply.set_late(outcome->late);
+    grpc::Slice slice(reply.SerializeAsString());
+    *response = grpc::ByteBuffer(&slice, 1);
+    reactor->Finish(grpc::Status::OK);
+  });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* ServerService::PushPull(grpc::CallbackServerContext* context,
                                                   const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
   PushRequest r;
-  ReceivedPayload payload;
-  if (absl::Status parsed = ParseWithPayload(*request, kPushDataField, &r, &payload); !parsed.ok()) {
+  auto payload = std::make_shared<ReceivedPayload>();
+  if (absl::Status parsed = ParseWithPayload(*request, kPushDataField, &r, payload.get()); !parsed.ok()) {
     return Finish(context, parsed);
   }
   auto* reactor = new ExchangeReactor(context, response);
-  store_->PushPull(ToChunkPush(r), payload, reactor->waiter());
+  std::shared_ptr<ExchangeWaiter> waiter = reactor->waiter();
+  RunUpdate(payload->size(), [this, r = std::move(r), payload, waiter] {
+    store_->PushPull(ToChunkPush(r), *payload, waiter);
+  });
   return reactor;
 }
 

@@ -50,7 +50,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/heartbeater.h"
-#include "common/serial_executor.h"
+#include "common/thread_pool.h"
 #include "common/scheduler_client.h"
 #include "common/shard_map.h"
 #include <grpcpp/generic/generic_stub.h>

@@ -42,6 +42,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/daemon_init.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
@@ -932,6 +933,7 @@ int Main(int argc, char** argv) {
     }
   }
   gflags::ParseCommandLineFlags(&argc, &argv, true);
+  tessera::KeepTransientBuffersMapped();  // the bench's client is a worker: same malloc settings
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);  // see common/daemon_init.h
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;

@@ -1,23 +1,25 @@
-#include "common/serial_executor.h"
+#include "common/thread_pool.h"
 
 namespace tessera {
 
-SerialExecutor::SerialExecutor() { thread_ = std::thread([this] { Run(); }); }
+ThreadPool::ThreadPool(int threads) {
+  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
+}
 
-SerialExecutor::~SerialExecutor() {
+ThreadPool::~ThreadPool() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  thread_.join();
+  for (std::thread& t : threads_) t.join();
 }
 
-void SerialExecutor::Submit(std::function<void()> task) {
+void ThreadPool::Submit(std::function<void()> task) {
   absl::MutexLock lock(&mu_);
   tasks_.push_back(std::move(task));
 }
 
-void SerialExecutor::Run() {
+void ThreadPool::Run() {
   while (true) {
     std::function<void()> task;
     {
