@@ -64,8 +64,11 @@ struct ChunkCall {
 // Replies are decoded on gRPC's threads, straight into the destination spans. Thread-safe.
 class ChunkBatch {
  public:
-  // `stubs` returns the stub of a server id (called on the adding thread only).
-  ChunkBatch(int window, std::function<grpc::GenericStub*(int)> stubs) : window_(window), stubs_(std::move(stubs)) {}
+  // `stubs` returns the stub of a server id (called on the adding thread only). With `launcher` (not owned;
+  // must outlive the batch), calls are started there instead of on the adding thread: starting a call writes
+  // its bytes to the socket, which a training loop should not wait for.
+  ChunkBatch(int window, std::function<grpc::GenericStub*(int)> stubs, ThreadPool* launcher = nullptr)
+      : window_(window), stubs_(std::move(stubs)), launcher_(launcher) {}
   ~ChunkBatch() {
     CancelAll();
     Wait(absl::InfiniteFuture());  // every call has a deadline
@@ -81,6 +84,7 @@ class ChunkBatch {
       stubs_by_server_.try_emplace(c->server_id, stubs_(c->server_id));
       calls_.push_back(std::move(call));
       ++pending_;
+      ++pending_by_name_[c->name_index];
       Server& s = servers_[c->server_id];
       if (s.in_flight < window_) {
         ++s.in_flight;
@@ -89,7 +93,12 @@ class ChunkBatch {
         s.queue.emplace(c->name_index, c);
       }
     }
-    if (start) Launch(c);
+    if (!start) return;
+    if (launcher_ != nullptr) {
+      launcher_->Submit([this, c] { Launch(c); });  // the destructor waits for every call, launched or not
+    } else {
+      Launch(c);
+    }
   }
 
   // Waits until every added call completed, or `deadline`; true when all completed.
@@ -98,15 +107,25 @@ class ChunkBatch {
     return mu_.AwaitWithDeadline(absl::Condition(+[](size_t* p) { return *p == 0; }, &pending_), deadline);
   }
 
-  // Waits like Wait(), but also returns (false) once `stop` returns true (checked whenever a call completes or
-  // `poke()` is called).
-  bool WaitOr(const std::function<bool()>& stop) {
+  // Waits until every call of parameter `name_index` completed (true), or `give_up` returns true (false;
+  // checked whenever a call completes, on Poke(), and at least every 100 ms).
+  bool WaitForName(size_t name_index, const std::function<bool()>& give_up) {
     absl::MutexLock lock(&mu_);
-    while (pending_ > 0) {
-      if (stop()) return false;
-      poked_.WaitWithTimeout(&mu_, absl::Milliseconds(100));  // re-checks `stop`
+    while (pending_by_name_[name_index] > 0) {
+      if (give_up && give_up()) return false;
+      poked_.WaitWithTimeout(&mu_, absl::Milliseconds(100));  // re-checks `give_up`
     }
     return true;
+  }
+
+  // The calls of parameter `name_index` (valid once WaitForName returned true for it).
+  std::vector<ChunkCall*> CallsOf(size_t name_index) {
+    absl::MutexLock lock(&mu_);
+    std::vector<ChunkCall*> out;
+    for (auto& c : calls_) {
+      if (c->name_index == name_index) out.push_back(c.get());
+    }
+    return out;
   }
   void Poke() {
     absl::MutexLock lock(&mu_);
@@ -119,7 +138,10 @@ class ChunkBatch {
     for (auto& c : calls_) c->context.TryCancel();
     for (auto& [id, s] : servers_) {
       pending_ -= s.queue.size();
-      for (auto& [prio, c] : s.queue) c->status = absl::CancelledError(c->What() + ": cancelled");
+      for (auto& [prio, c] : s.queue) {
+        c->status = absl::CancelledError(c->What() + ": cancelled");
+        --pending_by_name_[c->name_index];
+      }
       s.queue.clear();
     }
     poked_.SignalAll();
@@ -159,6 +181,7 @@ class ChunkBatch {
         --s.in_flight;
       }
       --pending_;
+      --pending_by_name_[c->name_index];
       poked_.SignalAll();
     }
     if (next != nullptr) Launch(next);
@@ -185,12 +208,14 @@ class ChunkBatch {
 
   const int window_;
   const std::function<grpc::GenericStub*(int)> stubs_;
+  ThreadPool* const launcher_;  // not owned; null: calls start on the adding thread
   absl::Mutex mu_;
   absl::CondVar poked_;
   std::vector<std::unique_ptr<ChunkCall>> calls_ ABSL_GUARDED_BY(mu_);
   std::map<int, grpc::GenericStub*> stubs_by_server_ ABSL_GUARDED_BY(mu_);
   std::map<int, Server> servers_ ABSL_GUARDED_BY(mu_);
   size_t pending_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<size_t, int> pending_by_name_ ABSL_GUARDED_BY(mu_);
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
 
@@ -313,8 +338,7 @@ absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> PsClient::MakeCalls(
   return calls;
 }
 
-absl::StatusOr<uint64_t> PsClient::Absorb(const std::vector<std::unique_ptr<ChunkCall>>& calls,
-                                          std::vector<size_t>* failed_names) {
+absl::StatusOr<uint64_t> PsClient::Absorb(const std::vector<ChunkCall*>& calls, std::vector<size_t>* failed_names) {
   uint64_t newer_epoch = 0;
   absl::Status retry;
   int64_t bytes = 0;
@@ -371,7 +395,9 @@ absl::Status PsClient::RunChunks(int op, const std::vector<std::string>& names,
     }
     batch.Wait(absl::InfiniteFuture());  // every call has a deadline
     std::vector<size_t> failed;
-    TESSERA_ASSIGN_OR_RETURN(uint64_t newer_epoch, Absorb(batch.calls(), &failed));
+    std::vector<ChunkCall*> done;
+    for (const auto& c : batch.calls()) done.push_back(c.get());
+    TESSERA_ASSIGN_OR_RETURN(uint64_t newer_epoch, Absorb(done, &failed));
     if (failed.empty()) return absl::OkStatus();
     todo = failed;
     if (newer_epoch > 0) {
@@ -437,7 +463,8 @@ absl::Status PsClient::Done() {
 }
 
 // SYNC and ASYNC: one exchange per chunk, started as each gradient is sent; in SYNC the clock is advanced on
-// the client's clock executor at the same time. SSP: push, clock gate, pull, all in Finish().
+// the client's clock executor at the same time. The values arrive while the caller goes on (WaitValues).
+// SSP: push, clock gate and pull, all in Finish().
 class StepExchangeImpl final : public StepExchange {
  public:
   StepExchangeImpl(PsClient* client, const std::vector<std::string>& names,
@@ -450,7 +477,9 @@ class StepExchangeImpl final : public StepExchange {
         out_(out),
         mode_(client->job().consistency().mode()),
         sent_(names.size(), false),
-        batch_(client->options_.window_per_server, [client](int id) { return client->StubFor(id); }) {
+        settled_(names.size(), mode_ == tessera::v1::ConsistencySpec::SSP),
+        batch_(client->options_.window_per_server, [client](int id) { return client->StubFor(id); },
+               &client->launcher_) {
     if (mode_ == tessera::v1::ConsistencySpec::SSP) return;
     ++client_->seq_;
     if (mode_ == tessera::v1::ConsistencySpec::SYNC) {
@@ -475,6 +504,11 @@ class StepExchangeImpl final : public StepExchange {
     if (clock_state_) {
       absl::MutexLock lock(&clock_state_->mu);
       clock_state_->abandoned = true;  // the executor's task must not poke a destroyed batch
+    }
+    // Values that were not waited for may be partly written: their cached versions no longer describe them.
+    for (size_t i = 0; i < names_.size(); ++i) {
+      if (settled_[i] || !sent_[i]) continue;
+      for (ChunkCall* c : batch_.CallsOf(i)) client_->pulled_.erase({c->placement->param(), c->placement->index()});
     }
   }
 
@@ -502,46 +536,46 @@ class StepExchangeImpl final : public StepExchange {
       if (!gate.stop) TESSERA_RETURN_IF_ERROR(client_->Pull(names_, out_));
       return gate;
     }
-    if (mode_ == tessera::v1::ConsistencySpec::SYNC) {
-      // The round may never close when the job stopped meanwhile (another worker left): the clock says so.
-      const bool all_in = batch_.WaitOr([this] { return ClockStopped(); });
-      if (!all_in) {
-        batch_.CancelAll();
-        batch_.Wait(absl::InfiniteFuture());
-        TESSERA_ASSIGN_OR_RETURN(tessera::v1::AdvanceClockResponse gate, WaitClock());
-        return Advance(gate);
-      }
-    } else {
-      batch_.Wait(absl::InfiniteFuture());  // every call has a deadline
+    if (mode_ == tessera::v1::ConsistencySpec::ASYNC) return client_->Clock();  // never waits at the gate
+    TESSERA_ASSIGN_OR_RETURN(tessera::v1::AdvanceClockResponse gate, WaitClock());
+    // The job is over: rounds still open may never close, so nobody waits for them.
+    if (gate.stop()) batch_.CancelAll();
+    return Advance(gate);
+  }
+
+  absl::Status WaitValues(int index, const std::function<bool()>& give_up) override {
+    if (index < 0 || static_cast<size_t>(index) >= names_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("WaitValues(", index, "): no such parameter"));
+    }
+    if (settled_[index]) return absl::OkStatus();
+    if (!sent_[index]) {
+      return absl::FailedPreconditionError(absl::StrCat("WaitValues: '", names_[index], "' was never sent"));
+    }
+    if (!batch_.WaitForName(index, [&] { return (clock_state_ && ClockStopped()) || (give_up && give_up()); })) {
+      return absl::AbortedError(absl::StrCat("stopped waiting for the values of '", names_[index],
+                                             "': the job is stopping"));
     }
     std::vector<size_t> failed;
-    TESSERA_ASSIGN_OR_RETURN(uint64_t newer_epoch, client_->Absorb(batch_.calls(), &failed));
+    TESSERA_ASSIGN_OR_RETURN(uint64_t newer_epoch, client_->Absorb(batch_.CallsOf(index), &failed));
     if (!failed.empty()) {
-      // Retry what failed through the ordinary path, with the same sequence number.
+      // Retry through the ordinary path, with the same sequence number: a server that applied the push
+      // answers the retry as a duplicate, with the values.
       if (newer_epoch > 0) TESSERA_RETURN_IF_ERROR(client_->RefreshMap(newer_epoch));
-      std::vector<std::string> names;
-      std::vector<absl::Span<const float>> grads;
-      std::vector<absl::Span<float>> out;
-      for (size_t i : failed) {
-        names.push_back(names_[i]);
-        grads.push_back(grads_[i]);
-        out.push_back(out_[i]);
-      }
-      TESSERA_RETURN_IF_ERROR(client_->RunChunks(kExchange, names, grads, batch_size_, out, /*new_seq=*/false));
+      TESSERA_RETURN_IF_ERROR(client_->RunChunks(kExchange, {names_[index]}, {grads_[index]}, batch_size_,
+                                                 {out_[index]}, /*new_seq=*/false));
     }
-    if (mode_ == tessera::v1::ConsistencySpec::SYNC) {
-      TESSERA_ASSIGN_OR_RETURN(tessera::v1::AdvanceClockResponse gate, WaitClock());
-      return Advance(gate);
-    }
-    return client_->Clock();  // ASYNC: records the clock; never waits at the gate
+    settled_[index] = true;
+    return absl::OkStatus();
   }
+
+  bool stopped() const override { return clock_state_ && ClockStopped(); }
 
  private:
   struct ClockState {
     absl::Mutex mu;
     std::optional<absl::StatusOr<tessera::v1::AdvanceClockResponse>> result ABSL_GUARDED_BY(mu);
     bool abandoned ABSL_GUARDED_BY(mu) = false;
-    // The gate answered stop or failed. Atomic so that the batch's wait reads it without taking `mu`.
+    // The gate answered stop or failed. Atomic so that waits under the batch's lock read it without `mu`.
     std::atomic<bool> stop{false};
   };
 
@@ -572,6 +606,7 @@ class StepExchangeImpl final : public StepExchange {
   const std::vector<absl::Span<float>> out_;
   const tessera::v1::ConsistencySpec::Mode mode_;
   std::vector<bool> sent_;
+  std::vector<bool> settled_;  // values in place and absorbed into the client's cache
   std::shared_ptr<ClockState> clock_state_;
   ChunkBatch batch_;
 };

@@ -32,7 +32,8 @@
 //
 //   auto step = client->BeginStep(names, grads, batch_size, values);   // values: where the new values go
 //   for (int i = last layer; i >= 0; --i) { ...backward of layer i...; step->Send(i); }   // pushes start now
-//   TESSERA_ASSIGN_OR_RETURN(tessera::ClockResult clock, step->Finish());  // values are in; clock advanced
+//   TESSERA_ASSIGN_OR_RETURN(tessera::ClockResult clock, step->Finish());  // clock advanced
+//   for (int i = 0; i < layers; ++i) { step->WaitValues(i); ...forward of layer i... }  // as values arrive
 //
 // Consistency is the job's: in SYNC, Push contributes to the round of the current clock and Clock() returns when
 // every worker has pushed that round; in SSP(s), Clock() holds a worker more than s clocks ahead of the slowest;
@@ -40,6 +41,7 @@
 #ifndef TESSERA_WORKER_PS_CLIENT_H_
 #define TESSERA_WORKER_PS_CLIENT_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -123,11 +125,11 @@ class PsClient {
   [[nodiscard]] absl::StatusOr<ClockResult> Clock();
 
   // Starts a step whose gradients are sent parameter by parameter as they become final (StepExchange::Send)
-  // and whose answer is the values for the next step, written into `out`, then the clock. In SYNC each
-  // chunk's exchange is answered when its round closes and the scheduler's clock is advanced alongside, off
-  // the step's path; in ASYNC each push is answered with the values right after it; in SSP the step runs push,
-  // clock gate and pull. The spans must stay valid until Finish returns; the client must not be used for
-  // anything else meanwhile.
+  // and whose answer is the values for the next step, written into `out` as they arrive (WaitValues), and the
+  // clock (Finish). In SYNC each chunk's exchange is answered when its round closes and the scheduler's clock
+  // is advanced alongside, off the step's path; in ASYNC each push is answered with the values right after it;
+  // in SSP the step runs push, clock gate and pull in Finish. The names and spans must stay valid, and `out`
+  // unread, until the values were waited for or the exchange destroyed.
   [[nodiscard]] std::unique_ptr<StepExchange> BeginStep(const std::vector<std::string>& names,
                                                         const std::vector<absl::Span<const float>>& grads,
                                                         int batch_size, const std::vector<absl::Span<float>>& out);
@@ -166,8 +168,7 @@ class PsClient {
   // Takes the results of completed calls: caches pulled versions and counts bytes. Returns the newest epoch a
   // server named (0: none) and lists the names whose calls may be retried; a call that may not be retried is
   // returned as the error.
-  absl::StatusOr<uint64_t> Absorb(const std::vector<std::unique_ptr<ChunkCall>>& calls,
-                                  std::vector<size_t>* failed_names);
+  absl::StatusOr<uint64_t> Absorb(const std::vector<ChunkCall*>& calls, std::vector<size_t>* failed_names);
 
   const Options options_;
   std::unique_ptr<SchedulerClient> scheduler_;
@@ -190,19 +191,29 @@ class PsClient {
   uint64_t seq_ = 0;
   absl::Status last_retry_status_;
   SerialExecutor clock_executor_;  // SYNC steps advance the clock here, alongside the exchange
+  SerialExecutor launcher_;        // a step's exchanges start (and write to their sockets) here
 };
 
-// One step's exchanges (see PsClient::BeginStep). Send() and Finish() are called by the training loop's
-// thread; the replies are processed on gRPC's threads. Thread-compatible.
+// One step's exchanges (see PsClient::BeginStep). Called by the training loop's thread only; the replies are
+// processed on gRPC's threads. Destroying it cancels what is still in flight. Thread-compatible.
 class StepExchange {
  public:
   virtual ~StepExchange() = default;
   // grads[index] is final: its chunks start now (queued behind earlier parameters at a busy server).
   // INVALID_ARGUMENT when the gradient is not finite (nothing of it was sent).
   [[nodiscard]] virtual absl::Status Send(int index) = 0;
-  // Sends what was not sent yet, waits for every value and for the clock; retries what failed on a stale
-  // epoch or an unavailable server.
+  // Sends what was not sent yet and returns the clock (in SSP after the gate and the pull). In SYNC and ASYNC
+  // the values may still be arriving: WaitValues before reading them. When the clock says stop, whatever is
+  // still in flight is cancelled.
   [[nodiscard]] virtual absl::StatusOr<ClockResult> Finish() = 0;
+  // Waits until out[index] holds the values after this step (retrying what failed on a stale epoch or an
+  // unavailable server). ABORTED when `give_up` (checked at least every 100 ms) returns true or the job stops
+  // first.
+  [[nodiscard]] virtual absl::Status WaitValues(int index, const std::function<bool()>& give_up = nullptr) {
+    return absl::OkStatus();
+  }
+  // True once the scheduler said the job is over (SYNC; checked without blocking).
+  virtual bool stopped() const { return false; }
 };
 
 }  // namespace tessera

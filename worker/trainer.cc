@@ -48,9 +48,10 @@ absl::Status PullInto(ParameterSource& source, HostTensors& host, Mlp& model) {
 }
 
 // The stand-in for a GPU step: waits `total_ms` split across the layers in proportion to their weights, half
-// as forward (first layer first) and half as backward (last layer first, announcing each layer's gradients).
-// The gradients keep whatever values they hold (their sizes are the model's).
-absl::Status SimulateCompute(const Mlp& model, int total_ms, const Mlp::LayerGradientsReady& ready) {
+// as forward (first layer first, after `needed`) and half as backward (last layer first, announcing each
+// layer's gradients). The gradients keep whatever values they hold (their sizes are the model's).
+absl::Status SimulateCompute(const Mlp& model, int total_ms, const Mlp::LayerNeeded& needed,
+                             const Mlp::LayerGradientsReady& ready) {
   std::vector<double> weight(model.layers());
   double sum = 0;
   for (int l = 0; l < model.layers(); ++l) {
@@ -61,7 +62,10 @@ absl::Status SimulateCompute(const Mlp& model, int total_ms, const Mlp::LayerGra
     // A stand-in for compute time (benchmarks only), not a synchronisation point.
     std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(0.5 * total_ms * weight[l] / sum));
   };
-  for (int l = 0; l < model.layers(); ++l) wait(l);
+  for (int l = 0; l < model.layers(); ++l) {
+    TESSERA_RETURN_IF_ERROR(needed(l));
+    wait(l);
+  }
   for (int l = model.layers() - 1; l >= 0; --l) {
     wait(l);
     TESSERA_RETURN_IF_ERROR(ready(l));
@@ -144,6 +148,25 @@ absl::StatusOr<TrainerResult> Trainer::Run() {
   };
 
   TESSERA_RETURN_IF_ERROR(PullInto(*source_, host, *model));
+  // The last step's exchange, whose values may still be arriving: the next forward takes them layer by layer
+  // as they come (first layer first), so communication overlaps compute.
+  std::unique_ptr<StepExchange> previous;
+  std::unique_ptr<StepExchange> step;
+  auto take_layer = [&](int layer) -> absl::Status {
+    if (!previous) return absl::OkStatus();
+    for (int i : {2 * layer, 2 * layer + 1}) {
+      TESSERA_RETURN_IF_ERROR(previous->WaitValues(i, [&] { return step && step->stopped(); }));
+      TESSERA_RETURN_IF_ERROR(model->SetParameter(i, host.values[i]));
+    }
+    return absl::OkStatus();
+  };
+  // Every value of the last step in place (before an evaluation, a parameter dump or the end).
+  auto settle = [&]() -> absl::Status {
+    for (int l = 0; previous && l < model->layers(); ++l) TESSERA_RETURN_IF_ERROR(take_layer(l));
+    previous.reset();
+    return absl::OkStatus();
+  };
+  bool stopped_by_gate = false;
   while (clock < stop_clock) {
     if (cancelled_) return absl::CancelledError(absl::StrCat("worker ", rank, " cancelled at clock ", clock));
     const std::vector<int64_t> batch = schedule.Batch(clock);
@@ -156,8 +179,7 @@ absl::StatusOr<TrainerResult> Trainer::Run() {
       // Simulated extra compute time: this worker is meant to be a straggler.
       std::this_thread::sleep_for(std::chrono::milliseconds(options_.inject_slowdown_ms));
     }
-    std::unique_ptr<StepExchange> step =
-        source_->BeginStep(host.names, host.GradSpans(), static_cast<int>(batch.size()), host.ValueSpans());
+    step = source_->BeginStep(host.names, host.GradSpans(), static_cast<int>(batch.size()), host.ValueSpans());
     // Each layer's gradients leave for the servers while backward goes on with the layers below.
     auto send_layer = [&](int layer) -> absl::Status {
       for (int i : {2 * layer, 2 * layer + 1}) {
@@ -167,18 +189,18 @@ absl::StatusOr<TrainerResult> Trainer::Run() {
       return absl::OkStatus();
     };
     LossSums sums;
+    absl::Status computed;
     if (options_.simulate_compute_ms > 0) {
-      TESSERA_RETURN_IF_ERROR(SimulateCompute(*model, options_.simulate_compute_ms, send_layer));
+      computed = SimulateCompute(*model, options_.simulate_compute_ms, take_layer, send_layer);
     } else {
-      TESSERA_ASSIGN_OR_RETURN(sums, model->ForwardBackward(x, y, send_layer));
+      absl::StatusOr<LossSums> result = model->ForwardBackward(x, y, send_layer, take_layer);
+      computed = result.status();
+      if (result.ok()) sums = *result;
     }
+    // A forward that stopped waiting because the job is over ends here, with the clock's stop below.
+    if (!computed.ok() && !(computed.code() == absl::StatusCode::kAborted && step->stopped())) return computed;
     TESSERA_ASSIGN_OR_RETURN(ClockResult gate, step->Finish());
-    step.reset();
-    if (!gate.stop) {
-      for (int i = 0; i < model->num_parameters(); ++i) {
-        TESSERA_RETURN_IF_ERROR(model->SetParameter(i, host.values[i]));
-      }
-    }
+    previous = std::move(step);
     loss_sum += sums.loss / batch.size();
     ++loss_steps;
     samples_total += batch.size();
@@ -191,12 +213,20 @@ absl::StatusOr<TrainerResult> Trainer::Run() {
     }
     if (gate.stop) {
       result.stop_reason = gate.stop_reason;
+      stopped_by_gate = true;
       break;
     }
     if (clock % job.eval_every_steps() == 0) {
+      if (evaluates) TESSERA_RETURN_IF_ERROR(settle());
       TESSERA_ASSIGN_OR_RETURN(bool stop, report(evaluates));
       if (stop) break;
     }
+  }
+  // Rounds the job stopped in may never close: only a job that ran its course waits for its last values.
+  if (stopped_by_gate) {
+    previous.reset();
+  } else {
+    TESSERA_RETURN_IF_ERROR(settle());
   }
   if (result.stop_reason.empty()) result.stop_reason = absl::StrCat("reached step ", clock);
   if (evaluates && last_eval_clock != clock) TESSERA_RETURN_IF_ERROR(report(true).status());

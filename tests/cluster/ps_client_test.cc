@@ -96,6 +96,12 @@ TEST(PsClientTest, SyncStepExchangeAnswersBothWorkersWithTheClosedRoundsValues) 
       absl::Status sent = exchange->Send(1);  // "b" first, then "a"
       if (sent.ok()) sent = exchange->Send(0);
       absl::StatusOr<ClockResult> clock = sent.ok() ? exchange->Finish() : absl::StatusOr<ClockResult>(sent);
+      if (clock.ok()) {
+        // The values arrive after the clock; the first layer's are asked for first.
+        absl::Status in = exchange->WaitValues(0);
+        if (in.ok()) in = exchange->WaitValues(1);
+        if (!in.ok()) clock = in;
+      }
       if (!clock.ok()) {
         errors[w] = clock.status();
         return;

@@ -80,7 +80,7 @@ absl::Status Mlp::GetGradient(int index, absl::Span<float> out) {
 }
 
 absl::StatusOr<LossSums> Mlp::Forward(absl::Span<const float> x, absl::Span<const int32_t> labels, bool backward,
-                                      const LayerGradientsReady& ready) {
+                                      const LayerGradientsReady& ready, const LayerNeeded& needed) {
   const int batch = static_cast<int>(labels.size());
   if (batch <= 0 || batch > max_batch_) {
     return absl::InvalidArgumentError(absl::StrCat("batch of ", batch, " examples; expected 1..", max_batch_));
@@ -92,6 +92,7 @@ absl::StatusOr<LossSums> Mlp::Forward(absl::Span<const float> x, absl::Span<cons
   TESSERA_RETURN_IF_ERROR(backend_->Upload(x, *activations_[0]));
   const int L = layers();
   for (int l = 0; l < L; ++l) {
+    if (needed) TESSERA_RETURN_IF_ERROR(needed(l));
     TESSERA_RETURN_IF_ERROR(backend_->Gemm(false, false, batch, sizes_[l + 1], sizes_[l], 1.0f, *activations_[l],
                                            *values_[2 * l], 0.0f, *activations_[l + 1]));
     TESSERA_RETURN_IF_ERROR(
@@ -117,8 +118,8 @@ absl::StatusOr<LossSums> Mlp::Forward(absl::Span<const float> x, absl::Span<cons
 }
 
 absl::StatusOr<LossSums> Mlp::ForwardBackward(absl::Span<const float> x, absl::Span<const int32_t> labels,
-                                              const LayerGradientsReady& ready) {
-  return Forward(x, labels, /*backward=*/true, ready);
+                                              const LayerGradientsReady& ready, const LayerNeeded& needed) {
+  return Forward(x, labels, /*backward=*/true, ready, needed);
 }
 
 absl::StatusOr<LossSums> Mlp::Evaluate(absl::Span<const float> x, absl::Span<const int32_t> labels) {
@@ -127,7 +128,7 @@ absl::StatusOr<LossSums> Mlp::Evaluate(absl::Span<const float> x, absl::Span<con
   for (size_t start = 0; start < n; start += max_batch_) {
     const size_t count = std::min<size_t>(max_batch_, n - start);
     TESSERA_ASSIGN_OR_RETURN(LossSums part, Forward(x.subspan(start * inputs(), count * inputs()),
-                                                    labels.subspan(start, count), /*backward=*/false, nullptr));
+                                                    labels.subspan(start, count), /*backward=*/false, nullptr, nullptr));
     total.loss += part.loss;
     total.correct += part.correct;
   }

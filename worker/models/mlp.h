@@ -49,19 +49,24 @@ class Mlp {
   // Called during backward as soon as layer `layer`'s gradients (parameters 2*layer and 2*layer+1) are final,
   // last layer first; an error stops the backward pass and is returned.
   using LayerGradientsReady = std::function<absl::Status(int layer)>;
+  // Called before forward uses layer `layer`'s parameters, first layer first: the moment to put them in place
+  // (SetParameter) when they arrive layer by layer. An error stops the pass and is returned.
+  using LayerNeeded = std::function<absl::Status(int layer)>;
 
   // Forward and backward over `labels.size()` examples (x is row-major [batch, inputs]); leaves the gradients of
-  // the mean loss in the model, announcing each layer's to `ready` (if set) as backward produces it.
+  // the mean loss in the model, announcing each layer's to `ready` (if set) as backward produces it, and asking
+  // `needed` (if set) for each layer's parameters before forward uses them.
   // INVALID_ARGUMENT for a batch larger than max_batch or mismatched sizes.
   [[nodiscard]] absl::StatusOr<LossSums> ForwardBackward(absl::Span<const float> x, absl::Span<const int32_t> labels,
-                                                         const LayerGradientsReady& ready = nullptr);
+                                                         const LayerGradientsReady& ready = nullptr,
+                                                         const LayerNeeded& needed = nullptr);
   // Forward only, in slices of max_batch: summed loss and hits over all examples.
   [[nodiscard]] absl::StatusOr<LossSums> Evaluate(absl::Span<const float> x, absl::Span<const int32_t> labels);
 
  private:
   Mlp(Backend* backend, std::vector<int> sizes, int max_batch) : backend_(backend), sizes_(std::move(sizes)), max_batch_(max_batch) {}
   absl::StatusOr<LossSums> Forward(absl::Span<const float> x, absl::Span<const int32_t> labels, bool backward,
-                                   const LayerGradientsReady& ready);
+                                   const LayerGradientsReady& ready, const LayerNeeded& needed);
 
   Backend* const backend_;  // not owned
   const std::vector<int> sizes_;
