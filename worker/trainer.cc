@@ -1,6 +1,7 @@
 #include "worker/trainer.h"
 
 #include <algorithm>
+#include <deque>
 #include <limits>
 #include <thread>
 
@@ -180,13 +181,25 @@ absl::StatusOr<TrainerResult> Trainer::Run() {
       std::this_thread::sleep_for(std::chrono::milliseconds(options_.inject_slowdown_ms));
     }
     step = source_->BeginStep(host.names, host.GradSpans(), static_cast<int>(batch.size()), host.ValueSpans());
-    // Each layer's gradients leave for the servers while backward goes on with the layers below.
-    auto send_layer = [&](int layer) -> absl::Status {
-      for (int i : {2 * layer, 2 * layer + 1}) {
-        TESSERA_RETURN_IF_ERROR(model->GetGradient(i, absl::MakeSpan(host.grads[i])));
-        TESSERA_RETURN_IF_ERROR(step->Send(i));
+    // Each layer's gradients leave for the servers while backward goes on with the layers below: the copy to
+    // the host starts when backward announces the layer, and the gradient is sent once its copy is in (at
+    // once on a CPU; on a GPU the copies run on a stream of their own and are collected as they finish).
+    std::deque<std::pair<int, std::unique_ptr<PendingDownload>>> copying;
+    auto send_copied = [&](bool wait) -> absl::Status {
+      while (!copying.empty() && (wait || copying.front().second->Ready())) {
+        TESSERA_RETURN_IF_ERROR(copying.front().second->Wait());
+        TESSERA_RETURN_IF_ERROR(step->Send(copying.front().first));
+        copying.pop_front();
       }
       return absl::OkStatus();
+    };
+    auto send_layer = [&](int layer) -> absl::Status {
+      for (int i : {2 * layer, 2 * layer + 1}) {
+        TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<PendingDownload> download,
+                                 model->StartGradientDownload(i, absl::MakeSpan(host.grads[i])));
+        copying.emplace_back(i, std::move(download));
+      }
+      return send_copied(/*wait=*/false);
     };
     LossSums sums;
     absl::Status computed;
@@ -197,6 +210,7 @@ absl::StatusOr<TrainerResult> Trainer::Run() {
       computed = result.status();
       if (result.ok()) sums = *result;
     }
+    if (computed.ok()) computed = send_copied(/*wait=*/true);
     // A forward that stopped waiting because the job is over ends here, with the clock's stop below.
     if (!computed.ok() && !(computed.code() == absl::StatusCode::kAborted && step->stopped())) return computed;
     TESSERA_ASSIGN_OR_RETURN(ClockResult gate, step->Finish());

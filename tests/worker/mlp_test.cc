@@ -92,6 +92,15 @@ TEST(MlpTest, BackwardAnnouncesEachLayersFinalGradientsLastLayerFirst) {
     ASSERT_TRUE((*mlp)->GetGradient(i, absl::MakeSpan(final_grad)).ok());
     EXPECT_EQ(announced[i], final_grad) << "parameter " << i << " changed after it was announced";
   }
+  // A started download of a gradient holds the same values once waited for (the CPU copies at once).
+  std::vector<float> started(announced[0].size());
+  auto download = (*mlp)->StartGradientDownload(0, absl::MakeSpan(started));
+  ASSERT_TRUE(download.ok());
+  EXPECT_TRUE((*download)->Ready());
+  ASSERT_TRUE((*download)->Wait().ok());
+  EXPECT_EQ(started, announced[0]);
+  EXPECT_EQ((*mlp)->StartGradientDownload(99, absl::MakeSpan(started)).status().code(),
+            absl::StatusCode::kInvalidArgument);
   // An error from the callback stops backward and is returned.
   EXPECT_EQ((*mlp)->ForwardBackward(x, y, [](int) { return absl::AbortedError("stop"); }).status().code(),
             absl::StatusCode::kAborted);

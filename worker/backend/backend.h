@@ -40,6 +40,16 @@ struct LossSums {
   int64_t correct = 0;  // examples whose arg-max logit is the label
 };
 
+// A device-to-host copy in flight (Backend::StartDownload). Not thread-safe; used by the backend's thread.
+class PendingDownload {
+ public:
+  virtual ~PendingDownload() = default;
+  // True when Wait() would not block. Never blocks.
+  virtual bool Ready() = 0;
+  // Blocks until the destination holds the values; the error of the copy (or of the work it waited for).
+  [[nodiscard]] virtual absl::Status Wait() = 0;
+};
+
 // Thread-compatible: one backend serves one training loop.
 class Backend {
  public:
@@ -54,6 +64,13 @@ class Backend {
   [[nodiscard]] virtual absl::Status Upload(absl::Span<const float> src, Buffer& dst) = 0;
   // Copies src[0, dst.size()) to the host and waits for it; INVALID_ARGUMENT when src is smaller.
   [[nodiscard]] virtual absl::Status Download(const Buffer& src, absl::Span<float> dst) = 0;
+  // Starts copying src[0, dst.size()) to the host, after the work issued before it, without holding back the
+  // work issued after it; `dst` holds the values once the returned download's Wait() returned OK. `src` must
+  // not be written until then. The default copies at once (Download) and returns a finished download; the
+  // CUDA backend copies on a stream of its own through pinned memory, so a layer's gradient travels while
+  // backward goes on with the layers below.
+  [[nodiscard]] virtual absl::StatusOr<std::unique_ptr<PendingDownload>> StartDownload(const Buffer& src,
+                                                                                       absl::Span<float> dst);
 
   // C[m x n] = alpha * op(A) * op(B) + beta * C, op(X) = X or X^T; op(A) is m x k, op(B) is k x n.
   [[nodiscard]] virtual absl::Status Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha,

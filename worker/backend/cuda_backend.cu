@@ -11,6 +11,8 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -361,12 +363,14 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     ScopedDevice device(ordinal_);
     if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_.get());
+    if (copy_stream_ != nullptr) (void)cudaStreamSynchronize(copy_stream_.get());
   }
 
   std::string name() const override { return name_; }
   absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t n) override;
   absl::Status Upload(absl::Span<const float> src, Buffer& dst) override;
   absl::Status Download(const Buffer& src, absl::Span<float> dst) override;
+  absl::StatusOr<std::unique_ptr<PendingDownload>> StartDownload(const Buffer& src, absl::Span<float> dst) override;
   absl::Status Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const Buffer& a,
                     const Buffer& b, float beta, Buffer& c) override;
   absl::Status BiasActivation(Buffer& z, const Buffer& bias, int rows, int cols, bool relu) override;
@@ -387,6 +391,7 @@ class CudaBackend final : public Backend {
       : ordinal_(ordinal),
         options_(options),
         stream_(nullptr, StreamDestroyer{ordinal}),
+        copy_stream_(nullptr, StreamDestroyer{ordinal}),
         cublas_(nullptr, CublasDestroyer{ordinal}),
         operands_(ordinal),
         labels_(ordinal),
@@ -402,17 +407,65 @@ class CudaBackend final : public Backend {
   template <typename T>
   absl::StatusOr<std::pair<const T*, const T*>> ConvertOperands(const float* a, size_t na, const float* b, size_t nb);
 
+  friend class CudaPendingDownload;
+  // Pinned host memory of at least `bytes` for a download, reused from earlier ones when possible.
+  absl::StatusOr<PinnedMemory> TakePinned(size_t bytes);
+  void ReturnPinned(PinnedMemory memory, size_t bytes);
+
   // Constant after Init.
   const int ordinal_;
   const CudaBackendOptions options_;
   std::string name_;
   StreamOwner stream_;
+  StreamOwner copy_stream_;  // StartDownload's device-to-host copies
   CublasOwner cublas_;  // bound to stream_
   Staging staging_[2];
   // Used in stream order on stream_.
   Scratch operands_;  // converted GEMM operands
   Scratch labels_;    // int32 labels of SoftmaxCrossEntropy
   Scratch sums_;      // its per-block partial sums, then the total
+  // Pinned blocks of finished downloads, by capacity, for the next ones (bounded by kMaxFreePinnedBytes).
+  static constexpr size_t kMaxFreePinnedBytes = size_t{256} << 20;
+  std::multimap<size_t, PinnedMemory> free_pinned_;
+  size_t free_pinned_bytes_ = 0;
+};
+
+// A copy on the backend's copy stream into pinned memory; Wait() moves the values to their destination.
+class CudaPendingDownload final : public PendingDownload {
+ public:
+  CudaPendingDownload(CudaBackend* backend, PinnedMemory pinned, size_t bytes, EventOwner copied,
+                      absl::Span<float> dst)
+      : backend_(backend), pinned_(std::move(pinned)), bytes_(bytes), copied_(std::move(copied)), dst_(dst) {}
+  ~CudaPendingDownload() override {
+    // The copy may still be writing the pinned block: let it finish before the block is reused.
+    if (copied_ != nullptr) {
+      ScopedDevice device(backend_->ordinal_);
+      (void)cudaEventSynchronize(copied_.get());
+    }
+    if (pinned_ != nullptr) backend_->ReturnPinned(std::move(pinned_), bytes_);
+  }
+  bool Ready() override {
+    if (done_) return true;
+    ScopedDevice device(backend_->ordinal_);
+    return cudaEventQuery(copied_.get()) != cudaErrorNotReady;
+  }
+  absl::Status Wait() override {
+    if (done_) return absl::OkStatus();
+    ScopedDevice device(backend_->ordinal_);
+    TESSERA_RETURN_IF_ERROR(device.status());
+    TESSERA_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(copied_.get()));
+    std::memcpy(dst_.data(), pinned_.get(), bytes_);
+    done_ = true;
+    return absl::OkStatus();
+  }
+
+ private:
+  CudaBackend* const backend_;  // not owned; outlives the download (one training loop owns both)
+  PinnedMemory pinned_;
+  const size_t bytes_;
+  EventOwner copied_;
+  const absl::Span<float> dst_;
+  bool done_ = false;
 };
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int ordinal, const CudaBackendOptions& options) {
@@ -445,6 +498,9 @@ absl::Status CudaBackend::Init() {
   cudaStream_t stream = nullptr;
   TESSERA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   stream_.reset(stream);
+  cudaStream_t copy_stream = nullptr;
+  TESSERA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking));
+  copy_stream_.reset(copy_stream);
   cublasHandle_t handle = nullptr;
   TESSERA_CUBLAS_RETURN_IF_ERROR(cublasCreate(&handle));
   cublas_.reset(handle);
@@ -546,6 +602,54 @@ absl::Status CudaBackend::Download(const Buffer& src, absl::Span<float> dst) {
   ScopedDevice device(ordinal_);
   TESSERA_RETURN_IF_ERROR(device.status());
   return CopyToHost(from, dst.data(), dst.size() * sizeof(float));
+}
+
+absl::StatusOr<PinnedMemory> CudaBackend::TakePinned(size_t bytes) {
+  auto it = free_pinned_.lower_bound(bytes);
+  if (it != free_pinned_.end() && it->first <= 2 * bytes) {
+    PinnedMemory memory = std::move(it->second);
+    free_pinned_bytes_ -= it->first;
+    free_pinned_.erase(it);
+    return memory;
+  }
+  void* host = nullptr;
+  const cudaError_t error = cudaHostAlloc(&host, std::max<size_t>(bytes, 1), cudaHostAllocPortable);
+  if (error == cudaErrorMemoryAllocation) {
+    return absl::ResourceExhaustedError(absl::StrCat("cudaHostAlloc(", bytes, " bytes): out of pinned memory"));
+  }
+  TESSERA_CUDA_RETURN_IF_ERROR(error);
+  return PinnedMemory(host);
+}
+
+void CudaBackend::ReturnPinned(PinnedMemory memory, size_t bytes) {
+  if (free_pinned_bytes_ + bytes > kMaxFreePinnedBytes) return;  // freed
+  free_pinned_bytes_ += bytes;
+  free_pinned_.emplace(bytes, std::move(memory));
+}
+
+absl::StatusOr<std::unique_ptr<PendingDownload>> CudaBackend::StartDownload(const Buffer& src,
+                                                                            absl::Span<float> dst) {
+  TESSERA_ASSIGN_OR_RETURN(const float* from, DevicePointer(src, dst.size(), "StartDownload"));
+  ScopedDevice device(ordinal_);
+  TESSERA_RETURN_IF_ERROR(device.status());
+  const size_t bytes = dst.size() * sizeof(float);
+  // The copy stream waits for the compute stream's work so far (the gradient being produced), and only that.
+  cudaEvent_t produced = nullptr;
+  TESSERA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&produced, cudaEventDisableTiming));
+  EventOwner produced_owner(produced, EventDestroyer{ordinal_});
+  TESSERA_CUDA_RETURN_IF_ERROR(cudaEventRecord(produced, stream_.get()));
+  TESSERA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_.get(), produced, 0));
+  TESSERA_ASSIGN_OR_RETURN(PinnedMemory pinned, TakePinned(bytes));
+  cudaEvent_t copied = nullptr;
+  TESSERA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming));
+  EventOwner copied_owner(copied, EventDestroyer{ordinal_});
+  if (bytes > 0) {
+    TESSERA_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(pinned.get(), from, bytes, cudaMemcpyDeviceToHost, copy_stream_.get()));
+  }
+  TESSERA_CUDA_RETURN_IF_ERROR(cudaEventRecord(copied, copy_stream_.get()));
+  return std::unique_ptr<PendingDownload>(
+      std::make_unique<CudaPendingDownload>(this, std::move(pinned), bytes, std::move(copied_owner), dst));
 }
 
 template <typename T>

@@ -16,7 +16,10 @@
 //  * Upload returns once the host values are copied into pinned staging memory (the caller may reuse `src`
 //    at once); the transfer to the device goes on in order with the other work. Values larger than the
 //    staging memory (2 x 4 MiB) make it wait for the earlier parts of their own transfer.
-//  * Download and SoftmaxCrossEntropy block until all work issued before them has finished.
+//  * Download and SoftmaxCrossEntropy block until all work issued before them has finished. StartDownload
+//    does not: it records an event on the compute stream, and a second stream of the backend's waits for it and
+//    copies into pinned memory (reused across downloads); Wait() then moves the values to their destination.
+//    So a layer's gradient leaves the device while the kernels of the layers below run.
 //  * Errors: INVALID_ARGUMENT for sizes, foreign buffers and labels out of range (checked on the host before
 //    anything is enqueued); RESOURCE_EXHAUSTED when device or pinned memory runs out; INTERNAL for any other
 //    CUDA or cuBLAS failure. Every CUDA message names the failing call and the CUDA error.

@@ -79,6 +79,11 @@ absl::Status Mlp::GetGradient(int index, absl::Span<float> out) {
   return backend_->Download(*grads_[index], out);
 }
 
+absl::StatusOr<std::unique_ptr<PendingDownload>> Mlp::StartGradientDownload(int index, absl::Span<float> out) {
+  if (index < 0 || index >= num_parameters()) return absl::InvalidArgumentError("parameter index out of range");
+  return backend_->StartDownload(*grads_[index], out);
+}
+
 absl::StatusOr<LossSums> Mlp::Forward(absl::Span<const float> x, absl::Span<const int32_t> labels, bool backward,
                                       const LayerGradientsReady& ready, const LayerNeeded& needed) {
   const int batch = static_cast<int>(labels.size());

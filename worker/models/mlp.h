@@ -45,6 +45,10 @@ class Mlp {
   // Copies parameter `index` (or its gradient from the last ForwardBackward) to the host.
   [[nodiscard]] absl::Status GetParameter(int index, absl::Span<float> out);
   [[nodiscard]] absl::Status GetGradient(int index, absl::Span<float> out);
+  // Starts copying the gradient of parameter `index` to `out` (see Backend::StartDownload): valid once the
+  // returned download's Wait() returned OK, and until the next ForwardBackward.
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<PendingDownload>> StartGradientDownload(int index,
+                                                                                       absl::Span<float> out);
 
   // Called during backward as soon as layer `layer`'s gradients (parameters 2*layer and 2*layer+1) are final,
   // last layer first; an error stops the backward pass and is returned.

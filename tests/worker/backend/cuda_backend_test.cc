@@ -301,6 +301,47 @@ TEST_F(CudaBackendTest, NameNamesTheDevice) {
   EXPECT_TRUE(absl::EndsWith(gpu->name(), ")")) << gpu->name();
 }
 
+// A gradient-sized download started while more kernels are queued behind it arrives whole (the copy waits for
+// the work before it, and only that).
+TEST_F(CudaBackendTest, StartDownloadCopiesWhatWasComputedBeforeItWhileLaterWorkRuns) {
+  TESSERA_GPU_OR_SKIP(gpu, Math::kFp32);
+  const size_t n = (size_t{3} << 20) + 5;  // several MiB, not a multiple of anything
+  std::vector<float> values(n);
+  for (size_t i = 0; i < n; ++i) values[i] = static_cast<float>(i % 1000) * 0.25f;
+  auto buffer = gpu->Allocate(n);
+  ASSERT_TRUE(buffer.ok());
+  ASSERT_TRUE(gpu->Upload(values, **buffer).ok());
+  std::vector<float> out(n, -1.0f);
+  auto download = gpu->StartDownload(**buffer, absl::MakeSpan(out));
+  ASSERT_TRUE(download.ok()) << download.status();
+  // Work issued after the download (on other buffers, as backward's next layers are) runs meanwhile.
+  auto other = gpu->Allocate(n);
+  auto negative = gpu->Allocate(n);
+  ASSERT_TRUE(other.ok() && negative.ok());
+  ASSERT_TRUE(gpu->Upload(values, **other).ok());
+  ASSERT_TRUE(gpu->Upload(std::vector<float>(n, -1.0f), **negative).ok());
+  ASSERT_TRUE(gpu->ReluBackward(**other, **negative, n).ok());
+  ASSERT_TRUE((*download)->Wait().ok());
+  EXPECT_TRUE((*download)->Ready());
+  EXPECT_EQ(out, values);
+  std::vector<float> now(n);
+  ASSERT_TRUE(gpu->Download(**other, absl::MakeSpan(now)).ok());
+  EXPECT_EQ(now, std::vector<float>(n, 0.0f)) << "the later work ran";
+}
+
+TEST_F(CudaBackendTest, StartDownloadRejectsForeignAndShortBuffers) {
+  TESSERA_GPU_OR_SKIP(gpu, Math::kFp32);
+  CpuBackend cpu;
+  auto foreign = cpu.Allocate(4);
+  ASSERT_TRUE(foreign.ok());
+  std::vector<float> out(8);
+  EXPECT_EQ(gpu->StartDownload(**foreign, absl::MakeSpan(out).subspan(0, 4)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto small = gpu->Allocate(4);
+  ASSERT_TRUE(small.ok());
+  EXPECT_EQ(gpu->StartDownload(**small, absl::MakeSpan(out)).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Operations
 
