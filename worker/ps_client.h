@@ -41,6 +41,8 @@
 #ifndef TESSERA_WORKER_PS_CLIENT_H_
 #define TESSERA_WORKER_PS_CLIENT_H_
 
+#include <grpcpp/generic/generic_stub.h>
+
 #include <functional>
 #include <map>
 #include <memory>
@@ -52,11 +54,9 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/heartbeater.h"
-#include "common/thread_pool.h"
 #include "common/scheduler_client.h"
 #include "common/shard_map.h"
-#include <grpcpp/generic/generic_stub.h>
-
+#include "common/thread_pool.h"
 #include "proto/ps.grpc.pb.h"
 
 namespace tessera {
@@ -111,8 +111,9 @@ class PsClient {
   [[nodiscard]] absl::Status Push(const std::vector<std::string>& names,
                                   const std::vector<absl::Span<const float>>& grads, int batch_size);
 
-  // Push, then Pull of the same parameters (the values after the server applied what it could; in SYNC the
-  // round closes only when every worker has pushed, so call Clock() before relying on the new values).
+  // Push and Pull of the same parameters in one exchange per chunk: `out` receives the values after this push.
+  // In SYNC each chunk answers once its round has closed (every worker pushed it), so this call waits for the
+  // other workers like a barrier; then call Clock() as usual.
   [[nodiscard]] absl::Status PushPull(const std::vector<std::string>& names,
                                       const std::vector<absl::Span<const float>>& grads, int batch_size,
                                       const std::vector<absl::Span<float>>& out);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The data-plane benchmark (issue 6): installs iperf3 if missing, builds, runs build/bin/tessera-bench and prints
+# The data-plane benchmark: installs iperf3 if missing, builds, runs build/bin/tessera-bench and prints
 # one Markdown table in which every speed is a ratio to a reference measured in the same run. The table also goes
 # to ${TESSERA_BENCH_TABLE:-runs/bench/table.md}; progress goes to stderr. Arguments go to tessera-bench (try
 # --help), e.g. --sections=a,b,c --repeats=3. Build directory: ${TESSERA_BUILD_DIR:-build}.

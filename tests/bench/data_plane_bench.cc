@@ -1,4 +1,4 @@
-// tessera-bench: the data-plane benchmark of issue 6. It prints ONE Markdown table (stdout) in which every speed
+// tessera-bench: the data-plane benchmark. It prints ONE Markdown table (stdout) in which every speed
 // is a ratio to a reference measured by this same process in this same run; progress goes to stderr.
 //
 //   deploy/bench/data_plane.sh                      # installs iperf3 if missing, builds, runs, keeps the table
@@ -42,7 +42,6 @@
 #include <thread>
 #include <vector>
 
-#include "common/daemon_init.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
@@ -56,6 +55,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/daemon_init.h"
 #include "common/job_spec.h"
 #include "common/signals.h"
 #include "gflags/gflags.h"
