@@ -108,14 +108,17 @@ class ChunkBatch {
   }
 
   // Waits until every call of parameter `name_index` completed (true), or `give_up` returns true (false;
-  // checked whenever a call completes, on Poke(), and at least every 100 ms).
+  // asked whenever a call completes, on Poke(), and at least every 100 ms, without the batch's lock held).
   bool WaitForName(size_t name_index, const std::function<bool()>& give_up) {
-    absl::MutexLock lock(&mu_);
-    while (pending_by_name_[name_index] > 0) {
+    while (true) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (pending_by_name_[name_index] == 0) return true;
+        poked_.WaitWithTimeout(&mu_, absl::Milliseconds(100));
+        if (pending_by_name_[name_index] == 0) return true;
+      }
       if (give_up && give_up()) return false;
-      poked_.WaitWithTimeout(&mu_, absl::Milliseconds(100));  // re-checks `give_up`
     }
-    return true;
   }
 
   // The calls of parameter `name_index` (valid once WaitForName returned true for it).
@@ -452,6 +455,13 @@ absl::StatusOr<ClockResult> PsClient::Clock() {
   return result;
 }
 
+bool PsClient::JobStopped() {
+  // Re-advancing to the clock the scheduler already holds returns at once, with `stop` once the job is over.
+  absl::StatusOr<tessera::v1::AdvanceClockResponse> gate =
+      scheduler_->AdvanceClock(worker_id_, clock_, absl::Milliseconds(1));
+  return gate.ok() && gate->stop();
+}
+
 absl::StatusOr<tessera::v1::ReportResponse> PsClient::Report(tessera::v1::ReportRequest report) {
   report.set_worker_id(worker_id_);
   report.set_clock(clock_);
@@ -552,7 +562,16 @@ class StepExchangeImpl final : public StepExchange {
     if (!sent_[index]) {
       return absl::FailedPreconditionError(absl::StrCat("WaitValues: '", names_[index], "' was never sent"));
     }
-    if (!batch_.WaitForName(index, [&] { return (clock_state_ && ClockStopped()) || (give_up && give_up()); })) {
+    // A SYNC round closes only when every worker pushed it; one that left (the job then stops) never will, and
+    // the scheduler is asked, about once a second, whether the job is over.
+    absl::Time next_poll = absl::Now() + absl::Seconds(1);
+    auto over = [&] {
+      if ((clock_state_ && ClockStopped()) || (give_up && give_up())) return true;
+      if (mode_ != tessera::v1::ConsistencySpec::SYNC || absl::Now() < next_poll) return false;
+      next_poll = absl::Now() + absl::Seconds(1);
+      return client_->JobStopped();
+    };
+    if (!batch_.WaitForName(index, over)) {
       return absl::AbortedError(absl::StrCat("stopped waiting for the values of '", names_[index],
                                              "': the job is stopping"));
     }

@@ -142,6 +142,10 @@ class PsClient {
   // has stopped (e.g. this evaluation reached the target accuracy).
   [[nodiscard]] absl::StatusOr<tessera::v1::ReportResponse> Report(tessera::v1::ReportRequest report);
 
+  // True when the scheduler says the job is over (a quick question: never waits at the gate). False when it
+  // cannot tell (e.g. unreachable, or this worker's next clock is already on its way).
+  bool JobStopped();
+
   // This worker is finished; it no longer holds others back.
   [[nodiscard]] absl::Status Done();
 

@@ -167,7 +167,7 @@ absl::StatusOr<TrainerResult> Trainer::Run() {
     previous.reset();
     return absl::OkStatus();
   };
-  bool stopped_by_gate = false;
+  bool stopped = false;  // the scheduler ended the job (gate or report) before this worker's last step
   while (clock < stop_clock) {
     if (cancelled_) return absl::CancelledError(absl::StrCat("worker ", rank, " cancelled at clock ", clock));
     const std::vector<int64_t> batch = schedule.Batch(clock);
@@ -227,17 +227,25 @@ absl::StatusOr<TrainerResult> Trainer::Run() {
     }
     if (gate.stop) {
       result.stop_reason = gate.stop_reason;
-      stopped_by_gate = true;
+      stopped = true;
       break;
     }
     if (clock % job.eval_every_steps() == 0) {
-      if (evaluates) TESSERA_RETURN_IF_ERROR(settle());
-      TESSERA_ASSIGN_OR_RETURN(bool stop, report(evaluates));
-      if (stop) break;
+      if (evaluates) {
+        absl::Status settled = settle();
+        if (absl::IsAborted(settled)) {  // the job ended while this step's round was open
+          result.stop_reason = std::string(settled.message());
+          stopped = true;
+          break;
+        }
+        TESSERA_RETURN_IF_ERROR(settled);
+      }
+      TESSERA_ASSIGN_OR_RETURN(stopped, report(evaluates));
+      if (stopped) break;
     }
   }
   // Rounds the job stopped in may never close: only a job that ran its course waits for its last values.
-  if (stopped_by_gate) {
+  if (stopped) {
     previous.reset();
   } else {
     TESSERA_RETURN_IF_ERROR(settle());

@@ -66,6 +66,44 @@ TEST_P(FailureTest, LostWorkerLeavesTheClockGate) {
   EXPECT_EQ((*summary)["lost_workers"], nlohmann::json::array({lost}));
 }
 
+// A worker that dies after its clock went out but before its gradients did leaves a sync round that never
+// closes. The survivor, waiting for that round's values, learns from the scheduler that the job stopped and gives
+// up at once instead of waiting out its deadline.
+TEST(FailureTest, SyncExchangeGivesUpWhenTheJobStopsWithItsRoundOpen) {
+  tessera::v1::JobSpec job = TestJob(ConsistencySpec::SYNC, /*servers=*/1, /*workers=*/2);
+  auto cluster = MiniCluster::Start(job, /*heartbeat_timeout=*/absl::Milliseconds(500));
+  ASSERT_THAT(cluster, IsOk());
+  auto survivor = (*cluster)->ConnectClient(/*heartbeat=*/true);
+  auto doomed = (*cluster)->ConnectClient(/*heartbeat=*/true);
+  ASSERT_THAT(survivor, IsOk());
+  ASSERT_THAT(doomed, IsOk());
+  ASSERT_THAT((*survivor)->Declare({Param()}), IsOk());
+  ASSERT_THAT((*doomed)->Declare({Param()}), IsOk());
+  const std::vector<std::string> names = {"w"};
+  std::vector<float> grad(64, 0.01f), survivor_values(64), doomed_values(64);
+
+  // The doomed worker starts a step (its clock goes out) and dies before sending anything.
+  std::unique_ptr<StepExchange> last_words =
+      (*doomed)->BeginStep(names, {absl::MakeConstSpan(grad)}, 1, {absl::MakeSpan(doomed_values)});
+  std::unique_ptr<StepExchange> step =
+      (*survivor)->BeginStep(names, {absl::MakeConstSpan(grad)}, 1, {absl::MakeSpan(survivor_values)});
+  ASSERT_THAT(step->Send(0), IsOk());
+  absl::StatusOr<ClockResult> clock = step->Finish();
+  ASSERT_THAT(clock, IsOk());
+  EXPECT_FALSE(clock->stop) << "both clocks went out, so the gate opened";
+  last_words.reset();
+  doomed->reset();  // no gradient, no Done, no more heartbeats
+
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(step->WaitValues(0), StatusIs(absl::StatusCode::kAborted, "job is stopping"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20)) << "the exchange's own deadline is minutes away";
+  step.reset();
+  ASSERT_THAT((*survivor)->Done(), IsOk());
+  absl::StatusOr<nlohmann::json> summary = (*cluster)->WaitForSummary(absl::Seconds(30));
+  ASSERT_THAT(summary, IsOk());
+  EXPECT_NE((*summary)["stop_reason"].get<std::string>().find("lost"), std::string::npos);
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, FailureTest, ::testing::Values(ConsistencySpec::SSP, ConsistencySpec::SYNC),
                          [](const auto& info) { return ConsistencySpec::Mode_Name(info.param); });
 
