@@ -44,6 +44,7 @@ struct ChunkCall {
   size_t name_index = 0;  // also the priority: lower goes first at a busy server
   int server_id = 0;
   std::string server;
+  grpc::GenericStub* stub = nullptr;  // one of the server's connections
   absl::Span<float> dst;  // pull and exchange: where the chunk's values go
   grpc::ClientContext context;
   grpc::ByteBuffer request;
@@ -64,11 +65,9 @@ struct ChunkCall {
 // Replies are decoded on gRPC's threads, straight into the destination spans. Thread-safe.
 class ChunkBatch {
  public:
-  // `stubs` returns the stub of a server id (called on the adding thread only). With `launcher` (not owned;
-  // must outlive the batch), calls are started there instead of on the adding thread: starting a call writes
-  // its bytes to the socket, which a training loop should not wait for.
-  ChunkBatch(int window, std::function<grpc::GenericStub*(int)> stubs, ThreadPool* launcher = nullptr)
-      : window_(window), stubs_(std::move(stubs)), launcher_(launcher) {}
+  // With `launcher` (not owned; must outlive the batch), calls are started there instead of on the adding
+  // thread: starting a call writes its bytes to the socket, which a training loop should not wait for.
+  explicit ChunkBatch(int window, ThreadPool* launcher = nullptr) : window_(window), launcher_(launcher) {}
   ~ChunkBatch() {
     CancelAll();
     Wait(absl::InfiniteFuture());  // every call has a deadline
@@ -81,7 +80,6 @@ class ChunkBatch {
     bool start = false;
     {
       absl::MutexLock lock(&mu_);
-      stubs_by_server_.try_emplace(c->server_id, stubs_(c->server_id));
       calls_.push_back(std::move(call));
       ++pending_;
       ++pending_by_name_[c->name_index];
@@ -160,12 +158,7 @@ class ChunkBatch {
   };
 
   void Launch(ChunkCall* c) {
-    grpc::GenericStub* stub;
-    {
-      absl::MutexLock lock(&mu_);
-      stub = stubs_by_server_.at(c->server_id);
-    }
-    stub->UnaryCall(&c->context, MethodName(c->op), grpc::StubOptions(), &c->request, &c->response,
+    c->stub->UnaryCall(&c->context, MethodName(c->op), grpc::StubOptions(), &c->request, &c->response,
                     [this, c](grpc::Status status) { OnDone(c, status); });
   }
 
@@ -211,12 +204,10 @@ class ChunkBatch {
   }
 
   const int window_;
-  const std::function<grpc::GenericStub*(int)> stubs_;
   ThreadPool* const launcher_;  // not owned; null: calls start on the adding thread
   absl::Mutex mu_;
   absl::CondVar poked_;
   std::vector<std::unique_ptr<ChunkCall>> calls_ ABSL_GUARDED_BY(mu_);
-  std::map<int, grpc::GenericStub*> stubs_by_server_ ABSL_GUARDED_BY(mu_);
   std::map<int, Server> servers_ ABSL_GUARDED_BY(mu_);
   size_t pending_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<size_t, int> pending_by_name_ ABSL_GUARDED_BY(mu_);
@@ -231,9 +222,9 @@ PsClient::~PsClient() {
 
 absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(const Options& options) {
   if (options.scheduler_address.empty()) return absl::InvalidArgumentError("scheduler address is required");
-  if (options.window_per_server < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("window_per_server must be at least 1, got ", options.window_per_server));
+  if (options.window_per_server < 1 || options.connections_per_server < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("window_per_server and connections_per_server must be at least 1, got ",
+                                                   options.window_per_server, " and ", options.connections_per_server));
   }
   std::unique_ptr<PsClient> client(new PsClient(options));
   client->scheduler_ = std::make_unique<SchedulerClient>(options.scheduler_address);
@@ -272,11 +263,11 @@ absl::Status PsClient::RefreshMap(uint64_t at_least_epoch) {
   return absl::OkStatus();
 }
 
-grpc::GenericStub* PsClient::StubFor(int server_id) {
+grpc::GenericStub* PsClient::StubFor(int server_id, int lane) {
   absl::StatusOr<std::string> address = map_->ServerAddress(server_id);
-  const std::string key = address.ok() ? *address : "";
-  auto& stub = stubs_[key];
-  if (!stub) stub = std::make_unique<grpc::GenericStub>(MakeChannel(key));
+  const std::string host_port = address.ok() ? *address : "";
+  auto& stub = stubs_[{host_port, lane}];
+  if (!stub) stub = std::make_unique<grpc::GenericStub>(MakeChannel(host_port));  // a connection of its own
   return stub.get();
 }
 
@@ -310,6 +301,7 @@ absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> PsClient::MakeCalls(
     call->name_index = name_index;
     call->server_id = placement->server_id();
     call->server = map_->ServerAddress(placement->server_id()).value_or("?");
+    call->stub = StubFor(call->server_id, placement->index() % options_.connections_per_server);
     SetTimeout(call->context, timeout);
     auto cached = pulled_.find({placement->param(), placement->index()});
     if (receives) call->dst = out.subspan(placement->offset(), placement->length());
@@ -390,7 +382,7 @@ absl::Status PsClient::RunChunks(int op, const std::vector<std::string>& names,
   std::vector<size_t> todo(names.size());
   for (size_t i = 0; i < names.size(); ++i) todo[i] = i;
   for (int attempt = 0; attempt <= options_.retries; ++attempt) {
-    ChunkBatch batch(options_.window_per_server, [this](int id) { return StubFor(id); });
+    ChunkBatch batch(options_.window_per_server);
     for (size_t i : todo) {
       TESSERA_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<ChunkCall>> calls,
                                MakeCalls(op, i, names[i], sends ? grads[i] : absl::Span<const float>(), batch_size,
@@ -489,8 +481,7 @@ class StepExchangeImpl final : public StepExchange {
         mode_(client->job().consistency().mode()),
         sent_(names.size(), false),
         settled_(names.size(), mode_ == tessera::v1::ConsistencySpec::SSP),
-        batch_(client->options_.window_per_server, [client](int id) { return client->StubFor(id); },
-               &client->launcher_) {
+        batch_(client->options_.window_per_server, &client->launcher_) {
     if (mode_ == tessera::v1::ConsistencySpec::SSP) return;
     ++client_->seq_;
     if (mode_ == tessera::v1::ConsistencySpec::SYNC) {

@@ -83,6 +83,7 @@ class PsClient {
     absl::Duration declare_timeout = absl::Minutes(2);     // waiting for servers to register
     int retries = 8;                                 // per call, on UNAVAILABLE or a stale epoch
     int window_per_server = 8;                       // chunk RPCs in flight per server
+    int connections_per_server = 1;                  // TCP connections per server; chunks alternate among them
     bool heartbeat = true;
   };
 
@@ -158,7 +159,8 @@ class PsClient {
   explicit PsClient(const Options& options);
 
   absl::Status RefreshMap(uint64_t at_least_epoch);
-  grpc::GenericStub* StubFor(int server_id);
+  // The stub of connection `lane` (0 .. connections_per_server-1) to server `server_id`.
+  grpc::GenericStub* StubFor(int server_id, int lane);
   // Runs one RPC per chunk of `names` (pull, push, assign or exchange; see ChunkOp in ps_client.cc), at most
   // window_per_server in flight per server; retries the whole set on a stale epoch or UNAVAILABLE.
   // `new_seq`: the call takes a new sequence number (a push); otherwise it reuses the last one (a retry).
@@ -181,7 +183,7 @@ class PsClient {
   int worker_id_ = -1;
   tessera::v1::JobSpec job_;
   std::unique_ptr<ShardMapIndex> map_;
-  std::map<std::string, std::unique_ptr<grpc::GenericStub>> stubs_;  // by address
+  std::map<std::pair<std::string, int>, std::unique_ptr<grpc::GenericStub>> stubs_;  // by address and lane
   // What the last pull of each chunk returned, and where its bytes were written. A pull into the same memory
   // names that version, and a server whose chunk has not changed since answers with no bytes.
   struct PulledChunk {
