@@ -106,13 +106,13 @@ class ChunkBatch {
   }
 
   // Waits until every call of parameter `name_index` completed (true), or `give_up` returns true (false;
-  // asked whenever a call completes, on Poke(), and at least every 100 ms, without the batch's lock held).
+  // asked whenever a call completes and at least every 100 ms, without the batch's lock held).
   bool WaitForName(size_t name_index, const std::function<bool()>& give_up) {
     while (true) {
       {
         absl::MutexLock lock(&mu_);
         if (pending_by_name_[name_index] == 0) return true;
-        poked_.WaitWithTimeout(&mu_, absl::Milliseconds(100));
+        call_done_.WaitWithTimeout(&mu_, absl::Milliseconds(100));
         if (pending_by_name_[name_index] == 0) return true;
       }
       if (give_up && give_up()) return false;
@@ -128,10 +128,6 @@ class ChunkBatch {
     }
     return out;
   }
-  void Poke() {
-    absl::MutexLock lock(&mu_);
-    poked_.SignalAll();
-  }
 
   void CancelAll() {
     absl::MutexLock lock(&mu_);
@@ -145,7 +141,7 @@ class ChunkBatch {
       }
       s.queue.clear();
     }
-    poked_.SignalAll();
+    call_done_.SignalAll();
   }
 
   // Valid once Wait() returned true.
@@ -178,7 +174,7 @@ class ChunkBatch {
       }
       --pending_;
       --pending_by_name_[c->name_index];
-      poked_.SignalAll();
+      call_done_.SignalAll();
     }
     if (next != nullptr) Launch(next);
   }
@@ -206,7 +202,7 @@ class ChunkBatch {
   const int window_;
   ThreadPool* const launcher_;  // not owned; null: calls start on the adding thread
   absl::Mutex mu_;
-  absl::CondVar poked_;
+  absl::CondVar call_done_;
   std::vector<std::unique_ptr<ChunkCall>> calls_ ABSL_GUARDED_BY(mu_);
   std::map<int, Server> servers_ ABSL_GUARDED_BY(mu_);
   size_t pending_ ABSL_GUARDED_BY(mu_) = 0;
@@ -491,22 +487,16 @@ class StepExchangeImpl final : public StepExchange {
       const int worker = client_->worker_id_;
       const int64_t next = client_->clock_ + 1;
       const absl::Duration wait = client_->options_.clock_wait_timeout;
-      ChunkBatch* batch = &batch_;
-      client_->clock_executor_.Submit([state, scheduler, worker, next, wait, batch] {
+      client_->clock_executor_.Submit([state, scheduler, worker, next, wait] {
         absl::StatusOr<tessera::v1::AdvanceClockResponse> gate = scheduler->AdvanceClock(worker, next, wait);
-        absl::MutexLock lock(&state->mu);  // lock order: clock state, then batch
+        absl::MutexLock lock(&state->mu);
         state->stop = !gate.ok() || gate->stop();
         state->result = std::move(gate);
-        if (!state->abandoned) batch->Poke();
       });
     }
   }
 
   ~StepExchangeImpl() override {
-    if (clock_state_) {
-      absl::MutexLock lock(&clock_state_->mu);
-      clock_state_->abandoned = true;  // the executor's task must not poke a destroyed batch
-    }
     // Values that were not waited for may be partly written: their cached versions no longer describe them.
     for (size_t i = 0; i < names_.size(); ++i) {
       if (settled_[i] || !sent_[i]) continue;
@@ -585,8 +575,7 @@ class StepExchangeImpl final : public StepExchange {
   struct ClockState {
     absl::Mutex mu;
     std::optional<absl::StatusOr<tessera::v1::AdvanceClockResponse>> result ABSL_GUARDED_BY(mu);
-    bool abandoned ABSL_GUARDED_BY(mu) = false;
-    // The gate answered stop or failed. Atomic so that waits under the batch's lock read it without `mu`.
+    // The gate answered stop or failed. Atomic: read by give-up checks without `mu`.
     std::atomic<bool> stop{false};
   };
 
