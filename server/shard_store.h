@@ -37,7 +37,7 @@
 #include "common/staleness_histogram.h"
 #include "proto/cluster.pb.h"
 #include "proto/ps.pb.h"
-#include "server/update_rule.h"
+#include "common/update_rule.h"
 
 namespace tessera {
 

@@ -15,7 +15,7 @@
 #include "absl/types/span.h"
 #include "common/run_recorder.h"
 #include "proto/cluster.pb.h"
-#include "server/update_rule.h"
+#include "common/update_rule.h"
 #include "worker/ps_client.h"
 
 namespace tessera {

@@ -61,7 +61,7 @@
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "nlohmann/json.hpp"
-#include "server/update_rule.h"
+#include "common/update_rule.h"
 #include "tests/bench/bench_process.h"
 #include "tests/testing/ports.h"
 #include "worker/ps_client.h"

@@ -1,9 +1,10 @@
-// Update rules a server applies to the chunks it owns (and a local-mode worker to whole tensors).
+// Update rules a server applies to the chunks it owns and a local-mode worker to whole tensors. In common/ so
+// that both roles use the one implementation without the worker linking the server library.
 //
 // Every rule is elementwise, so applying it chunk by chunk gives exactly what applying it to the whole tensor
 // gives; that is what lets a sharded run match a single process.
-#ifndef TESSERA_SERVER_UPDATE_RULE_H_
-#define TESSERA_SERVER_UPDATE_RULE_H_
+#ifndef TESSERA_COMMON_UPDATE_RULE_H_
+#define TESSERA_COMMON_UPDATE_RULE_H_
 
 #include <cstdint>
 
@@ -34,4 +35,4 @@ class UpdateRule {
 
 }  // namespace tessera
 
-#endif  // TESSERA_SERVER_UPDATE_RULE_H_
+#endif  // TESSERA_COMMON_UPDATE_RULE_H_

@@ -1,4 +1,4 @@
-#include "server/update_rule.h"
+#include "common/update_rule.h"
 
 #include <cmath>
 
