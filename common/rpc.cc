@@ -35,10 +35,14 @@ absl::StatusOr<StartedServer> StartGrpcServer(const std::string& host, int port,
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kFlowControlWindowBytes);
+  // gRPC sets SO_REUSEPORT by default, so a second daemon on a port already in use would start and share it
+  // (a second scheduler splitting the cluster in two). A port in use must be an error.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   for (grpc::Service* service : services) builder.RegisterService(service);
   started.server = builder.BuildAndStart();
   if (started.server == nullptr || started.port == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", address, " (address in use or not local?)"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", address, ": port ", port, " is in use, or the host is not local"));
   }
   return started;
 }

@@ -35,7 +35,7 @@ struct StartedServer {
 };
 
 // Binds `host:port` (port 0: any free port) and starts serving `services` (not owned; must outlive the server).
-// UNAVAILABLE naming the address when the bind fails.
+// UNAVAILABLE naming the address and port when the bind fails; a port already in use fails (no SO_REUSEPORT).
 [[nodiscard]] absl::StatusOr<StartedServer> StartGrpcServer(const std::string& host, int port,
                                                             const std::vector<grpc::Service*>& services);
 

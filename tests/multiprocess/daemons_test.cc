@@ -229,5 +229,25 @@ TEST_F(DaemonsTest, ExampleClientProgramTrainsAgainstHandStartedDaemons) {
   EXPECT_EQ(scheduler.exit_code(), 0) << scheduler.output();
 }
 
+// A second daemon on a port already in use fails at start and names the port, instead of sharing it (gRPC sets
+// SO_REUSEPORT unless told not to, which would split the cluster between two schedulers).
+TEST_F(DaemonsTest, ADaemonOnAPortInUseFailsAndNamesThePort) {
+  const std::string job = std::string(TESSERA_SOURCE_DIR) + "/deploy/jobs/custom_loop.pbtxt";
+  Subprocess first({kBin + "/tessera-scheduler", "--job=" + job, "--port=0", "--run_dir=" + (dir_ / "a").string()});
+  ASSERT_TRUE(first.ReadUntilLine("scheduler listening on ", absl::Seconds(30))) << first.output();
+  const std::string address = SchedulerAddress(first.output());
+  ASSERT_FALSE(address.empty()) << first.output();
+  const std::string port = address.substr(address.rfind(':') + 1);
+  Subprocess second({kBin + "/tessera-scheduler", "--job=" + job, "--port=" + port,
+                     "--run_dir=" + (dir_ / "b").string()});
+  ASSERT_TRUE(second.ReadUntilExit(absl::Seconds(30))) << second.output();
+  EXPECT_NE(second.exit_code(), 0) << second.output();
+  EXPECT_NE(second.output().find("port " + port + " is in use"), std::string::npos) << second.output();
+  Subprocess server({kBin + "/tessera-server", "--scheduler=" + address, "--port=" + port});
+  ASSERT_TRUE(server.ReadUntilExit(absl::Seconds(30))) << server.output();
+  EXPECT_NE(server.exit_code(), 0) << server.output();
+  EXPECT_NE(server.output().find("port " + port + " is in use"), std::string::npos) << server.output();
+}
+
 }  // namespace
 }  // namespace tessera::testing
