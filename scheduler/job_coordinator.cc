@@ -47,6 +47,7 @@ JobCoordinator::JobCoordinator(tessera::v1::JobSpec job, std::unique_ptr<RunReco
       on_finished_(std::move(on_finished)),
       start_(absl::Now()),
       membership_(job_.cluster().num_servers(), job_.cluster().num_workers()),
+      next_waiting_report_(start_ + kWaitingReportInterval),
       clocks_(job_.cluster().num_workers(), GateBound(job_.consistency())),
       last_report_(job_.cluster().num_workers()),
       done_(job_.cluster().num_workers(), false) {}
@@ -216,6 +217,14 @@ void JobCoordinator::MarkDoneLocked(int worker) {
 }
 
 void JobCoordinator::CheckLiveness(absl::Time now, absl::Duration timeout) {
+  // Until every member has registered, say whom the job waits for, every kWaitingReportInterval.
+  if (now >= next_waiting_report_) {
+    const std::string waiting = membership_.WaitingSummary(now, timeout);
+    if (!waiting.empty()) {
+      LOG(INFO) << waiting;
+      next_waiting_report_ = now + kWaitingReportInterval;
+    }
+  }
   for (int worker : membership_.SilentWorkers(now, timeout)) {
     {
       absl::MutexLock lock(&mu_);

@@ -57,7 +57,10 @@ class JobCoordinator {
   // Failure detection, called periodically: a worker silent for `timeout` is lost. It leaves the clock gate at
   // once (ASYNC and SSP go on without it); in SYNC, whose rounds need every worker, the job stops with the
   // reason. A lost worker counts as done, so the job still ends and writes its summary.
+  // Until every member has registered, it also logs whom the job waits for (Membership::WaitingSummary), at
+  // most every kWaitingReportInterval.
   void CheckLiveness(absl::Time now, absl::Duration timeout);
+  static constexpr absl::Duration kWaitingReportInterval = absl::Seconds(5);
 
   // Ends the job early: every clock gate opens with stop (no worker is left waiting). Never blocks.
   void Abort(const std::string& reason) { clocks_.Stop(reason); }
@@ -94,6 +97,8 @@ class JobCoordinator {
   const absl::Time start_;
 
   Membership membership_;
+  // Used by CheckLiveness only, which one thread (the failure detector) calls.
+  absl::Time next_waiting_report_;
   ClockTable clocks_;
 
   mutable absl::Mutex mu_;

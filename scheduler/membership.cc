@@ -1,6 +1,7 @@
 #include "scheduler/membership.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace tessera {
 
@@ -66,6 +67,27 @@ std::vector<Member> Membership::Servers() const {
 std::vector<Member> Membership::Workers() const {
   absl::MutexLock lock(&mu_);
   return workers_;
+}
+
+std::string Membership::WaitingSummary(absl::Time now, absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  const int missing_servers = num_servers_ - static_cast<int>(servers_.size());
+  const int missing_workers = num_workers_ - static_cast<int>(workers_.size());
+  if (missing_servers <= 0 && missing_workers <= 0) return "";
+  auto count = [](int n, const char* one, const char* many) { return absl::StrCat(n, " more ", n == 1 ? one : many); };
+  std::vector<std::string> missing;
+  if (missing_servers > 0) missing.push_back(count(missing_servers, "server", "servers"));
+  if (missing_workers > 0) missing.push_back(count(missing_workers, "worker", "workers"));
+  std::string text = absl::StrCat("waiting for ", absl::StrJoin(missing, " and "));
+  auto describe = [&](const Member& m, const char* role) {
+    const int64_t seconds = absl::ToInt64Seconds(now - m.last_seen);
+    const std::string where = m.address.empty() ? (m.hostname.empty() ? "" : " on " + m.hostname) : " at " + m.address;
+    absl::StrAppend(&text, "; ", role, " ", m.id, where, now - m.last_seen > timeout ? " lost, last heard " : " last heard ",
+                    seconds, " s ago");
+  };
+  for (const Member& m : servers_) describe(m, "server");
+  for (const Member& m : workers_) describe(m, "worker");
+  return text;
 }
 
 bool Membership::AllServersRegistered() const {

@@ -39,6 +39,12 @@ class Membership {
   // Records the device a worker computes on (known to the worker only after it registered).
   void SetWorkerDevice(int id, const std::string& device);
 
+  // While the job still lacks members: who is missing, and when each registered member was last heard (those
+  // silent for longer than `timeout` marked lost), e.g. "waiting for 1 more server and 2 more workers; server 0
+  // at node7:4100 last heard 1 s ago; server 1 at node8:4100 lost, last heard 34 s ago". Empty once every
+  // member has registered.
+  std::string WaitingSummary(absl::Time now, absl::Duration timeout) const;
+
   std::vector<Member> Servers() const;
   std::vector<Member> Workers() const;
   bool AllServersRegistered() const;
