@@ -26,18 +26,33 @@ absl::StatusOr<ClockResult> Step(PsClient& client) {
   return client.Clock();
 }
 
+// A cluster (1 server, fast failure detection) with two heartbeating workers that declared "w".
+struct TwoWorkers {
+  absl::StatusOr<std::unique_ptr<MiniCluster>> cluster;
+  absl::StatusOr<std::unique_ptr<PsClient>> survivor;
+  absl::StatusOr<std::unique_ptr<PsClient>> doomed;
+
+  void Start(ConsistencySpec::Mode mode) {
+    cluster = MiniCluster::Start(TestJob(mode, /*servers=*/1, /*workers=*/2),
+                                 /*heartbeat_timeout=*/absl::Milliseconds(500));
+    ASSERT_THAT(cluster, IsOk());
+    survivor = (*cluster)->ConnectClient(/*heartbeat=*/true);
+    doomed = (*cluster)->ConnectClient(/*heartbeat=*/true);
+    ASSERT_THAT(survivor, IsOk());
+    ASSERT_THAT(doomed, IsOk());
+    ASSERT_THAT((*survivor)->Declare({Param()}), IsOk());
+    ASSERT_THAT((*doomed)->Declare({Param()}), IsOk());
+  }
+};
+
 class FailureTest : public ::testing::TestWithParam<ConsistencySpec::Mode> {};
 
 TEST_P(FailureTest, LostWorkerLeavesTheClockGate) {
-  tessera::v1::JobSpec job = TestJob(GetParam(), /*servers=*/1, /*workers=*/2);
-  auto cluster = MiniCluster::Start(job, /*heartbeat_timeout=*/absl::Milliseconds(500));
-  ASSERT_THAT(cluster, IsOk());
-  auto survivor = (*cluster)->ConnectClient(/*heartbeat=*/true);
-  auto doomed = (*cluster)->ConnectClient(/*heartbeat=*/true);
-  ASSERT_THAT(survivor, IsOk());
-  ASSERT_THAT(doomed, IsOk());
-  ASSERT_THAT((*survivor)->Declare({Param()}), IsOk());
-  ASSERT_THAT((*doomed)->Declare({Param()}), IsOk());
+  TwoWorkers w;
+  ASSERT_NO_FATAL_FAILURE(w.Start(GetParam()));
+  auto& cluster = w.cluster;
+  auto& survivor = w.survivor;
+  auto& doomed = w.doomed;
   const int lost = (*doomed)->worker_id();
   // Step 0 together (each one's clock gate waits for the other).
   std::thread doomed_step([&] { EXPECT_THAT(Step(**doomed), IsOk()); });
@@ -70,15 +85,11 @@ TEST_P(FailureTest, LostWorkerLeavesTheClockGate) {
 // closes. The survivor, waiting for that round's values, learns from the scheduler that the job stopped and gives
 // up at once instead of waiting out its deadline.
 TEST(FailureTest, SyncExchangeGivesUpWhenTheJobStopsWithItsRoundOpen) {
-  tessera::v1::JobSpec job = TestJob(ConsistencySpec::SYNC, /*servers=*/1, /*workers=*/2);
-  auto cluster = MiniCluster::Start(job, /*heartbeat_timeout=*/absl::Milliseconds(500));
-  ASSERT_THAT(cluster, IsOk());
-  auto survivor = (*cluster)->ConnectClient(/*heartbeat=*/true);
-  auto doomed = (*cluster)->ConnectClient(/*heartbeat=*/true);
-  ASSERT_THAT(survivor, IsOk());
-  ASSERT_THAT(doomed, IsOk());
-  ASSERT_THAT((*survivor)->Declare({Param()}), IsOk());
-  ASSERT_THAT((*doomed)->Declare({Param()}), IsOk());
+  TwoWorkers w;
+  ASSERT_NO_FATAL_FAILURE(w.Start(ConsistencySpec::SYNC));
+  auto& cluster = w.cluster;
+  auto& survivor = w.survivor;
+  auto& doomed = w.doomed;
   const std::vector<std::string> names = {"w"};
   std::vector<float> grad(64, 0.01f), survivor_values(64), doomed_values(64);
 
