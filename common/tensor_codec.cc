@@ -1,13 +1,10 @@
 #include "common/tensor_codec.h"
 
 #include <cmath>
-#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/float_payload.h"
-#include "common/status_macros.h"
 
 namespace tessera {
 
@@ -28,15 +25,6 @@ void EncodeFloats(absl::Span<const float> values, std::string* out) {
   const size_t old = out->size();
   out->resize(old + values.size() * sizeof(float));
   if (!values.empty()) std::memcpy(out->data() + old, values.data(), values.size() * sizeof(float));
-}
-
-absl::Status DecodeFloats(std::string_view bytes, absl::Span<float> out, std::string_view what) {
-  if (bytes.size() != out.size() * sizeof(float)) {
-    return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": expected ", out.size() * sizeof(float),
-                                                   " bytes (", out.size(), " float32 values), got ", bytes.size()));
-  }
-  if (!out.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
-  return absl::OkStatus();
 }
 
 bool AllFinite(absl::Span<const float> values) {
@@ -61,20 +49,6 @@ absl::Status CheckFinite(absl::Span<const float> values, std::string_view what) 
                                                      "; gradients must be finite"));
     }
   }
-  return absl::OkStatus();
-}
-
-}  // namespace tessera
-
-namespace tessera {
-
-absl::Status SpanPayload::CopyFloatsTo(absl::Span<float> out, bool check_finite, std::string_view what) const {
-  if (values_.size() != out.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": expected ", out.size() * sizeof(float),
-                                                   " bytes (", out.size(), " float32 values), got ", size()));
-  }
-  if (check_finite) TESSERA_RETURN_IF_ERROR(CheckFinite(values_, what));
-  std::copy(values_.begin(), values_.end(), out.begin());
   return absl::OkStatus();
 }
 

@@ -21,10 +21,6 @@ std::string ShapeString(absl::Span<const int64_t> shape);
 // Appends the little-endian bytes of `values` to `out`.
 void EncodeFloats(absl::Span<const float> values, std::string* out);
 
-// Decodes exactly `out.size()` floats from `bytes`. INVALID_ARGUMENT, naming `what`, when the byte length is not
-// 4 * out.size(); `out` is untouched then.
-[[nodiscard]] absl::Status DecodeFloats(std::string_view bytes, absl::Span<float> out, std::string_view what);
-
 // True when no value is NaN or infinite (vectorised: one pass over the bits).
 bool AllFinite(absl::Span<const float> values);
 

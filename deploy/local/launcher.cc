@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/process_report.h"
 
 namespace tessera {
 namespace {
@@ -74,20 +75,6 @@ absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const std::str
   }
   close(log_fd);
   return pid;
-}
-
-std::string Tail(const std::string& path, int lines) {
-  std::ifstream in(path);
-  std::vector<std::string> all;
-  for (std::string line; std::getline(in, line);) all.push_back(line);
-  const size_t from = all.size() > static_cast<size_t>(lines) ? all.size() - lines : 0;
-  return absl::StrJoin(all.begin() + from, all.end(), "\n");
-}
-
-std::string ExitText(int status) {
-  if (WIFEXITED(status)) return absl::StrCat("exit code ", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return absl::StrCat("signal ", WTERMSIG(status));
-  return "unknown status";
 }
 
 class Cluster {
@@ -220,8 +207,8 @@ class Cluster {
         child.exited = true;
         child.status = status;
         if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-          return absl::AbortedError(absl::StrCat(child.name, " failed (", ExitText(status), "); end of ", child.log,
-                                                 ":\n", Tail(child.log, 15)));
+          return absl::AbortedError(absl::StrCat(child.name, " failed (", ExitStatusText(status), "); end of ", child.log,
+                                                 ":\n", TailOfFile(child.log, 15)));
         }
       }
     }

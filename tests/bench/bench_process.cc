@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/process_report.h"
 
 namespace tessera::bench {
 namespace {
@@ -109,10 +110,7 @@ bool Process::WaitForExit(absl::Duration timeout) {
 }
 
 std::string Process::ExitText() const {
-  if (!exited_) return "still running";
-  if (WIFEXITED(status_)) return absl::StrCat("exit code ", WEXITSTATUS(status_));
-  if (WIFSIGNALED(status_)) return absl::StrCat("signal ", WTERMSIG(status_));
-  return "unknown status";
+  return exited_ ? ExitStatusText(status_) : "still running";
 }
 
 bool Process::Succeeded() const { return exited_ && WIFEXITED(status_) && WEXITSTATUS(status_) == 0; }
@@ -136,14 +134,6 @@ void Process::Stop(absl::Duration grace) {
 void KillAllProcesses() {
   std::lock_guard<std::mutex> lock(RegistryMutex());
   for (pid_t pid : Registry()) kill(-pid, SIGKILL);
-}
-
-std::string TailOfFile(const std::string& path, int lines) {
-  std::ifstream in(path);
-  std::vector<std::string> all;
-  for (std::string line; std::getline(in, line);) all.push_back(line);
-  const size_t from = all.size() > static_cast<size_t>(lines) ? all.size() - lines : 0;
-  return absl::StrJoin(all.begin() + from, all.end(), "\n");
 }
 
 }  // namespace tessera::bench

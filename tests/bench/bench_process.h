@@ -63,9 +63,6 @@ class Process {
 // watcher thread while the main thread is running.
 void KillAllProcesses();
 
-// The last `lines` lines of a text file ("" when unreadable).
-std::string TailOfFile(const std::string& path, int lines);
-
 // Path of `program` found in PATH; "" when absent.
 std::string FindInPath(const std::string& program);
 
