@@ -70,7 +70,7 @@ class ChunkBatch {
   explicit ChunkBatch(int window, ThreadPool* launcher = nullptr) : window_(window), launcher_(launcher) {}
   ~ChunkBatch() {
     CancelAll();
-    Wait(absl::InfiniteFuture());  // every call has a deadline
+    WaitAll();
   }
 
   // Starts `call` now, or queues it behind calls of higher priority to a busy server.
@@ -99,10 +99,10 @@ class ChunkBatch {
     }
   }
 
-  // Waits until every added call completed, or `deadline`; true when all completed.
-  bool Wait(absl::Time deadline) {
+  // Waits until every added call completed (each has a deadline of its own).
+  void WaitAll() {
     absl::MutexLock lock(&mu_);
-    return mu_.AwaitWithDeadline(absl::Condition(+[](size_t* p) { return *p == 0; }, &pending_), deadline);
+    mu_.Await(absl::Condition(+[](size_t* p) { return *p == 0; }, &pending_));
   }
 
   // Waits until every call of parameter `name_index` completed (true), or `give_up` returns true (false;
@@ -330,9 +330,8 @@ absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> PsClient::MakeCalls(
   return calls;
 }
 
-absl::StatusOr<uint64_t> PsClient::Absorb(const std::vector<ChunkCall*>& calls, std::vector<size_t>* failed_names) {
-  uint64_t newer_epoch = 0;
-  absl::Status retry;
+absl::StatusOr<PsClient::Absorbed> PsClient::Absorb(const std::vector<ChunkCall*>& calls) {
+  Absorbed result;
   int64_t bytes = 0;
   for (const auto& call : calls) {
     if (call->status.ok()) {
@@ -347,21 +346,19 @@ absl::StatusOr<uint64_t> PsClient::Absorb(const std::vector<ChunkCall*>& calls, 
     }
     std::optional<uint64_t> epoch = GetCurrentEpoch(call->status);
     if (call->status.code() == absl::StatusCode::kFailedPrecondition && epoch) {
-      newer_epoch = std::max(newer_epoch, *epoch);
+      result.newer_epoch = std::max(result.newer_epoch, *epoch);
     } else if (call->status.code() != absl::StatusCode::kUnavailable) {
       return call->status;  // not retryable: the caller must fix something
     }
-    retry = call->status;
+    result.retry = call->status;
     // The destination may hold part of the chunk now: its cached version no longer describes it.
     pulled_.erase({call->placement->param(), call->placement->index()});
-    if (failed_names->empty() || failed_names->back() != call->name_index) failed_names->push_back(call->name_index);
+    std::vector<size_t>& failed = result.failed_names;
+    if (failed.empty() || failed.back() != call->name_index) failed.push_back(call->name_index);
   }
-  {
-    absl::MutexLock lock(&bytes_mu_);
-    bytes_pulled_ += bytes;
-  }
-  if (!failed_names->empty()) last_retry_status_ = retry;
-  return newer_epoch;
+  absl::MutexLock lock(&bytes_mu_);
+  bytes_pulled_ += bytes;
+  return result;
 }
 
 absl::Status PsClient::RunChunks(int op, const std::vector<std::string>& names,
@@ -377,6 +374,7 @@ absl::Status PsClient::RunChunks(int op, const std::vector<std::string>& names,
   absl::Duration backoff = absl::Milliseconds(20);
   std::vector<size_t> todo(names.size());
   for (size_t i = 0; i < names.size(); ++i) todo[i] = i;
+  absl::Status last;
   for (int attempt = 0; attempt <= options_.retries; ++attempt) {
     ChunkBatch batch(options_.window_per_server);
     for (size_t i : todo) {
@@ -385,22 +383,22 @@ absl::Status PsClient::RunChunks(int op, const std::vector<std::string>& names,
                                          receives ? out[i] : absl::Span<float>()));
       for (auto& c : calls) batch.Add(std::move(c));
     }
-    batch.Wait(absl::InfiniteFuture());  // every call has a deadline
-    std::vector<size_t> failed;
+    batch.WaitAll();
     std::vector<ChunkCall*> done;
     for (const auto& c : batch.calls()) done.push_back(c.get());
-    TESSERA_ASSIGN_OR_RETURN(uint64_t newer_epoch, Absorb(done, &failed));
-    if (failed.empty()) return absl::OkStatus();
-    todo = failed;
-    if (newer_epoch > 0) {
-      TESSERA_RETURN_IF_ERROR(RefreshMap(newer_epoch));
+    TESSERA_ASSIGN_OR_RETURN(Absorbed absorbed, Absorb(done));
+    if (absorbed.failed_names.empty()) return absl::OkStatus();
+    todo = std::move(absorbed.failed_names);
+    last = std::move(absorbed.retry);
+    if (absorbed.newer_epoch > 0) {
+      TESSERA_RETURN_IF_ERROR(RefreshMap(absorbed.newer_epoch));
       continue;
     }
     // A backoff between attempts of remote calls, not a synchronisation point.
     std::this_thread::sleep_for(absl::ToChronoMilliseconds(backoff));
     backoff = std::min(backoff * 2, absl::Seconds(1));
   }
-  return Annotate(last_retry_status_, absl::StrCat("gave up after ", options_.retries + 1, " attempts"));
+  return Annotate(last, absl::StrCat("gave up after ", options_.retries + 1, " attempts"));
 }
 
 absl::Status PsClient::Pull(const std::vector<std::string>& names, const std::vector<absl::Span<float>>& out) {
@@ -556,12 +554,11 @@ class StepExchangeImpl final : public StepExchange {
       return absl::AbortedError(absl::StrCat("stopped waiting for the values of '", names_[index],
                                              "': the job is stopping"));
     }
-    std::vector<size_t> failed;
-    TESSERA_ASSIGN_OR_RETURN(uint64_t newer_epoch, client_->Absorb(batch_.CallsOf(index), &failed));
-    if (!failed.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(PsClient::Absorbed absorbed, client_->Absorb(batch_.CallsOf(index)));
+    if (!absorbed.failed_names.empty()) {
       // Retry through the ordinary path, with the same sequence number: a server that applied the push
       // answers the retry as a duplicate, with the values.
-      if (newer_epoch > 0) TESSERA_RETURN_IF_ERROR(client_->RefreshMap(newer_epoch));
+      if (absorbed.newer_epoch > 0) TESSERA_RETURN_IF_ERROR(client_->RefreshMap(absorbed.newer_epoch));
       TESSERA_RETURN_IF_ERROR(client_->RunChunks(kExchange, {names_[index]}, {grads_[index]}, batch_size_,
                                                  {out_[index]}, /*new_seq=*/false));
     }

@@ -172,10 +172,16 @@ class PsClient {
                                                                     const std::string& name,
                                                                     absl::Span<const float> grad, int batch_size,
                                                                     absl::Span<float> out);
-  // Takes the results of completed calls: caches pulled versions and counts bytes. Returns the newest epoch a
-  // server named (0: none) and lists the names whose calls may be retried; a call that may not be retried is
-  // returned as the error.
-  absl::StatusOr<uint64_t> Absorb(const std::vector<ChunkCall*>& calls, std::vector<size_t>* failed_names);
+  // What completed calls said: the newest epoch a server named (0: none), the names whose calls may be retried,
+  // and the last retryable error.
+  struct Absorbed {
+    uint64_t newer_epoch = 0;
+    std::vector<size_t> failed_names;
+    absl::Status retry;
+  };
+  // Takes the results of completed calls: caches pulled versions and counts bytes. A call that may not be
+  // retried is returned as the error.
+  absl::StatusOr<Absorbed> Absorb(const std::vector<ChunkCall*>& calls);
 
   const Options options_;
   std::unique_ptr<SchedulerClient> scheduler_;
@@ -196,7 +202,6 @@ class PsClient {
   int64_t bytes_pulled_ ABSL_GUARDED_BY(bytes_mu_) = 0;
   int64_t clock_ = 0;
   uint64_t seq_ = 0;
-  absl::Status last_retry_status_;
   SerialExecutor clock_executor_;  // SYNC steps advance the clock here, alongside the exchange
   SerialExecutor launcher_;        // a step's exchanges start (and write to their sockets) here
 };
