@@ -56,6 +56,7 @@ absl::Status RunRecorder::WriteSummary(const nlohmann::json& summary) {
 }
 
 void RunSummary::SetLastEval(double e, double accuracy, double loss) {
+  evaluated = true;
   epochs = e;
   test_accuracy = accuracy;
   test_loss = loss;
@@ -68,9 +69,9 @@ nlohmann::json RunSummary::ToJson() const {
           {"workers", workers},
           {"steps", steps},
           {"wall_seconds", wall_seconds},
-          {"epochs", epochs},
-          {"test_accuracy", test_accuracy},
-          {"test_loss", test_loss},
+          {"epochs", evaluated ? nlohmann::json(epochs) : nlohmann::json()},
+          {"test_accuracy", evaluated ? nlohmann::json(test_accuracy) : nlohmann::json()},
+          {"test_loss", evaluated ? nlohmann::json(test_loss) : nlohmann::json()},
           {"target_accuracy", std::round(target_accuracy * 1e6) / 1e6},  // a float's short decimal
           {"seconds_to_target", seconds_to_target ? nlohmann::json(*seconds_to_target) : nlohmann::json()},
           {"updates_applied", updates_applied},

@@ -37,6 +37,7 @@ struct RunSummary {
   int workers = 0;
   int64_t steps = 0;            // clocks every worker completed
   double wall_seconds = 0;
+  bool evaluated = false;       // false: no evaluation happened; the evaluation fields are null in JSON
   double epochs = 0;            // at the last evaluation
   double test_accuracy = 0;     // at the last evaluation
   double test_loss = 0;

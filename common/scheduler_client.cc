@@ -48,16 +48,18 @@ absl::StatusOr<tessera::v1::HeartbeatResponse> SchedulerClient::Heartbeat(
   return response;
 }
 
-std::unique_ptr<Heartbeater> SchedulerClient::StartHeartbeats(tessera::v1::Role role, int id, absl::Duration interval,
+std::unique_ptr<Heartbeater> SchedulerClient::StartHeartbeats(tessera::v1::Role role, int id, uint64_t incarnation,
+                                                              absl::Duration interval,
                                                               std::function<void()> on_job_finished,
                                                               std::function<void(const absl::Status&)> on_lost,
                                                               absl::Duration give_up_after) {
   auto heartbeater = std::make_unique<Heartbeater>(
       std::max(interval, absl::Milliseconds(10)),
-      [this, role, id, on_job_finished = std::move(on_job_finished)]() -> absl::Status {
+      [this, role, id, incarnation, on_job_finished = std::move(on_job_finished)]() -> absl::Status {
         tessera::v1::HeartbeatRequest beat;
         beat.set_role(role);
         beat.set_id(id);
+        beat.set_incarnation(incarnation);
         absl::StatusOr<tessera::v1::HeartbeatResponse> response = Heartbeat(beat);
         if (!response.ok()) return response.status();
         if (response->job_finished()) on_job_finished();

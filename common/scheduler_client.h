@@ -28,10 +28,11 @@ class SchedulerClient {
 
   [[nodiscard]] absl::StatusOr<tessera::v1::HeartbeatResponse> Heartbeat(const tessera::v1::HeartbeatRequest& request);
 
-  // Starts heartbeating as (role, id) every `interval` on a thread of its own. `on_job_finished` runs when the
+  // Starts heartbeating as (role, id, incarnation) every `interval` on a thread of its own. `on_job_finished` runs when the
   // scheduler answers that the job is over; `on_lost` once, when no heartbeat succeeded for `give_up_after`.
   // The client must outlive the returned heartbeater.
-  std::unique_ptr<Heartbeater> StartHeartbeats(tessera::v1::Role role, int id, absl::Duration interval,
+  std::unique_ptr<Heartbeater> StartHeartbeats(tessera::v1::Role role, int id, uint64_t incarnation,
+                                               absl::Duration interval,
                                                std::function<void()> on_job_finished,
                                                std::function<void(const absl::Status&)> on_lost,
                                                absl::Duration give_up_after);

@@ -12,6 +12,20 @@ using tessera::v1::ChunkPlacement;
 using tessera::v1::ParameterSpec;
 using tessera::v1::ShardMap;
 
+namespace {
+// Largest first onto the least-loaded server (ties: lowest id) keeps servers within one chunk of each other.
+void AssignToLeastLoaded(std::vector<ChunkPlacement*> chunks, std::map<int, int64_t> load) {
+  std::stable_sort(chunks.begin(), chunks.end(),
+                   [](const ChunkPlacement* a, const ChunkPlacement* b) { return a->length() > b->length(); });
+  for (ChunkPlacement* c : chunks) {
+    auto least = std::min_element(load.begin(), load.end(),
+                                  [](const auto& a, const auto& b) { return a.second < b.second; });
+    c->set_server_id(least->first);
+    least->second += c->length() * 4;
+  }
+}
+}  // namespace
+
 std::map<int, int64_t> BytesPerServer(const ShardMap& map) {
   std::map<int, int64_t> bytes;
   for (const auto& server : map.servers()) bytes[server.id()] = 0;
@@ -69,21 +83,32 @@ absl::Status PlaceParameters(const std::vector<ParameterSpec>& params, int64_t c
       offset += length;
     }
   }
-  // Largest first onto the least-loaded server (ties: lowest id) keeps servers within one chunk of each other.
-  std::vector<size_t> order(chunks.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return chunks[a].length() > chunks[b].length(); });
-  std::map<int, int64_t> load = BytesPerServer(map);
-  for (size_t i : order) {
-    auto least = std::min_element(load.begin(), load.end(),
-                                  [](const auto& a, const auto& b) { return a.second < b.second; });
-    chunks[i].set_server_id(least->first);
-    least->second += chunks[i].length() * 4;
-  }
+  std::vector<ChunkPlacement*> unplaced;
+  for (ChunkPlacement& c : chunks) unplaced.push_back(&c);
+  AssignToLeastLoaded(unplaced, BytesPerServer(map));
   for (ChunkPlacement& c : chunks) *map.add_chunks() = std::move(c);
   map.set_epoch(map.epoch() + 1);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<ChunkPlacement>> MoveChunks(int from_server, ShardMap& map) {
+  std::map<int, int64_t> load = BytesPerServer(map);
+  load.erase(from_server);
+  std::vector<ChunkPlacement*> moving;
+  for (ChunkPlacement& c : *map.mutable_chunks()) {
+    if (c.server_id() == from_server) moving.push_back(&c);
+  }
+  if (moving.empty()) return std::vector<ChunkPlacement>();
+  if (load.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("server ", from_server, "'s ", moving.size(), " chunks have no server left to move to"));
+  }
+  // Chunks of the lost server count in BytesPerServer only under its id, which is gone from `load`.
+  AssignToLeastLoaded(moving, std::move(load));
+  std::vector<ChunkPlacement> moved;
+  for (const ChunkPlacement* c : moving) moved.push_back(*c);
+  map.set_epoch(map.epoch() + 1);
+  return moved;
 }
 
 ShardMapIndex::ShardMapIndex(ShardMap map) : map_(std::move(map)) {

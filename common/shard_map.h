@@ -24,6 +24,12 @@ namespace tessera {
 [[nodiscard]] absl::Status PlaceParameters(const std::vector<tessera::v1::ParameterSpec>& params, int64_t chunk_bytes,
                                            tessera::v1::ShardMap& map);
 
+// Moves every chunk placed on `from_server` to the other servers of `map.servers` (largest first, least-loaded
+// bytes first) and advances `map.epoch`; returns the chunks moved, with their new servers. FAILED_PRECONDITION
+// when the map has no other server.
+[[nodiscard]] absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> MoveChunks(int from_server,
+                                                                                 tessera::v1::ShardMap& map);
+
 // Bytes held by each server id under `map`.
 std::map<int, int64_t> BytesPerServer(const tessera::v1::ShardMap& map);
 

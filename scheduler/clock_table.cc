@@ -101,6 +101,32 @@ void ClockTable::Done(int worker) {
   for (auto& [callback, result] : ready) callback(std::move(result));
 }
 
+void ClockTable::Rejoin(int worker, int64_t clock) {
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    if (worker < 0 || worker >= static_cast<int>(clocks_.size())) return;
+    active_[worker] = true;
+    clocks_[worker] = clock;
+    CollectLocked(absl::Now(), ready);
+  }
+  for (auto& [callback, result] : ready) callback(std::move(result));
+}
+
+std::vector<int64_t> ClockTable::ActiveClocks() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < clocks_.size(); ++i) {
+    if (active_[i]) out.push_back(clocks_[i]);
+  }
+  return out;
+}
+
+bool ClockTable::active(int worker) const {
+  absl::MutexLock lock(&mu_);
+  return worker >= 0 && worker < static_cast<int>(active_.size()) && active_[worker];
+}
+
 void ClockTable::Stop(const std::string& reason) {
   Ready ready;
   {

@@ -46,13 +46,20 @@ class ClockTable {
   // INVALID_ARGUMENT (through `done`) for a worker id out of range or a clock that goes backwards.
   void Advance(int worker, int64_t clock, absl::Time deadline, Callback done);
 
-  // `worker` has finished: it no longer holds the others back.
+  // `worker` has finished or was lost: it no longer holds the others back.
   void Done(int worker);
+
+  // `worker` is back (a new incarnation of a lost rank), at `clock`: it holds the others back again. The clock
+  // may be lower or higher than its last one.
+  void Rejoin(int worker, int64_t clock);
 
   // Opens every gate, now and later, with stop = true.
   void Stop(const std::string& reason);
 
   std::vector<int64_t> Clocks() const;
+  // The clocks of the workers still holding others back (not done, not lost).
+  std::vector<int64_t> ActiveClocks() const;
+  bool active(int worker) const;
   bool stopped() const;
   std::string stop_reason() const;
 

@@ -1,11 +1,19 @@
-// The scheduler's logic, transport-free: membership, shard placement, clocks and staleness gating, progress
-// records and the end of the job. The gRPC service (scheduler_service.h) only converts to and from it.
+// The scheduler's logic, transport-free: it runs one job with the help of
+//   ClusterView      (cluster_view.h)      members, incarnations, chunk placement, sync round membership, epoch
+//   FailureDetector  (failure_detector.h)  heartbeats and lost members
+//   ClockTable       (clock_table.h)       every worker's clock and the consistency gate
+//   ProgressRecords  (progress_records.h)  reports, evaluations, server statistics, summary.json
+// and hands every new view to the servers. The gRPC service (scheduler_service.h) only converts to and from it.
 //
-// A job's life: servers and workers Register (ids and the JobSpec handed out) -> workers Declare their
-// parameters (placed once every server is in; servers get their chunks before the map is returned) -> workers
-// loop AdvanceClock / pull / compute / push, Report progress, and call Done -> when every worker is done the
-// coordinator collects the servers' statistics, writes summary.json, shuts the servers down and calls
-// `on_finished`.
+// A job's life: servers and workers Register (a slot, an incarnation and the JobSpec handed out) -> workers
+// Declare their parameters (placed once every server is in; servers get the view before the map is returned)
+// -> workers loop AdvanceClock / pull / compute / push, Report progress, and call Done -> when every worker is
+// done (or lost) the coordinator collects the servers' statistics, writes summary.json, shuts the servers down
+// and calls `on_finished` with the outcome.
+//
+// Failures: a lost worker leaves the clock gate and, through a new view, the sync rounds at once; the others go
+// on (in every mode), and the rank may rejoin with a new incarnation (Register again). A lost server before
+// the parameters are placed leaves its slot to a replacement; after, the job stops with a reason naming it.
 #ifndef TESSERA_SCHEDULER_JOB_COORDINATOR_H_
 #define TESSERA_SCHEDULER_JOB_COORDINATOR_H_
 
@@ -18,12 +26,13 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/run_recorder.h"
 #include "common/thread_pool.h"
 #include "nlohmann/json.hpp"
 #include "proto/cluster.pb.h"
 #include "scheduler/clock_table.h"
-#include "scheduler/membership.h"
+#include "scheduler/cluster_view.h"
+#include "scheduler/failure_detector.h"
+#include "scheduler/progress_records.h"
 #include "scheduler/server_control.h"
 
 namespace tessera {
@@ -32,35 +41,37 @@ namespace tessera {
 class JobCoordinator {
  public:
   // `job` must be validated. `servers` is not owned and must outlive the coordinator. `on_finished` runs once,
-  // on the coordinator's executor, after the summary is written and the servers were told to exit.
+  // on the coordinator's executor, after the summary is written and the servers were told to exit. A member
+  // silent for `heartbeat_timeout` is lost.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<JobCoordinator>> Create(
       tessera::v1::JobSpec job, const std::string& run_dir, absl::Duration heartbeat_interval,
-      ServerControl* servers, std::function<void()> on_finished);
+      absl::Duration heartbeat_timeout, ServerControl* servers, std::function<void(const JobOutcome&)> on_finished);
   ~JobCoordinator();
 
-  [[nodiscard]] absl::StatusOr<tessera::v1::RegisterResponse> Register(const tessera::v1::RegisterRequest& request);
+  // Starts failure detection (every heartbeat interval).
+  void StartFailureDetection();
+
+  // Calls `done` (on the executor) with the member's slot, incarnation and start clock. A worker rejoining a
+  // running job is in the view the servers hold before `done` runs.
+  void Register(const tessera::v1::RegisterRequest& request,
+                std::function<void(absl::StatusOr<tessera::v1::RegisterResponse>)> done);
   [[nodiscard]] absl::StatusOr<tessera::v1::HeartbeatResponse> Heartbeat(const tessera::v1::HeartbeatRequest& request);
 
-  // Calls `done` (on the executor) with the shard map, UNAVAILABLE while servers are still missing, or the
+  // Calls `done` (on the executor) with the cluster view, UNAVAILABLE naming the servers still missing, or the
   // placement's error.
   void Declare(const tessera::v1::DeclareRequest& request,
                std::function<void(absl::StatusOr<tessera::v1::ShardMap>)> done);
   // FAILED_PRECONDITION before anything is declared.
   [[nodiscard]] absl::StatusOr<tessera::v1::ShardMap> GetShardMap() const;
 
-  // See ClockTable::Advance.
+  // See ClockTable::Advance. FAILED_PRECONDITION for a worker that is not in the job (lost or replaced).
   void AdvanceClock(const tessera::v1::AdvanceClockRequest& request, ClockTable::Callback done);
 
   [[nodiscard]] absl::StatusOr<tessera::v1::ReportResponse> Report(const tessera::v1::ReportRequest& request);
   [[nodiscard]] absl::Status Done(const tessera::v1::DoneRequest& request);
 
-  // Failure detection, called periodically: a worker silent for `timeout` is lost. It leaves the clock gate at
-  // once (ASYNC and SSP go on without it); in SYNC, whose rounds need every worker, the job stops with the
-  // reason. A lost worker counts as done, so the job still ends and writes its summary.
-  // Until every member has registered, it also logs whom the job waits for (Membership::WaitingSummary), at
-  // most every kWaitingReportInterval.
-  void CheckLiveness(absl::Time now, absl::Duration timeout);
-  static constexpr absl::Duration kWaitingReportInterval = absl::Seconds(5);
+  // One failure-detection pass at `now` (tests; the detector's thread calls it otherwise).
+  void CheckLiveness(absl::Time now) { failure_detector_.Check(now); }
 
   // Ends the job early: every clock gate opens with stop (no worker is left waiting). Never blocks.
   void Abort(const std::string& reason) { clocks_.Stop(reason); }
@@ -75,41 +86,43 @@ class JobCoordinator {
   bool finished() const;
   const tessera::v1::JobSpec& job() const { return job_; }
   std::vector<int64_t> clocks() const { return clocks_.Clocks(); }
+  const ClusterView& view() const { return view_; }
 
  private:
   JobCoordinator(tessera::v1::JobSpec job, std::unique_ptr<RunRecorder> recorder, absl::Duration heartbeat_interval,
-                 ServerControl* servers, std::function<void()> on_finished);
+                 absl::Duration heartbeat_timeout, ServerControl* servers,
+                 std::function<void(const JobOutcome&)> on_finished);
 
   tessera::v1::ReportResponse StopResponse() const;
-  // Marks `worker` done; queues the end of the job when it was the last.
-  void MarkDoneLocked(int worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Where a worker taking slot `member` starts: 0 for a new rank; for a rank coming back, SYNC: the round after
+  // the newest any worker started; SSP: its last clock, or the slowest active worker's when that is ahead;
+  // ASYNC: its last clock.
+  int64_t StartClock(const Member& member) const;
+  // Reacts to a member the failure detector declared lost.
+  void OnLost(const Member& member);
+  // Queues the end of the job once no worker is alive any more (all done or lost).
+  void MaybeFinish();
 
   // Executor tasks.
-  void WriteEvalRecord(const tessera::v1::ReportRequest& eval);
+  // Hands the current view to every server.
+  void PublishView(const std::string& why);
   void FinishJob();
 
   // Constant after construction.
   const tessera::v1::JobSpec job_;
-  const std::unique_ptr<RunRecorder> recorder_;
   const absl::Duration heartbeat_interval_;
   ServerControl* const servers_;  // not owned
-  const std::function<void()> on_finished_;
+  const std::function<void(const JobOutcome&)> on_finished_;
   const absl::Time start_;
 
-  Membership membership_;
-  // Used by CheckLiveness only, which one thread (the failure detector) calls.
-  absl::Time next_waiting_report_;
+  ClusterView view_;
   ClockTable clocks_;
+  ProgressRecords records_;
+  FailureDetector failure_detector_;
 
   mutable absl::Mutex mu_;
-  std::optional<tessera::v1::ShardMap> map_ ABSL_GUARDED_BY(mu_);
-  std::vector<tessera::v1::ReportRequest> last_report_ ABSL_GUARDED_BY(mu_);  // per worker
-  std::vector<bool> done_ ABSL_GUARDED_BY(mu_);
-  std::vector<int> lost_ ABSL_GUARDED_BY(mu_);
-  std::optional<tessera::v1::ReportRequest> last_eval_ ABSL_GUARDED_BY(mu_);
-  std::optional<double> seconds_to_target_ ABSL_GUARDED_BY(mu_);
-  std::vector<EvalRecord> history_ ABSL_GUARDED_BY(mu_);                 // every progress record, for /status
-  tessera::v1::StalenessHistogram staleness_ ABSL_GUARDED_BY(mu_);       // as of the last record
+  std::vector<int> lost_workers_ ABSL_GUARDED_BY(mu_);  // every rank ever lost, in order
+  std::string failure_ ABSL_GUARDED_BY(mu_);            // why the job cannot complete; empty: it can
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   nlohmann::json summary_ ABSL_GUARDED_BY(mu_);

@@ -17,7 +17,12 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Start(const SchedulerOptio
   TESSERA_ASSIGN_OR_RETURN(
       scheduler->coordinator_,
       JobCoordinator::Create(options.job, options.run_dir, absl::Milliseconds(options.heartbeat_interval_ms),
-                             &scheduler->server_control_, [self] { self->Stop(absl::OkStatus()); }));
+                             absl::Milliseconds(options.heartbeat_timeout_ms), &scheduler->server_control_,
+                             [self](const JobOutcome& outcome) {
+                               self->Stop(outcome.completed ? absl::OkStatus()
+                                                            : absl::AbortedError(absl::StrCat(
+                                                                  "the job did not complete: ", outcome.stop_reason)));
+                             }));
   scheduler->service_ = std::make_unique<SchedulerService>(scheduler->coordinator_.get());
   TESSERA_ASSIGN_OR_RETURN(StartedServer started,
                            StartGrpcServer(options.listen_host, options.port, {scheduler->service_.get()}));
@@ -47,18 +52,7 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Start(const SchedulerOptio
     LOG(INFO) << "dashboard at http://" << options.listen_host << ":" << scheduler->http_->port()
               << "/ (JSON at /status)";
   }
-  {
-    JobCoordinator* coordinator = scheduler->coordinator_.get();
-    const absl::Duration timeout = absl::Milliseconds(options.heartbeat_timeout_ms);
-    scheduler->failure_detector_ = std::make_unique<Heartbeater>(
-        absl::Milliseconds(options.heartbeat_interval_ms),
-        [coordinator, timeout] {
-          coordinator->CheckLiveness(absl::Now(), timeout);
-          return absl::OkStatus();
-        },
-        [](const absl::Status&) {}, absl::InfiniteDuration());
-    scheduler->failure_detector_->Start();
-  }
+  scheduler->coordinator_->StartFailureDetection();
   const auto& job = options.job;
   LOG(INFO) << "scheduler at " << scheduler->address_ << ": job '" << job.name() << "', "
             << ModeName(job.consistency()) << ", " << job.cluster().num_servers() << " servers, "
@@ -67,7 +61,6 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Start(const SchedulerOptio
 }
 
 Scheduler::~Scheduler() {
-  failure_detector_.reset();
   http_.reset();
   if (coordinator_) coordinator_->Abort("scheduler shutting down");
   if (grpc_server_) grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
@@ -82,7 +75,7 @@ absl::Status Scheduler::Wait() {
         +[](std::optional<absl::Status>* r) { return r->has_value(); }, &stop_reason_));
     reason = *stop_reason_;
   }
-  if (!reason.ok()) coordinator_->Abort(std::string(reason.message()));
+  if (!reason.ok() && !coordinator_->finished()) coordinator_->Abort(std::string(reason.message()));
   // Let in-flight calls (workers' last Done, servers' last heartbeat) finish, then close.
   grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return reason;

@@ -29,7 +29,9 @@ class Scheduler {
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Scheduler>> Start(const SchedulerOptions& options);
   ~Scheduler();
 
-  // Blocks until the job has finished (OK) or Stop() was called; then stops serving.
+  // Blocks until the job has finished or Stop() was called; then stops serving. OK when the job completed;
+  // ABORTED with the reason when it ended without reaching its stop condition (a member failed); Stop()'s
+  // reason otherwise.
   [[nodiscard]] absl::Status Wait();
   // Never blocks; safe from any thread.
   void Stop(absl::Status reason);
@@ -50,7 +52,6 @@ class Scheduler {
   std::unique_ptr<SchedulerService> service_;
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<HttpEndpoint> http_;
-  std::unique_ptr<Heartbeater> failure_detector_;  // runs JobCoordinator::CheckLiveness periodically
 
   absl::Mutex mu_;
   std::optional<absl::Status> stop_reason_ ABSL_GUARDED_BY(mu_);

@@ -17,7 +17,8 @@ DEFINE_string(run_dir, "", "directory for metrics.jsonl and summary.json; empty:
 DEFINE_int32(num_servers, 0, "override the job's cluster.num_servers (0: keep)");
 DEFINE_int32(num_workers, 0, "override the job's cluster.num_workers (0: keep)");
 DEFINE_int32(http_port, 0, "port of /healthz, /metrics and /status on --host; 0 picks a free one (logged), -1: off");
-DEFINE_int32(heartbeat_timeout_ms, 10000, "a worker silent this long is lost (async/ssp go on without it; sync stops)");
+DEFINE_int32(heartbeat_timeout_ms, 10000,
+             "a server or worker silent this long is lost (the other workers go on; a lost server stops the job)");
 DEFINE_int32(heartbeat_interval_ms, 500, "how often servers and workers heartbeat");
 
 int main(int argc, char** argv) {
@@ -51,7 +52,8 @@ int main(int argc, char** argv) {
   absl::Status status = (*scheduler)->Wait();
   if (!status.ok()) {
     std::cerr << "tessera-scheduler: " << status << std::endl;
-    return status.code() == absl::StatusCode::kCancelled ? 130 : 1;
+    if (status.code() == absl::StatusCode::kCancelled) return 130;
+    return status.code() == absl::StatusCode::kAborted ? 3 : 1;
   }
   return 0;
 }

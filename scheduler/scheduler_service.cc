@@ -25,7 +25,12 @@ grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* context, const
 grpc::ServerUnaryReactor* SchedulerService::Register(grpc::CallbackServerContext* context,
                                                      const tessera::v1::RegisterRequest* request,
                                                      tessera::v1::RegisterResponse* response) {
-  return FinishWith(context, coordinator_->Register(*request), response);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  coordinator_->Register(*request, [context, reactor, response](absl::StatusOr<tessera::v1::RegisterResponse> r) {
+    if (r.ok()) *response = std::move(r).value();
+    reactor->Finish(ToGrpcStatus(r.status(), context));
+  });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* SchedulerService::Heartbeat(grpc::CallbackServerContext* context,

@@ -13,7 +13,8 @@
 
 namespace tessera {
 
-// The servers' statistics summed over servers.
+// The servers' statistics summed over servers: chunks and chunk updates over the servers in the job now
+// (restored chunks carry their updates with them), counters over every server the job ever had.
 struct ClusterStats {
   int64_t chunks = 0;
   int64_t chunk_updates = 0;
@@ -24,8 +25,13 @@ struct ClusterStats {
 
   // Model updates: chunk updates per chunk (every chunk of a dense model is updated once per model update).
   int64_t model_updates() const { return chunks == 0 ? 0 : chunk_updates / chunks; }
+};
 
-  static ClusterStats Sum(const std::vector<tessera::v1::ServerStats>& stats);
+// One server's answer to a statistics request.
+struct ServerStatsAnswer {
+  int server_id = -1;
+  uint64_t incarnation = 0;
+  absl::StatusOr<tessera::v1::ServerStats> stats;
 };
 
 // Thread-safe implementations required. Each call addresses every server in the map and blocks until all
@@ -34,8 +40,8 @@ class ServerControl {
  public:
   virtual ~ServerControl() = default;
   [[nodiscard]] virtual absl::Status Assign(const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job) = 0;
-  [[nodiscard]] virtual absl::StatusOr<std::vector<tessera::v1::ServerStats>> Stats(
-      const tessera::v1::ShardMap& map) = 0;
+  // Every server's answer, in the map's order (a server that does not answer does not fail the others).
+  [[nodiscard]] virtual std::vector<ServerStatsAnswer> Stats(const tessera::v1::ShardMap& map) = 0;
   [[nodiscard]] virtual absl::Status Shutdown(const tessera::v1::ShardMap& map) = 0;
 };
 

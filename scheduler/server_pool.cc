@@ -7,20 +7,9 @@
 namespace tessera {
 namespace {
 constexpr absl::Duration kControlTimeout = absl::Seconds(30);
+// Statistics are asked for while the job runs; a server that is gone must not hold up the records for long.
+constexpr absl::Duration kStatsTimeout = absl::Seconds(3);
 }  // namespace
-
-ClusterStats ClusterStats::Sum(const std::vector<tessera::v1::ServerStats>& stats) {
-  ClusterStats sum;
-  for (const auto& s : stats) {
-    sum.chunks += s.chunks();
-    sum.chunk_updates += s.updates_applied();
-    sum.pushes += s.pushes();
-    sum.duplicate_pushes += s.duplicate_pushes();
-    sum.late_pushes += s.late_pushes();
-    sum.staleness.Merge(s.staleness());
-  }
-  return sum;
-}
 
 tessera::v1::ParameterServer::Stub* GrpcServerControl::StubFor(const std::string& address) {
   absl::MutexLock lock(&mu_);
@@ -46,16 +35,17 @@ absl::Status GrpcServerControl::Assign(const tessera::v1::ShardMap& map, const t
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<tessera::v1::ServerStats>> GrpcServerControl::Stats(const tessera::v1::ShardMap& map) {
-  std::vector<tessera::v1::ServerStats> out;
+std::vector<ServerStatsAnswer> GrpcServerControl::Stats(const tessera::v1::ShardMap& map) {
+  std::vector<ServerStatsAnswer> out;
   for (const auto& server : map.servers()) {
     tessera::v1::ServerStats stats;
     grpc::ClientContext context;
-    SetTimeout(context, kControlTimeout);
+    SetTimeout(context, kStatsTimeout);
     absl::Status status = FromGrpcStatus(StubFor(server.address())->GetStats(&context, {}, &stats), context,
                                          absl::StrCat("GetStats from server ", server.id(), " at ", server.address()));
-    if (!status.ok()) return status;
-    out.push_back(std::move(stats));
+    ServerStatsAnswer answer{server.id(), server.incarnation(), std::move(stats)};
+    if (!status.ok()) answer.stats = status;
+    out.push_back(std::move(answer));
   }
   return out;
 }

@@ -16,7 +16,7 @@ namespace tessera {
 class GrpcServerControl final : public ServerControl {
  public:
   absl::Status Assign(const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job) override;
-  absl::StatusOr<std::vector<tessera::v1::ServerStats>> Stats(const tessera::v1::ShardMap& map) override;
+  std::vector<ServerStatsAnswer> Stats(const tessera::v1::ShardMap& map) override;
   absl::Status Shutdown(const tessera::v1::ShardMap& map) override;
 
  private:

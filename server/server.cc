@@ -67,7 +67,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                               : "");
 
   server->heartbeater_ = server->scheduler_->StartHeartbeats(
-      tessera::v1::SERVER, server->id_, absl::Milliseconds(registered.heartbeat_interval_ms()),
+      tessera::v1::SERVER, server->id_, registered.incarnation(), absl::Milliseconds(registered.heartbeat_interval_ms()),
       [self] { self->Stop(); },
       [self](const absl::Status& why) {
         self->Stop(absl::UnavailableError(absl::StrCat("lost the scheduler: ", why.message())));

@@ -39,6 +39,7 @@ ChunkPush ToChunkPush(const PushRequest& r) {
   ChunkPush push;
   push.address = {r.epoch(), r.key().param(), r.key().index()};
   push.worker_id = r.worker_id();
+  push.incarnation = r.incarnation();
   push.seq = r.seq();
   push.clock = r.clock();
   push.read_clock_version = r.read_clock_version();

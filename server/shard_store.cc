@@ -37,6 +37,18 @@ bool ExchangeWaiter::completed() const {
 
 absl::Status ShardStore::Assign(const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job,
                                 int server_id) {
+  // Rounds the new view closes, answered once no lock is held.
+  std::vector<std::pair<std::vector<std::shared_ptr<ExchangeWaiter>>, ChunkValues>> closed;
+  absl::Status status = AdoptView(map, job, server_id, closed);
+  for (auto& [waiters, values] : closed) {
+    for (auto& w : waiters) w->Complete(values);
+  }
+  return status;
+}
+
+absl::Status ShardStore::AdoptView(
+    const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job, int server_id,
+    std::vector<std::pair<std::vector<std::shared_ptr<ExchangeWaiter>>, ChunkValues>>& closed) {
   absl::MutexLock lock(&mu_);
   if (server_id_ != -1 && server_id_ != server_id) {
     return absl::FailedPreconditionError(
@@ -71,8 +83,59 @@ absl::Status ShardStore::Assign(const tessera::v1::ShardMap& map, const tessera:
     if (job.consistency().mode() == ConsistencySpec::SYNC) chunk->sync_sum.assign(placement.length(), 0.0f);
     chunks_[key] = std::move(chunk);
   }
+  // The view's workers. A map without them (one built by hand) keeps every worker in, unchecked.
+  auto roster = std::make_shared<Roster>();
+  roster->active.assign(workers, true);
+  roster->incarnation.assign(workers, 0);
+  roster->joined_clock.assign(workers, 0);
+  for (const auto& w : map.workers()) {
+    if (w.id() < 0 || w.id() >= workers) {
+      return absl::InvalidArgumentError(absl::StrCat("cluster view names worker ", w.id(), "; the job has ", workers));
+    }
+    roster->active[w.id()] = w.active();
+    roster->incarnation[w.id()] = w.incarnation();
+    roster->joined_clock[w.id()] = w.joined_clock();
+  }
+  std::vector<int> renewed;  // ranks with a new incarnation: a new process, whose sequence starts again
+  for (int w = 0; w < workers; ++w) {
+    if (roster_ != nullptr && roster->incarnation[w] != roster_->incarnation[w]) renewed.push_back(w);
+  }
+  const bool sync = job.consistency().mode() == ConsistencySpec::SYNC;
+  for (auto& [key, chunk] : chunks_) {
+    absl::MutexLock chunk_lock(&chunk->mu);
+    for (int w : renewed) {
+      chunk->last_seq.erase(w);
+      chunk->applied_clocks[w] = std::max(chunk->applied_clocks[w], roster->joined_clock[w]);
+    }
+    if (sync && !chunk->sync_workers.empty() && RoundCompleteLocked(*chunk, *roster)) {
+      std::vector<std::shared_ptr<ExchangeWaiter>> waiters = CloseRoundLocked(*config_, *chunk);
+      closed.emplace_back(std::move(waiters), SnapshotLocked(*chunk, *roster));
+    }
+  }
+  roster_ = std::move(roster);
   epoch_ = map.epoch();
   return absl::OkStatus();
+}
+
+bool ShardStore::RoundCompleteLocked(const Chunk& chunk, const Roster& roster) {
+  for (size_t w = 0; w < roster.active.size(); ++w) {
+    if (!roster.InRound(static_cast<int>(w), chunk.version)) continue;
+    if (std::find(chunk.sync_workers.begin(), chunk.sync_workers.end(), static_cast<int>(w)) ==
+        chunk.sync_workers.end()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::vector<std::shared_ptr<ExchangeWaiter>> ShardStore::CloseRoundLocked(const JobConfig& config, Chunk& chunk) {
+  const float inv = static_cast<float>(1.0 / chunk.sync_weight);
+  ApplyLocked(config, chunk, chunk.sync_sum, 1.0f, inv, chunk.sync_workers, chunk.version);
+  chunk.sync_weight = 0;
+  chunk.sync_workers.clear();
+  std::vector<std::shared_ptr<ExchangeWaiter>> waiters;
+  waiters.swap(chunk.waiters);
+  return waiters;
 }
 
 absl::StatusOr<ShardStore::Found> ShardStore::Find(const ChunkAddress& address) const {
@@ -96,13 +159,13 @@ absl::StatusOr<ShardStore::Found> ShardStore::Find(const ChunkAddress& address) 
     return absl::NotFoundError(absl::StrCat("unknown parameter chunk '", KeyName(address), "' on server ",
                                             server_id_, " (it holds chunks of: ", absl::StrJoin(held, ", "), ")"));
   }
-  return Found{it->second.get(), config_.get()};
+  return Found{it->second.get(), config_.get(), roster_};
 }
 
-ChunkValues ShardStore::SnapshotLocked(const Chunk& chunk) const {
+ChunkValues ShardStore::SnapshotLocked(const Chunk& chunk, const Roster& roster) const {
   ChunkValues values;
   values.version = chunk.version;
-  values.clock_version = ClockVersionLocked(chunk);
+  values.clock_version = ClockVersionLocked(chunk, roster);
   values.length = chunk.values.size() * sizeof(float);
   std::shared_ptr<PooledBuffer> buffer = buffers_.Get(values.length);
   if (values.length > 0) std::memcpy(buffer->data(), chunk.values.data(), values.length);
@@ -117,15 +180,20 @@ absl::StatusOr<ChunkValues> ShardStore::Pull(const ChunkPull& request) const {
   if (request.have_version == chunk.version) {
     ChunkValues unchanged;
     unchanged.version = chunk.version;
-    unchanged.clock_version = ClockVersionLocked(chunk);
+    unchanged.clock_version = ClockVersionLocked(chunk, *found.roster);
     return unchanged;
   }
-  return SnapshotLocked(chunk);
+  return SnapshotLocked(chunk, *found.roster);
 }
 
-int64_t ShardStore::ClockVersionLocked(const Chunk& chunk) {
-  if (chunk.applied_clocks.empty()) return 0;
-  return *std::min_element(chunk.applied_clocks.begin(), chunk.applied_clocks.end());
+int64_t ShardStore::ClockVersionLocked(const Chunk& chunk, const Roster& roster) {
+  // Workers that left the job hold nobody's staleness back.
+  int64_t min = INT64_MAX;
+  for (size_t w = 0; w < chunk.applied_clocks.size(); ++w) {
+    if (roster.active[w]) min = std::min(min, chunk.applied_clocks[w]);
+  }
+  if (min != INT64_MAX) return min;
+  return chunk.applied_clocks.empty() ? 0 : *std::max_element(chunk.applied_clocks.begin(), chunk.applied_clocks.end());
 }
 
 void ShardStore::ApplyLocked(const JobConfig& config, Chunk& chunk, absl::Span<const float> grad, float lr_scale,
@@ -149,6 +217,17 @@ absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& re
                                                    job.cluster().num_workers(), " workers"));
   }
   if (request.seq == 0) return absl::InvalidArgumentError("push seq must be >= 1");
+  const Roster& roster = *found.roster;
+  if (!roster.active[worker]) {
+    return absl::FailedPreconditionError(absl::StrCat("worker ", worker,
+                                                      " is not in the job's cluster view (it was declared lost); "
+                                                      "register again to rejoin"));
+  }
+  if (roster.incarnation[worker] != 0 && request.incarnation != roster.incarnation[worker]) {
+    return absl::FailedPreconditionError(absl::StrCat("worker ", worker, " incarnation ", request.incarnation,
+                                                      " is not in the job: the rank is held by incarnation ",
+                                                      roster.incarnation[worker]));
+  }
   const std::string what = absl::StrCat("push to ", KeyName(request.address));
   if (!request.assign && request.batch_size <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": batch_size must be > 0, got ", request.batch_size));
@@ -186,8 +265,8 @@ absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& re
         outcome.late = true;  // the round closed without it; never mixed into a later round
         chunk.last_seq[worker] = request.seq;
       } else if (request.clock > round) {
-        return absl::FailedPreconditionError(absl::StrCat(what, ": round ", request.clock,
-                                                          " is not open yet; the chunk is collecting round ", round));
+        return absl::UnavailableError(absl::StrCat(what, ": round ", request.clock,
+                                                   " is not open yet; the chunk is collecting round ", round));
       } else if (std::find(chunk.sync_workers.begin(), chunk.sync_workers.end(), worker) !=
                  chunk.sync_workers.end()) {
         return absl::AbortedError(absl::StrCat(what, ": worker ", worker, " already pushed round ", round,
@@ -206,12 +285,8 @@ absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& re
         chunk.sync_weight += request.batch_size;
         chunk.sync_workers.push_back(worker);
         staleness = request.clock - request.read_clock_version;
-        if (static_cast<int>(chunk.sync_workers.size()) == job.cluster().num_workers()) {
-          const float inv = static_cast<float>(1.0 / chunk.sync_weight);
-          ApplyLocked(config, chunk, chunk.sync_sum, 1.0f, inv, chunk.sync_workers, round);
-          chunk.sync_weight = 0;
-          chunk.sync_workers.clear();
-          applied.closed_waiters.swap(chunk.waiters);
+        if (RoundCompleteLocked(chunk, roster)) {
+          applied.closed_waiters = CloseRoundLocked(config, chunk);
         } else {
           applied.round_open = true;
         }
@@ -232,10 +307,10 @@ absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& re
                             chunk.waiters.end());
         chunk.waiters.push_back(*waiter);
       } else {
-        applied.values = SnapshotLocked(chunk);
+        applied.values = SnapshotLocked(chunk, roster);
       }
     } else if (!applied.closed_waiters.empty()) {
-      applied.values = SnapshotLocked(chunk);
+      applied.values = SnapshotLocked(chunk, roster);
     }
   }
 

@@ -56,6 +56,7 @@ struct ChunkPull {
 struct ChunkPush {
   ChunkAddress address;
   int worker_id = 0;
+  uint64_t incarnation = 0;         // the sender's; a replaced incarnation's pushes are refused
   uint64_t seq = 0;                 // per worker, strictly increasing; a repeated seq is applied once
   int64_t clock = 0;                // the step the gradient belongs to
   int64_t read_clock_version = 0;   // clock_version of the values the gradient was computed on
@@ -101,9 +102,11 @@ class ShardStore {
   ShardStore(const ShardStore&) = delete;
   ShardStore& operator=(const ShardStore&) = delete;
 
-  // Adopts `map` (which must be newer than the current one) and the job: creates and initialises the chunks
-  // placed on server `server_id` (this one) that it does not hold yet. INVALID_ARGUMENT on a job or map it cannot
-  // use; FAILED_PRECONDITION when a different job or id is already assigned or the map is older.
+  // Adopts the cluster view `map` (which must be newer than the current one) and the job: creates and
+  // initialises the chunks placed on server `server_id` (this one) that it does not hold yet, and takes the
+  // view's workers: a worker no longer active leaves the sync rounds (a round it was the last one missing from
+  // closes now), a worker with a new incarnation starts a new sequence. INVALID_ARGUMENT on a job or map it
+  // cannot use; FAILED_PRECONDITION when a different job or id is already assigned or the map is older.
   [[nodiscard]] absl::Status Assign(const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job,
                                     int server_id);
 
@@ -113,7 +116,8 @@ class ShardStore {
   // Applies (or, in SYNC, collects) a gradient, or assigns values. INVALID_ARGUMENT for a wrong byte length, a
   // non-finite gradient or a bad worker id, batch size or seq, leaving the chunk unchanged; NOT_FOUND for an
   // unknown chunk; ABORTED for a second, different push of one worker in one SYNC round; FAILED_PRECONDITION
-  // for a SYNC round that is not open yet.
+  // for a worker the view does not have in the job (lost, or an incarnation that was replaced); UNAVAILABLE for
+  // a SYNC round that is not open yet (a worker that joined ahead of the others: retry).
   [[nodiscard]] absl::StatusOr<PushOutcome> Push(const ChunkPush& request, const FloatPayload& values);
 
   // Push, then completes `waiter` with the chunk's values after it: at once, except in SYNC while the push's
@@ -161,9 +165,19 @@ class ShardStore {
     const UpdateRule rule;
   };
 
+  // The view's workers, as of the last Assign. Immutable once published.
+  struct Roster {
+    std::vector<bool> active;
+    std::vector<uint64_t> incarnation;
+    std::vector<int64_t> joined_clock;
+    // Does sync round `round` wait for `worker`?
+    bool InRound(int worker, int64_t round) const { return active[worker] && joined_clock[worker] <= round; }
+  };
+
   struct Found {
     Chunk* chunk;
     const JobConfig* config;
+    std::shared_ptr<const Roster> roster;
   };
 
   // What one push did under the chunk's lock.
@@ -174,6 +188,11 @@ class ShardStore {
     ChunkValues values;       // after the push (when asked for)
   };
 
+  absl::Status AdoptView(
+      const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job, int server_id,
+      std::vector<std::pair<std::vector<std::shared_ptr<ExchangeWaiter>>, ChunkValues>>& closed)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // The chunk for `address` after checking its epoch, or the error to answer with.
   absl::StatusOr<Found> Find(const ChunkAddress& address) const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -183,7 +202,7 @@ class ShardStore {
                                        const std::shared_ptr<ExchangeWaiter>* waiter);
 
   // A copy of the chunk's values into a pooled buffer.
-  ChunkValues SnapshotLocked(const Chunk& chunk) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  ChunkValues SnapshotLocked(const Chunk& chunk, const Roster& roster) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
 
   // Applies `grad` (already validated) to `chunk`, advancing its version and the clocks of `workers` to
   // `clock` + 1.
@@ -191,7 +210,13 @@ class ShardStore {
                           float grad_scale, const std::vector<int>& workers, int64_t clock)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
 
-  static int64_t ClockVersionLocked(const Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  // The smallest clock of the active workers' updates in the chunk.
+  static int64_t ClockVersionLocked(const Chunk& chunk, const Roster& roster) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  // SYNC: every worker round `chunk.version` waits for has pushed it.
+  static bool RoundCompleteLocked(const Chunk& chunk, const Roster& roster) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  // SYNC: applies the collected round and hands back the exchanges that waited for it.
+  static std::vector<std::shared_ptr<ExchangeWaiter>> CloseRoundLocked(const JobConfig& config, Chunk& chunk)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
 
   mutable BufferPool buffers_;  // reply and scratch buffers
 
@@ -199,6 +224,7 @@ class ShardStore {
   int server_id_ ABSL_GUARDED_BY(mu_) = -1;  // set by the first Assign
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   std::unique_ptr<const JobConfig> config_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const Roster> roster_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<std::string, int>, std::unique_ptr<Chunk>> chunks_ ABSL_GUARDED_BY(mu_);
 
   mutable absl::Mutex counters_mu_;

@@ -227,13 +227,17 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(const Options& optio
   tessera::v1::RegisterRequest request;
   request.set_role(tessera::v1::WORKER);
   request.set_device(options.device);
+  if (options.rank >= 0) request.set_requested_id(options.rank);
   TESSERA_ASSIGN_OR_RETURN(tessera::v1::RegisterResponse registered,
                            client->scheduler_->Register(request, options.connect_attempts));
   client->worker_id_ = registered.id();
+  client->incarnation_ = registered.incarnation();
+  client->clock_ = registered.start_clock();
   client->job_ = registered.job();
   if (options.heartbeat) {
     client->heartbeater_ = client->scheduler_->StartHeartbeats(
-        tessera::v1::WORKER, client->worker_id_, absl::Milliseconds(registered.heartbeat_interval_ms()), [] {},
+        tessera::v1::WORKER, client->worker_id_, client->incarnation_,
+        absl::Milliseconds(registered.heartbeat_interval_ms()), [] {},
         [](const absl::Status& why) { LOG(WARNING) << "worker heartbeats stopped: " << why; }, absl::Seconds(30));
   }
   return client;
@@ -315,6 +319,7 @@ absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> PsClient::MakeCalls(
       PushRequest r;
       r.set_epoch(map_->epoch());
       r.set_worker_id(worker_id_);
+      r.set_incarnation(incarnation_);
       r.set_seq(seq_);
       r.set_clock(clock_);
       r.set_read_clock_version(cached == pulled_.end() ? clock_ : cached->second.clock_version);

@@ -77,6 +77,7 @@ class PsClient {
   struct Options {
     std::string scheduler_address;                   // HOST:PORT (required)
     std::string device = "cpu";                      // reported to the scheduler
+    int rank = -1;                                   // the rank to take (kept across restarts); -1: any free one
     int connect_attempts = 20;                       // tries to reach the scheduler (backoff up to 1 s)
     absl::Duration rpc_timeout = absl::Seconds(30);  // per data-plane RPC
     absl::Duration clock_wait_timeout = absl::Minutes(5);  // longest wait at the clock gate
@@ -92,7 +93,10 @@ class PsClient {
   ~PsClient();
 
   int worker_id() const { return worker_id_; }
+  // 1 for the first process of this rank, +1 for each that rejoined the job.
+  uint64_t incarnation() const { return incarnation_; }
   const tessera::v1::JobSpec& job() const { return job_; }
+  // Steps this worker has completed; after Connect, where it starts (0, or where a rejoining rank resumes).
   int64_t clock() const { return clock_; }
   uint64_t epoch() const { return map_ ? map_->epoch() : 0; }
   // The shard map this client holds; null before Declare.
@@ -187,6 +191,7 @@ class PsClient {
   std::unique_ptr<SchedulerClient> scheduler_;
   std::unique_ptr<Heartbeater> heartbeater_;
   int worker_id_ = -1;
+  uint64_t incarnation_ = 0;
   tessera::v1::JobSpec job_;
   std::unique_ptr<ShardMapIndex> map_;
   std::map<std::pair<std::string, int>, std::unique_ptr<grpc::GenericStub>> stubs_;  // by address and lane

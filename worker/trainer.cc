@@ -109,7 +109,8 @@ absl::StatusOr<TrainerResult> Trainer::Run() {
   std::vector<float> x(static_cast<size_t>(job.batch_size()) * train.features);
   std::vector<int32_t> y(job.batch_size());
   TrainerResult result;
-  int64_t clock = 0;
+  int64_t clock = source_->start_clock();  // also the data position: batches are a function of the clock
+  if (clock > 0) LOG(INFO) << "worker " << rank << " starts at clock " << clock;
   double loss_sum = 0;
   int64_t loss_steps = 0, samples_total = 0, samples_window = 0;
   absl::Time window_start = absl::Now();

@@ -17,6 +17,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
     PsClient::Options client_options;
     client_options.scheduler_address = options.scheduler_address;
     client_options.device = options.device;
+    client_options.rank = options.rank;
     client_options.connect_attempts = options.connect_attempts;
     client_options.clock_wait_timeout = absl::Milliseconds(options.clock_wait_timeout_ms);
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client, PsClient::Connect(client_options));

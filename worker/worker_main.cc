@@ -14,6 +14,10 @@ DEFINE_bool(local, false, "train --job alone in this process, with no scheduler 
 DEFINE_string(job, "", "--local only: the JobSpec file (text format or JSON)");
 DEFINE_string(run_dir, "", "--local only: directory for metrics.jsonl and summary.json");
 DEFINE_string(device, "auto", "auto (a GPU when one answers, else the CPU), cpu, or cuda:N");
+DEFINE_int32(rank, -1,
+             "the worker rank to take (0 .. num_workers-1), also when that rank's previous process is still "
+             "registered: a restarted worker rejoins the running job with it; -1: the first free rank, or the "
+             "first whose worker was lost");
 DEFINE_int32(cpu_threads, 1, "BLAS threads of the CPU backend (more than the free cores slows every process down)");
 DEFINE_string(host, "127.0.0.1", "address /healthz and /metrics listen on (loopback by default)");
 DEFINE_int32(http_port, 0, "port of /healthz and /metrics; 0 picks a free one (logged), -1 turns them off");
@@ -35,6 +39,7 @@ int main(int argc, char** argv) {
   options.job_path = FLAGS_job;
   options.run_dir = FLAGS_run_dir;
   options.device = FLAGS_device;
+  options.rank = FLAGS_rank;
   options.cpu_threads = FLAGS_cpu_threads;
   options.listen_host = FLAGS_host;
   options.http_port = FLAGS_http_port;

@@ -15,6 +15,7 @@ struct WorkerOptions {
   std::string job_path;           // local mode only: the JobSpec file
   std::string run_dir;            // local mode only: metrics.jsonl and summary.json
   std::string device = "auto";    // auto | cpu | cuda:N
+  int rank = -1;                  // the rank to take, kept across restarts; -1: the first free one
   int cpu_threads = 1;            // BLAS threads of the CPU backend
   std::string listen_host = "127.0.0.1";  // where /healthz and /metrics listen
   int http_port = 0;              // 0: a free port; -1: off

@@ -46,6 +46,7 @@ class BadInputTest : public ::testing::Test {
     tessera::v1::PushRequest request;
     request.set_epoch(epoch == 0 ? map.epoch() : epoch);
     request.set_worker_id(client_->worker_id());
+    request.set_incarnation(client_->incarnation());
     request.set_seq(++seq_);
     request.set_batch_size(1);
     request.mutable_key()->set_param(param);

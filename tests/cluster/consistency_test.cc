@@ -155,6 +155,7 @@ TEST(AsyncConsistencyTest, ConcurrentPushesWithRetriesAreAppliedExactlyOnce) {
           tessera::v1::PushRequest request;
           request.set_epoch(map.epoch());
           request.set_worker_id(id);
+          request.set_incarnation(clients[w]->incarnation());
           request.set_seq(k + 1);
           request.set_clock(k);
           request.set_read_clock_version(k);

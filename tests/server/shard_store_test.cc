@@ -130,7 +130,7 @@ TEST_F(ShardStoreTest, SyncLatePushIsCountedAndNotMixedIn) {
   EXPECT_EQ(Values(), (std::vector<float>{-1, -1, -1}));
   EXPECT_EQ(store_.Stats().late_pushes(), 1);
   EXPECT_THAT(Push(Gradient(0, 3, 5, {1, 1, 1})),
-              StatusIs(absl::StatusCode::kFailedPrecondition, "round 5 is not open"));
+              StatusIs(absl::StatusCode::kUnavailable, "round 5 is not open"));
 }
 
 TEST_F(ShardStoreTest, StalenessIsClockMinusTheClockVersionRead) {

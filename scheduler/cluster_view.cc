@@ -1,0 +1,269 @@
+#include "scheduler/cluster_view.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/shard_map.h"
+
+namespace tessera {
+
+const char* MemberStateName(MemberState state) {
+  switch (state) {
+    case MemberState::kVacant:
+      return "vacant";
+    case MemberState::kAlive:
+      return "alive";
+    case MemberState::kLost:
+      return "lost";
+    case MemberState::kDone:
+      return "done";
+  }
+  return "?";
+}
+
+std::string Member::Describe() const {
+  const char* name = role == tessera::v1::SERVER ? "server" : "worker";
+  if (!address.empty()) return absl::StrCat(name, " ", id, " at ", address);
+  if (!hostname.empty()) return absl::StrCat(name, " ", id, " on ", hostname);
+  return absl::StrCat(name, " ", id);
+}
+
+ClusterView::ClusterView(int num_servers, int num_workers) : servers_(num_servers), workers_(num_workers) {
+  for (int i = 0; i < num_servers; ++i) {
+    servers_[i].role = tessera::v1::SERVER;
+    servers_[i].id = i;
+  }
+  for (int i = 0; i < num_workers; ++i) {
+    workers_[i].role = tessera::v1::WORKER;
+    workers_[i].id = i;
+  }
+}
+
+absl::StatusOr<Member> ClusterView::Join(const tessera::v1::RegisterRequest& request, absl::Time now,
+                                         const std::function<int64_t(const Member&)>& start_clock) {
+  const bool server = request.role() == tessera::v1::SERVER;
+  if (!server && request.role() != tessera::v1::WORKER) {
+    return absl::InvalidArgumentError("register: role must be SERVER or WORKER");
+  }
+  if (server && request.address().empty()) return absl::InvalidArgumentError("a server must register with its address");
+  absl::MutexLock lock(&mu_);
+  std::vector<Member>& slots = server ? servers_ : workers_;
+  const char* role = server ? "server" : "worker";
+  auto takeable = [](const Member& m) { return m.state == MemberState::kVacant || m.state == MemberState::kLost; };
+  Member* slot = nullptr;
+  if (request.has_requested_id()) {
+    const int id = request.requested_id();
+    if (id < 0 || id >= static_cast<int>(slots.size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("register: ", role, " id ", id, " asked for, but the job has ", slots.size(), " (0 to ",
+                       static_cast<int>(slots.size()) - 1, ")"));
+    }
+    if (takeable(slots[id]) || (!server && slots[id].state == MemberState::kAlive)) slot = &slots[id];
+  }
+  for (MemberState wanted : {MemberState::kVacant, MemberState::kLost}) {
+    for (Member& m : slots) {
+      if (slot == nullptr && m.state == wanted) slot = &m;
+    }
+  }
+  if (slot == nullptr) {
+    const std::string who = server ? request.address() : request.hostname();
+    return absl::ResourceExhaustedError(absl::StrCat("the job has all its ", slots.size(), " ", role,
+                                                     "s alive; no place for the ", role, " at ", who));
+  }
+  slot->joined_clock = server ? 0 : start_clock(*slot);
+  slot->incarnation += 1;
+  slot->state = MemberState::kAlive;
+  slot->address = request.address();
+  slot->hostname = request.hostname();
+  slot->device = request.device();
+  slot->last_seen = now;
+  // A rank's first process changes nothing a server checks (the view lists an unregistered rank as in the
+  // rounds, with incarnation 0: not checked yet); a replacement does.
+  if (slot->incarnation > 1) ChangedLocked();
+  return *slot;
+}
+
+absl::Status ClusterView::Touch(tessera::v1::Role role, int id, uint64_t incarnation, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  std::vector<Member>* slots = role == tessera::v1::SERVER ? &servers_ : role == tessera::v1::WORKER ? &workers_ : nullptr;
+  if (slots == nullptr) return absl::InvalidArgumentError("heartbeat: role must be SERVER or WORKER");
+  if (id < 0 || id >= static_cast<int>(slots->size()) || (*slots)[id].state == MemberState::kVacant) {
+    return absl::NotFoundError(absl::StrCat("no ", tessera::v1::Role_Name(role), " with id ", id, " registered"));
+  }
+  Member& m = (*slots)[id];
+  if (incarnation != 0 && incarnation != m.incarnation) {
+    return absl::FailedPreconditionError(absl::StrCat(m.Describe(), " incarnation ", incarnation,
+                                                      " was replaced by incarnation ", m.incarnation));
+  }
+  if (m.state == MemberState::kLost) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(m.Describe(), " was declared lost (silent for longer than the heartbeat timeout); register "
+                                   "again to rejoin"));
+  }
+  m.last_seen = now;
+  return absl::OkStatus();
+}
+
+std::vector<Member> ClusterView::MarkSilentLost(absl::Time now, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  std::vector<Member> lost;
+  for (std::vector<Member>* slots : {&servers_, &workers_}) {
+    for (Member& m : *slots) {
+      if (m.state != MemberState::kAlive || now - m.last_seen <= timeout) continue;
+      m.state = MemberState::kLost;
+      lost.push_back(m);
+    }
+  }
+  if (!lost.empty()) ChangedLocked();
+  return lost;
+}
+
+bool ClusterView::MarkDone(int worker) {
+  absl::MutexLock lock(&mu_);
+  if (worker < 0 || worker >= static_cast<int>(workers_.size()) || workers_[worker].state != MemberState::kAlive) {
+    return false;
+  }
+  workers_[worker].state = MemberState::kDone;
+  return true;
+}
+
+void ClusterView::SetWorkerDevice(int id, const std::string& device) {
+  absl::MutexLock lock(&mu_);
+  if (id >= 0 && id < static_cast<int>(workers_.size())) workers_[id].device = device;
+}
+
+std::string ClusterView::WaitingSummary(absl::Time now, absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto missing = [](const std::vector<Member>& slots) {
+    int n = 0;
+    for (const Member& m : slots) n += m.state == MemberState::kVacant || m.state == MemberState::kLost;
+    return n;
+  };
+  const int missing_servers = missing(servers_);
+  const int missing_workers = missing(workers_);
+  if (missing_servers == 0 && missing_workers == 0) return "";
+  auto count = [](int n, const char* one, const char* many) { return absl::StrCat(n, " more ", n == 1 ? one : many); };
+  std::vector<std::string> parts;
+  if (missing_servers > 0) parts.push_back(count(missing_servers, "server", "servers"));
+  if (missing_workers > 0) parts.push_back(count(missing_workers, "worker", "workers"));
+  std::string text = absl::StrCat("waiting for ", absl::StrJoin(parts, " and "));
+  for (const std::vector<Member>* slots : {&servers_, &workers_}) {
+    for (const Member& m : *slots) {
+      if (m.state == MemberState::kVacant || m.state == MemberState::kDone) continue;
+      const bool lost = m.state == MemberState::kLost || now - m.last_seen > timeout;
+      absl::StrAppend(&text, "; ", m.Describe(), lost ? " lost, last heard " : " last heard ",
+                      absl::ToInt64Seconds(now - m.last_seen), " s ago");
+    }
+  }
+  return text;
+}
+
+absl::StatusOr<ClusterView::Placed> ClusterView::Place(const std::vector<tessera::v1::ParameterSpec>& params,
+                                                       int64_t chunk_bytes) {
+  absl::MutexLock lock(&mu_);
+  tessera::v1::ShardMap map;
+  if (placement_) {
+    map = MapLocked();  // new parameters go to the servers alive now
+  } else {
+    std::vector<std::string> missing;
+    for (const Member& m : servers_) {
+      if (m.state != MemberState::kAlive) {
+        missing.push_back(m.incarnation == 0 ? absl::StrCat("server ", m.id)
+                                             : absl::StrCat(m.Describe(), " (", MemberStateName(m.state), ")"));
+      }
+    }
+    if (!missing.empty()) {
+      return absl::UnavailableError(absl::StrCat("waiting for servers: ", absl::StrJoin(missing, ", ")));
+    }
+    for (const Member& s : servers_) {
+      auto* info = map.add_servers();
+      info->set_id(s.id);
+      info->set_address(s.address);
+    }
+  }
+  const int64_t placed_params = map.params_size();
+  if (absl::Status s = PlaceParameters(params, chunk_bytes, map); !s.ok()) return s;
+  Placed placed;
+  placed.changed = !placement_ || map.params_size() != placed_params;
+  if (placed.changed) {
+    map.clear_servers();  // the view's members are filled in by MapLocked
+    map.clear_workers();
+    placement_ = std::move(map);
+    ChangedLocked();
+  }
+  placed.map = MapLocked();
+  return placed;
+}
+
+absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> ClusterView::MoveChunksOf(int server) {
+  absl::MutexLock lock(&mu_);
+  if (!placement_) return std::vector<tessera::v1::ChunkPlacement>();
+  tessera::v1::ShardMap map = MapLocked();  // the alive servers
+  absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> moved = MoveChunks(server, map);
+  if (!moved.ok()) return moved.status();
+  *placement_->mutable_chunks() = map.chunks();
+  ChangedLocked();
+  return moved;
+}
+
+void ClusterView::ChangedLocked() {
+  if (placement_) ++epoch_;  // before placement nobody holds a view to compare with
+}
+
+tessera::v1::ShardMap ClusterView::MapLocked() const {
+  tessera::v1::ShardMap map = *placement_;
+  map.set_epoch(epoch_);
+  map.clear_servers();
+  for (const Member& s : servers_) {
+    if (s.state != MemberState::kAlive) continue;
+    auto* info = map.add_servers();
+    info->set_id(s.id);
+    info->set_address(s.address);
+    info->set_incarnation(s.incarnation);
+  }
+  for (const Member& w : workers_) {
+    auto* slot = map.add_workers();
+    slot->set_id(w.id);
+    slot->set_incarnation(w.incarnation);
+    // Rounds wait for ranks not registered yet (the job starts with all of them) and for workers that are done
+    // (they may be finishing a round); a lost one is out.
+    slot->set_active(w.state != MemberState::kLost);
+    slot->set_joined_clock(w.joined_clock);
+  }
+  return map;
+}
+
+std::optional<tessera::v1::ShardMap> ClusterView::Map() const {
+  absl::MutexLock lock(&mu_);
+  if (!placement_) return std::nullopt;
+  return MapLocked();
+}
+
+uint64_t ClusterView::epoch() const {
+  absl::MutexLock lock(&mu_);
+  return epoch_;
+}
+
+bool ClusterView::placed() const {
+  absl::MutexLock lock(&mu_);
+  return placement_.has_value();
+}
+
+std::vector<Member> ClusterView::Servers() const {
+  absl::MutexLock lock(&mu_);
+  return servers_;
+}
+
+std::vector<Member> ClusterView::Workers() const {
+  absl::MutexLock lock(&mu_);
+  return workers_;
+}
+
+bool ClusterView::AllServersAlive() const {
+  absl::MutexLock lock(&mu_);
+  for (const Member& s : servers_) {
+    if (s.state != MemberState::kAlive) return false;
+  }
+  return true;
+}
+
+}  // namespace tessera

@@ -1,0 +1,125 @@
+// The cluster view, owned by the scheduler: who is in the job (each member with an incarnation number), where
+// every chunk lives, and which workers a sync round waits for, all under one epoch.
+//
+// Every change once the parameters are placed (a member lost, a member back, chunks moved) advances the epoch.
+// The view is handed to the servers as a ShardMap (AssignShards); they check every data-plane request against
+// it, and clients holding an older epoch refresh it as they refresh a stale shard map. Membership, round and
+// placement rules live here and nowhere else:
+//   - a job has num_servers server ids and num_workers worker ranks, each a slot that is vacant, alive, lost or
+//     (workers) done;
+//   - a member that registers takes the id it asks for when that slot is vacant or its holder was lost,
+//     otherwise the first vacant slot, otherwise the first lost one (a replacement takes the lost member's
+//     place), with the slot's incarnation + 1;
+//   - a sync round r waits for the workers that are alive and joined at a clock <= r;
+//   - chunks are placed, largest first, on the server holding the fewest bytes (common/shard_map.h); a lost
+//     server's chunks move the same way to the survivors.
+#ifndef TESSERA_SCHEDULER_CLUSTER_VIEW_H_
+#define TESSERA_SCHEDULER_CLUSTER_VIEW_H_
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/cluster.pb.h"
+
+namespace tessera {
+
+enum class MemberState { kVacant, kAlive, kLost, kDone };
+
+// "vacant", "alive", "lost", "done".
+const char* MemberStateName(MemberState state);
+
+struct Member {
+  tessera::v1::Role role = tessera::v1::ROLE_UNSPECIFIED;
+  int id = -1;
+  uint64_t incarnation = 0;  // 0: nobody ever held the slot
+  MemberState state = MemberState::kVacant;
+  std::string address;
+  std::string hostname;
+  std::string device;
+  absl::Time last_seen;
+  int64_t joined_clock = 0;  // workers: the clock this incarnation started at
+
+  // "server 1 at node8:4100" or "worker 2 on gpu3".
+  std::string Describe() const;
+};
+
+// Thread-safe.
+class ClusterView {
+ public:
+  ClusterView(int num_servers, int num_workers);
+
+  // Gives the registering member a slot (see above) and a new incarnation. A worker that asks for its rank gets
+  // it even while its holder is alive (a restarted process comes back before its old self is declared lost);
+  // the old incarnation is replaced. `start_clock(slot)`, called with the slot as it was, says at which clock
+  // a worker taking it starts. Advances the epoch. RESOURCE_EXHAUSTED when every slot of the role is taken;
+  // INVALID_ARGUMENT for a server without an address, a requested id out of range or an unknown role.
+  [[nodiscard]] absl::StatusOr<Member> Join(const tessera::v1::RegisterRequest& request, absl::Time now,
+                                            const std::function<int64_t(const Member&)>& start_clock);
+
+  // Notes a heartbeat. NOT_FOUND for an id nobody registered; FAILED_PRECONDITION for a member that was declared
+  // lost or replaced by a newer incarnation (it must register again to come back). `incarnation` 0 is not
+  // checked.
+  [[nodiscard]] absl::Status Touch(tessera::v1::Role role, int id, uint64_t incarnation, absl::Time now);
+
+  // Members alive but silent for longer than `timeout` become lost; returns them. Advances the epoch once
+  // parameters are placed.
+  std::vector<Member> MarkSilentLost(absl::Time now, absl::Duration timeout);
+
+  // A worker finished. False when the rank is not alive.
+  bool MarkDone(int worker);
+
+  // Records the device a worker computes on (known to the worker only after it registered).
+  void SetWorkerDevice(int id, const std::string& device);
+
+  // While the job still lacks members: who is missing, and when each registered member was last heard (those
+  // silent for longer than `timeout`, or declared lost, marked lost), e.g. "waiting for 1 more server and 2
+  // more workers; server 0 at node7:4100 last heard 1 s ago; server 1 at node8:4100 lost, last heard 34 s
+  // ago". Empty once every slot is alive or done.
+  std::string WaitingSummary(absl::Time now, absl::Duration timeout) const;
+
+  // Places `params` (every server must be alive; UNAVAILABLE naming whom it waits for otherwise) or checks them
+  // against those already placed. Returns the view, and whether it changed.
+  struct Placed {
+    tessera::v1::ShardMap map;
+    bool changed = false;
+  };
+  [[nodiscard]] absl::StatusOr<Placed> Place(const std::vector<tessera::v1::ParameterSpec>& params,
+                                             int64_t chunk_bytes);
+
+  // Moves the chunks of the lost `server` to the alive servers, least-loaded bytes first, and advances the
+  // epoch. Returns the chunks moved. FAILED_PRECONDITION when no server is alive.
+  [[nodiscard]] absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> MoveChunksOf(int server);
+
+  // The view as servers and clients see it; nullopt before parameters are placed.
+  std::optional<tessera::v1::ShardMap> Map() const;
+  uint64_t epoch() const;
+  bool placed() const;
+
+  std::vector<Member> Servers() const;
+  std::vector<Member> Workers() const;
+  bool AllServersAlive() const;
+
+  int num_servers() const { return static_cast<int>(servers_.size()); }
+  int num_workers() const { return static_cast<int>(workers_.size()); }
+
+ private:
+  tessera::v1::ShardMap MapLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Advances the epoch once parameters are placed.
+  void ChangedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  mutable absl::Mutex mu_;
+  std::vector<Member> servers_ ABSL_GUARDED_BY(mu_);
+  std::vector<Member> workers_ ABSL_GUARDED_BY(mu_);
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  // Parameters and chunk placement; set once parameters are declared.
+  std::optional<tessera::v1::ShardMap> placement_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_SCHEDULER_CLUSTER_VIEW_H_

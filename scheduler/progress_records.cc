@@ -1,0 +1,158 @@
+#include "scheduler/progress_records.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/http_endpoint.h"
+#include "common/job_spec.h"
+#include "glog/logging.h"
+
+namespace tessera {
+
+ProgressRecords::ProgressRecords(const tessera::v1::JobSpec& job, std::unique_ptr<RunRecorder> recorder,
+                                 absl::Time start)
+    : job_(job), recorder_(std::move(recorder)), start_(start), last_report_(job.cluster().num_workers()) {}
+
+bool ProgressRecords::AddReport(const tessera::v1::ReportRequest& report) {
+  absl::MutexLock lock(&mu_);
+  last_report_[report.worker_id()] = report;
+  if (!report.has_eval()) return false;
+  last_eval_ = report;
+  const float target = job_.stop().target_accuracy();
+  const bool reached = target > 0 && report.test_accuracy() >= target;
+  if (reached && !seconds_to_target_) seconds_to_target_ = absl::ToDoubleSeconds(absl::Now() - start_);
+  return reached;
+}
+
+void ProgressRecords::UpdateServerStats(const std::vector<ServerStatsAnswer>& answers) {
+  absl::MutexLock lock(&mu_);
+  for (auto& [key, entry] : server_stats_) entry.live = false;
+  for (const ServerStatsAnswer& a : answers) {
+    Entry& entry = server_stats_[{a.server_id, a.incarnation}];
+    entry.live = true;
+    if (a.stats.ok()) {
+      entry.stats = *a.stats;
+    } else {
+      LOG(WARNING) << "server statistics: " << a.stats.status() << "; keeping its last figures";
+    }
+  }
+}
+
+ClusterStats ProgressRecords::ServerTotals() const {
+  absl::MutexLock lock(&mu_);
+  ClusterStats sum;
+  for (const auto& [key, entry] : server_stats_) {
+    const tessera::v1::ServerStats& s = entry.stats;
+    if (entry.live) {
+      sum.chunks += s.chunks();
+      sum.chunk_updates += s.updates_applied();
+    }
+    sum.pushes += s.pushes();
+    sum.duplicate_pushes += s.duplicate_pushes();
+    sum.late_pushes += s.late_pushes();
+    sum.staleness.Merge(s.staleness());
+  }
+  return sum;
+}
+
+void ProgressRecords::WriteEvalRecord(const tessera::v1::ReportRequest& eval) {
+  EvalRecord record;
+  record.step = eval.clock();
+  record.epoch = eval.epoch();
+  record.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start_);
+  record.test_loss = eval.test_loss();
+  record.test_accuracy = eval.test_accuracy();
+  const ClusterStats sum = ServerTotals();
+  record.max_staleness = sum.staleness.max();
+  record.updates_applied = sum.model_updates();
+  {
+    absl::MutexLock lock(&mu_);
+    int reporting = 0;
+    for (const auto& r : last_report_) {
+      if (r.samples() == 0) continue;
+      record.samples_per_sec += r.samples_per_sec();
+      record.train_loss += r.train_loss();
+      ++reporting;
+    }
+    if (reporting > 0) record.train_loss /= reporting;
+    history_.push_back(record);
+    if (history_.size() > kHistoryLimit) history_.pop_front();
+  }
+  if (absl::Status s = recorder_->Append(record); !s.ok()) LOG(ERROR) << s;
+}
+
+void ProgressRecords::AddEvent(nlohmann::json event) {
+  event["wall_seconds"] = absl::ToDoubleSeconds(absl::Now() - start_);
+  absl::MutexLock lock(&mu_);
+  events_.push_back(std::move(event));
+}
+
+nlohmann::json ProgressRecords::WriteSummary(const JobOutcome& outcome, const std::vector<int64_t>& worker_clocks,
+                                             const std::vector<int64_t>& counted_clocks,
+                                             const std::vector<int>& lost_workers) {
+  const ClusterStats sum = ServerTotals();
+  nlohmann::json summary;
+  {
+    absl::MutexLock lock(&mu_);
+    RunSummary common;
+    common.job = job_.name();
+    common.mode = ModeName(job_.consistency());
+    common.servers = job_.cluster().num_servers();
+    common.workers = job_.cluster().num_workers();
+    // Clocks every worker that stayed completed (one may have started a step the stop cut short).
+    common.steps = counted_clocks.empty() ? 0 : *std::min_element(counted_clocks.begin(), counted_clocks.end());
+    common.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start_);
+    if (last_eval_) common.SetLastEval(last_eval_->epoch(), last_eval_->test_accuracy(), last_eval_->test_loss());
+    common.target_accuracy = job_.stop().target_accuracy();
+    common.seconds_to_target = seconds_to_target_;
+    common.updates_applied = sum.model_updates();
+    common.max_staleness = sum.staleness.max();
+    summary = common.ToJson();
+    summary["completed"] = outcome.completed;
+    summary["stop_reason"] = outcome.stop_reason;
+    summary["worker_clocks"] = worker_clocks;
+    summary["lost_workers"] = lost_workers;
+    summary["last_eval_step"] = last_eval_ ? nlohmann::json(last_eval_->clock()) : nlohmann::json();
+    summary["events"] = events_;
+    summary["chunk_updates_applied"] = sum.chunk_updates;
+    summary["pushes"] = sum.pushes;
+    summary["duplicate_pushes"] = sum.duplicate_pushes;
+    summary["late_pushes"] = sum.late_pushes;
+    const tessera::v1::StalenessHistogram histogram = sum.staleness.ToProto();
+    summary["staleness_histogram"] = std::vector<int64_t>(histogram.bucket().begin(), histogram.bucket().end());
+  }
+  if (absl::Status s = recorder_->WriteSummary(summary); !s.ok()) LOG(ERROR) << s;
+  return summary;
+}
+
+void ProgressRecords::AddToStatus(nlohmann::json& status) const {
+  const ClusterStats sum = ServerTotals();
+  status["staleness_histogram"] = [&] {
+    const tessera::v1::StalenessHistogram h = sum.staleness.ToProto();
+    return std::vector<int64_t>(h.bucket().begin(), h.bucket().end());
+  }();
+  absl::MutexLock lock(&mu_);
+  nlohmann::json history = nlohmann::json::array();
+  for (const EvalRecord& r : history_) {
+    history.push_back({{"step", r.step},
+                       {"wall_seconds", r.wall_seconds},
+                       {"train_loss", r.train_loss},
+                       {"test_accuracy", r.test_accuracy},
+                       {"samples_per_sec", r.samples_per_sec},
+                       {"max_staleness", r.max_staleness}});
+  }
+  status["history"] = std::move(history);
+  status["events"] = events_;
+  if (last_eval_) {
+    status["last_eval"] = {{"step", last_eval_->clock()},
+                           {"test_accuracy", last_eval_->test_accuracy()},
+                           {"test_loss", last_eval_->test_loss()}};
+  }
+}
+
+std::string ProgressRecords::MetricsText() const {
+  absl::MutexLock lock(&mu_);
+  std::string text;
+  if (last_eval_) text += PrometheusMetric("tessera_scheduler_test_accuracy", "gauge", last_eval_->test_accuracy());
+  return text;
+}
+
+}  // namespace tessera

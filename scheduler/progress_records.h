@@ -1,0 +1,82 @@
+// The job's records as the scheduler keeps them: each worker's last report, the evaluations, the progress
+// history for /status, the servers' last statistics (kept when a server is lost, so counters survive it), and
+// the summary written at the end.
+#ifndef TESSERA_SCHEDULER_PROGRESS_RECORDS_H_
+#define TESSERA_SCHEDULER_PROGRESS_RECORDS_H_
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/run_recorder.h"
+#include "nlohmann/json.hpp"
+#include "proto/cluster.pb.h"
+#include "proto/ps.pb.h"
+#include "scheduler/server_control.h"
+
+namespace tessera {
+
+// What the job's end says happened, for the summary and the scheduler's exit code.
+struct JobOutcome {
+  bool completed = false;   // the job reached its stop condition
+  std::string stop_reason;  // names the member that failed, when one did
+};
+
+// Thread-safe.
+class ProgressRecords {
+ public:
+  // At most this many progress records are kept for /status (the file metrics.jsonl keeps them all).
+  static constexpr size_t kHistoryLimit = 2000;
+
+  ProgressRecords(const tessera::v1::JobSpec& job, std::unique_ptr<RunRecorder> recorder, absl::Time start);
+
+  // A worker's report. Returns true when this evaluation reached the job's target accuracy.
+  bool AddReport(const tessera::v1::ReportRequest& report);
+
+  // Takes the servers' answers to a statistics request; a server that did not answer keeps its last figures.
+  void UpdateServerStats(const std::vector<ServerStatsAnswer>& answers);
+  // The statistics of every server ever heard from, summed.
+  ClusterStats ServerTotals() const;
+
+  // Appends the progress record of evaluation `eval` (metrics.jsonl, a progress line, /status).
+  void WriteEvalRecord(const tessera::v1::ReportRequest& eval);
+
+  // Notes a recovery or a loss for the summary (a JSON object: what, who, when, ...).
+  void AddEvent(nlohmann::json event);
+
+  // Writes summary.json. `steps` is the smallest of `counted_clocks` (the workers that stayed in the job).
+  nlohmann::json WriteSummary(const JobOutcome& outcome, const std::vector<int64_t>& worker_clocks,
+                              const std::vector<int64_t>& counted_clocks, const std::vector<int>& lost_workers);
+
+  // Parts of /status and /metrics.
+  void AddToStatus(nlohmann::json& status) const;
+  std::string MetricsText() const;
+
+ private:
+  const tessera::v1::JobSpec job_;
+  const std::unique_ptr<RunRecorder> recorder_;
+  const absl::Time start_;
+
+  mutable absl::Mutex mu_;
+  std::vector<tessera::v1::ReportRequest> last_report_ ABSL_GUARDED_BY(mu_);  // per worker
+  std::optional<tessera::v1::ReportRequest> last_eval_ ABSL_GUARDED_BY(mu_);
+  std::optional<double> seconds_to_target_ ABSL_GUARDED_BY(mu_);
+  std::deque<EvalRecord> history_ ABSL_GUARDED_BY(mu_);
+  struct Entry {
+    tessera::v1::ServerStats stats;
+    bool live = false;  // in the last request's map
+  };
+  // The last answer of each server, by (id, incarnation).
+  std::map<std::pair<int, uint64_t>, Entry> server_stats_ ABSL_GUARDED_BY(mu_);
+  nlohmann::json events_ ABSL_GUARDED_BY(mu_) = nlohmann::json::array();
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_SCHEDULER_PROGRESS_RECORDS_H_

@@ -1,0 +1,146 @@
+#include "scheduler/cluster_view.h"
+
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+
+namespace tessera {
+namespace {
+
+using ::tessera::testing::IsOk;
+using ::tessera::testing::StatusIs;
+
+tessera::v1::RegisterRequest Server(const std::string& address) {
+  tessera::v1::RegisterRequest r;
+  r.set_role(tessera::v1::SERVER);
+  r.set_address(address);
+  return r;
+}
+
+tessera::v1::RegisterRequest Worker(const std::string& host, int rank = -1) {
+  tessera::v1::RegisterRequest r;
+  r.set_role(tessera::v1::WORKER);
+  r.set_hostname(host);
+  if (rank >= 0) r.set_requested_id(rank);
+  return r;
+}
+
+int64_t AtZero(const Member&) { return 0; }
+
+tessera::v1::ParameterSpec Param(const std::string& name, int64_t n) {
+  tessera::v1::ParameterSpec p;
+  p.set_name(name);
+  p.set_dtype(tessera::v1::DT_FLOAT32);
+  p.add_shape(n);
+  return p;
+}
+
+TEST(ClusterViewTest, WaitingSummaryNamesWhoIsMissingAndWhenEachMemberWasLastHeard) {
+  ClusterView view(/*num_servers=*/2, /*num_workers=*/2);
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  EXPECT_EQ(view.WaitingSummary(t0, absl::Seconds(10)), "waiting for 2 more servers and 2 more workers");
+  ASSERT_THAT(view.Join(Server("node7:4100"), t0, AtZero).status(), IsOk());
+  ASSERT_THAT(view.Join(Worker("gpu3"), t0 + absl::Seconds(30), AtZero).status(), IsOk());
+  EXPECT_EQ(view.WaitingSummary(t0 + absl::Seconds(34), absl::Seconds(10)),
+            "waiting for 1 more server and 1 more worker; server 0 at node7:4100 lost, last heard 34 s ago; "
+            "worker 0 on gpu3 last heard 4 s ago");
+  ASSERT_THAT(view.Touch(tessera::v1::SERVER, 0, 1, t0 + absl::Seconds(33)), IsOk());
+  EXPECT_NE(view.WaitingSummary(t0 + absl::Seconds(34), absl::Seconds(10)).find("server 0 at node7:4100 last heard 1 s ago"),
+            std::string::npos);
+  ASSERT_THAT(view.Join(Server("node8:4100"), t0, AtZero).status(), IsOk());
+  ASSERT_THAT(view.Join(Worker("gpu4"), t0, AtZero).status(), IsOk());
+  EXPECT_EQ(view.WaitingSummary(t0, absl::Seconds(10)), "") << "nobody is missing";
+}
+
+// The scenario a new user met: a server dies before the job starts. The view says so, the replacement takes its
+// place (a new incarnation of the same id), a second replacement finds no place, and the epoch moves.
+TEST(ClusterViewTest, AReplacementTakesTheLostServersPlace) {
+  ClusterView view(2, 1);
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  ASSERT_THAT(view.Join(Server("a:1"), t0, AtZero).status(), IsOk());
+  ASSERT_THAT(view.Join(Server("b:1"), t0 + absl::Seconds(20), AtZero).status(), IsOk());
+  const uint64_t before = view.epoch();
+  std::vector<Member> lost = view.MarkSilentLost(t0 + absl::Seconds(21), absl::Seconds(10));
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0].Describe(), "server 0 at a:1");
+  EXPECT_EQ(view.epoch(), before) << "nothing is placed, so nobody holds a view yet";
+  EXPECT_NE(view.WaitingSummary(t0 + absl::Seconds(25), absl::Seconds(10)).find("waiting for 1 more server"),
+            std::string::npos);
+  EXPECT_THAT(view.Touch(tessera::v1::SERVER, 0, 1, t0 + absl::Seconds(22)),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "declared lost"));
+  EXPECT_THAT(view.Place({Param("w", 10)}, 16).status(), StatusIs(absl::StatusCode::kUnavailable, "server 0 at a:1 (lost)"));
+
+  absl::StatusOr<Member> replacement = view.Join(Server("c:1"), t0 + absl::Seconds(23), AtZero);
+  ASSERT_THAT(replacement, IsOk());
+  EXPECT_EQ(replacement->id, 0);
+  EXPECT_EQ(replacement->incarnation, 2u);
+  EXPECT_THAT(view.Join(Server("d:1"), t0, AtZero).status(), StatusIs(absl::StatusCode::kResourceExhausted, "all its"));
+  absl::StatusOr<ClusterView::Placed> placed = view.Place({Param("w", 10)}, 16);
+  ASSERT_THAT(placed, IsOk());
+  ASSERT_EQ(placed->map.servers_size(), 2);
+  EXPECT_EQ(placed->map.servers(0).address(), "c:1");
+  EXPECT_EQ(placed->map.servers(0).incarnation(), 2u);
+}
+
+// A worker rank that is lost leaves the rounds (inactive in the view, epoch advanced); a new process asking for
+// the rank gets it with the next incarnation, and so does one asking while the old process is still registered.
+TEST(ClusterViewTest, WorkersRejoinWithANewIncarnation) {
+  ClusterView view(1, 2);
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  ASSERT_THAT(view.Join(Server("a:1"), t0, AtZero).status(), IsOk());
+  ASSERT_THAT(view.Join(Worker("h0"), t0, AtZero).status(), IsOk());
+  ASSERT_THAT(view.Join(Worker("h1"), t0 + absl::Seconds(30), AtZero).status(), IsOk());
+  ASSERT_THAT(view.Place({Param("w", 10)}, 16).status(), IsOk());
+  const uint64_t placed_epoch = view.epoch();
+  ASSERT_EQ(view.MarkSilentLost(t0 + absl::Seconds(31), absl::Seconds(10)).size(), 2u) << "server 0 and worker 0";
+  EXPECT_GT(view.epoch(), placed_epoch);
+  std::optional<tessera::v1::ShardMap> map = view.Map();
+  ASSERT_TRUE(map.has_value());
+  EXPECT_FALSE(map->workers(0).active());
+  EXPECT_TRUE(map->workers(1).active());
+  EXPECT_EQ(map->servers_size(), 0) << "the lost server is out of the view";
+
+  // No rank asked for: the lost rank is the one free.
+  absl::StatusOr<Member> back = view.Join(Worker("h0"), t0 + absl::Seconds(32), [](const Member& slot) {
+    EXPECT_EQ(slot.incarnation, 1u);
+    return int64_t{7};
+  });
+  ASSERT_THAT(back, IsOk());
+  EXPECT_EQ(back->id, 0);
+  EXPECT_EQ(back->incarnation, 2u);
+  EXPECT_EQ(back->joined_clock, 7);
+  map = view.Map();
+  EXPECT_TRUE(map->workers(0).active());
+  EXPECT_EQ(map->workers(0).joined_clock(), 7);
+
+  // Rank 1 asked for while its holder is alive: the old incarnation is replaced.
+  absl::StatusOr<Member> restarted = view.Join(Worker("h1", /*rank=*/1), t0 + absl::Seconds(33), AtZero);
+  ASSERT_THAT(restarted, IsOk());
+  EXPECT_EQ(restarted->incarnation, 2u);
+  EXPECT_THAT(view.Touch(tessera::v1::WORKER, 1, 1, t0 + absl::Seconds(33)),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "replaced by incarnation 2"));
+  EXPECT_THAT(view.Join(Worker("h2"), t0, AtZero).status(), StatusIs(absl::StatusCode::kResourceExhausted, "all its"));
+  EXPECT_THAT(view.Join(Worker("h2", 5), t0, AtZero).status(), StatusIs(absl::StatusCode::kInvalidArgument, "id 5"));
+}
+
+TEST(ClusterViewTest, ALostServersChunksMoveToTheLeastLoadedSurvivors) {
+  ClusterView view(3, 1);
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  for (const char* a : {"a:1", "b:1", "c:1"}) ASSERT_THAT(view.Join(Server(a), t0, AtZero).status(), IsOk());
+  ASSERT_THAT(view.Place({Param("w", 60), Param("b", 6)}, 40).status(), IsOk());
+  ASSERT_THAT(view.Touch(tessera::v1::SERVER, 0, 1, t0 + absl::Seconds(20)), IsOk());
+  ASSERT_THAT(view.Touch(tessera::v1::SERVER, 2, 1, t0 + absl::Seconds(20)), IsOk());
+  ASSERT_EQ(view.MarkSilentLost(t0 + absl::Seconds(20), absl::Seconds(10)).size(), 1u);
+  const uint64_t before = view.epoch();
+  absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> moved = view.MoveChunksOf(1);
+  ASSERT_THAT(moved, IsOk());
+  EXPECT_FALSE(moved->empty());
+  EXPECT_GT(view.epoch(), before);
+  std::optional<tessera::v1::ShardMap> map = view.Map();
+  for (const auto& c : map->chunks()) EXPECT_NE(c.server_id(), 1) << c.param() << "/" << c.index();
+  int64_t bytes0 = 0, bytes2 = 0;
+  for (const auto& c : map->chunks()) (c.server_id() == 0 ? bytes0 : bytes2) += c.length() * 4;
+  EXPECT_LE(std::abs(bytes0 - bytes2), 40) << "within one chunk of each other";
+}
+
+}  // namespace
+}  // namespace tessera
