@@ -102,6 +102,7 @@ void JobCoordinator::Register(const tessera::v1::RegisterRequest& request,
     response.set_id(m.id);
     *response.mutable_job() = job_;
     response.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(heartbeat_interval_));
+    response.set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(failure_detector_.timeout()));
     response.set_incarnation(m.incarnation);
     response.set_start_clock(m.joined_clock);
     done(std::move(response));
@@ -253,7 +254,7 @@ void JobCoordinator::MaybeFinish() {
   if (!any_done && failure_.empty()) {
     std::vector<std::string> lost;
     const std::vector<int64_t> clocks = clocks_.Clocks();
-    for (int w : lost_workers_) lost.push_back(absl::StrCat("worker ", w, " at clock ", clocks[w]));
+    for (const Member& w : view_.Workers()) lost.push_back(absl::StrCat("worker ", w.id, " at clock ", clocks[w.id]));
     failure_ = absl::StrCat("every worker was lost (", absl::StrJoin(lost, ", "), ")");
   }
   finishing_ = true;

@@ -70,9 +70,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       tessera::v1::SERVER, server->id_, registered.incarnation(), absl::Milliseconds(registered.heartbeat_interval_ms()),
       [self] { self->Stop(); },
       [self](const absl::Status& why) {
-        self->Stop(absl::UnavailableError(absl::StrCat("lost the scheduler: ", why.message())));
+        self->Stop(absl::UnavailableError(
+            absl::StrCat("lost the scheduler at ", self->options_.scheduler_address, ": ", why.message())));
       },
-      absl::Milliseconds(options.heartbeat_timeout_ms));
+      // The scheduler's timeout when it says (every member gives up on it as it gives up on them).
+      absl::Milliseconds(registered.heartbeat_timeout_ms() > 0 ? registered.heartbeat_timeout_ms()
+                                                               : options.heartbeat_timeout_ms));
   return server;
 }
 

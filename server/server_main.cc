@@ -15,7 +15,8 @@ DEFINE_int32(port, 0, "port to listen on; 0 picks a free one");
 DEFINE_string(advertise_host, "", "host name or address workers should dial; default: --host");
 DEFINE_int32(connect_attempts, 20, "tries to reach the scheduler at start-up (exponential backoff up to 1 s)");
 DEFINE_int32(http_port, 0, "port of /healthz and /metrics on --host; 0 picks a free one (logged), -1 turns them off");
-DEFINE_int32(heartbeat_timeout_ms, 10000, "exit when the scheduler has not answered for this long");
+DEFINE_int32(heartbeat_timeout_ms, 10000,
+             "exit when the scheduler has not answered for this long (a scheduler that says its own timeout wins)");
 DEFINE_int32(update_threads, 2, "threads that apply large pushes, so that gRPC's threads keep reading the network");
 DEFINE_int32(inline_update_bytes, 64 << 10,
              "pushes smaller than this many bytes are applied on the gRPC thread that received them");

@@ -238,7 +238,13 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(const Options& optio
     client->heartbeater_ = client->scheduler_->StartHeartbeats(
         tessera::v1::WORKER, client->worker_id_, client->incarnation_,
         absl::Milliseconds(registered.heartbeat_interval_ms()), [] {},
-        [](const absl::Status& why) { LOG(WARNING) << "worker heartbeats stopped: " << why; }, absl::Seconds(30));
+        [address = options.scheduler_address, lost = options.on_scheduler_lost](const absl::Status& why) {
+          absl::Status status = absl::UnavailableError(absl::StrCat("lost the scheduler at ", address, ": ", why.message()));
+          LOG(ERROR) << status;
+          if (lost) lost(status);
+        },
+        registered.heartbeat_timeout_ms() > 0 ? absl::Milliseconds(registered.heartbeat_timeout_ms())
+                                              : absl::Seconds(30));
   }
   return client;
 }

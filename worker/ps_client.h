@@ -86,6 +86,9 @@ class PsClient {
     int window_per_server = 8;                       // chunk RPCs in flight per server
     int connections_per_server = 1;                  // TCP connections per server; chunks alternate among them
     bool heartbeat = true;
+    // Called once (on the heartbeat thread) when the scheduler has not answered for its heartbeat timeout, or
+    // refuses this worker's heartbeats (declared lost, or replaced by a newer incarnation).
+    std::function<void(const absl::Status&)> on_scheduler_lost;
   };
 
   // Registers with the scheduler. UNAVAILABLE naming the address when no scheduler answers.

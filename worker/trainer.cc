@@ -157,7 +157,7 @@ absl::StatusOr<TrainerResult> Trainer::Run() {
   auto take_layer = [&](int layer) -> absl::Status {
     if (!previous) return absl::OkStatus();
     for (int i : {2 * layer, 2 * layer + 1}) {
-      TESSERA_RETURN_IF_ERROR(previous->WaitValues(i, [&] { return step && step->stopped(); }));
+      TESSERA_RETURN_IF_ERROR(previous->WaitValues(i, [&] { return (step && step->stopped()) || stop_->set(); }));
       TESSERA_RETURN_IF_ERROR(model->SetParameter(i, host.values[i]));
     }
     return absl::OkStatus();
@@ -170,7 +170,9 @@ absl::StatusOr<TrainerResult> Trainer::Run() {
   };
   bool stopped = false;  // the scheduler ended the job (gate or report) before this worker's last step
   while (clock < stop_clock) {
-    if (cancelled_) return absl::CancelledError(absl::StrCat("worker ", rank, " cancelled at clock ", clock));
+    if (absl::Status why = stop_->Get(); !why.ok()) {
+      return Annotate(why, absl::StrCat("worker ", rank, " stopped at clock ", clock));
+    }
     const std::vector<int64_t> batch = schedule.Batch(clock);
     for (size_t i = 0; i < batch.size(); ++i) {
       absl::Span<const float> example = train.Example(batch[i]);

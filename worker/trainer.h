@@ -40,19 +40,40 @@ struct TrainerProgress {
   double test_accuracy = 0;    // last evaluation (worker 0)
 };
 
+// Why a trainer must stop early, set from any thread (the first reason wins). Thread-safe.
+class StopSignal {
+ public:
+  void Set(absl::Status why) {
+    absl::MutexLock lock(&mu_);
+    if (why_.ok()) why_ = std::move(why);
+  }
+  // OK while nobody asked to stop.
+  absl::Status Get() const {
+    absl::MutexLock lock(&mu_);
+    return why_;
+  }
+  bool set() const { return !Get().ok(); }
+
+ private:
+  mutable absl::Mutex mu_;
+  absl::Status why_ ABSL_GUARDED_BY(mu_);
+};
+
 // Not thread-safe, except Cancel() and progress().
 class Trainer {
  public:
-  // `source` and `backend` are not owned and must outlive the trainer.
-  Trainer(ParameterSource* source, Backend* backend, TrainerOptions options)
-      : source_(source), backend_(backend), options_(std::move(options)) {}
+  // `source` and `backend` are not owned and must outlive the trainer. `stop`, when given, is shared with
+  // whoever may need to stop the trainer early (e.g. the client library, when the scheduler is lost).
+  Trainer(ParameterSource* source, Backend* backend, TrainerOptions options,
+          std::shared_ptr<StopSignal> stop = std::make_shared<StopSignal>())
+      : source_(source), backend_(backend), options_(std::move(options)), stop_(std::move(stop)) {}
 
   // Loads the data (NOT_FOUND naming the Debian package when the data set is missing), declares the model, and
   // trains until the job's stop condition, the scheduler's stop, or Cancel() (CANCELLED).
   [[nodiscard]] absl::StatusOr<TrainerResult> Run();
 
-  // Makes Run() return CANCELLED after the current step. Thread-safe.
-  void Cancel() { cancelled_ = true; }
+  // Makes Run() return CANCELLED after the current step (or while waiting for values). Thread-safe.
+  void Cancel() { stop_->Set(absl::CancelledError("cancelled")); }
 
   // Thread-safe.
   TrainerProgress progress() const {
@@ -64,7 +85,7 @@ class Trainer {
   ParameterSource* const source_;  // not owned
   Backend* const backend_;         // not owned
   const TrainerOptions options_;
-  std::atomic<bool> cancelled_{false};
+  const std::shared_ptr<StopSignal> stop_;
   mutable absl::Mutex progress_mu_;
   TrainerProgress progress_ ABSL_GUARDED_BY(progress_mu_);
 };

@@ -18,6 +18,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
     client_options.scheduler_address = options.scheduler_address;
     client_options.device = options.device;
     client_options.rank = options.rank;
+    client_options.on_scheduler_lost = [stop = worker->stop_](const absl::Status& why) { stop->Set(why); };
     client_options.connect_attempts = options.connect_attempts;
     client_options.clock_wait_timeout = absl::Milliseconds(options.clock_wait_timeout_ms);
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client, PsClient::Connect(client_options));
@@ -37,7 +38,8 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
       break;
   }
   TESSERA_ASSIGN_OR_RETURN(worker->backend_, CreateBackend(options.device, backend_options));
-  worker->trainer_ = std::make_unique<Trainer>(worker->source_.get(), worker->backend_.get(), options.trainer);
+  worker->trainer_ =
+      std::make_unique<Trainer>(worker->source_.get(), worker->backend_.get(), options.trainer, worker->stop_);
   if (options.http_port >= 0) {
     const Trainer* trainer = worker->trainer_.get();
     const int rank = worker->source_->rank();

@@ -34,7 +34,9 @@ class Worker {
   [[nodiscard]] absl::StatusOr<TrainerResult> Wait();
   // The port of /healthz and /metrics; 0 when off.
   int http_port() const { return http_ ? http_->port() : 0; }
-  // Asks training to stop after the current step (Wait then returns CANCELLED). Never blocks.
+  // Asks training to stop after the current step (Wait then returns CANCELLED). Never blocks. A worker that
+  // loses the scheduler (no answer for its heartbeat timeout, or told it was replaced) stops the same way, with
+  // UNAVAILABLE naming the scheduler's address.
   void Stop();
 
  private:
@@ -43,6 +45,7 @@ class Worker {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<ParameterSource> source_;
   std::unique_ptr<Trainer> trainer_;
+  const std::shared_ptr<StopSignal> stop_ = std::make_shared<StopSignal>();  // shared with the trainer
   std::unique_ptr<HttpEndpoint> http_;  // reads trainer_
   std::thread thread_;
   absl::Notification finished_;

@@ -24,12 +24,15 @@ DEFINE_string(run_dir, "", "run directory (logs/, metrics.jsonl, summary.json); 
 DEFINE_string(device, "auto", "worker device: auto, cpu or cuda:N");
 DEFINE_string(worker_devices, "", "comma-separated device per worker, e.g. cuda:0,cpu (a mixed-device job); "
               "overrides --device");
-DEFINE_int32(slow_worker, -1, "experiments: the worker (process index) that gets --inject_slowdown_ms");
+DEFINE_int32(slow_worker, -1, "experiments: the worker (rank) that gets --inject_slowdown_ms");
 DEFINE_int32(inject_slowdown_ms, 0, "experiments: extra milliseconds per step on --slow_worker");
 DEFINE_int32(simulate_compute_ms, 0,
              "benchmarks: every worker replaces forward and backward by waiting this many milliseconds per step");
 DEFINE_string(dump_params, "", "worker rank 0 writes the final parameters to this file");
 DEFINE_int32(timeout_s, 3600, "stop the whole cluster after this many seconds");
+DEFINE_int32(restart_workers, 0,
+             "start a worker that failed again (same rank, a new incarnation that rejoins the running job), at "
+             "most this many times per worker; 0: the job goes on without it");
 
 int main(int argc, char** argv) {
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);  // see common/daemon_init.h
@@ -82,6 +85,7 @@ int main(int argc, char** argv) {
   options.simulate_compute_ms = FLAGS_simulate_compute_ms;
   options.dump_params = FLAGS_dump_params;
   options.timeout_s = FLAGS_timeout_s;
+  options.restart_workers = FLAGS_restart_workers;
 
   // The run directory keeps the exact job that ran.
   std::filesystem::create_directories(options.run_dir, error);

@@ -30,11 +30,15 @@ constexpr char kListening[] = "scheduler listening on ";
 constexpr absl::Duration kGrace = absl::Seconds(5);
 
 struct Child {
+  enum Role { kScheduler, kServer, kWorker };
+  Role role = kServer;
   std::string name;
   std::string log;
+  std::vector<std::string> argv;  // to start it again
   pid_t pid = -1;
   bool exited = false;
   int status = 0;
+  int restarts = 0;
 };
 
 sigset_t LauncherSignals() {
@@ -47,9 +51,11 @@ sigset_t LauncherSignals() {
   return set;
 }
 
-// Forks and execs `argv`; stdout goes to `stdout_fd` (or the log), stderr to the log.
-absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const std::string& log, int stdout_fd) {
-  const int log_fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+// Forks and execs `argv`; stdout goes to `stdout_fd` (or the log), stderr to the log (appended to when
+// `append`: a restarted child).
+absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const std::string& log, int stdout_fd,
+                            bool append = false) {
+  const int log_fd = open(log.c_str(), O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC) | O_CLOEXEC, 0644);
   if (log_fd < 0) return absl::PermissionDeniedError(absl::StrCat("cannot write ", log, ": ", strerror(errno)));
   const pid_t launcher = getpid();
   const pid_t pid = fork();
@@ -108,7 +114,7 @@ class Cluster {
       close(pipe_fds[0]);
       return pid.status();
     }
-    children_.push_back({"scheduler", options_.run_dir + "/logs/scheduler.log", *pid});
+    children_.push_back({Child::kScheduler, "scheduler", options_.run_dir + "/logs/scheduler.log", argv, *pid});
     // Forward the scheduler's stdout (progress lines) and pick up its address from the first line.
     const pid_t self = getpid();
     reader_ = std::thread([this, fd = pipe_fds[0], self] {
@@ -156,17 +162,18 @@ class Cluster {
     const int workers = options_.workers;
     for (int i = 0; i < servers; ++i) {
       const std::string log = absl::StrCat(options_.run_dir, "/logs/server-", i, ".log");
-      absl::StatusOr<pid_t> pid =
-          Spawn({options_.bin_dir + "/tessera-server", "--scheduler=" + address}, log, -1);
+      std::vector<std::string> argv = {options_.bin_dir + "/tessera-server", "--scheduler=" + address};
+      absl::StatusOr<pid_t> pid = Spawn(argv, log, -1);
       if (!pid.ok()) return pid.status();
-      children_.push_back({absl::StrCat("server ", i), log, *pid});
+      children_.push_back({Child::kServer, absl::StrCat("server process ", i), log, argv, *pid});
     }
     for (int i = 0; i < workers; ++i) {
       const std::string log = absl::StrCat(options_.run_dir, "/logs/worker-", i, ".log");
       const std::string device =
           options_.worker_devices.empty() ? options_.device : options_.worker_devices[i % options_.worker_devices.size()];
+      // Each worker asks for its rank, so that a restarted one takes its own place back at once.
       std::vector<std::string> argv = {options_.bin_dir + "/tessera-worker", "--scheduler=" + address,
-                                       "--device=" + device};
+                                       "--device=" + device, absl::StrCat("--rank=", i)};
       if (i == options_.slow_worker && options_.inject_slowdown_ms > 0) {
         argv.push_back(absl::StrCat("--inject_slowdown_ms=", options_.inject_slowdown_ms));
       }
@@ -177,7 +184,7 @@ class Cluster {
       if (!options_.dump_params.empty()) argv.push_back("--dump_params=" + options_.dump_params);
       absl::StatusOr<pid_t> pid = Spawn(argv, log, -1);
       if (!pid.ok()) return pid.status();
-      children_.push_back({absl::StrCat("worker process ", i), log, *pid});
+      children_.push_back({Child::kWorker, absl::StrCat("worker ", i), log, argv, *pid});
     }
     return absl::OkStatus();
   }
@@ -198,17 +205,43 @@ class Cluster {
     return Reap();
   }
 
+  // Takes the children that exited. The scheduler decides the job's fate: when it exits, the job is over
+  // (an error when it says the job did not complete, naming what failed). A server or worker that fails is
+  // reported; a worker is started again (with its rank) while it has restarts left, and otherwise the job goes
+  // on without it for as long as the scheduler lets it.
   absl::Status Reap() {
     int status = 0;
     pid_t pid;
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
       for (Child& child : children_) {
-        if (child.pid != pid) continue;
+        if (child.pid != pid || child.exited) continue;
         child.exited = true;
         child.status = status;
-        if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-          return absl::AbortedError(absl::StrCat(child.name, " failed (", ExitStatusText(status), "); end of ", child.log,
-                                                 ":\n", TailOfFile(child.log, 15)));
+        const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        if (child.role == Child::kScheduler) {
+          scheduler_exited_ = true;
+          if (failed) {
+            return absl::AbortedError(absl::StrCat("the scheduler ended the job without completing it (",
+                                                   ExitStatusText(status), "); end of ", child.log, ":\n",
+                                                   TailOfFile(child.log, 15)));
+          }
+          continue;
+        }
+        if (!failed || scheduler_exited_) continue;
+        std::cout << "tessera-launch: " << child.name << " failed (" << ExitStatusText(status) << "); end of "
+                  << child.log << ":\n" << TailOfFile(child.log, 5);
+        if (!absl::EndsWith(TailOfFile(child.log, 1), "\n")) std::cout << "\n";
+        if (child.role == Child::kWorker && child.restarts < options_.restart_workers) {
+          ++child.restarts;
+          absl::StatusOr<pid_t> again = Spawn(child.argv, child.log, -1, /*append=*/true);
+          if (!again.ok()) return again.status();
+          child.pid = *again;
+          child.exited = false;
+          std::cout << "tessera-launch: restarted " << child.name << " (" << child.restarts << " of "
+                    << options_.restart_workers << " restarts)" << std::endl;
+        } else {
+          std::cout << "tessera-launch: the job goes on without " << child.name
+                    << " for as long as the scheduler lets it" << std::endl;
         }
       }
     }
@@ -222,10 +255,18 @@ class Cluster {
     return true;
   }
 
+  // Until the scheduler has exited (the job is over), then until the others have (they exit when the job ends;
+  // those still running after the grace period are stopped).
   absl::Status Supervise() {
     const absl::Time deadline = absl::Now() + absl::Seconds(options_.timeout_s);
-    while (!AllExited()) {
+    while (!scheduler_exited_) {
       if (absl::Status s = WaitForEvent(deadline, "the job to finish"); !s.ok()) return s;
+    }
+    const absl::Time grace = std::min(deadline, absl::Now() + kGrace);
+    while (!AllExited() && absl::Now() < grace) {
+      if (absl::Status s = WaitForEvent(grace, "the daemons to exit"); !s.ok() && !absl::IsDeadlineExceeded(s)) {
+        return s;
+      }
     }
     return absl::OkStatus();
   }
@@ -259,6 +300,7 @@ class Cluster {
 
   const LaunchOptions options_;
   std::vector<Child> children_;
+  bool scheduler_exited_ = false;
   std::thread reader_;
   std::mutex mu_;
   std::string scheduler_address_;  // guarded by mu_

@@ -1,9 +1,12 @@
 // The local launcher: a whole Tessera cluster on one machine, each role its own process.
 //
-// It starts the scheduler, then the servers and workers pointed at the address the scheduler printed, forwards
-// the scheduler's progress lines, and keeps every other daemon's output in <run_dir>/logs/. It returns when the
-// job is over and every child has exited. When any child fails, or on SIGINT/SIGTERM, it stops all the others
-// (SIGTERM, then SIGKILL after a grace period) and reports which child failed, with the end of its log.
+// It starts the scheduler, then the servers and workers (worker i asks for rank i) pointed at the address the
+// scheduler printed, forwards the scheduler's progress lines, and keeps every other daemon's output in
+// <run_dir>/logs/. The scheduler decides the job's fate, as it does for daemons started by hand: a server or
+// worker that fails is reported (and a worker started again while it has restarts left), and the launcher
+// returns when the scheduler has exited and the others with it: OK when the scheduler says the job completed,
+// its reason otherwise. On SIGINT/SIGTERM or its own timeout it stops all children (SIGTERM, then SIGKILL
+// after a grace period).
 // Children also die with the launcher (PR_SET_PDEATHSIG), so no daemon outlives it and no port stays bound.
 #ifndef TESSERA_DEPLOY_LOCAL_LAUNCHER_H_
 #define TESSERA_DEPLOY_LOCAL_LAUNCHER_H_
@@ -28,9 +31,10 @@ struct LaunchOptions {
   int simulate_compute_ms = 0;  // every worker gets --simulate_compute_ms (benchmarks)
   std::string dump_params;   // handed to the workers; rank 0 writes its final parameters there
   int timeout_s = 3600;      // stop everything after this long
+  int restart_workers = 0;   // start a failed worker again, at most this many times per worker
 };
 
-// Runs the cluster to completion. OK when every child exited 0; otherwise the first failure, naming the child.
+// Runs the cluster to completion. OK when the scheduler says the job completed; otherwise why it did not.
 [[nodiscard]] absl::Status RunLocalCluster(const LaunchOptions& options);
 
 }  // namespace tessera

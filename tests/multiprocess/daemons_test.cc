@@ -169,6 +169,8 @@ TEST_F(DaemonsTest, SchedulerNamesTheLineOfAMalformedJobAndTheFieldOfAContradict
 
 // A worker that cannot find its data fails; the launcher stops every other daemon, says which child failed and
 // why, and leaves no process behind.
+// Workers that fail are reported with the end of their logs; the scheduler ends the job once none is left, and
+// the launcher exits non-zero with the scheduler's reason, leaving no daemon behind.
 TEST_F(DaemonsTest, LauncherStopsTheClusterWhenAChildFails) {
   const std::string job = Write("missing.pbtxt", absl::StrCat(R"(
 model { softmax_regression {} }
@@ -179,8 +181,12 @@ cluster { num_servers: 1 num_workers: 2 }
   Subprocess launch({kBin + "/tessera-launch", "--job=" + job, "--run_dir=" + (dir_ / "run").string(), "--device=cpu"});
   ASSERT_TRUE(launch.ReadUntilExit(absl::Seconds(120))) << launch.output();
   EXPECT_EQ(launch.exit_code(), 1);
-  EXPECT_NE(launch.output().find("worker process"), std::string::npos) << launch.output();
+  EXPECT_NE(launch.output().find("worker 0 failed"), std::string::npos) << launch.output();
   EXPECT_NE(launch.output().find("dataset-fashion-mnist"), std::string::npos) << launch.output();
+  // The scheduler, not the launcher, ends the job: once its heartbeat timeout finds every worker gone.
+  EXPECT_NE(launch.output().find("every worker was lost (worker 0 at clock 0, worker 1 at clock 0)"),
+            std::string::npos)
+      << launch.output();
   const std::string address = SchedulerAddress(launch.output());
   ASSERT_FALSE(address.empty()) << launch.output();
   EXPECT_TRUE(ProcessesMentioning(address).empty()) << "daemons outlived the launcher";
