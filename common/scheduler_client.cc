@@ -106,7 +106,8 @@ absl::StatusOr<tessera::v1::AdvanceClockResponse> SchedulerClient::AdvanceClock(
   SetTimeout(context, wait_timeout + absl::Seconds(5));
   tessera::v1::AdvanceClockResponse response;
   absl::Status status = FromGrpcStatus(stub_->AdvanceClock(&context, request, &response), context,
-                                       absl::StrCat("AdvanceClock of worker ", worker_id, " to ", clock));
+                                       absl::StrCat("AdvanceClock of worker ", worker_id, " to ", clock,
+                                                    " at scheduler ", address_));
   if (!status.ok()) return status;
   return response;
 }
@@ -115,7 +116,8 @@ absl::StatusOr<tessera::v1::ReportResponse> SchedulerClient::Report(const tesser
   grpc::ClientContext context;
   SetTimeout(context, kControlTimeout);
   tessera::v1::ReportResponse response;
-  absl::Status status = FromGrpcStatus(stub_->Report(&context, request, &response), context, "Report to scheduler");
+  absl::Status status = FromGrpcStatus(stub_->Report(&context, request, &response), context,
+                                       absl::StrCat("Report to scheduler ", address_));
   if (!status.ok()) return status;
   return response;
 }
@@ -127,7 +129,7 @@ absl::Status SchedulerClient::Done(int worker_id, int64_t clock) {
   grpc::ClientContext context;
   SetTimeout(context, kControlTimeout);
   tessera::v1::DoneResponse response;
-  return FromGrpcStatus(stub_->Done(&context, request, &response), context, "Done to scheduler");
+  return FromGrpcStatus(stub_->Done(&context, request, &response), context, absl::StrCat("Done to scheduler ", address_));
 }
 
 }  // namespace tessera

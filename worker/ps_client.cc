@@ -40,7 +40,9 @@ const char* MethodName(ChunkOp op) {
 // One chunk's RPC: owns everything the callback API needs until the call completes.
 struct ChunkCall {
   ChunkOp op = kPull;
-  const tessera::v1::ChunkPlacement* placement = nullptr;
+  // The map the call was made from, kept alive with it: a step's calls outlive a refresh of the client's map.
+  std::shared_ptr<const ShardMapIndex> map;
+  const tessera::v1::ChunkPlacement* placement = nullptr;  // in `map`
   size_t name_index = 0;  // also the priority: lower goes first at a busy server
   int server_id = 0;
   std::string server;
@@ -254,7 +256,7 @@ absl::Status PsClient::Declare(const std::vector<tessera::v1::ParameterSpec>& pa
   request.set_worker_id(worker_id_);
   for (const auto& p : params) *request.add_params() = p;
   TESSERA_ASSIGN_OR_RETURN(tessera::v1::ShardMap map, scheduler_->Declare(request, options_.declare_timeout));
-  map_ = std::make_unique<ShardMapIndex>(std::move(map));
+  map_ = std::make_shared<const ShardMapIndex>(std::move(map));
   return absl::OkStatus();
 }
 
@@ -265,7 +267,7 @@ absl::Status PsClient::RefreshMap(uint64_t at_least_epoch) {
                                                ", a server is already at ", at_least_epoch));
   }
   VLOG(1) << "worker " << worker_id_ << ": shard map epoch " << epoch() << " -> " << map.epoch();
-  map_ = std::make_unique<ShardMapIndex>(std::move(map));
+  map_ = std::make_shared<const ShardMapIndex>(std::move(map));
   return absl::OkStatus();
 }
 
@@ -284,7 +286,7 @@ int64_t PsClient::bytes_pulled() const {
 
 absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> PsClient::MakeCalls(
     int op_number, size_t name_index, const std::string& name, absl::Span<const float> grad, int batch_size,
-    absl::Span<float> out) {
+    absl::Span<float> out, Stamp stamp) {
   const ChunkOp op = static_cast<ChunkOp>(op_number);
   if (map_ == nullptr) return absl::FailedPreconditionError("no parameters declared yet: call Declare first");
   TESSERA_ASSIGN_OR_RETURN(const tessera::v1::ParameterSpec* spec, map_->Param(name));
@@ -303,6 +305,7 @@ absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> PsClient::MakeCalls(
   for (const tessera::v1::ChunkPlacement* placement : chunks) {
     auto call = std::make_unique<ChunkCall>();
     call->op = op;
+    call->map = map_;
     call->placement = placement;
     call->name_index = name_index;
     call->server_id = placement->server_id();
@@ -326,9 +329,9 @@ absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> PsClient::MakeCalls(
       r.set_epoch(map_->epoch());
       r.set_worker_id(worker_id_);
       r.set_incarnation(incarnation_);
-      r.set_seq(seq_);
-      r.set_clock(clock_);
-      r.set_read_clock_version(cached == pulled_.end() ? clock_ : cached->second.clock_version);
+      r.set_seq(stamp.seq);
+      r.set_clock(stamp.clock);
+      r.set_read_clock_version(cached == pulled_.end() ? stamp.clock : cached->second.clock_version);
       r.set_batch_size(batch_size);
       r.set_kind(op == kAssign ? PushRequest::ASSIGN : PushRequest::GRADIENT);
       r.mutable_key()->set_param(placement->param());
@@ -374,14 +377,13 @@ absl::StatusOr<PsClient::Absorbed> PsClient::Absorb(const std::vector<ChunkCall*
 
 absl::Status PsClient::RunChunks(int op, const std::vector<std::string>& names,
                                  const std::vector<absl::Span<const float>>& grads, int batch_size,
-                                 const std::vector<absl::Span<float>>& out, bool new_seq) {
+                                 const std::vector<absl::Span<float>>& out, Stamp stamp) {
   if (map_ == nullptr) return absl::FailedPreconditionError("no parameters declared yet: call Declare first");
   const bool sends = op != kPull, receives = op == kPull || op == kExchange;
   if ((sends && names.size() != grads.size()) || (receives && names.size() != out.size())) {
     return absl::InvalidArgumentError(absl::StrCat(names.size(), " names but ", sends ? grads.size() : out.size(),
                                                    " value spans"));
   }
-  if (sends && new_seq) ++seq_;  // one sequence number per call, reused by its retries
   absl::Duration backoff = absl::Milliseconds(20);
   std::vector<size_t> todo(names.size());
   for (size_t i = 0; i < names.size(); ++i) todo[i] = i;
@@ -391,7 +393,7 @@ absl::Status PsClient::RunChunks(int op, const std::vector<std::string>& names,
     for (size_t i : todo) {
       TESSERA_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<ChunkCall>> calls,
                                MakeCalls(op, i, names[i], sends ? grads[i] : absl::Span<const float>(), batch_size,
-                                         receives ? out[i] : absl::Span<float>()));
+                                         receives ? out[i] : absl::Span<float>(), stamp));
       for (auto& c : calls) batch.Add(std::move(c));
     }
     batch.WaitAll();
@@ -413,7 +415,7 @@ absl::Status PsClient::RunChunks(int op, const std::vector<std::string>& names,
 }
 
 absl::Status PsClient::Pull(const std::vector<std::string>& names, const std::vector<absl::Span<float>>& out) {
-  return RunChunks(kPull, names, {}, 0, out, /*new_seq=*/false);
+  return RunChunks(kPull, names, {}, 0, out, CurrentStamp());
 }
 
 absl::Status PsClient::Push(const std::vector<std::string>& names, const std::vector<absl::Span<const float>>& grads,
@@ -423,7 +425,7 @@ absl::Status PsClient::Push(const std::vector<std::string>& names, const std::ve
   for (size_t i = 0; i < names.size() && i < grads.size(); ++i) {
     TESSERA_RETURN_IF_ERROR(CheckFinite(grads[i], absl::StrCat("gradient of '", names[i], "'")));
   }
-  return RunChunks(kPush, names, grads, batch_size, {}, /*new_seq=*/true);
+  return RunChunks(kPush, names, grads, batch_size, {}, NewStamp());
 }
 
 absl::Status PsClient::PushPull(const std::vector<std::string>& names,
@@ -432,12 +434,12 @@ absl::Status PsClient::PushPull(const std::vector<std::string>& names,
   for (size_t i = 0; i < names.size() && i < grads.size(); ++i) {
     TESSERA_RETURN_IF_ERROR(CheckFinite(grads[i], absl::StrCat("gradient of '", names[i], "'")));
   }
-  return RunChunks(kExchange, names, grads, batch_size, out, /*new_seq=*/true);
+  return RunChunks(kExchange, names, grads, batch_size, out, NewStamp());
 }
 
 absl::Status PsClient::Assign(const std::vector<std::string>& names,
                               const std::vector<absl::Span<const float>>& values) {
-  return RunChunks(kAssign, names, values, 1, {}, /*new_seq=*/true);
+  return RunChunks(kAssign, names, values, 1, {}, NewStamp());
 }
 
 absl::StatusOr<ClockResult> PsClient::Clock() {
@@ -488,7 +490,7 @@ class StepExchangeImpl final : public StepExchange {
         settled_(names.size(), mode_ == tessera::v1::ConsistencySpec::SSP),
         batch_(client->options_.window_per_server, &client->launcher_) {
     if (mode_ == tessera::v1::ConsistencySpec::SSP) return;
-    ++client_->seq_;
+    stamp_ = client_->NewStamp();  // one sequence number for the step's exchanges, reused by their retries
     if (mode_ == tessera::v1::ConsistencySpec::SYNC) {
       clock_state_ = std::make_shared<ClockState>();
       auto state = clock_state_;
@@ -522,7 +524,7 @@ class StepExchangeImpl final : public StepExchange {
     if (mode_ == tessera::v1::ConsistencySpec::SSP) return absl::OkStatus();
     TESSERA_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<ChunkCall>> calls,
                              client_->MakeCalls(kExchange, index, names_[index], grads_[index], batch_size_,
-                                                out_[index]));
+                                                out_[index], stamp_));
     for (auto& c : calls) batch_.Add(std::move(c));
     return absl::OkStatus();
   }
@@ -571,7 +573,7 @@ class StepExchangeImpl final : public StepExchange {
       // answers the retry as a duplicate, with the values.
       if (absorbed.newer_epoch > 0) TESSERA_RETURN_IF_ERROR(client_->RefreshMap(absorbed.newer_epoch));
       TESSERA_RETURN_IF_ERROR(client_->RunChunks(kExchange, {names_[index]}, {grads_[index]}, batch_size_,
-                                                 {out_[index]}, /*new_seq=*/false));
+                                                 {out_[index]}, stamp_));
     }
     settled_[index] = true;
     return absl::OkStatus();
@@ -616,6 +618,7 @@ class StepExchangeImpl final : public StepExchange {
   std::vector<bool> sent_;
   std::vector<bool> settled_;  // values in place and absorbed into the client's cache
   std::shared_ptr<ClockState> clock_state_;
+  PsClient::Stamp stamp_;
   ChunkBatch batch_;
 };
 

@@ -170,15 +170,23 @@ class PsClient {
   grpc::GenericStub* StubFor(int server_id, int lane);
   // Runs one RPC per chunk of `names` (pull, push, assign or exchange; see ChunkOp in ps_client.cc), at most
   // window_per_server in flight per server; retries the whole set on a stale epoch or UNAVAILABLE.
-  // `new_seq`: the call takes a new sequence number (a push); otherwise it reuses the last one (a retry).
+  // What a push carries to be applied once and in the right round: its sequence number and clock. A retry
+  // carries its original's, even when the client's clock moved on since (a step's exchange retried while the
+  // next step runs).
+  struct Stamp {
+    uint64_t seq = 0;
+    int64_t clock = 0;
+  };
+  Stamp NewStamp() { return {++seq_, clock_}; }
+  Stamp CurrentStamp() const { return {seq_, clock_}; }
   absl::Status RunChunks(int op, const std::vector<std::string>& names,
                          const std::vector<absl::Span<const float>>& grads, int batch_size,
-                         const std::vector<absl::Span<float>>& out, bool new_seq);
+                         const std::vector<absl::Span<float>>& out, Stamp stamp);
   // The RPCs, one per chunk, of one parameter for op `op`.
   absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> MakeCalls(int op, size_t name_index,
                                                                     const std::string& name,
                                                                     absl::Span<const float> grad, int batch_size,
-                                                                    absl::Span<float> out);
+                                                                    absl::Span<float> out, Stamp stamp);
   // What completed calls said: the newest epoch a server named (0: none), the names whose calls may be retried,
   // and the last retryable error.
   struct Absorbed {
@@ -196,7 +204,7 @@ class PsClient {
   int worker_id_ = -1;
   uint64_t incarnation_ = 0;
   tessera::v1::JobSpec job_;
-  std::unique_ptr<ShardMapIndex> map_;
+  std::shared_ptr<const ShardMapIndex> map_;  // shared with the calls made from it
   std::map<std::pair<std::string, int>, std::unique_ptr<grpc::GenericStub>> stubs_;  // by address and lane
   // What the last pull of each chunk returned, and where its bytes were written. A pull into the same memory
   // names that version, and a server whose chunk has not changed since answers with no bytes.

@@ -11,58 +11,14 @@
 #include "nlohmann/json.hpp"
 #include "tests/testing/ports.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/daemon_test.h"
 #include "tests/testing/subprocess.h"
 #include "worker/param_file.h"
 
 namespace tessera::testing {
 namespace {
 
-const std::string kBin = TESSERA_BIN_DIR;
-
-class DaemonsTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    dir_ = std::filesystem::temp_directory_path() / absl::StrCat("tessera-", name, "-", getpid());
-    std::filesystem::remove_all(dir_);
-    std::filesystem::create_directories(dir_);
-  }
-  void TearDown() override {
-    if (!HasFailure()) std::filesystem::remove_all(dir_);
-  }
-
-  std::string Write(const std::string& name, const std::string& text) {
-    const std::string path = (dir_ / name).string();
-    std::ofstream(path) << text;
-    return path;
-  }
-
-  static bool HaveFashionMnist() {
-    return std::filesystem::exists(std::string(kFashionMnistDir) + "/train-images-idx3-ubyte.gz");
-  }
-
-  std::filesystem::path dir_;
-};
-
-// Process ids whose command line mentions `text` (other than this test process).
-std::vector<int> ProcessesMentioning(const std::string& text) {
-  std::vector<int> found;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-    const std::string name = entry.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream in(entry.path() / "cmdline");
-    std::string cmdline((std::istreambuf_iterator<char>(in)), {});
-    if (std::stoi(name) != getpid() && cmdline.find(text) != std::string::npos) found.push_back(std::stoi(name));
-  }
-  return found;
-}
-
-std::string SchedulerAddress(const std::string& output) {
-  const std::string marker = "scheduler listening on ";
-  const size_t at = output.find(marker);
-  if (at == std::string::npos) return "";
-  return output.substr(at + marker.size(), output.find('\n', at) - at - marker.size());
-}
+using DaemonsTest = DaemonTest;
 
 constexpr char kSyncJob[] = R"(
 name: "mp-sync"

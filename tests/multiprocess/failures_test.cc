@@ -1,0 +1,174 @@
+// Failures of real processes, killed by signal: a worker that dies and comes back, a server dead before the job
+// starts, a server lost during a job, the scheduler lost.
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/daemon_test.h"
+#include "tests/testing/subprocess.h"
+
+namespace tessera::testing {
+namespace {
+
+using FailuresTest = DaemonTest;
+
+// A small synthetic job that runs for a few seconds on two cores.
+std::string Job(const std::string& mode, int servers, int workers, int steps) {
+  return absl::StrCat(R"(
+name: "failures"
+model { mlp { hidden_sizes: 32 } }
+data { format: SYNTHETIC synthetic_train_examples: 4096 synthetic_features: 64 synthetic_classes: 8 }
+optimizer { kind: SGD learning_rate: 0.05 }
+batch_size: 16
+consistency { mode: )", mode, R"( }
+stop { max_steps: )", steps, R"( }
+eval_every_steps: 100
+chunk_bytes: 4096
+cluster { num_servers: )", servers, " num_workers: ", workers, " }\n");
+}
+
+nlohmann::json ReadJson(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+}
+
+// The one process whose command line has both `a` and `b`; -1 unless exactly one does.
+int OnlyProcess(const std::string& a, const std::string& b) {
+  std::vector<int> both;
+  for (int pid : ProcessesMentioning(a)) {
+    for (int other : ProcessesMentioning(b)) {
+      if (pid == other) both.push_back(pid);
+    }
+  }
+  return both.size() == 1 ? both[0] : -1;
+}
+
+// A fast failure detector for daemons started by hand.
+const std::vector<std::string> kFastHeartbeats = {"--heartbeat_interval_ms=100", "--heartbeat_timeout_ms=1500"};
+
+std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+class WorkerRestartTest : public FailuresTest, public ::testing::WithParamInterface<const char*> {};
+
+// kill -9 of a worker mid-run: the launcher starts it again with its rank, it rejoins the running job with a new
+// incarnation at the clock the others are at, and the job completes. In SYNC every round is applied exactly once.
+TEST_P(WorkerRestartTest, AKilledWorkerRejoinsTheRunningJob) {
+  const int steps = 1500;
+  const std::string job = Write("job.pbtxt", Job(GetParam(), 2, 2, steps));
+  const std::filesystem::path run = dir_ / "run";
+  Subprocess launch({kBin + "/tessera-launch", "--job=" + job, "--run_dir=" + run.string(), "--device=cpu",
+                     "--restart_workers=1"});
+  ASSERT_TRUE(launch.ReadUntilLine("step    300 |", absl::Seconds(120))) << launch.output();
+  const std::string address = SchedulerAddress(launch.output());
+  const int victim = OnlyProcess(address, "--rank=1");
+  ASSERT_GT(victim, 0) << launch.output();
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  ASSERT_TRUE(launch.ReadUntilExit(absl::Seconds(180))) << launch.output();
+  EXPECT_EQ(launch.exit_code(), 0) << launch.output();
+  EXPECT_NE(launch.output().find("restarted worker 1 (1 of 1 restarts)"), std::string::npos) << launch.output();
+
+  const nlohmann::json summary = ReadJson(run / "summary.json");
+  ASSERT_TRUE(summary.is_object()) << launch.output();
+  EXPECT_TRUE(summary["completed"].get<bool>()) << summary.dump();
+  bool rejoined = false;
+  for (const auto& e : summary["events"]) {
+    if (e["event"] == "worker rejoined" && e["worker"] == 1 && e["incarnation"] == 2) rejoined = true;
+  }
+  EXPECT_TRUE(rejoined) << summary.dump();
+  EXPECT_EQ(summary["steps"], steps) << summary.dump();
+  if (std::string(GetParam()) == "SYNC") {
+    EXPECT_EQ(summary["updates_applied"], steps) << "one update per round, none lost or doubled: " << summary.dump();
+  }
+  EXPECT_GT(summary["test_accuracy"].get<double>(), 0.5) << summary.dump();
+  EXPECT_TRUE(ProcessesMentioning(address).empty()) << "daemons outlived the launcher";
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, WorkerRestartTest, ::testing::Values("SYNC", "ASYNC", "SSP staleness: 2"),
+                         [](const auto& info) { return std::string(info.param).substr(0, 4) == "SSP " ? std::string("SSP")
+                                                                                                     : std::string(info.param); });
+
+// A server that dies before the job starts: the scheduler says whom it waits for and who was lost, and a
+// replacement takes the lost server's place and the job completes.
+TEST_F(FailuresTest, AReplacementCompletesAJobWhoseServerDiedBeforeItStarted) {
+  const std::string job = Write("job.pbtxt", Job("SYNC", 2, 1, 200));
+  Subprocess scheduler(Concat({kBin + "/tessera-scheduler", "--job=" + job, "--run_dir=" + (dir_ / "run").string()},
+                              kFastHeartbeats));
+  ASSERT_TRUE(scheduler.ReadUntilLine("scheduler listening on ", absl::Seconds(30))) << scheduler.output();
+  const std::string address = SchedulerAddress(scheduler.output());
+  Subprocess first({kBin + "/tessera-server", "--scheduler=" + address});
+  {
+    Subprocess doomed({kBin + "/tessera-server", "--scheduler=" + address});
+    ASSERT_TRUE(scheduler.ReadUntilLine("server 1 at ", absl::Seconds(30))) << scheduler.output();
+    kill(doomed.pid(), SIGKILL);
+  }
+  ASSERT_TRUE(scheduler.ReadUntilLine("waiting for 1 more server and 1 more worker; server 0 at", absl::Seconds(30)))
+      << scheduler.output();
+  const size_t waiting = scheduler.output().find("waiting for 1 more server and 1 more worker");
+  EXPECT_NE(scheduler.output().find("server 1 at 127.0.0.1:", waiting), std::string::npos) << scheduler.output();
+  EXPECT_NE(scheduler.output().find(" lost, last heard ", waiting), std::string::npos) << scheduler.output();
+
+  Subprocess replacement({kBin + "/tessera-server", "--scheduler=" + address});
+  Subprocess worker({kBin + "/tessera-worker", "--scheduler=" + address, "--device=cpu"});
+  ASSERT_TRUE(scheduler.ReadUntilExit(absl::Seconds(120))) << scheduler.output();
+  EXPECT_EQ(scheduler.exit_code(), 0) << scheduler.output();
+  EXPECT_NE(scheduler.output().find("(incarnation 2)"), std::string::npos) << "the replacement is server 1, again";
+  ASSERT_TRUE(worker.ReadUntilExit(absl::Seconds(60))) << worker.output();
+  EXPECT_EQ(worker.exit_code(), 0) << worker.output();
+}
+
+// A server killed during a job with no checkpoint to restore its chunks from: the job stops at once with a reason
+// naming the server, and the scheduler exits non-zero. Nobody hangs.
+TEST_F(FailuresTest, AServerLostWithoutACheckpointStopsTheJobNamingIt) {
+  const std::string job = Write("job.pbtxt", Job("ASYNC", 2, 1, 1000000));
+  const std::filesystem::path run = dir_ / "run";
+  Subprocess scheduler(Concat({kBin + "/tessera-scheduler", "--job=" + job, "--run_dir=" + run.string()},
+                              kFastHeartbeats));
+  ASSERT_TRUE(scheduler.ReadUntilLine("scheduler listening on ", absl::Seconds(30))) << scheduler.output();
+  const std::string address = SchedulerAddress(scheduler.output());
+  Subprocess server0({kBin + "/tessera-server", "--scheduler=" + address});
+  ASSERT_TRUE(scheduler.ReadUntilLine("server 0 at ", absl::Seconds(30))) << scheduler.output();
+  Subprocess server1({kBin + "/tessera-server", "--scheduler=" + address});
+  Subprocess worker({kBin + "/tessera-worker", "--scheduler=" + address, "--device=cpu"});
+  ASSERT_TRUE(scheduler.ReadUntilLine("step    200 |", absl::Seconds(60))) << scheduler.output();
+  kill(server1.pid(), SIGKILL);
+  ASSERT_TRUE(scheduler.ReadUntilExit(absl::Seconds(60))) << scheduler.output();
+  EXPECT_EQ(scheduler.exit_code(), 3) << scheduler.output();
+  EXPECT_NE(scheduler.output().find("server 1 at 127.0.0.1:"), std::string::npos) << scheduler.output();
+  const nlohmann::json summary = ReadJson(run / "summary.json");
+  ASSERT_TRUE(summary.is_object()) << scheduler.output();
+  EXPECT_FALSE(summary["completed"].get<bool>());
+  EXPECT_NE(summary["stop_reason"].get<std::string>().find("server 1 at"), std::string::npos) << summary.dump();
+  EXPECT_GT(summary["pushes"].get<int64_t>(), 0) << "counters survive the lost server: " << summary.dump();
+  ASSERT_TRUE(worker.ReadUntilExit(absl::Seconds(60))) << worker.output();
+  ASSERT_TRUE(server0.ReadUntilExit(absl::Seconds(60))) << server0.output();
+}
+
+// The scheduler killed mid-run: servers and workers exit within the heartbeat timeout, naming its address.
+TEST_F(FailuresTest, EveryoneExitsNamingTheSchedulerWhenItDies) {
+  const std::string job = Write("job.pbtxt", Job("SYNC", 1, 1, 1000000));
+  Subprocess scheduler(Concat({kBin + "/tessera-scheduler", "--job=" + job}, kFastHeartbeats));
+  ASSERT_TRUE(scheduler.ReadUntilLine("scheduler listening on ", absl::Seconds(30))) << scheduler.output();
+  const std::string address = SchedulerAddress(scheduler.output());
+  Subprocess server({kBin + "/tessera-server", "--scheduler=" + address});
+  Subprocess worker({kBin + "/tessera-worker", "--scheduler=" + address, "--device=cpu"});
+  ASSERT_TRUE(scheduler.ReadUntilLine("step    200 |", absl::Seconds(60))) << scheduler.output();
+  kill(scheduler.pid(), SIGKILL);
+  const absl::Time killed = absl::Now();
+  ASSERT_TRUE(server.ReadUntilExit(absl::Seconds(30))) << server.output();
+  ASSERT_TRUE(worker.ReadUntilExit(absl::Seconds(30))) << worker.output();
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(15));
+  EXPECT_NE(server.exit_code(), 0);
+  EXPECT_NE(worker.exit_code(), 0);
+  EXPECT_NE(server.output().find("lost the scheduler at " + address), std::string::npos) << server.output();
+  EXPECT_NE(worker.output().find(address), std::string::npos) << worker.output();
+}
+
+}  // namespace
+}  // namespace tessera::testing
