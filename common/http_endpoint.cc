@@ -13,9 +13,14 @@ absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(const std::str
   routes["/healthz"] = Route{"text/plain", [] { return std::string("ok\n"); }};
   for (const auto& entry : routes) {
     const Route route = entry.second;  // a copy the handler owns (structured bindings cannot be captured in C++17)
-    endpoint->server_->Get(entry.first, [route](const httplib::Request&, httplib::Response& response) {
+    auto handler = [route](const httplib::Request&, httplib::Response& response) {
       response.set_content(route.body(), route.content_type.c_str());
-    });
+    };
+    if (route.post) {
+      endpoint->server_->Post(entry.first, handler);
+    } else {
+      endpoint->server_->Get(entry.first, handler);
+    }
   }
   endpoint->port_ = port == 0 ? endpoint->server_->bind_to_any_port(host.c_str())
                               : (endpoint->server_->bind_to_port(host.c_str(), port) ? port : -1);

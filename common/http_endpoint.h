@@ -27,6 +27,7 @@ class HttpEndpoint {
   struct Route {
     std::string content_type;
     std::function<std::string()> body;
+    bool post = false;  // served to POST (an action) instead of GET
   };
 
   // Binds host:port (0: a free port) and serves `routes` plus /healthz ("ok"). UNAVAILABLE when the bind fails.

@@ -96,6 +96,7 @@ void ApplyJobDefaults(JobSpec& job) {
   if (consistency.mode() == ConsistencySpec::MODE_UNSPECIFIED) consistency.set_mode(ConsistencySpec::SYNC);
   if (job.eval_every_steps() == 0) job.set_eval_every_steps(100);
   if (job.chunk_bytes() == 0) job.set_chunk_bytes(65536);
+  if (job.checkpoint().keep() == 0) job.mutable_checkpoint()->set_keep(3);
   if (job.cluster().num_servers() == 0) job.mutable_cluster()->set_num_servers(1);
   if (job.cluster().num_workers() == 0) job.mutable_cluster()->set_num_workers(1);
 }
@@ -157,6 +158,13 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
     return FieldError("stop", "no stop condition; set max_steps, epochs or target_accuracy");
   }
   if (job.eval_every_steps() <= 0) return FieldError("eval_every_steps", "expected > 0");
+  const tessera::v1::CheckpointSpec& checkpoint = job.checkpoint();
+  if (checkpoint.every_steps() < 0) return FieldError("checkpoint.every_steps", "expected >= 0");
+  if (checkpoint.every_seconds() < 0) return FieldError("checkpoint.every_seconds", "expected >= 0");
+  if (checkpoint.keep() < 1) return FieldError("checkpoint.keep", "expected >= 1");
+  if ((checkpoint.every_steps() > 0 || checkpoint.every_seconds() > 0) && checkpoint.dir().empty()) {
+    return FieldError("checkpoint.dir", "required with checkpoint.every_steps or every_seconds");
+  }
   if (job.chunk_bytes() < 4 || job.chunk_bytes() > (64 << 20)) {
     return FieldError("chunk_bytes", absl::StrCat("expected 4 .. 67108864 bytes, got ", job.chunk_bytes()));
   }

@@ -9,14 +9,14 @@
 
 namespace tessera {
 
-absl::StatusOr<std::unique_ptr<RunRecorder>> RunRecorder::Create(const std::string& run_dir) {
+absl::StatusOr<std::unique_ptr<RunRecorder>> RunRecorder::Create(const std::string& run_dir, bool append) {
   std::unique_ptr<RunRecorder> recorder(new RunRecorder(run_dir));
   if (run_dir.empty()) return recorder;
   std::error_code error;
   std::filesystem::create_directories(run_dir, error);
   if (error) return absl::PermissionDeniedError("cannot create run directory " + run_dir + ": " + error.message());
   absl::MutexLock lock(&recorder->mu_);
-  recorder->metrics_.open(run_dir + "/metrics.jsonl", std::ios::out | std::ios::trunc);
+  recorder->metrics_.open(run_dir + "/metrics.jsonl", std::ios::out | (append ? std::ios::app : std::ios::trunc));
   if (!recorder->metrics_) return absl::PermissionDeniedError("cannot write " + run_dir + "/metrics.jsonl");
   return recorder;
 }

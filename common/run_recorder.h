@@ -55,7 +55,9 @@ struct RunSummary {
 class RunRecorder {
  public:
   // Creates `run_dir` (and parents). An empty `run_dir` records nothing but still prints progress lines.
-  [[nodiscard]] static absl::StatusOr<std::unique_ptr<RunRecorder>> Create(const std::string& run_dir);
+  // `append`: metrics.jsonl keeps what it holds (a resumed run).
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<RunRecorder>> Create(const std::string& run_dir,
+                                                                          bool append = false);
 
   // Appends one record and prints its progress line.
   [[nodiscard]] absl::Status Append(const EvalRecord& record);

@@ -41,7 +41,9 @@ int64_t ClockTable::MinActiveLocked() const {
 }
 
 bool ClockTable::GateOpenLocked(int64_t clock) const {
-  if (bound_ < 0 || stopped_) return true;
+  if (stopped_) return true;
+  if (hold_at_ >= 0 && clock >= hold_at_) return false;
+  if (bound_ < 0) return true;
   return MinActiveLocked() >= clock - bound_;
 }
 
@@ -96,6 +98,26 @@ void ClockTable::Done(int worker) {
     absl::MutexLock lock(&mu_);
     if (worker < 0 || worker >= static_cast<int>(clocks_.size())) return;
     active_[worker] = false;
+    CollectLocked(absl::Now(), ready);
+  }
+  for (auto& [callback, result] : ready) callback(std::move(result));
+}
+
+int64_t ClockTable::Hold() {
+  absl::MutexLock lock(&mu_);
+  int64_t newest = 0;
+  for (size_t i = 0; i < clocks_.size(); ++i) {
+    if (active_[i]) newest = std::max(newest, clocks_[i]);
+  }
+  hold_at_ = newest + 1;
+  return hold_at_;
+}
+
+void ClockTable::Release() {
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    hold_at_ = -1;
     CollectLocked(absl::Now(), ready);
   }
   for (auto& [callback, result] : ready) callback(std::move(result));

@@ -53,6 +53,12 @@ class ClockTable {
   // may be lower or higher than its last one.
   void Rejoin(int worker, int64_t clock);
 
+  // Holds every worker before the step after the newest any worker has started: Advance to a clock >= the
+  // returned one waits (deadlines still apply) until Release(). SYNC checkpoints use it for a consistent cut:
+  // every worker completes exactly the returned number of steps, and no more, while held.
+  int64_t Hold();
+  void Release();
+
   // Opens every gate, now and later, with stop = true.
   void Stop(const std::string& reason);
 
@@ -88,6 +94,7 @@ class ClockTable {
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   std::string stop_reason_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t hold_at_ ABSL_GUARDED_BY(mu_) = -1;  // -1: no hold
   std::thread deadline_thread_;
 };
 

@@ -38,8 +38,8 @@ ClusterView::ClusterView(int num_servers, int num_workers) : servers_(num_server
   }
 }
 
-absl::StatusOr<Member> ClusterView::Join(const tessera::v1::RegisterRequest& request, absl::Time now,
-                                         const std::function<int64_t(const Member&)>& start_clock) {
+absl::StatusOr<ClusterView::Joined> ClusterView::Join(const tessera::v1::RegisterRequest& request, absl::Time now,
+                                                      const std::function<int64_t(const Member&)>& start_clock) {
   const bool server = request.role() == tessera::v1::SERVER;
   if (!server && request.role() != tessera::v1::WORKER) {
     return absl::InvalidArgumentError("register: role must be SERVER or WORKER");
@@ -69,6 +69,7 @@ absl::StatusOr<Member> ClusterView::Join(const tessera::v1::RegisterRequest& req
     return absl::ResourceExhaustedError(absl::StrCat("the job has all its ", slots.size(), " ", role,
                                                      "s alive; no place for the ", role, " at ", who));
   }
+  const MemberState was = slot->state;
   slot->joined_clock = server ? 0 : start_clock(*slot);
   slot->incarnation += 1;
   slot->state = MemberState::kAlive;
@@ -78,8 +79,22 @@ absl::StatusOr<Member> ClusterView::Join(const tessera::v1::RegisterRequest& req
   slot->last_seen = now;
   // A rank's first process changes nothing a server checks (the view lists an unregistered rank as in the
   // rounds, with incarnation 0: not checked yet); a replacement does.
-  if (slot->incarnation > 1) ChangedLocked();
-  return *slot;
+  if (was != MemberState::kVacant) ChangedLocked();
+  return Joined{*slot, was};
+}
+
+void ClusterView::Restore(const tessera::v1::ShardMap& view) {
+  absl::MutexLock lock(&mu_);
+  placement_ = view;
+  placement_->clear_servers();
+  placement_->clear_workers();
+  for (const auto& s : view.servers()) {
+    if (s.id() >= 0 && s.id() < static_cast<int>(servers_.size())) servers_[s.id()].incarnation = s.incarnation();
+  }
+  for (const auto& w : view.workers()) {
+    if (w.id() >= 0 && w.id() < static_cast<int>(workers_.size())) workers_[w.id()].incarnation = w.incarnation();
+  }
+  epoch_ = view.epoch() + 1;
 }
 
 absl::Status ClusterView::Touch(tessera::v1::Role role, int id, uint64_t incarnation, absl::Time now) {

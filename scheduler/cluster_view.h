@@ -58,8 +58,16 @@ class ClusterView {
   // the old incarnation is replaced. `start_clock(slot)`, called with the slot as it was, says at which clock
   // a worker taking it starts. Advances the epoch. RESOURCE_EXHAUSTED when every slot of the role is taken;
   // INVALID_ARGUMENT for a server without an address, a requested id out of range or an unknown role.
-  [[nodiscard]] absl::StatusOr<Member> Join(const tessera::v1::RegisterRequest& request, absl::Time now,
+  struct Joined {
+    Member member;              // as it is now
+    MemberState was;            // the slot's state before: kVacant for a first join, kLost or kAlive for a return
+  };
+  [[nodiscard]] absl::StatusOr<Joined> Join(const tessera::v1::RegisterRequest& request, absl::Time now,
                                             const std::function<int64_t(const Member&)>& start_clock);
+
+  // A resumed job: placement, parameters and every slot's incarnation from a checkpoint's view, every slot
+  // vacant, the epoch past the checkpoint's. Call before anyone joins.
+  void Restore(const tessera::v1::ShardMap& view);
 
   // Notes a heartbeat. NOT_FOUND for an id nobody registered; FAILED_PRECONDITION for a member that was declared
   // lost or replaced by a newer incarnation (it must register again to come back). `incarnation` 0 is not

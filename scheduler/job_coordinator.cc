@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "common/http_endpoint.h"
 #include "common/job_spec.h"
 #include "common/status_macros.h"
@@ -28,11 +29,47 @@ int GateBound(const ConsistencySpec& c) {
 
 absl::StatusOr<std::unique_ptr<JobCoordinator>> JobCoordinator::Create(
     tessera::v1::JobSpec job, const std::string& run_dir, absl::Duration heartbeat_interval,
-    absl::Duration heartbeat_timeout, ServerControl* servers, std::function<void(const JobOutcome&)> on_finished) {
+    absl::Duration heartbeat_timeout, ServerControl* servers, std::function<void(const JobOutcome&)> on_finished,
+    const std::string& resume_dir) {
   TESSERA_RETURN_IF_ERROR(ValidateJobSpec(job));
-  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<RunRecorder> recorder, RunRecorder::Create(run_dir));
-  return std::unique_ptr<JobCoordinator>(new JobCoordinator(std::move(job), std::move(recorder), heartbeat_interval,
-                                                            heartbeat_timeout, servers, std::move(on_finished)));
+  std::optional<CheckpointInfo> resume;
+  if (!resume_dir.empty()) {
+    absl::StatusOr<CheckpointInfo> latest = Checkpointer::LoadLatest(resume_dir, job.name());
+    if (!latest.ok()) return Annotate(latest.status(), "cannot resume");
+    const tessera::v1::ShardMap& view = latest->state.view();
+    if (view.workers_size() != job.cluster().num_workers() ||
+        latest->state.worker_clocks_size() != job.cluster().num_workers() ||
+        latest->shard_files.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot resume from ", latest->folder, ": it has ", view.workers_size(), " workers and ",
+          latest->shard_files.size(), " server files; the job asks for ", job.cluster().num_workers(),
+          " workers and ", job.cluster().num_servers(), " servers"));
+    }
+    for (const auto& c : view.chunks()) {
+      if (c.server_id() >= job.cluster().num_servers()) {
+        return absl::FailedPreconditionError(absl::StrCat("cannot resume from ", latest->folder,
+                                                          ": its chunks are on server ", c.server_id(),
+                                                          "; the job has ", job.cluster().num_servers(), " servers"));
+      }
+    }
+    resume = std::move(latest).value();
+  }
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<RunRecorder> recorder,
+                           RunRecorder::Create(run_dir, /*append=*/resume.has_value()));
+  std::unique_ptr<JobCoordinator> coordinator(new JobCoordinator(
+      std::move(job), std::move(recorder), heartbeat_interval, heartbeat_timeout, servers, std::move(on_finished)));
+  if (resume) {
+    const CheckpointInfo& info = *resume;
+    coordinator->view_.Restore(info.state.view());
+    for (int w = 0; w < info.state.worker_clocks_size(); ++w) coordinator->clocks_.Rejoin(w, info.state.worker_clocks(w));
+    coordinator->checkpointer_.set_latest(info);
+    coordinator->records_.AddEvent({{"event", "resumed"}, {"checkpoint", info.folder}, {"clock", info.state.clock()}});
+    LOG(INFO) << "resuming job '" << coordinator->job_.name() << "' from " << info.folder << " at clock "
+              << info.state.clock();
+    absl::MutexLock lock(&coordinator->mu_);
+    coordinator->resume_ = std::move(resume);
+  }
+  return coordinator;
 }
 
 JobCoordinator::JobCoordinator(tessera::v1::JobSpec job, std::unique_ptr<RunRecorder> recorder,
@@ -46,16 +83,92 @@ JobCoordinator::JobCoordinator(tessera::v1::JobSpec job, std::unique_ptr<RunReco
       view_(job_.cluster().num_servers(), job_.cluster().num_workers()),
       clocks_(job_.cluster().num_workers(), GateBound(job_.consistency())),
       records_(job_, std::move(recorder), start_),
-      failure_detector_(&view_, heartbeat_timeout, [this](const Member& m) { OnLost(m); }) {}
+      failure_detector_(&view_, heartbeat_timeout, [this](const Member& m) { OnLost(m); }),
+      checkpointer_(job_, servers, start_) {}
 
-JobCoordinator::~JobCoordinator() { failure_detector_.Stop(); }
+JobCoordinator::~JobCoordinator() {
+  failure_detector_.Stop();
+  if (checkpoint_ticker_) checkpoint_ticker_->Stop();
+}
 
-void JobCoordinator::StartFailureDetection() { failure_detector_.Start(heartbeat_interval_); }
+void JobCoordinator::StartFailureDetection() {
+  failure_detector_.Start(heartbeat_interval_);
+  if (!checkpointer_.enabled()) return;
+  checkpoint_ticker_ = std::make_unique<Heartbeater>(
+      std::min(heartbeat_interval_, absl::Milliseconds(200)),
+      [this] {
+        const std::vector<int64_t> active = clocks_.ActiveClocks();
+        if (active.empty() || clocks_.stopped() || !view_.placed()) return absl::OkStatus();
+        if (!checkpointer_.Due(*std::min_element(active.begin(), active.end()), absl::Now())) return absl::OkStatus();
+        {
+          absl::MutexLock lock(&mu_);
+          if (checkpoint_queued_ || finishing_) return absl::OkStatus();
+          checkpoint_queued_ = true;
+        }
+        executor_.Submit([this] {
+          absl::StatusOr<CheckpointInfo> taken = TakeCheckpoint("cadence");
+          if (!taken.ok()) LOG(WARNING) << "checkpoint failed: " << taken.status();
+          absl::MutexLock lock(&mu_);
+          checkpoint_queued_ = false;
+        });
+        return absl::OkStatus();
+      },
+      [](const absl::Status&) {}, absl::InfiniteDuration());
+  checkpoint_ticker_->Start();
+}
+
+absl::StatusOr<CheckpointInfo> JobCoordinator::Checkpoint(const std::string& why) {
+  absl::Notification done;
+  absl::StatusOr<CheckpointInfo> result = absl::UnknownError("not taken");
+  executor_.Submit([&] {
+    result = TakeCheckpoint(why);
+    done.Notify();
+  });
+  done.WaitForNotification();  // TakeCheckpoint's every wait has a deadline
+  return result;
+}
+
+absl::StatusOr<CheckpointInfo> JobCoordinator::TakeCheckpoint(const std::string& why) {
+  if (!checkpointer_.enabled()) {
+    return absl::FailedPreconditionError("the job has no checkpoint.dir (scheduler --checkpoint_dir)");
+  }
+  std::optional<tessera::v1::ShardMap> map = view_.Map();
+  if (!map) return absl::FailedPreconditionError("nothing to checkpoint: no parameters are declared yet");
+  {
+    absl::MutexLock lock(&mu_);
+    if (finishing_) return absl::FailedPreconditionError("the job is finishing");
+  }
+  const absl::Time start = absl::Now();
+  const bool sync = job_.consistency().mode() == ConsistencySpec::SYNC;
+  int64_t clock;
+  std::vector<int64_t> worker_clocks = clocks_.Clocks();
+  if (sync) {
+    // Everyone completes exactly `clock` steps and waits: every chunk's version is then `clock`.
+    clock = clocks_.Hold();
+    if (job_.stop().max_steps() > 0 && clock > job_.stop().max_steps()) {
+      clocks_.Release();
+      return absl::FailedPreconditionError("the job ends before the next clock");
+    }
+    std::fill(worker_clocks.begin(), worker_clocks.end(), clock);
+  } else {
+    const std::vector<int64_t> active = clocks_.ActiveClocks();
+    clock = active.empty() ? 0 : *std::min_element(active.begin(), active.end());
+  }
+  absl::StatusOr<CheckpointInfo> taken = checkpointer_.Take(*map, clock, sync, worker_clocks);
+  if (sync) clocks_.Release();
+  if (taken.ok()) {
+    LOG(INFO) << "checkpoint " << taken->number << " at clock " << clock << " (" << why << ") in "
+              << taken->folder << ", " << absl::FormatDuration(absl::Now() - start);
+  }
+  return taken;
+}
 
 int64_t JobCoordinator::StartClock(const Member& member) const {
-  if (member.incarnation == 0) return 0;  // a rank nobody held yet
   const std::vector<int64_t> clocks = clocks_.Clocks();
   const int64_t own = clocks[member.id];
+  // A rank taken for the first time (in this scheduler's life) starts where the job has it: 0, or the
+  // checkpoint's clock of a resumed job.
+  if (member.state == MemberState::kVacant) return own;
   const std::vector<int64_t> active = clocks_.ActiveClocks();
   switch (job_.consistency().mode()) {
     case ConsistencySpec::ASYNC:
@@ -75,18 +188,19 @@ void JobCoordinator::Register(const tessera::v1::RegisterRequest& request,
       done(absl::FailedPreconditionError(absl::StrCat("the job is stopping: ", clocks_.stop_reason())));
       return;
     }
-    absl::StatusOr<Member> joined =
+    absl::StatusOr<ClusterView::Joined> joined =
         view_.Join(request, absl::Now(), [this](const Member& slot) { return StartClock(slot); });
     if (!joined.ok()) {
       done(joined.status());
       return;
     }
-    const Member& m = *joined;
+    const Member& m = joined->member;
+    const bool returning = joined->was != MemberState::kVacant;
     LOG(INFO) << m.Describe() << " registered (incarnation " << m.incarnation << ")"
               << (m.device.empty() ? "" : " on " + m.device)
               << (m.role == tessera::v1::WORKER && m.joined_clock > 0 ? absl::StrCat(", starting at clock ", m.joined_clock)
                                                                      : "");
-    if (m.role == tessera::v1::WORKER && m.incarnation > 1) {
+    if (m.role == tessera::v1::WORKER && returning) {
       // Back in the gate at once, held one clock below its start until the servers know it (so that no sync
       // round it belongs to closes without it), then at its start.
       clocks_.Rejoin(m.id, std::max<int64_t>(0, m.joined_clock - 1));
@@ -94,7 +208,7 @@ void JobCoordinator::Register(const tessera::v1::RegisterRequest& request,
       clocks_.Rejoin(m.id, m.joined_clock);
       records_.AddEvent({{"event", "worker rejoined"}, {"worker", m.id}, {"incarnation", m.incarnation},
                          {"clock", m.joined_clock}});
-    } else if (m.role == tessera::v1::SERVER && m.incarnation > 1) {
+    } else if (m.role == tessera::v1::SERVER && returning) {
       records_.AddEvent({{"event", "server replaced"}, {"server", m.id}, {"incarnation", m.incarnation},
                          {"address", m.address}});
     }
@@ -127,6 +241,26 @@ void JobCoordinator::Declare(const tessera::v1::DeclareRequest& request,
     if (!placed.ok()) {
       done(placed.status());
       return;
+    }
+    std::optional<CheckpointInfo> resume;
+    {
+      absl::MutexLock lock(&mu_);
+      resume = resume_;
+    }
+    if (resume) {
+      // A resumed job: once every server is in, they restore their chunks from the checkpoint.
+      if (!view_.AllServersAlive()) {
+        done(absl::UnavailableError(view_.WaitingSummary(absl::Now(), failure_detector_.timeout())));
+        return;
+      }
+      placed->map = *view_.Map();
+      if (absl::Status s = servers_->Assign(placed->map, job_, resume->shard_files); !s.ok()) {
+        done(Annotate(s, absl::StrCat("cannot restore the servers from ", resume->folder)));
+        return;
+      }
+      LOG(INFO) << "cluster view epoch " << placed->map.epoch() << ": servers restored from " << resume->folder;
+      absl::MutexLock lock(&mu_);
+      resume_.reset();
     }
     if (placed->changed) {
       if (absl::Status assigned = servers_->Assign(placed->map, job_); !assigned.ok()) {

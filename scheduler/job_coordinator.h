@@ -3,6 +3,7 @@
 //   FailureDetector  (failure_detector.h)  heartbeats and lost members
 //   ClockTable       (clock_table.h)       every worker's clock and the consistency gate
 //   ProgressRecords  (progress_records.h)  reports, evaluations, server statistics, summary.json
+//   Checkpointer     (checkpointer.h)      checkpoints: cadence, taking one, pruning, the latest to restore
 // and hands every new view to the servers. The gRPC service (scheduler_service.h) only converts to and from it.
 //
 // A job's life: servers and workers Register (a slot, an incarnation and the JobSpec handed out) -> workers
@@ -29,6 +30,7 @@
 #include "common/thread_pool.h"
 #include "nlohmann/json.hpp"
 #include "proto/cluster.pb.h"
+#include "scheduler/checkpointer.h"
 #include "scheduler/clock_table.h"
 #include "scheduler/cluster_view.h"
 #include "scheduler/failure_detector.h"
@@ -42,14 +44,20 @@ class JobCoordinator {
  public:
   // `job` must be validated. `servers` is not owned and must outlive the coordinator. `on_finished` runs once,
   // on the coordinator's executor, after the summary is written and the servers were told to exit. A member
-  // silent for `heartbeat_timeout` is lost.
+  // silent for `heartbeat_timeout` is lost. With `resume_dir`, the job goes on from the newest usable
+  // checkpoint there (NOT_FOUND when there is none; FAILED_PRECONDITION when it is another job's or shape's).
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<JobCoordinator>> Create(
       tessera::v1::JobSpec job, const std::string& run_dir, absl::Duration heartbeat_interval,
-      absl::Duration heartbeat_timeout, ServerControl* servers, std::function<void(const JobOutcome&)> on_finished);
+      absl::Duration heartbeat_timeout, ServerControl* servers, std::function<void(const JobOutcome&)> on_finished,
+      const std::string& resume_dir = "");
   ~JobCoordinator();
 
-  // Starts failure detection (every heartbeat interval).
+  // Starts failure detection (every heartbeat interval) and the checkpoint cadence.
   void StartFailureDetection();
+
+  // Takes a checkpoint now (SYNC: at the next clock, holding every worker there for a consistent cut) and
+  // returns it; waits for it. FAILED_PRECONDITION when the job has no checkpoint.dir or nothing is declared.
+  [[nodiscard]] absl::StatusOr<CheckpointInfo> Checkpoint(const std::string& why);
 
   // Calls `done` (on the executor) with the member's slot, incarnation and start clock. A worker rejoining a
   // running job is in the view the servers hold before `done` runs.
@@ -106,6 +114,7 @@ class JobCoordinator {
   // Executor tasks.
   // Hands the current view to every server.
   void PublishView(const std::string& why);
+  absl::StatusOr<CheckpointInfo> TakeCheckpoint(const std::string& why);
   void FinishJob();
 
   // Constant after construction.
@@ -119,10 +128,15 @@ class JobCoordinator {
   ClockTable clocks_;
   ProgressRecords records_;
   FailureDetector failure_detector_;
+  Checkpointer checkpointer_;
+  std::unique_ptr<Heartbeater> checkpoint_ticker_;  // checks the cadence
 
   mutable absl::Mutex mu_;
   std::vector<int> lost_workers_ ABSL_GUARDED_BY(mu_);  // every rank ever lost, in order
   std::string failure_ ABSL_GUARDED_BY(mu_);            // why the job cannot complete; empty: it can
+  bool checkpoint_queued_ ABSL_GUARDED_BY(mu_) = false;
+  // A resumed job: the checkpoint the servers restore from once they are all in (at the first Declare).
+  std::optional<CheckpointInfo> resume_ ABSL_GUARDED_BY(mu_);
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   nlohmann::json summary_ ABSL_GUARDED_BY(mu_);

@@ -22,7 +22,8 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Start(const SchedulerOptio
                                self->Stop(outcome.completed ? absl::OkStatus()
                                                             : absl::AbortedError(absl::StrCat(
                                                                   "the job did not complete: ", outcome.stop_reason)));
-                             }));
+                             },
+                             options.resume_dir));
   scheduler->service_ = std::make_unique<SchedulerService>(scheduler->coordinator_.get());
   TESSERA_ASSIGN_OR_RETURN(StartedServer started,
                            StartGrpcServer(options.listen_host, options.port, {scheduler->service_.get()}));
@@ -48,9 +49,15 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Start(const SchedulerOptio
         HttpEndpoint::Start(options.listen_host, options.http_port,
                             {{"/", {"text/html; charset=utf-8", [] { return std::string(kDashboardPage); }}},
                              {"/metrics", {"text/plain; version=0.0.4", [coordinator] { return coordinator->MetricsText(); }}},
-                             {"/status", {"application/json", [coordinator] { return coordinator->StatusJson().dump(2); }}}}));
+                             {"/status", {"application/json", [coordinator] { return coordinator->StatusJson().dump(2); }}},
+                             {"/checkpoint", {"text/plain", [self] {
+                                absl::StatusOr<CheckpointInfo> taken = self->coordinator_->Checkpoint("asked over HTTP");
+                                if (!taken.ok()) return absl::StrCat("no checkpoint: ", taken.status().message(), "\n");
+                                return absl::StrCat("checkpoint ", taken->number, " at clock ", taken->state.clock(),
+                                                    " in ", taken->folder, "\n");
+                              }, /*post=*/true}}}));
     LOG(INFO) << "dashboard at http://" << options.listen_host << ":" << scheduler->http_->port()
-              << "/ (JSON at /status)";
+              << "/ (JSON at /status; POST /checkpoint takes a checkpoint)";
   }
   scheduler->coordinator_->StartFailureDetection();
   const auto& job = options.job;

@@ -20,11 +20,16 @@ DEFINE_int32(http_port, 0, "port of /healthz, /metrics and /status on --host; 0 
 DEFINE_int32(heartbeat_timeout_ms, 10000,
              "a server or worker silent this long is lost (the other workers go on; a lost server stops the job)");
 DEFINE_int32(heartbeat_interval_ms, 500, "how often servers and workers heartbeat");
+DEFINE_string(checkpoint_dir, "",
+              "folder for checkpoints, reachable by every server too (overrides the job's checkpoint.dir)");
+DEFINE_string(resume, "",
+              "go on with the job from the newest usable checkpoint in this folder (a job's checkpoint.dir)");
 
 int main(int argc, char** argv) {
   tessera::InitDaemon("tessera-scheduler --job=FILE [--port=N --run_dir=DIR]", &argc, &argv);
 
-  auto job = tessera::LoadSchedulerJob(FLAGS_job, FLAGS_num_servers, FLAGS_num_workers);
+  auto job = tessera::LoadSchedulerJob(FLAGS_job, FLAGS_num_servers, FLAGS_num_workers,
+                                       FLAGS_checkpoint_dir.empty() ? FLAGS_resume : FLAGS_checkpoint_dir);
   if (!job.ok()) {
     std::cerr << "tessera-scheduler: " << job.status() << std::endl;
     return 2;
@@ -38,6 +43,7 @@ int main(int argc, char** argv) {
   options.heartbeat_interval_ms = FLAGS_heartbeat_interval_ms;
   options.heartbeat_timeout_ms = FLAGS_heartbeat_timeout_ms;
   options.http_port = FLAGS_http_port;
+  options.resume_dir = FLAGS_resume;
 
   auto scheduler = tessera::Scheduler::Start(options);
   if (!scheduler.ok()) {

@@ -18,11 +18,14 @@ struct SchedulerOptions {
   int heartbeat_interval_ms = 500;
   int heartbeat_timeout_ms = 10000;      // a worker silent this long is lost
   int http_port = 0;                     // /healthz, /metrics, /status on listen_host; 0: a free port; -1: off
+  std::string resume_dir;                // go on from the newest usable checkpoint in this folder; empty: a new job
 };
 
-// Loads the job file and applies the cluster-size overrides (0 keeps the file's value), then validates.
+// Loads the job file and applies the overrides (cluster sizes: 0 keeps the file's value; checkpoint folder:
+// empty keeps it), then validates.
 [[nodiscard]] absl::StatusOr<tessera::v1::JobSpec> LoadSchedulerJob(const std::string& job_path, int num_servers,
-                                                                    int num_workers);
+                                                                    int num_workers,
+                                                                    const std::string& checkpoint_dir = "");
 
 }  // namespace tessera
 

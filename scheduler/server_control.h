@@ -39,7 +39,17 @@ struct ServerStatsAnswer {
 class ServerControl {
  public:
   virtual ~ServerControl() = default;
-  [[nodiscard]] virtual absl::Status Assign(const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job) = 0;
+  // Hands the view to every server in it; with `restore_files`, the chunks new to a server (all of them with
+  // `restore_all`) are restored from those checkpoint files.
+  [[nodiscard]] virtual absl::Status Assign(const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job,
+                                            const std::vector<std::string>& restore_files = {},
+                                            bool restore_all = false) = 0;
+  // Asks every server to write its checkpoint file, `folder`/server-ID.shard, at `clock` (see
+  // CheckpointRequest); returns the files' paths in the map's order.
+  [[nodiscard]] virtual absl::StatusOr<std::vector<std::string>> Checkpoint(const tessera::v1::ShardMap& map,
+                                                                            const std::string& folder, int64_t clock,
+                                                                            bool at_version,
+                                                                            absl::Duration timeout) = 0;
   // Every server's answer, in the map's order (a server that does not answer does not fail the others).
   [[nodiscard]] virtual std::vector<ServerStatsAnswer> Stats(const tessera::v1::ShardMap& map) = 0;
   [[nodiscard]] virtual absl::Status Shutdown(const tessera::v1::ShardMap& map) = 0;

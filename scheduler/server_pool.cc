@@ -1,6 +1,7 @@
 #include "scheduler/server_pool.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/grpc_status.h"
 #include "common/rpc.h"
 
@@ -18,12 +19,15 @@ tessera::v1::ParameterServer::Stub* GrpcServerControl::StubFor(const std::string
   return stub.get();
 }
 
-absl::Status GrpcServerControl::Assign(const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job) {
+absl::Status GrpcServerControl::Assign(const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job,
+                                       const std::vector<std::string>& restore_files, bool restore_all) {
   for (const auto& server : map.servers()) {
     tessera::v1::AssignShardsRequest request;
     *request.mutable_shard_map() = map;
     *request.mutable_job() = job;
     request.set_server_id(server.id());
+    for (const std::string& f : restore_files) request.add_restore_files(f);
+    request.set_restore_all(restore_all);
     tessera::v1::AssignShardsResponse response;
     grpc::ClientContext context;
     SetTimeout(context, kControlTimeout);
@@ -48,6 +52,47 @@ std::vector<ServerStatsAnswer> GrpcServerControl::Stats(const tessera::v1::Shard
     out.push_back(std::move(answer));
   }
   return out;
+}
+
+absl::StatusOr<std::vector<std::string>> GrpcServerControl::Checkpoint(const tessera::v1::ShardMap& map,
+                                                                       const std::string& folder, int64_t clock,
+                                                                       bool at_version, absl::Duration timeout) {
+  // One call per server, all in flight at once: each waits for its chunks to reach the checkpoint's version.
+  struct Call {
+    grpc::ClientContext context;
+    tessera::v1::CheckpointRequest request;
+    tessera::v1::CheckpointResponse response;
+    grpc::Status status;
+    absl::Notification done;
+  };
+  std::vector<std::unique_ptr<Call>> calls;
+  std::vector<std::string> paths;
+  for (const auto& server : map.servers()) {
+    auto call = std::make_unique<Call>();
+    paths.push_back(absl::StrCat(folder, "/server-", server.id(), ".shard"));
+    call->request.set_path(paths.back());
+    call->request.set_clock(clock);
+    call->request.set_at_version(at_version);
+    call->request.set_wait_timeout_ms(absl::ToInt64Milliseconds(timeout));
+    SetTimeout(call->context, timeout + kControlTimeout);
+    Call* raw = call.get();
+    StubFor(server.address())->async()->Checkpoint(&raw->context, &raw->request, &raw->response,
+                                                    [raw](grpc::Status s) {
+                                                      raw->status = std::move(s);
+                                                      raw->done.Notify();
+                                                    });
+    calls.push_back(std::move(call));
+  }
+  absl::Status first;
+  for (int i = 0; i < static_cast<int>(calls.size()); ++i) {
+    calls[i]->done.WaitForNotification();  // each call has its deadline
+    absl::Status status = FromGrpcStatus(calls[i]->status, calls[i]->context,
+                                         absl::StrCat("Checkpoint of server ", map.servers(i).id(), " at ",
+                                                      map.servers(i).address()));
+    if (first.ok()) first = status;
+  }
+  if (!first.ok()) return first;
+  return paths;
 }
 
 absl::Status GrpcServerControl::Shutdown(const tessera::v1::ShardMap& map) {

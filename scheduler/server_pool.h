@@ -15,7 +15,10 @@ namespace tessera {
 // Thread-safe.
 class GrpcServerControl final : public ServerControl {
  public:
-  absl::Status Assign(const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job) override;
+  absl::Status Assign(const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job,
+                      const std::vector<std::string>& restore_files, bool restore_all) override;
+  absl::StatusOr<std::vector<std::string>> Checkpoint(const tessera::v1::ShardMap& map, const std::string& folder,
+                                                      int64_t clock, bool at_version, absl::Duration timeout) override;
   std::vector<ServerStatsAnswer> Stats(const tessera::v1::ShardMap& map) override;
   absl::Status Shutdown(const tessera::v1::ShardMap& map) override;
 

@@ -2,6 +2,7 @@
 
 #include <memory>
 
+#include "common/checkpoint_file.h"
 #include "common/grpc_status.h"
 #include "common/wire_payload.h"
 
@@ -138,7 +139,50 @@ grpc::ServerUnaryReactor* ServerService::PushPull(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* ServerService::AssignShards(grpc::CallbackServerContext* context,
                                                       const tessera::v1::AssignShardsRequest* request,
                                                       tessera::v1::AssignShardsResponse*) {
-  return Finish(context, store_->Assign(request->shard_map(), request->job(), request->server_id()));
+  if (request->restore_files().empty()) {
+    return Finish(context, store_->Assign(request->shard_map(), request->job(), request->server_id()));
+  }
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  files_.Submit([this, context, reactor, request] {
+    std::vector<tessera::v1::ShardCheckpoint> files(request->restore_files_size());
+    for (int i = 0; i < request->restore_files_size(); ++i) {
+      absl::StatusOr<CheckpointHeader> read = ReadCheckpointFile(request->restore_files(i), &files[i]);
+      if (!read.ok()) {
+        reactor->Finish(ToGrpcStatus(read.status(), context));
+        return;
+      }
+    }
+    reactor->Finish(ToGrpcStatus(store_->Assign(request->shard_map(), request->job(), request->server_id(), &files,
+                                                request->restore_all()),
+                                 context));
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ServerService::Checkpoint(grpc::CallbackServerContext* context,
+                                                    const tessera::v1::CheckpointRequest* request,
+                                                    tessera::v1::CheckpointResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  files_.Submit([this, context, reactor, request, response] {
+    const absl::Duration wait = absl::Milliseconds(std::min<uint64_t>(request->wait_timeout_ms(), 3600000));
+    absl::StatusOr<tessera::v1::ShardCheckpoint> shard =
+        store_->Snapshot(request->at_version() ? request->clock() : -1, absl::Now() + wait);
+    if (!shard.ok()) {
+      reactor->Finish(ToGrpcStatus(shard.status(), context));
+      return;
+    }
+    CheckpointHeader header;
+    header.job = store_->job_name();
+    header.epoch = store_->epoch();
+    header.clock = request->clock();
+    absl::Status written = WriteCheckpointFile(request->path(), header, *shard);
+    if (written.ok()) {
+      response->set_chunks(shard->chunks_size());
+      for (const auto& c : shard->chunks()) response->set_bytes(response->bytes() + c.values().size());
+    }
+    reactor->Finish(ToGrpcStatus(written, context));
+  });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* ServerService::GetStats(grpc::CallbackServerContext* context,

@@ -4,7 +4,8 @@
 // values are copied once, from gRPC's slices into the store (see common/wire_payload.h), and a reply's values
 // go from a pooled buffer to the socket. Large pushes are applied on an update pool, so the gRPC thread goes
 // back to reading the network while the update rule runs. A PushPull of an open SYNC round holds its reply until the round
-// closes, without holding a thread.
+// closes, without holding a thread. Checkpoint files are written, and read for a restore, on a thread of
+// their own.
 #ifndef TESSERA_SERVER_SERVER_SERVICE_H_
 #define TESSERA_SERVER_SERVER_SERVICE_H_
 
@@ -41,6 +42,9 @@ class ServerService final : public ParameterServerBase {
   grpc::ServerUnaryReactor* AssignShards(grpc::CallbackServerContext* context,
                                          const tessera::v1::AssignShardsRequest* request,
                                          tessera::v1::AssignShardsResponse* response) override;
+  grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* context,
+                                       const tessera::v1::CheckpointRequest* request,
+                                       tessera::v1::CheckpointResponse* response) override;
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
                                      const tessera::v1::ServerStatsRequest* request,
                                      tessera::v1::ServerStats* response) override;
@@ -56,6 +60,8 @@ class ServerService final : public ParameterServerBase {
   ThreadPool* const updates_;
   const size_t inline_update_bytes_;
   const std::function<void()> on_shutdown_;
+  // Last member: checkpoint work still queued finishes before the rest goes.
+  SerialExecutor files_;
 };
 
 }  // namespace tessera

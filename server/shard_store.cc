@@ -35,20 +35,127 @@ bool ExchangeWaiter::completed() const {
   return !done_;
 }
 
-absl::Status ShardStore::Assign(const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job,
-                                int server_id) {
-  // Rounds the new view closes, answered once no lock is held.
+absl::Status ShardStore::Assign(const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job, int server_id,
+                                const std::vector<tessera::v1::ShardCheckpoint>* restore, bool restore_all) {
+  // Rounds the new view closes and exchanges of rounds a rollback dropped, answered once no lock is held.
   std::vector<std::pair<std::vector<std::shared_ptr<ExchangeWaiter>>, ChunkValues>> closed;
-  absl::Status status = AdoptView(map, job, server_id, closed);
+  std::vector<std::shared_ptr<ExchangeWaiter>> dropped;
+  absl::Status status = AdoptView(map, job, server_id, restore, restore_all, closed, dropped);
   for (auto& [waiters, values] : closed) {
     for (auto& w : waiters) w->Complete(values);
+  }
+  for (auto& w : dropped) {
+    w->Complete(absl::UnavailableError(absl::StrCat("the chunk was restored from a checkpoint (cluster view epoch ",
+                                                    map.epoch(), "); its open round is gone")));
   }
   return status;
 }
 
+tessera::v1::ChunkState ShardStore::ChunkStateLocked(const std::string& param, int index, const Chunk& chunk) {
+  tessera::v1::ChunkState state;
+  state.set_param(param);
+  state.set_index(index);
+  state.set_values(std::string(reinterpret_cast<const char*>(chunk.values.data()), chunk.values.size() * sizeof(float)));
+  state.set_optimizer_state(
+      std::string(reinterpret_cast<const char*>(chunk.state.data()), chunk.state.size() * sizeof(float)));
+  state.set_version(chunk.version);
+  state.set_gradient_updates(chunk.gradient_updates);
+  for (int64_t c : chunk.applied_clocks) state.add_applied_clocks(c);
+  for (const auto& [worker, seq] : chunk.last_seq) (*state.mutable_last_seq())[worker] = seq;
+  return state;
+}
+
+void ShardStore::RestoreChunkLocked(const tessera::v1::ChunkState& state, const std::vector<bool>& keep_seq,
+                                    Chunk& chunk, std::vector<std::shared_ptr<ExchangeWaiter>>& dropped) {
+  std::memcpy(chunk.values.data(), state.values().data(), state.values().size());
+  std::memcpy(chunk.state.data(), state.optimizer_state().data(), state.optimizer_state().size());
+  chunk.version = state.version();
+  chunk.gradient_updates = state.gradient_updates();
+  for (int w = 0; w < state.applied_clocks_size() && w < static_cast<int>(chunk.applied_clocks.size()); ++w) {
+    chunk.applied_clocks[w] = state.applied_clocks(w);
+  }
+  chunk.last_seq.clear();
+  for (const auto& [worker, seq] : state.last_seq()) {
+    if (worker >= 0 && worker < static_cast<int>(keep_seq.size()) && keep_seq[worker]) chunk.last_seq[worker] = seq;
+  }
+  chunk.sync_weight = 0;
+  chunk.sync_workers.clear();
+  for (auto& w : chunk.waiters) dropped.push_back(std::move(w));
+  chunk.waiters.clear();
+}
+
+void ShardStore::OfferToSnapshotLocked(const Chunk& chunk) {
+  if (snapshot_at_.load() != chunk.version) return;
+  absl::MutexLock lock(&snapshot_mu_);
+  snapshot_.try_emplace(chunk.key, ChunkStateLocked(chunk.key.first, chunk.key.second, chunk));
+}
+
+absl::StatusOr<tessera::v1::ShardCheckpoint> ShardStore::Snapshot(int64_t at_version, absl::Time deadline) {
+  tessera::v1::ShardCheckpoint out;
+  std::vector<Chunk*> chunks;  // chunks are never removed, so the pointers stay valid
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    out.set_server_id(server_id_);
+    if (roster_ != nullptr) {
+      for (uint64_t inc : roster_->incarnation) out.add_worker_incarnations(inc);
+    }
+    for (const auto& [key, chunk] : chunks_) chunks.push_back(chunk.get());
+  }
+  if (at_version < 0) {
+    for (Chunk* chunk : chunks) {
+      absl::MutexLock chunk_lock(&chunk->mu);
+      *out.add_chunks() = ChunkStateLocked(chunk->key.first, chunk->key.second, *chunk);
+    }
+    return out;
+  }
+  {
+    absl::MutexLock snap(&snapshot_mu_);
+    snapshot_.clear();
+  }
+  snapshot_at_ = at_version;
+  absl::Status status;
+  for (Chunk* chunk : chunks) {
+    absl::MutexLock chunk_lock(&chunk->mu);
+    if (chunk->version == at_version) OfferToSnapshotLocked(*chunk);
+    if (chunk->version > at_version) {
+      absl::MutexLock snap(&snapshot_mu_);
+      if (snapshot_.count(chunk->key) == 0) {
+        status = absl::FailedPreconditionError(absl::StrCat("chunk ", chunk->key.first, "/", chunk->key.second,
+                                                            " is at version ", chunk->version,
+                                                            ", past the checkpoint's ", at_version));
+      }
+    }
+  }
+  absl::MutexLock snap(&snapshot_mu_);
+  if (status.ok()) {
+    auto complete = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(snapshot_mu_) { return snapshot_.size() >= chunks.size(); };
+    if (!snapshot_mu_.AwaitWithDeadline(absl::Condition(&complete), deadline)) {
+      std::vector<std::string> missing;
+      for (Chunk* chunk : chunks) {
+        if (snapshot_.count(chunk->key) == 0 && missing.size() < 5) {
+          missing.push_back(absl::StrCat(chunk->key.first, "/", chunk->key.second));
+        }
+      }
+      status = absl::DeadlineExceededError(absl::StrCat("server ", out.server_id(), ": ",
+                                                        chunks.size() - snapshot_.size(),
+                                                        " chunks did not reach version ", at_version,
+                                                        " in time, e.g. ", absl::StrJoin(missing, ", ")));
+    }
+  }
+  snapshot_at_ = -1;
+  if (status.ok()) {
+    for (auto& [key, state] : snapshot_) *out.add_chunks() = std::move(state);
+  }
+  snapshot_.clear();
+  if (!status.ok()) return status;
+  return out;
+}
+
 absl::Status ShardStore::AdoptView(
     const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job, int server_id,
-    std::vector<std::pair<std::vector<std::shared_ptr<ExchangeWaiter>>, ChunkValues>>& closed) {
+    const std::vector<tessera::v1::ShardCheckpoint>* restore, bool restore_all,
+    std::vector<std::pair<std::vector<std::shared_ptr<ExchangeWaiter>>, ChunkValues>>& closed,
+    std::vector<std::shared_ptr<ExchangeWaiter>>& dropped) {
   absl::MutexLock lock(&mu_);
   if (server_id_ != -1 && server_id_ != server_id) {
     return absl::FailedPreconditionError(
@@ -66,21 +173,62 @@ absl::Status ShardStore::AdoptView(
   if (config_ == nullptr) config_ = std::make_unique<const JobConfig>(job);
   const int slots = config_->rule.state_slots();
   const int workers = job.cluster().num_workers();
+  // Chunk states in the checkpoint to restore from, by key.
+  std::map<std::pair<std::string, int>, const tessera::v1::ChunkState*> saved;
+  if (restore != nullptr) {
+    for (const auto& file : *restore) {
+      for (const auto& c : file.chunks()) saved[{c.param(), c.index()}] = &c;
+    }
+  }
+  std::vector<bool> keep_seq(workers, false);  // ranks whose incarnation the checkpoint saw
+  if (restore != nullptr && !restore->empty()) {
+    const auto& seen = restore->front().worker_incarnations();
+    for (const auto& w : map.workers()) {
+      if (w.id() >= 0 && w.id() < workers && w.id() < seen.size()) keep_seq[w.id()] = seen[w.id()] == w.incarnation();
+    }
+  }
+  auto restore_into = [&](const std::pair<std::string, int>& key, Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu)
+      -> absl::Status {
+    auto it = saved.find(key);
+    if (it == saved.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("chunk ", key.first, "/", key.second, " is in none of the checkpoint's files"));
+    }
+    const tessera::v1::ChunkState& state = *it->second;
+    if (state.values().size() != chunk.values.size() * sizeof(float) ||
+        state.optimizer_state().size() != chunk.state.size() * sizeof(float)) {
+      return absl::FailedPreconditionError(absl::StrCat("chunk ", key.first, "/", key.second,
+                                                        " in the checkpoint has another size than the job's"));
+    }
+    RestoreChunkLocked(state, keep_seq, chunk, dropped);
+    return absl::OkStatus();
+  };
   for (const auto& placement : map.chunks()) {
     if (placement.server_id() != server_id_) continue;
     auto key = std::make_pair(placement.param(), placement.index());
-    if (chunks_.count(key) != 0) continue;
+    if (chunks_.count(key) != 0) {
+      if (restore != nullptr && restore_all) {
+        Chunk& chunk = *chunks_[key];
+        absl::MutexLock chunk_lock(&chunk.mu);
+        TESSERA_RETURN_IF_ERROR(restore_into(key, chunk));
+      }
+      continue;
+    }
     auto spec = std::find_if(map.params().begin(), map.params().end(),
                                     [&](const auto& p) { return p.name() == placement.param(); });
     if (spec == map.params().end()) {
       return absl::InvalidArgumentError(absl::StrCat("shard map places chunk ", placement.param(), "/",
                                                      placement.index(), " but declares no such parameter"));
     }
-    auto chunk = std::make_unique<Chunk>(placement.length(), slots);
+    auto chunk = std::make_unique<Chunk>(placement.param(), placement.index(), placement.length(), slots);
     absl::MutexLock chunk_lock(&chunk->mu);
-    FillInit(spec->init(), spec->name(), placement.offset(), absl::MakeSpan(chunk->values));
     chunk->applied_clocks.assign(workers, 0);
     if (job.consistency().mode() == ConsistencySpec::SYNC) chunk->sync_sum.assign(placement.length(), 0.0f);
+    if (restore != nullptr) {
+      TESSERA_RETURN_IF_ERROR(restore_into(key, *chunk));
+    } else {
+      FillInit(spec->init(), spec->name(), placement.offset(), absl::MakeSpan(chunk->values));
+    }
     chunks_[key] = std::move(chunk);
   }
   // The view's workers. A map without them (one built by hand) keeps every worker in, unchecked.
@@ -109,6 +257,7 @@ absl::Status ShardStore::AdoptView(
     }
     if (sync && !chunk->sync_workers.empty() && RoundCompleteLocked(*chunk, *roster)) {
       std::vector<std::shared_ptr<ExchangeWaiter>> waiters = CloseRoundLocked(*config_, *chunk);
+      OfferToSnapshotLocked(*chunk);
       closed.emplace_back(std::move(waiters), SnapshotLocked(*chunk, *roster));
     }
   }
@@ -287,6 +436,7 @@ absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& re
         staleness = request.clock - request.read_clock_version;
         if (RoundCompleteLocked(chunk, roster)) {
           applied.closed_waiters = CloseRoundLocked(config, chunk);
+          OfferToSnapshotLocked(chunk);
         } else {
           applied.round_open = true;
         }
@@ -352,6 +502,16 @@ void ShardStore::CancelWaiters(const absl::Status& why) {
     }
   }
   for (auto& w : waiting) w->Complete(why);
+}
+
+uint64_t ShardStore::epoch() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return epoch_;
+}
+
+std::string ShardStore::job_name() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return config_ ? config_->job.name() : "";
 }
 
 tessera::v1::ServerStats ShardStore::Stats() const {

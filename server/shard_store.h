@@ -35,6 +35,7 @@
 #include "common/buffer_pool.h"
 #include "common/float_payload.h"
 #include "common/staleness_histogram.h"
+#include "proto/checkpoint.pb.h"
 #include "proto/cluster.pb.h"
 #include "proto/ps.pb.h"
 #include "common/update_rule.h"
@@ -107,8 +108,20 @@ class ShardStore {
   // view's workers: a worker no longer active leaves the sync rounds (a round it was the last one missing from
   // closes now), a worker with a new incarnation starts a new sequence. INVALID_ARGUMENT on a job or map it
   // cannot use; FAILED_PRECONDITION when a different job or id is already assigned or the map is older.
+  //
+  // With `restore` (the servers' checkpoint files of one checkpoint), chunks new to this server take their
+  // values, optimizer state, versions and clocks from it instead of being initialised; with `restore_all`,
+  // every chunk does (a rollback: open sync rounds are dropped and their exchanges answered UNAVAILABLE). A
+  // sequence table is restored only for a worker rank whose incarnation is the one the checkpoint saw.
+  // FAILED_PRECONDITION when a chunk to restore is not in the files.
   [[nodiscard]] absl::Status Assign(const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job,
-                                    int server_id);
+                                    int server_id, const std::vector<tessera::v1::ShardCheckpoint>* restore = nullptr,
+                                    bool restore_all = false);
+
+  // Every chunk's state for a checkpoint: at once (`at_version` < 0), or, in SYNC, each chunk as its version
+  // reaches `at_version` (a consistent cut while the scheduler holds the workers there). DEADLINE_EXCEEDED
+  // naming the chunks that did not get there; FAILED_PRECONDITION for a chunk already past it.
+  [[nodiscard]] absl::StatusOr<tessera::v1::ShardCheckpoint> Snapshot(int64_t at_version, absl::Time deadline);
 
   // The chunk's value (no bytes when `have_version` is current). NOT_FOUND for a chunk not on this server.
   [[nodiscard]] absl::StatusOr<ChunkValues> Pull(const ChunkPull& request) const;
@@ -129,12 +142,16 @@ class ShardStore {
   void CancelWaiters(const absl::Status& why);
 
   tessera::v1::ServerStats Stats() const;
+  uint64_t epoch() const;
+  // The job's name; empty before the first Assign.
+  std::string job_name() const;
 
  private:
   struct Chunk {
-    explicit Chunk(int64_t length, int state_slots)
-        : values(length), state(length * state_slots) {}
+    Chunk(std::string param, int index, int64_t length, int state_slots)
+        : key(std::move(param), index), values(length), state(length * state_slots) {}
 
+    const std::pair<std::string, int> key;  // parameter, chunk index
     mutable absl::Mutex mu;
     std::vector<float> values ABSL_GUARDED_BY(mu);
     std::vector<float> state ABSL_GUARDED_BY(mu);
@@ -190,8 +207,19 @@ class ShardStore {
 
   absl::Status AdoptView(
       const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job, int server_id,
-      std::vector<std::pair<std::vector<std::shared_ptr<ExchangeWaiter>>, ChunkValues>>& closed)
-      ABSL_LOCKS_EXCLUDED(mu_);
+      const std::vector<tessera::v1::ShardCheckpoint>* restore, bool restore_all,
+      std::vector<std::pair<std::vector<std::shared_ptr<ExchangeWaiter>>, ChunkValues>>& closed,
+      std::vector<std::shared_ptr<ExchangeWaiter>>& dropped) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The chunk's state as a checkpoint holds it.
+  static tessera::v1::ChunkState ChunkStateLocked(const std::string& param, int index, const Chunk& chunk)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  // Takes the chunk's state from a checkpoint (the sizes must match; checked by the caller).
+  static void RestoreChunkLocked(const tessera::v1::ChunkState& state, const std::vector<bool>& keep_seq, Chunk& chunk,
+                                 std::vector<std::shared_ptr<ExchangeWaiter>>& dropped)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  // A SYNC checkpoint waiting for chunks to reach its version: ApplyLocked hands them over.
+  void OfferToSnapshotLocked(const Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
 
   // The chunk for `address` after checking its epoch, or the error to answer with.
   absl::StatusOr<Found> Find(const ChunkAddress& address) const ABSL_LOCKS_EXCLUDED(mu_);
@@ -226,6 +254,11 @@ class ShardStore {
   std::unique_ptr<const JobConfig> config_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const Roster> roster_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<std::string, int>, std::unique_ptr<Chunk>> chunks_ ABSL_GUARDED_BY(mu_);
+
+  // The snapshot in progress (Snapshot with a version): chunks taken so far.
+  std::atomic<int64_t> snapshot_at_{-1};
+  absl::Mutex snapshot_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::map<std::pair<std::string, int>, tessera::v1::ChunkState> snapshot_ ABSL_GUARDED_BY(snapshot_mu_);
 
   mutable absl::Mutex counters_mu_;
   Counters counters_ ABSL_GUARDED_BY(counters_mu_);

@@ -30,6 +30,13 @@ DEFINE_int32(simulate_compute_ms, 0,
              "benchmarks: every worker replaces forward and backward by waiting this many milliseconds per step");
 DEFINE_string(dump_params, "", "worker rank 0 writes the final parameters to this file");
 DEFINE_int32(timeout_s, 3600, "stop the whole cluster after this many seconds");
+DEFINE_int64(checkpoint_every_steps, 0, "checkpoint every this many clocks (sets the job's checkpoint.every_steps)");
+DEFINE_int32(checkpoint_every_s, 0, "checkpoint every this many seconds (sets the job's checkpoint.every_seconds)");
+DEFINE_string(checkpoint_dir, "",
+              "where checkpoints go (sets the job's checkpoint.dir); default with a cadence: RUN_DIR/checkpoints");
+DEFINE_string(resume, "",
+              "RUN_DIR of an earlier run of tessera-launch: go on with its job (RUN_DIR/job.pbtxt) from its newest "
+              "usable checkpoint, in the same run directory");
 DEFINE_int32(restart_workers, 0,
              "start a worker that failed again (same rank, a new incarnation that rejoins the running job), at "
              "most this many times per worker; 0: the job goes on without it");
@@ -46,21 +53,28 @@ int main(int argc, char** argv) {
   }
   std::string job_text = tessera::kDefaultJobText;
   std::string origin = "the embedded default job";
-  if (!FLAGS_job.empty()) {
-    std::ifstream in(FLAGS_job);
+  const std::string job_file = FLAGS_resume.empty() ? FLAGS_job : FLAGS_resume + "/job.pbtxt";
+  if (!FLAGS_resume.empty() && !FLAGS_job.empty()) {
+    std::cerr << "tessera-launch: --resume continues the job of that run; --job cannot be given with it" << std::endl;
+    return 2;
+  }
+  if (!job_file.empty()) {
+    std::ifstream in(job_file);
     if (!in) {
-      std::cerr << "tessera-launch: cannot read job file " << FLAGS_job << std::endl;
+      std::cerr << "tessera-launch: cannot read job file " << job_file << std::endl;
       return 2;
     }
     job_text.assign(std::istreambuf_iterator<char>(in), {});
-    origin = FLAGS_job;
+    origin = job_file;
   }
   absl::StatusOr<tessera::v1::JobSpec> job = tessera::ParseJobSpec(job_text, origin);
   if (job.ok()) {
     tessera::ApplyJobDefaults(*job);
     if (FLAGS_servers > 0) job->mutable_cluster()->set_num_servers(FLAGS_servers);
     if (FLAGS_workers > 0) job->mutable_cluster()->set_num_workers(FLAGS_workers);
-    if (absl::Status valid = tessera::ValidateJobSpec(*job); !valid.ok()) job = valid;
+    if (FLAGS_checkpoint_every_steps > 0) job->mutable_checkpoint()->set_every_steps(FLAGS_checkpoint_every_steps);
+    if (FLAGS_checkpoint_every_s > 0) job->mutable_checkpoint()->set_every_seconds(FLAGS_checkpoint_every_s);
+    if (!FLAGS_checkpoint_dir.empty()) job->mutable_checkpoint()->set_dir(FLAGS_checkpoint_dir);
   }
   if (!job.ok()) {
     std::cerr << "tessera-launch: " << origin << ": " << job.status().message() << std::endl;
@@ -70,10 +84,25 @@ int main(int argc, char** argv) {
   tessera::LaunchOptions options;
   std::error_code error;
   options.bin_dir = std::filesystem::read_symlink("/proc/self/exe", error).parent_path().string();
-  options.run_dir = FLAGS_run_dir.empty()
+  options.run_dir = !FLAGS_resume.empty() ? FLAGS_resume
+                    : FLAGS_run_dir.empty()
                         ? absl::StrCat("runs/", job->name().empty() ? "job" : job->name(), "-",
                                        absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::LocalTimeZone()))
                         : FLAGS_run_dir;
+  if (job->checkpoint().dir().empty() && (job->checkpoint().every_steps() > 0 || job->checkpoint().every_seconds() > 0)) {
+    job->mutable_checkpoint()->set_dir(options.run_dir + "/checkpoints");
+  }
+  if (absl::Status valid = tessera::ValidateJobSpec(*job); !valid.ok()) {
+    std::cerr << "tessera-launch: " << origin << ": " << valid.message() << std::endl;
+    return 2;
+  }
+  if (!FLAGS_resume.empty()) {
+    if (job->checkpoint().dir().empty()) {
+      std::cerr << "tessera-launch: the job of " << FLAGS_resume << " took no checkpoints; nothing to resume" << std::endl;
+      return 2;
+    }
+    options.resume_dir = job->checkpoint().dir();
+  }
   options.servers = job->cluster().num_servers();
   options.workers = job->cluster().num_workers();
   options.device = FLAGS_device;

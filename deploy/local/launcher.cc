@@ -106,9 +106,10 @@ class Cluster {
     if (pipe2(pipe_fds, O_CLOEXEC) != 0) return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
     std::vector<std::string> argv = {options_.bin_dir + "/tessera-scheduler", "--job=" + options_.job_path,
                                      "--run_dir=" + options_.run_dir, "--port=0"};
+    if (!options_.resume_dir.empty()) argv.push_back("--resume=" + options_.resume_dir);
     if (options_.servers > 0) argv.push_back(absl::StrCat("--num_servers=", options_.servers));
     if (options_.workers > 0) argv.push_back(absl::StrCat("--num_workers=", options_.workers));
-    absl::StatusOr<pid_t> pid = Spawn(argv, options_.run_dir + "/logs/scheduler.log", pipe_fds[1]);
+    absl::StatusOr<pid_t> pid = Spawn(argv, options_.run_dir + "/logs/scheduler.log", pipe_fds[1], append_logs());
     close(pipe_fds[1]);
     if (!pid.ok()) {
       close(pipe_fds[0]);
@@ -142,6 +143,9 @@ class Cluster {
     return absl::OkStatus();
   }
 
+  // A resumed run adds to the logs of the run it continues.
+  bool append_logs() const { return !options_.resume_dir.empty(); }
+
   absl::Status StartAll() {
     if (absl::Status s = StartScheduler(); !s.ok()) return s;
     // Wait for the address (SIGUSR1 from the reader), or for the scheduler to die.
@@ -163,7 +167,7 @@ class Cluster {
     for (int i = 0; i < servers; ++i) {
       const std::string log = absl::StrCat(options_.run_dir, "/logs/server-", i, ".log");
       std::vector<std::string> argv = {options_.bin_dir + "/tessera-server", "--scheduler=" + address};
-      absl::StatusOr<pid_t> pid = Spawn(argv, log, -1);
+      absl::StatusOr<pid_t> pid = Spawn(argv, log, -1, append_logs());
       if (!pid.ok()) return pid.status();
       children_.push_back({Child::kServer, absl::StrCat("server process ", i), log, argv, *pid});
     }
@@ -182,7 +186,7 @@ class Cluster {
       }
       // Every worker gets it; only the one that registers as rank 0 writes it.
       if (!options_.dump_params.empty()) argv.push_back("--dump_params=" + options_.dump_params);
-      absl::StatusOr<pid_t> pid = Spawn(argv, log, -1);
+      absl::StatusOr<pid_t> pid = Spawn(argv, log, -1, append_logs());
       if (!pid.ok()) return pid.status();
       children_.push_back({Child::kWorker, absl::StrCat("worker ", i), log, argv, *pid});
     }

@@ -69,10 +69,11 @@ TEST(ClusterViewTest, AReplacementTakesTheLostServersPlace) {
               StatusIs(absl::StatusCode::kFailedPrecondition, "declared lost"));
   EXPECT_THAT(view.Place({Param("w", 10)}, 16).status(), StatusIs(absl::StatusCode::kUnavailable, "server 0 at a:1 (lost)"));
 
-  absl::StatusOr<Member> replacement = view.Join(Server("c:1"), t0 + absl::Seconds(23), AtZero);
+  absl::StatusOr<ClusterView::Joined> replacement = view.Join(Server("c:1"), t0 + absl::Seconds(23), AtZero);
   ASSERT_THAT(replacement, IsOk());
-  EXPECT_EQ(replacement->id, 0);
-  EXPECT_EQ(replacement->incarnation, 2u);
+  EXPECT_EQ(replacement->member.id, 0);
+  EXPECT_EQ(replacement->member.incarnation, 2u);
+  EXPECT_EQ(replacement->was, MemberState::kLost);
   EXPECT_THAT(view.Join(Server("d:1"), t0, AtZero).status(), StatusIs(absl::StatusCode::kResourceExhausted, "all its"));
   absl::StatusOr<ClusterView::Placed> placed = view.Place({Param("w", 10)}, 16);
   ASSERT_THAT(placed, IsOk());
@@ -100,22 +101,23 @@ TEST(ClusterViewTest, WorkersRejoinWithANewIncarnation) {
   EXPECT_EQ(map->servers_size(), 0) << "the lost server is out of the view";
 
   // No rank asked for: the lost rank is the one free.
-  absl::StatusOr<Member> back = view.Join(Worker("h0"), t0 + absl::Seconds(32), [](const Member& slot) {
+  absl::StatusOr<ClusterView::Joined> back = view.Join(Worker("h0"), t0 + absl::Seconds(32), [](const Member& slot) {
     EXPECT_EQ(slot.incarnation, 1u);
     return int64_t{7};
   });
   ASSERT_THAT(back, IsOk());
-  EXPECT_EQ(back->id, 0);
-  EXPECT_EQ(back->incarnation, 2u);
-  EXPECT_EQ(back->joined_clock, 7);
+  EXPECT_EQ(back->member.id, 0);
+  EXPECT_EQ(back->member.incarnation, 2u);
+  EXPECT_EQ(back->member.joined_clock, 7);
   map = view.Map();
   EXPECT_TRUE(map->workers(0).active());
   EXPECT_EQ(map->workers(0).joined_clock(), 7);
 
   // Rank 1 asked for while its holder is alive: the old incarnation is replaced.
-  absl::StatusOr<Member> restarted = view.Join(Worker("h1", /*rank=*/1), t0 + absl::Seconds(33), AtZero);
+  absl::StatusOr<ClusterView::Joined> restarted = view.Join(Worker("h1", /*rank=*/1), t0 + absl::Seconds(33), AtZero);
   ASSERT_THAT(restarted, IsOk());
-  EXPECT_EQ(restarted->incarnation, 2u);
+  EXPECT_EQ(restarted->member.incarnation, 2u);
+  EXPECT_EQ(restarted->was, MemberState::kAlive);
   EXPECT_THAT(view.Touch(tessera::v1::WORKER, 1, 1, t0 + absl::Seconds(33)),
               StatusIs(absl::StatusCode::kFailedPrecondition, "replaced by incarnation 2"));
   EXPECT_THAT(view.Join(Worker("h2"), t0, AtZero).status(), StatusIs(absl::StatusCode::kResourceExhausted, "all its"));

@@ -1,0 +1,145 @@
+#include "scheduler/checkpointer.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/checkpoint_file.h"
+#include "glog/logging.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The checkpoint folders under `dir`, by number, newest first.
+std::vector<std::pair<int64_t, fs::path>> Folders(const std::string& dir) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(dir, error)) {
+    const std::string name = entry.path().filename().string();
+    int64_t number = 0;
+    if (name.rfind("ckpt-", 0) == 0 && absl::SimpleAtoi(name.substr(5), &number)) out.emplace_back(number, entry.path());
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return out;
+}
+
+}  // namespace
+
+Checkpointer::Checkpointer(const tessera::v1::JobSpec& job, ServerControl* servers, absl::Time start)
+    : dir_(job.checkpoint().dir()),
+      job_(job.name()),
+      every_steps_(job.checkpoint().every_steps()),
+      every_(absl::Seconds(job.checkpoint().every_seconds())),
+      keep_(std::max(1, job.checkpoint().keep())),
+      servers_(servers),
+      last_time_(start) {}
+
+bool Checkpointer::Due(int64_t clock, absl::Time now) const {
+  if (!enabled()) return false;
+  absl::MutexLock lock(&mu_);
+  const int64_t last_clock = latest_ ? latest_->state.clock() : 0;
+  if (every_steps_ > 0 && clock >= last_clock + every_steps_) return true;
+  return every_ > absl::ZeroDuration() && now - last_time_ >= every_ && clock > last_clock;
+}
+
+absl::StatusOr<CheckpointInfo> Checkpointer::Take(const tessera::v1::ShardMap& view, int64_t clock, bool at_version,
+                                                  const std::vector<int64_t>& worker_clocks) {
+  if (!enabled()) return absl::FailedPreconditionError("no checkpoint.dir: checkpoints are off for this job");
+  CheckpointInfo info;
+  {
+    std::vector<std::pair<int64_t, fs::path>> existing = Folders(dir_);
+    info.number = existing.empty() ? 1 : existing.front().first + 1;
+  }
+  info.folder = absl::StrFormat("%s/ckpt-%06d", dir_, info.number);
+  std::error_code error;
+  fs::create_directories(info.folder, error);
+  if (error) return absl::PermissionDeniedError(absl::StrCat("cannot create ", info.folder, ": ", error.message()));
+  absl::StatusOr<std::vector<std::string>> files =
+      servers_->Checkpoint(view, info.folder, clock, at_version, /*timeout=*/absl::Seconds(60));
+  if (!files.ok()) return files.status();
+  info.shard_files = *files;
+  *info.state.mutable_view() = view;
+  for (int64_t c : worker_clocks) info.state.add_worker_clocks(c);
+  info.state.set_clock(clock);
+  for (const std::string& f : info.shard_files) info.state.add_shard_files(fs::path(f).filename().string());
+  CheckpointHeader header{job_, view.epoch(), clock};
+  if (absl::Status s = WriteCheckpointFile(info.folder + "/" + kSchedulerFile, header, info.state); !s.ok()) return s;
+  {
+    absl::MutexLock lock(&mu_);
+    latest_ = info;
+    last_time_ = absl::Now();
+  }
+  Prune();
+  return info;
+}
+
+void Checkpointer::Prune() {
+  int complete = 0;
+  for (const auto& [number, path] : Folders(dir_)) {
+    const bool whole = fs::exists(path / kSchedulerFile);
+    if (whole && complete < keep_) {
+      ++complete;
+      continue;
+    }
+    if (!whole && complete == 0) continue;  // newer than every complete one: may be in progress
+    std::error_code error;
+    fs::remove_all(path, error);
+    if (error) LOG(WARNING) << "cannot delete old checkpoint " << path << ": " << error.message();
+  }
+}
+
+std::optional<CheckpointInfo> Checkpointer::latest() const {
+  absl::MutexLock lock(&mu_);
+  return latest_;
+}
+
+void Checkpointer::set_latest(CheckpointInfo info) {
+  absl::MutexLock lock(&mu_);
+  latest_ = std::move(info);
+}
+
+absl::StatusOr<CheckpointInfo> Checkpointer::LoadLatest(const std::string& dir, const std::string& job) {
+  if (!fs::is_directory(dir)) return absl::NotFoundError(absl::StrCat("no checkpoint folder ", dir));
+  for (const auto& [number, path] : Folders(dir)) {
+    CheckpointInfo info;
+    info.number = number;
+    info.folder = path.string();
+    const std::string state_file = (path / kSchedulerFile).string();
+    if (!fs::exists(state_file)) {
+      LOG(WARNING) << "checkpoint " << path << " is incomplete (no " << kSchedulerFile << "); trying the one before";
+      continue;
+    }
+    absl::StatusOr<CheckpointHeader> header = ReadCheckpointFile(state_file, &info.state);
+    absl::Status usable = header.status();
+    if (usable.ok() && header->job != job) {
+      usable = absl::FailedPreconditionError(
+          absl::StrCat("checkpoint file ", state_file, " is refused: it belongs to job '", header->job,
+                       "', not '", job, "'"));
+    }
+    // Every server's file must pass its checks too (a restore needs all of them).
+    for (int i = 0; usable.ok() && i < info.state.shard_files_size(); ++i) {
+      const std::string file = (path / info.state.shard_files(i)).string();
+      tessera::v1::ShardCheckpoint shard;
+      absl::StatusOr<CheckpointHeader> shard_header = ReadCheckpointFile(file, &shard);
+      usable = shard_header.status();
+      if (usable.ok() && shard_header->clock != info.state.clock()) {
+        usable = absl::DataLossError(absl::StrCat("checkpoint file ", file, " is refused: its clock ",
+                                                  shard_header->clock, " is not the checkpoint's ",
+                                                  info.state.clock()));
+      }
+      info.shard_files.push_back(file);
+    }
+    if (!usable.ok()) {
+      LOG(WARNING) << usable.message() << "; trying the checkpoint before " << path.filename().string();
+      continue;
+    }
+    return info;
+  }
+  return absl::NotFoundError(absl::StrCat("no usable checkpoint in ", dir));
+}
+
+}  // namespace tessera

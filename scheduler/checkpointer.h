@@ -1,0 +1,79 @@
+// Checkpoints of a job: when one is due, taking one, pruning old ones, and finding the newest complete one to
+// resume or restore from.
+//
+// A checkpoint is a folder DIR/ckpt-NNNNNN holding one file per server (server-ID.shard: its chunks, with
+// values, optimizer state, versions, clocks and the exactly-once sequence table) and the scheduler's file
+// (scheduler.state: the cluster view, every worker's clock and data position), each with a checked header
+// (common/checkpoint_file.h). The scheduler's file is written last, once every server's is in: a folder
+// without it is incomplete and never used.
+#ifndef TESSERA_SCHEDULER_CHECKPOINTER_H_
+#define TESSERA_SCHEDULER_CHECKPOINTER_H_
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/checkpoint.pb.h"
+#include "proto/job.pb.h"
+#include "scheduler/server_control.h"
+
+namespace tessera {
+
+struct CheckpointInfo {
+  int64_t number = 0;
+  std::string folder;
+  std::vector<std::string> shard_files;  // paths
+  tessera::v1::SchedulerCheckpoint state;
+};
+
+// Thread-safe; Take runs one at a time (the coordinator's executor calls it).
+class Checkpointer {
+ public:
+  // `servers` is not owned. Off when the job has no checkpoint.dir.
+  Checkpointer(const tessera::v1::JobSpec& job, ServerControl* servers, absl::Time start);
+
+  bool enabled() const { return !dir_.empty(); }
+  const std::string& dir() const { return dir_; }
+
+  // Whether the job's cadence calls for a checkpoint now that the slowest worker is at `clock`.
+  bool Due(int64_t clock, absl::Time now) const;
+
+  // Takes a checkpoint at `clock` of `view`: every server writes its file (SYNC, `at_version`: each chunk as
+  // its version reaches `clock`), then the scheduler's file with `worker_clocks`; old checkpoints are pruned
+  // to the job's checkpoint.keep. An error names the server or file that failed; the previous checkpoint
+  // stays the latest.
+  [[nodiscard]] absl::StatusOr<CheckpointInfo> Take(const tessera::v1::ShardMap& view, int64_t clock, bool at_version,
+                                                    const std::vector<int64_t>& worker_clocks);
+
+  // The newest complete checkpoint taken (or resumed from); nullopt before any.
+  std::optional<CheckpointInfo> latest() const;
+  void set_latest(CheckpointInfo info);
+
+  // The newest complete checkpoint under `dir` for job `job` whose every file passes its checks. A refused
+  // file is logged (naming it and the check that failed) and the checkpoint before it is tried. NOT_FOUND
+  // when none is usable.
+  [[nodiscard]] static absl::StatusOr<CheckpointInfo> LoadLatest(const std::string& dir, const std::string& job);
+
+  static constexpr char kSchedulerFile[] = "scheduler.state";
+
+ private:
+  void Prune();
+
+  const std::string dir_;
+  const std::string job_;
+  const int64_t every_steps_;
+  const absl::Duration every_;
+  const int keep_;
+  ServerControl* const servers_;
+
+  mutable absl::Mutex mu_;
+  std::optional<CheckpointInfo> latest_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_time_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_SCHEDULER_CHECKPOINTER_H_
