@@ -238,7 +238,9 @@ tessera::v1::ShardMap ClusterView::MapLocked() const {
   for (const Member& w : workers_) {
     auto* slot = map.add_workers();
     slot->set_id(w.id);
-    slot->set_incarnation(w.incarnation);
+    // A vacant rank is held by nobody: incarnation 0, which servers do not check, so its first process (of a
+    // resumed job too) is taken before the next view reaches them.
+    slot->set_incarnation(w.state == MemberState::kVacant ? 0 : w.incarnation);
     // Rounds wait for ranks not registered yet (the job starts with all of them) and for workers that are done
     // (they may be finishing a round); a lost one is out.
     slot->set_active(w.state != MemberState::kLost);

@@ -123,8 +123,6 @@ TEST_F(DaemonsTest, SchedulerNamesTheLineOfAMalformedJobAndTheFieldOfAContradict
   EXPECT_NE(contradictory.output().find("consistency.staleness"), std::string::npos) << contradictory.output();
 }
 
-// A worker that cannot find its data fails; the launcher stops every other daemon, says which child failed and
-// why, and leaves no process behind.
 // Workers that fail are reported with the end of their logs; the scheduler ends the job once none is left, and
 // the launcher exits non-zero with the scheduler's reason, leaving no daemon behind.
 TEST_F(DaemonsTest, LauncherStopsTheClusterWhenAChildFails) {

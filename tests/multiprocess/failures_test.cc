@@ -10,6 +10,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/testing/daemon_test.h"
 #include "tests/testing/subprocess.h"
+#include "worker/param_file.h"
 
 namespace tessera::testing {
 namespace {
@@ -168,6 +169,62 @@ TEST_F(FailuresTest, EveryoneExitsNamingTheSchedulerWhenItDies) {
   EXPECT_NE(worker.exit_code(), 0);
   EXPECT_NE(server.output().find("lost the scheduler at " + address), std::string::npos) << server.output();
   EXPECT_NE(worker.output().find(address), std::string::npos) << worker.output();
+}
+
+// The scheduler killed mid-run (so everyone stops), then `tessera-launch --resume=RUN_DIR`: the sync job goes
+// on from its newest checkpoint and ends with the parameters an uninterrupted run of the same job ends with. The
+// newest checkpoint is damaged first: it is refused with a message naming the file and the check, and the one
+// before it is used.
+TEST_F(FailuresTest, AResumedSyncRunEndsWithTheParametersOfAnUninterruptedOne) {
+  std::string text = Job("SYNC", 2, 2, 3000);
+  const std::string plain = "optimizer { kind: SGD learning_rate: 0.05 }";
+  text.replace(text.find(plain), plain.size(), "optimizer { kind: SGD learning_rate: 0.05 momentum: 0.9 }");
+  const std::string job = Write("job.pbtxt", text);
+  Subprocess full({kBin + "/tessera-launch", "--job=" + job, "--run_dir=" + (dir_ / "full").string(),
+                   "--device=cpu", "--dump_params=" + (dir_ / "full.params").string()});
+  ASSERT_TRUE(full.ReadUntilExit(absl::Seconds(120))) << full.output();
+  ASSERT_EQ(full.exit_code(), 0) << full.output();
+
+  const std::filesystem::path run = dir_ / "cut";
+  const std::string dump = (dir_ / "cut.params").string();
+  {
+    Subprocess cut({kBin + "/tessera-launch", "--job=" + job, "--run_dir=" + run.string(), "--device=cpu",
+                    "--checkpoint_every_steps=300", "--dump_params=" + dump});
+    ASSERT_TRUE(cut.ReadUntilLine("step   1500 |", absl::Seconds(120))) << cut.output();
+    const int scheduler = OnlyProcess("tessera-scheduler", run.string());
+    ASSERT_GT(scheduler, 0);
+    kill(scheduler, SIGKILL);
+    ASSERT_TRUE(cut.ReadUntilExit(absl::Seconds(60))) << cut.output();
+    EXPECT_NE(cut.exit_code(), 0) << cut.output();
+  }
+  // Damage the newest checkpoint: one of its server files loses its last bytes.
+  std::vector<std::filesystem::path> folders;
+  for (const auto& e : std::filesystem::directory_iterator(run / "checkpoints")) folders.push_back(e.path());
+  ASSERT_GE(folders.size(), 2u);
+  std::sort(folders.begin(), folders.end());
+  const std::filesystem::path damaged = folders.back() / "server-1.shard";
+  std::filesystem::resize_file(damaged, std::filesystem::file_size(damaged) - 3);
+
+  Subprocess resumed({kBin + "/tessera-launch", "--resume=" + run.string(), "--device=cpu", "--dump_params=" + dump});
+  ASSERT_TRUE(resumed.ReadUntilExit(absl::Seconds(120))) << resumed.output();
+  ASSERT_EQ(resumed.exit_code(), 0) << resumed.output();
+  std::ifstream log(run / "logs/scheduler.log");
+  const std::string scheduler_log((std::istreambuf_iterator<char>(log)), {});
+  EXPECT_NE(scheduler_log.find(damaged.string() + " is refused: the payload is"), std::string::npos) << scheduler_log;
+  EXPECT_NE(scheduler_log.find("resuming job 'failures' from " + folders[folders.size() - 2].string()),
+            std::string::npos)
+      << scheduler_log;
+
+  absl::StatusOr<NamedTensors> a = ReadParamFile((dir_ / "full.params").string());
+  absl::StatusOr<NamedTensors> b = ReadParamFile(dump);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  absl::StatusOr<double> error = RelativeError(*a, *b);
+  ASSERT_TRUE(error.ok()) << error.status();
+  EXPECT_LT(*error, 1e-6);
+  const nlohmann::json summary = ReadJson(run / "summary.json");
+  EXPECT_TRUE(summary["completed"].get<bool>()) << summary.dump();
+  EXPECT_EQ(summary["steps"], 3000);
 }
 
 }  // namespace
