@@ -79,7 +79,7 @@ void ClockTable::Advance(int worker, int64_t clock, absl::Time deadline, Callbac
     if (worker < 0 || worker >= static_cast<int>(clocks_.size())) {
       ready.emplace_back(std::move(done), absl::InvalidArgumentError(absl::StrCat(
                                               "worker id ", worker, " out of range 0..", clocks_.size() - 1)));
-    } else if (clock < clocks_[worker]) {
+    } else if (clock < clocks_[worker] && clock != rolled_back_to_ + 1) {  // after a rollback it may go back
       ready.emplace_back(std::move(done),
                          absl::InvalidArgumentError(absl::StrCat("worker ", worker, " clock went back from ",
                                                                  clocks_[worker], " to ", clock)));
@@ -119,6 +119,23 @@ void ClockTable::Release() {
     absl::MutexLock lock(&mu_);
     hold_at_ = -1;
     CollectLocked(absl::Now(), ready);
+  }
+  for (auto& [callback, result] : ready) callback(std::move(result));
+}
+
+void ClockTable::RollBack(int64_t clock) {
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < clocks_.size(); ++i) {
+      if (active_[i]) clocks_[i] = clock;
+    }
+    rolled_back_to_ = clock;
+    for (Waiter& w : waiters_) {
+      GateResult result{clock, false, "", clock};
+      ready.emplace_back(std::move(w.done), result);
+    }
+    waiters_.clear();
   }
   for (auto& [callback, result] : ready) callback(std::move(result));
 }

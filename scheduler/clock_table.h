@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <list>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,6 +27,7 @@ struct GateResult {
   int64_t min_clock = 0;  // slowest active worker when the gate opened
   bool stop = false;
   std::string stop_reason;
+  std::optional<int64_t> rolled_back_to;  // the job went back to this clock while the worker waited
 };
 
 // Thread-safe. Callbacks run without the table's lock held, on the caller's thread (gate already open) or on the
@@ -58,6 +60,9 @@ class ClockTable {
   // every worker completes exactly the returned number of steps, and no more, while held.
   int64_t Hold();
   void Release();
+
+  // Every active worker's clock goes back to `clock`; every waiting gate opens with rolled_back_to = clock.
+  void RollBack(int64_t clock);
 
   // Opens every gate, now and later, with stop = true.
   void Stop(const std::string& reason);
@@ -95,6 +100,7 @@ class ClockTable {
   std::string stop_reason_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   int64_t hold_at_ ABSL_GUARDED_BY(mu_) = -1;  // -1: no hold
+  int64_t rolled_back_to_ ABSL_GUARDED_BY(mu_) = -2;  // the last rollback's clock
   std::thread deadline_thread_;
 };
 

@@ -227,6 +227,8 @@ void ClusterView::ChangedLocked() {
 tessera::v1::ShardMap ClusterView::MapLocked() const {
   tessera::v1::ShardMap map = *placement_;
   map.set_epoch(epoch_);
+  map.set_rollback_generation(rollback_generation_);
+  map.set_rollback_clock(rollback_clock_);
   map.clear_servers();
   for (const Member& s : servers_) {
     if (s.state != MemberState::kAlive) continue;
@@ -247,6 +249,13 @@ tessera::v1::ShardMap ClusterView::MapLocked() const {
     slot->set_joined_clock(w.joined_clock);
   }
   return map;
+}
+
+void ClusterView::RollBack(int64_t clock) {
+  absl::MutexLock lock(&mu_);
+  ++rollback_generation_;
+  rollback_clock_ = clock;
+  ChangedLocked();
 }
 
 std::optional<tessera::v1::ShardMap> ClusterView::Map() const {

@@ -103,6 +103,9 @@ class ClusterView {
   // epoch. Returns the chunks moved. FAILED_PRECONDITION when no server is alive.
   [[nodiscard]] absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> MoveChunksOf(int server);
 
+  // SYNC recovery: every worker goes on from `clock` (the view's rollback generation grows). Advances the epoch.
+  void RollBack(int64_t clock);
+
   // The view as servers and clients see it; nullopt before parameters are placed.
   std::optional<tessera::v1::ShardMap> Map() const;
   uint64_t epoch() const;
@@ -124,6 +127,8 @@ class ClusterView {
   std::vector<Member> servers_ ABSL_GUARDED_BY(mu_);
   std::vector<Member> workers_ ABSL_GUARDED_BY(mu_);
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t rollback_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t rollback_clock_ ABSL_GUARDED_BY(mu_) = 0;
   // Parameters and chunk placement; set once parameters are declared.
   std::optional<tessera::v1::ShardMap> placement_ ABSL_GUARDED_BY(mu_);
 };

@@ -365,6 +365,14 @@ void JobCoordinator::OnLost(const Member& m) {
     LOG(WARNING) << what << " before the job started; its place waits for a replacement";
     return;
   }
+  if (std::optional<CheckpointInfo> latest = checkpointer_.latest()) {
+    LOG(WARNING) << what << "; its chunks move to the other servers, restored from checkpoint " << latest->folder
+                 << " (clock " << latest->state.clock() << ")";
+    executor_.Submit([this, m, info = *latest, at = absl::Now() - failure_detector_.timeout()] {
+      RecoverServer(m, info, at);
+    });
+    return;
+  }
   const std::string reason =
       absl::StrCat(what, "; its chunks cannot be restored without a checkpoint, so the job stops");
   LOG(ERROR) << reason;
@@ -373,6 +381,47 @@ void JobCoordinator::OnLost(const Member& m) {
     if (failure_.empty()) failure_ = reason;
   }
   clocks_.Stop(reason);
+}
+
+void JobCoordinator::RecoverServer(const Member& lost, const CheckpointInfo& checkpoint, absl::Time lost_at) {
+  const absl::Time start = absl::Now();
+  auto fail = [&](const absl::Status& why) {
+    const std::string reason = absl::StrCat(lost.Describe(), " lost and its chunks could not be restored from ",
+                                            checkpoint.folder, ": ", why.message());
+    LOG(ERROR) << reason << "; the job stops";
+    {
+      absl::MutexLock lock(&mu_);
+      if (failure_.empty()) failure_ = reason;
+    }
+    clocks_.Stop(reason);
+  };
+  absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> moved = view_.MoveChunksOf(lost.id);
+  if (!moved.ok()) return fail(moved.status());
+  const bool sync = job_.consistency().mode() == ConsistencySpec::SYNC;
+  const int64_t clock = checkpoint.state.clock();
+  const std::vector<int64_t> before = clocks_.Clocks();
+  if (sync) view_.RollBack(clock);
+  std::optional<tessera::v1::ShardMap> map = view_.Map();
+  // SYNC: every chunk goes back to the checkpoint (a sync round is one cut of the whole model); ASYNC and SSP:
+  // only the moved chunks come back, with their checkpoint versions, and the others keep going.
+  if (absl::Status s = servers_->Assign(*map, job_, checkpoint.shard_files, /*restore_all=*/sync); !s.ok()) {
+    return fail(s);
+  }
+  if (sync) clocks_.RollBack(clock);
+  const int64_t newest = before.empty() ? 0 : *std::max_element(before.begin(), before.end());
+  const double seconds_lost = absl::ToDoubleSeconds(absl::Now() - lost_at);
+  LOG(WARNING) << "recovered from the loss of " << lost.Describe() << ": " << moved->size()
+               << " chunks moved to the other servers at cluster view epoch " << map->epoch()
+               << (sync ? absl::StrCat(", every worker back to clock ", clock, " from ", newest) : "") << ", "
+               << absl::FormatDuration(absl::Now() - start) << " to restore";
+  records_.AddEvent({{"event", "server lost, recovered"},
+                     {"server", lost.id},
+                     {"address", lost.address},
+                     {"chunks_moved", moved->size()},
+                     {"checkpoint", checkpoint.folder},
+                     {"rolled_back_to", sync ? nlohmann::json(clock) : nlohmann::json()},
+                     {"clocks_lost", sync ? newest - clock : 0},
+                     {"seconds_lost", seconds_lost}});
 }
 
 void JobCoordinator::MaybeFinish() {

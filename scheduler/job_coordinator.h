@@ -108,6 +108,9 @@ class JobCoordinator {
   int64_t StartClock(const Member& member) const;
   // Reacts to a member the failure detector declared lost.
   void OnLost(const Member& member);
+  // Executor task: the lost server's chunks move to the survivors, restored from the latest checkpoint; in
+  // SYNC every chunk and every worker goes back to that checkpoint. Stops the job when that cannot be done.
+  void RecoverServer(const Member& lost, const CheckpointInfo& checkpoint, absl::Time lost_at);
   // Queues the end of the job once no worker is alive any more (all done or lost).
   void MaybeFinish();
 

@@ -65,6 +65,10 @@ grpc::ServerUnaryReactor* SchedulerService::AdvanceClock(grpc::CallbackServerCon
       response->set_min_clock(gate->min_clock);
       response->set_stop(gate->stop);
       response->set_stop_reason(gate->stop_reason);
+      if (gate->rolled_back_to) {
+        response->set_rolled_back(true);
+        response->set_rollback_clock(*gate->rolled_back_to);
+      }
     }
     reactor->Finish(ToGrpcStatus(gate.status(), context));
   });

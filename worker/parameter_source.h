@@ -42,6 +42,9 @@ class ParameterSource {
                                                                 const std::vector<absl::Span<const float>>& grads,
                                                                 int batch_size,
                                                                 const std::vector<absl::Span<float>>& out);
+  // SYNC: the clock to go on from when the job went back to a checkpoint since the last call (see
+  // PsClient::TakeRollback); nullopt otherwise.
+  virtual std::optional<int64_t> TakeRollback() { return std::nullopt; }
   // Records progress; the answer's `stop` says the job is over.
   [[nodiscard]] virtual absl::StatusOr<tessera::v1::ReportResponse> Report(
       const tessera::v1::ReportRequest& report) = 0;
@@ -77,6 +80,7 @@ class RemoteSource final : public ParameterSource {
     return client_->Report(report);
   }
   absl::Status Done() override { return client_->Done(); }
+  std::optional<int64_t> TakeRollback() override { return client_->TakeRollback(); }
 
  private:
   std::unique_ptr<PsClient> client_;

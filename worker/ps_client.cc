@@ -256,6 +256,7 @@ absl::Status PsClient::Declare(const std::vector<tessera::v1::ParameterSpec>& pa
   request.set_worker_id(worker_id_);
   for (const auto& p : params) *request.add_params() = p;
   TESSERA_ASSIGN_OR_RETURN(tessera::v1::ShardMap map, scheduler_->Declare(request, options_.declare_timeout));
+  rollback_generation_ = map.rollback_generation();  // rollbacks before this worker joined are not its own
   map_ = std::make_shared<const ShardMapIndex>(std::move(map));
   return absl::OkStatus();
 }
@@ -266,6 +267,8 @@ absl::Status PsClient::RefreshMap(uint64_t at_least_epoch) {
     return absl::UnavailableError(absl::StrCat("scheduler's shard map is at epoch ", map.epoch(),
                                                ", a server is already at ", at_least_epoch));
   }
+  if (map_ != nullptr && map.epoch() <= map_->epoch()) return absl::OkStatus();  // nothing new
+  NoteRollback(map.rollback_generation(), map.rollback_clock());
   VLOG(1) << "worker " << worker_id_ << ": shard map epoch " << epoch() << " -> " << map.epoch();
   map_ = std::make_shared<const ShardMapIndex>(std::move(map));
   return absl::OkStatus();
@@ -303,6 +306,12 @@ absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> PsClient::MakeCalls(
       op == kExchange ? std::max(options_.rpc_timeout, options_.clock_wait_timeout) : options_.rpc_timeout;
   std::vector<std::unique_ptr<ChunkCall>> calls;
   for (const tessera::v1::ChunkPlacement* placement : chunks) {
+    // A chunk of a server the view no longer has is moving to another one: retry once the view says where.
+    if (absl::StatusOr<std::string> server = map_->ServerAddress(placement->server_id()); !server.ok()) {
+      return absl::UnavailableError(absl::StrCat("chunk ", placement->param(), "/", placement->index(), " is on server ",
+                                                 placement->server_id(), ", which is out of the cluster view at epoch ",
+                                                 map_->epoch(), "; its chunks are moving"));
+    }
     auto call = std::make_unique<ChunkCall>();
     call->op = op;
     call->map = map_;
@@ -388,30 +397,49 @@ absl::Status PsClient::RunChunks(int op, const std::vector<std::string>& names,
   std::vector<size_t> todo(names.size());
   for (size_t i = 0; i < names.size(); ++i) todo[i] = i;
   absl::Status last;
-  for (int attempt = 0; attempt <= options_.retries; ++attempt) {
+  // At least `retries` attempts, and for at least `unavailable_window`: a server that died is replaced in the
+  // cluster view within the scheduler's heartbeat timeout, and the map is asked for again on each attempt.
+  const absl::Time keep_trying_until = absl::Now() + options_.unavailable_window;
+  int attempt = 0;
+  for (; attempt <= options_.retries || absl::Now() < keep_trying_until; ++attempt) {
     ChunkBatch batch(options_.window_per_server);
+    std::vector<size_t> unplaceable;  // names with a chunk on a server that left the view
     for (size_t i : todo) {
-      TESSERA_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<ChunkCall>> calls,
-                               MakeCalls(op, i, names[i], sends ? grads[i] : absl::Span<const float>(), batch_size,
-                                         receives ? out[i] : absl::Span<float>(), stamp));
-      for (auto& c : calls) batch.Add(std::move(c));
+      absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> calls =
+          MakeCalls(op, i, names[i], sends ? grads[i] : absl::Span<const float>(), batch_size,
+                    receives ? out[i] : absl::Span<float>(), stamp);
+      if (absl::IsUnavailable(calls.status())) {
+        unplaceable.push_back(i);
+        last = calls.status();
+        continue;
+      }
+      if (!calls.ok()) return calls.status();
+      for (auto& c : *calls) batch.Add(std::move(c));
     }
     batch.WaitAll();
     std::vector<ChunkCall*> done;
     for (const auto& c : batch.calls()) done.push_back(c.get());
     TESSERA_ASSIGN_OR_RETURN(Absorbed absorbed, Absorb(done));
-    if (absorbed.failed_names.empty()) return absl::OkStatus();
+    if (absorbed.failed_names.empty() && unplaceable.empty()) return absl::OkStatus();
     todo = std::move(absorbed.failed_names);
-    last = std::move(absorbed.retry);
+    todo.insert(todo.end(), unplaceable.begin(), unplaceable.end());
+    std::sort(todo.begin(), todo.end());
+    if (!absorbed.retry.ok()) last = std::move(absorbed.retry);
     if (absorbed.newer_epoch > 0) {
       TESSERA_RETURN_IF_ERROR(RefreshMap(absorbed.newer_epoch));
-      continue;
+    } else {
+      // A backoff between attempts of remote calls, not a synchronisation point.
+      std::this_thread::sleep_for(absl::ToChronoMilliseconds(backoff));
+      backoff = std::min(backoff * 2, absl::Seconds(1));
+      // The server may be gone and its chunks elsewhere by now.
+      TESSERA_RETURN_IF_ERROR(RefreshMap(0));
     }
-    // A backoff between attempts of remote calls, not a synchronisation point.
-    std::this_thread::sleep_for(absl::ToChronoMilliseconds(backoff));
-    backoff = std::min(backoff * 2, absl::Seconds(1));
+    if (rollback_) {
+      return absl::AbortedError(absl::StrCat("the job was rolled back to clock ", *rollback_,
+                                             " (a server was lost); this step is void"));
+    }
   }
-  return Annotate(last, absl::StrCat("gave up after ", options_.retries + 1, " attempts"));
+  return Annotate(last, absl::StrCat("gave up after ", attempt, " attempts"));
 }
 
 absl::Status PsClient::Pull(const std::vector<std::string>& names, const std::vector<absl::Span<float>>& out) {
@@ -445,13 +473,34 @@ absl::Status PsClient::Assign(const std::vector<std::string>& names,
 absl::StatusOr<ClockResult> PsClient::Clock() {
   TESSERA_ASSIGN_OR_RETURN(tessera::v1::AdvanceClockResponse gate,
                            scheduler_->AdvanceClock(worker_id_, clock_ + 1, options_.clock_wait_timeout));
+  return Advanced(gate);
+}
+
+ClockResult PsClient::Advanced(const tessera::v1::AdvanceClockResponse& gate) {
   ++clock_;
+  if (gate.rolled_back()) NoteRollback(rollback_generation_ + 1, gate.rollback_clock());
   ClockResult result;
   result.clock = clock_;
   result.min_clock = gate.min_clock();
   result.stop = gate.stop();
   result.stop_reason = gate.stop_reason();
+  result.rolled_back = rollback_.has_value();
   return result;
+}
+
+void PsClient::NoteRollback(uint64_t generation, int64_t clock) {
+  if (generation <= rollback_generation_) return;
+  rollback_generation_ = generation;
+  rollback_ = clock;
+}
+
+std::optional<int64_t> PsClient::TakeRollback() {
+  std::optional<int64_t> to = rollback_;
+  if (!to) return std::nullopt;
+  rollback_.reset();
+  clock_ = *to;
+  pulled_.clear();  // what was pulled is from before the rollback
+  return to;
 }
 
 bool PsClient::JobStopped() {
@@ -487,6 +536,7 @@ class StepExchangeImpl final : public StepExchange {
         out_(out),
         mode_(client->job().consistency().mode()),
         sent_(names.size(), false),
+        deferred_(names.size(), false),
         settled_(names.size(), mode_ == tessera::v1::ConsistencySpec::SSP),
         batch_(client->options_.window_per_server, &client->launcher_) {
     if (mode_ == tessera::v1::ConsistencySpec::SSP) return;
@@ -522,10 +572,14 @@ class StepExchangeImpl final : public StepExchange {
     sent_[index] = true;
     TESSERA_RETURN_IF_ERROR(CheckFinite(grads_[index], absl::StrCat("gradient of '", names_[index], "'")));
     if (mode_ == tessera::v1::ConsistencySpec::SSP) return absl::OkStatus();
-    TESSERA_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<ChunkCall>> calls,
-                             client_->MakeCalls(kExchange, index, names_[index], grads_[index], batch_size_,
-                                                out_[index], stamp_));
-    for (auto& c : calls) batch_.Add(std::move(c));
+    absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> calls =
+        client_->MakeCalls(kExchange, index, names_[index], grads_[index], batch_size_, out_[index], stamp_);
+    if (absl::IsUnavailable(calls.status())) {
+      deferred_[index] = true;  // sent through the retrying path when its values are waited for
+      return absl::OkStatus();
+    }
+    if (!calls.ok()) return calls.status();
+    for (auto& c : *calls) batch_.Add(std::move(c));
     return absl::OkStatus();
   }
 
@@ -568,7 +622,7 @@ class StepExchangeImpl final : public StepExchange {
                                              "': the job is stopping"));
     }
     TESSERA_ASSIGN_OR_RETURN(PsClient::Absorbed absorbed, client_->Absorb(batch_.CallsOf(index)));
-    if (!absorbed.failed_names.empty()) {
+    if (!absorbed.failed_names.empty() || deferred_[index]) {
       // Retry through the ordinary path, with the same sequence number: a server that applied the push
       // answers the retry as a duplicate, with the values.
       if (absorbed.newer_epoch > 0) TESSERA_RETURN_IF_ERROR(client_->RefreshMap(absorbed.newer_epoch));
@@ -599,15 +653,7 @@ class StepExchangeImpl final : public StepExchange {
     return *clock_state_->result;
   }
 
-  ClockResult Advance(const tessera::v1::AdvanceClockResponse& gate) {
-    ++client_->clock_;
-    ClockResult result;
-    result.clock = client_->clock_;
-    result.min_clock = gate.min_clock();
-    result.stop = gate.stop();
-    result.stop_reason = gate.stop_reason();
-    return result;
-  }
+  ClockResult Advance(const tessera::v1::AdvanceClockResponse& gate) { return client_->Advanced(gate); }
 
   PsClient* const client_;
   const std::vector<std::string>& names_;
@@ -616,6 +662,7 @@ class StepExchangeImpl final : public StepExchange {
   const std::vector<absl::Span<float>> out_;
   const tessera::v1::ConsistencySpec::Mode mode_;
   std::vector<bool> sent_;
+  std::vector<bool> deferred_;  // sent, but no chunk call could be made (a server left the view)
   std::vector<bool> settled_;  // values in place and absorbed into the client's cache
   std::shared_ptr<ClockState> clock_state_;
   PsClient::Stamp stamp_;

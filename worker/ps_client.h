@@ -46,6 +46,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,7 @@ struct ClockResult {
   int64_t min_clock = 0;  // the slowest worker's clock when the gate opened
   bool stop = false;      // the job is over: finish and call Done()
   std::string stop_reason;
+  bool rolled_back = false;  // SYNC: the job went back to a checkpoint; see PsClient::TakeRollback
 };
 
 // Not thread-safe: one training loop drives one client (its heartbeat runs on a thread of its own).
@@ -82,7 +84,10 @@ class PsClient {
     absl::Duration rpc_timeout = absl::Seconds(30);  // per data-plane RPC
     absl::Duration clock_wait_timeout = absl::Minutes(5);  // longest wait at the clock gate
     absl::Duration declare_timeout = absl::Minutes(2);     // waiting for servers to register
-    int retries = 8;                                 // per call, on UNAVAILABLE or a stale epoch
+    int retries = 8;                                 // per call, on UNAVAILABLE or a stale epoch, at least
+    // ... and for at least this long: longer than the scheduler's heartbeat timeout, so that a server's death
+    // is noticed and its chunks moved before a call gives up.
+    absl::Duration unavailable_window = absl::Seconds(30);
     int window_per_server = 8;                       // chunk RPCs in flight per server
     int connections_per_server = 1;                  // TCP connections per server; chunks alternate among them
     bool heartbeat = true;
@@ -143,6 +148,11 @@ class PsClient {
                                                         const std::vector<absl::Span<const float>>& grads,
                                                         int batch_size, const std::vector<absl::Span<float>>& out);
 
+  // SYNC: the clock to go on from when the job was rolled back to a checkpoint (a server was lost) since the last
+  // call, else nullopt. Calls of the voided steps fail with ABORTED saying so. Taking it sets this client's
+  // clock there; pull the values again and train on from that clock.
+  std::optional<int64_t> TakeRollback();
+
   // Forgets which versions were pulled where: the next pulls move every byte.
   void ForgetPulledValues() { pulled_.clear(); }
 
@@ -165,7 +175,11 @@ class PsClient {
   friend class StepExchangeImpl;
   explicit PsClient(const Options& options);
 
+  // Adopts the scheduler's map when it is newer (FAILED_PRECONDITION-free: 0 asks for whatever is newer).
   absl::Status RefreshMap(uint64_t at_least_epoch);
+  // The clock advanced by a gate's answer.
+  ClockResult Advanced(const tessera::v1::AdvanceClockResponse& gate);
+  void NoteRollback(uint64_t generation, int64_t clock);
   // The stub of connection `lane` (0 .. connections_per_server-1) to server `server_id`.
   grpc::GenericStub* StubFor(int server_id, int lane);
   // Runs one RPC per chunk of `names` (pull, push, assign or exchange; see ChunkOp in ps_client.cc), at most
@@ -218,6 +232,8 @@ class PsClient {
   int64_t bytes_pulled_ ABSL_GUARDED_BY(bytes_mu_) = 0;
   int64_t clock_ = 0;
   uint64_t seq_ = 0;
+  uint64_t rollback_generation_ = 0;
+  std::optional<int64_t> rollback_;  // not taken yet
   SerialExecutor clock_executor_;  // SYNC steps advance the clock here, alongside the exchange
   SerialExecutor launcher_;        // a step's exchanges start (and write to their sockets) here
 };

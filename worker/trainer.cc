@@ -169,6 +169,21 @@ absl::StatusOr<TrainerResult> Trainer::Run() {
     return absl::OkStatus();
   };
   bool stopped = false;  // the scheduler ended the job (gate or report) before this worker's last step
+  // SYNC: when the job went back to a checkpoint (a server was lost), every step since is void: take the
+  // checkpoint's values and go on from its clock (also this worker's data position). True when it did.
+  auto rolled_back = [&]() -> absl::StatusOr<bool> {
+    std::optional<int64_t> to = source_->TakeRollback();
+    if (!to) return false;
+    LOG(WARNING) << "worker " << rank << ": the job went back to clock " << *to << " (from " << clock
+                 << "); training on from there";
+    step.reset();
+    previous.reset();
+    clock = *to;
+    TESSERA_RETURN_IF_ERROR(PullInto(*source_, host, *model));
+    absl::MutexLock lock(&progress_mu_);
+    progress_.clock = clock;
+    return true;
+  };
   while (clock < stop_clock) {
     if (absl::Status why = stop_->Get(); !why.ok()) {
       return Annotate(why, absl::StrCat("worker ", rank, " stopped at clock ", clock));
@@ -214,9 +229,18 @@ absl::StatusOr<TrainerResult> Trainer::Run() {
       if (result.ok()) sums = *result;
     }
     if (computed.ok()) computed = send_copied(/*wait=*/true);
+    if (!computed.ok()) {
+      TESSERA_ASSIGN_OR_RETURN(bool again, rolled_back());
+      if (again) continue;
+    }
     // A forward that stopped waiting because the job is over ends here, with the clock's stop below.
     if (!computed.ok() && !(computed.code() == absl::StatusCode::kAborted && step->stopped())) return computed;
-    TESSERA_ASSIGN_OR_RETURN(ClockResult gate, step->Finish());
+    absl::StatusOr<ClockResult> finished = step->Finish();
+    {
+      TESSERA_ASSIGN_OR_RETURN(bool again, rolled_back());
+      if (again) continue;
+    }
+    TESSERA_ASSIGN_OR_RETURN(ClockResult gate, std::move(finished));
     previous = std::move(step);
     loss_sum += sums.loss / batch.size();
     ++loss_steps;
@@ -236,6 +260,10 @@ absl::StatusOr<TrainerResult> Trainer::Run() {
     if (clock % job.eval_every_steps() == 0) {
       if (evaluates) {
         absl::Status settled = settle();
+        if (!settled.ok()) {
+          TESSERA_ASSIGN_OR_RETURN(bool again, rolled_back());
+          if (again) continue;
+        }
         if (absl::IsAborted(settled)) {  // the job ended while this step's round was open
           result.stop_reason = std::string(settled.message());
           stopped = true;

@@ -37,6 +37,8 @@ DEFINE_string(checkpoint_dir, "",
 DEFINE_string(resume, "",
               "RUN_DIR of an earlier run of tessera-launch: go on with its job (RUN_DIR/job.pbtxt) from its newest "
               "usable checkpoint, in the same run directory");
+DEFINE_int32(heartbeat_timeout_ms, 0,
+             "a daemon silent this long is lost (the scheduler's --heartbeat_timeout_ms); 0: its default, 10 s");
 DEFINE_int32(restart_workers, 0,
              "start a worker that failed again (same rank, a new incarnation that rejoins the running job), at "
              "most this many times per worker; 0: the job goes on without it");
@@ -115,6 +117,7 @@ int main(int argc, char** argv) {
   options.dump_params = FLAGS_dump_params;
   options.timeout_s = FLAGS_timeout_s;
   options.restart_workers = FLAGS_restart_workers;
+  options.heartbeat_timeout_ms = FLAGS_heartbeat_timeout_ms;
 
   // The run directory keeps the exact job that ran.
   std::filesystem::create_directories(options.run_dir, error);

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -107,6 +108,11 @@ class Cluster {
     std::vector<std::string> argv = {options_.bin_dir + "/tessera-scheduler", "--job=" + options_.job_path,
                                      "--run_dir=" + options_.run_dir, "--port=0"};
     if (!options_.resume_dir.empty()) argv.push_back("--resume=" + options_.resume_dir);
+    if (options_.heartbeat_timeout_ms > 0) {
+      argv.push_back(absl::StrCat("--heartbeat_timeout_ms=", options_.heartbeat_timeout_ms));
+      // Beats often enough that a timeout of a second or two is not a false alarm.
+      argv.push_back(absl::StrCat("--heartbeat_interval_ms=", std::max(20, options_.heartbeat_timeout_ms / 10)));
+    }
     if (options_.servers > 0) argv.push_back(absl::StrCat("--num_servers=", options_.servers));
     if (options_.workers > 0) argv.push_back(absl::StrCat("--num_workers=", options_.workers));
     absl::StatusOr<pid_t> pid = Spawn(argv, options_.run_dir + "/logs/scheduler.log", pipe_fds[1], append_logs());
