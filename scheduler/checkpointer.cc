@@ -59,7 +59,7 @@ absl::StatusOr<CheckpointInfo> Checkpointer::Take(const tessera::v1::ShardMap& v
   fs::create_directories(info.folder, error);
   if (error) return absl::PermissionDeniedError(absl::StrCat("cannot create ", info.folder, ": ", error.message()));
   absl::StatusOr<std::vector<std::string>> files =
-      servers_->Checkpoint(view, info.folder, clock, at_version, /*timeout=*/absl::Seconds(60));
+      servers_->Checkpoint(view, info.folder, clock, at_version, /*timeout=*/absl::Seconds(30));
   if (!files.ok()) return files.status();
   info.shard_files = *files;
   *info.state.mutable_view() = view;

@@ -58,13 +58,24 @@ absl::StatusOr<std::vector<std::string>> GrpcServerControl::Checkpoint(const tes
                                                                        const std::string& folder, int64_t clock,
                                                                        bool at_version, absl::Duration timeout) {
   // One call per server, all in flight at once: each waits for its chunks to reach the checkpoint's version.
+  // One call per server, all in flight at once; the first failure cancels the others (a server that is gone
+  // would otherwise leave the rest waiting for chunks that cannot reach the checkpoint's version).
   struct Call {
     grpc::ClientContext context;
     tessera::v1::CheckpointRequest request;
     tessera::v1::CheckpointResponse response;
     grpc::Status status;
-    absl::Notification done;
   };
+  struct Progress {
+    absl::Mutex mu;
+    int remaining ABSL_GUARDED_BY(mu) = 0;
+    bool failed ABSL_GUARDED_BY(mu) = false;
+  };
+  auto progress = std::make_shared<Progress>();
+  {
+    absl::MutexLock lock(&progress->mu);
+    progress->remaining = map.servers_size();
+  }
   std::vector<std::unique_ptr<Call>> calls;
   std::vector<std::string> paths;
   for (const auto& server : map.servers()) {
@@ -77,15 +88,28 @@ absl::StatusOr<std::vector<std::string>> GrpcServerControl::Checkpoint(const tes
     SetTimeout(call->context, timeout + kControlTimeout);
     Call* raw = call.get();
     StubFor(server.address())->async()->Checkpoint(&raw->context, &raw->request, &raw->response,
-                                                    [raw](grpc::Status s) {
+                                                    [raw, progress](grpc::Status s) {
                                                       raw->status = std::move(s);
-                                                      raw->done.Notify();
+                                                      absl::MutexLock lock(&progress->mu);
+                                                      --progress->remaining;
+                                                      progress->failed |= !raw->status.ok();
                                                     });
     calls.push_back(std::move(call));
   }
+  {
+    absl::MutexLock lock(&progress->mu);
+    auto settled = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(progress->mu) {
+      return progress->remaining == 0 || progress->failed;
+    };
+    progress->mu.Await(absl::Condition(&settled));  // every call has its deadline
+    if (progress->remaining > 0) {
+      for (auto& call : calls) call->context.TryCancel();
+    }
+    progress->mu.Await(absl::Condition(
+        +[](int* remaining) { return *remaining == 0; }, &progress->remaining));
+  }
   absl::Status first;
   for (int i = 0; i < static_cast<int>(calls.size()); ++i) {
-    calls[i]->done.WaitForNotification();  // each call has its deadline
     absl::Status status = FromGrpcStatus(calls[i]->status, calls[i]->context,
                                          absl::StrCat("Checkpoint of server ", map.servers(i).id(), " at ",
                                                       map.servers(i).address()));

@@ -166,7 +166,8 @@ grpc::ServerUnaryReactor* ServerService::Checkpoint(grpc::CallbackServerContext*
   files_.Submit([this, context, reactor, request, response] {
     const absl::Duration wait = absl::Milliseconds(std::min<uint64_t>(request->wait_timeout_ms(), 3600000));
     absl::StatusOr<tessera::v1::ShardCheckpoint> shard =
-        store_->Snapshot(request->at_version() ? request->clock() : -1, absl::Now() + wait);
+        store_->Snapshot(request->at_version() ? request->clock() : -1, absl::Now() + wait,
+                         [context] { return context->IsCancelled(); });
     if (!shard.ok()) {
       reactor->Finish(ToGrpcStatus(shard.status(), context));
       return;

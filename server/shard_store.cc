@@ -90,7 +90,8 @@ void ShardStore::OfferToSnapshotLocked(const Chunk& chunk) {
   snapshot_.try_emplace(chunk.key, ChunkStateLocked(chunk.key.first, chunk.key.second, chunk));
 }
 
-absl::StatusOr<tessera::v1::ShardCheckpoint> ShardStore::Snapshot(int64_t at_version, absl::Time deadline) {
+absl::StatusOr<tessera::v1::ShardCheckpoint> ShardStore::Snapshot(int64_t at_version, absl::Time deadline,
+                                                                  const std::function<bool()>& cancelled) {
   tessera::v1::ShardCheckpoint out;
   std::vector<Chunk*> chunks;  // chunks are never removed, so the pointers stay valid
   {
@@ -129,7 +130,13 @@ absl::StatusOr<tessera::v1::ShardCheckpoint> ShardStore::Snapshot(int64_t at_ver
   absl::MutexLock snap(&snapshot_mu_);
   if (status.ok()) {
     auto complete = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(snapshot_mu_) { return snapshot_.size() >= chunks.size(); };
-    if (!snapshot_mu_.AwaitWithDeadline(absl::Condition(&complete), deadline)) {
+    bool done = false;
+    while (!done && absl::Now() < deadline && status.ok()) {
+      done = snapshot_mu_.AwaitWithDeadline(absl::Condition(&complete),
+                                            std::min(deadline, absl::Now() + absl::Milliseconds(100)));
+      if (!done && cancelled && cancelled()) status = absl::CancelledError("the checkpoint was called off");
+    }
+    if (status.ok() && !done) {
       std::vector<std::string> missing;
       for (Chunk* chunk : chunks) {
         if (snapshot_.count(chunk->key) == 0 && missing.size() < 5) {
@@ -166,6 +173,7 @@ absl::Status ShardStore::AdoptView(
     return absl::FailedPreconditionError(
         absl::StrCat("server ", server_id_, " already serves job '", config_->job.name(), "'; got '", job.name(), "'"));
   }
+  if (map.epoch() == epoch_ && map.epoch() > 0) return absl::OkStatus();  // this view again: nothing to do
   if (map.epoch() <= epoch_) {
     return absl::FailedPreconditionError(
         absl::StrCat("shard map epoch ", map.epoch(), " is not newer than the server's ", epoch_));

@@ -121,7 +121,9 @@ class ShardStore {
   // Every chunk's state for a checkpoint: at once (`at_version` < 0), or, in SYNC, each chunk as its version
   // reaches `at_version` (a consistent cut while the scheduler holds the workers there). DEADLINE_EXCEEDED
   // naming the chunks that did not get there; FAILED_PRECONDITION for a chunk already past it.
-  [[nodiscard]] absl::StatusOr<tessera::v1::ShardCheckpoint> Snapshot(int64_t at_version, absl::Time deadline);
+  // `cancelled`, when given, is asked every 100 ms while waiting (CANCELLED when it says so).
+  [[nodiscard]] absl::StatusOr<tessera::v1::ShardCheckpoint> Snapshot(
+      int64_t at_version, absl::Time deadline, const std::function<bool()>& cancelled = nullptr);
 
   // The chunk's value (no bytes when `have_version` is current). NOT_FOUND for a chunk not on this server.
   [[nodiscard]] absl::StatusOr<ChunkValues> Pull(const ChunkPull& request) const;

@@ -37,14 +37,23 @@ nlohmann::json ReadJson(const std::filesystem::path& path) {
   return nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
 }
 
-// The one process whose command line has both `a` and `b`; -1 unless exactly one does.
-int OnlyProcess(const std::string& a, const std::string& b) {
+// The processes whose command line has both `a` and `b`, oldest first.
+std::vector<int> ProcessesMentioningBoth(const std::string& a, const std::string& b) {
   std::vector<int> both;
   for (int pid : ProcessesMentioning(a)) {
     for (int other : ProcessesMentioning(b)) {
       if (pid == other) both.push_back(pid);
     }
   }
+  std::sort(both.begin(), both.end());
+  return both;
+}
+
+// The one process whose command line has both `a` and `b` (-1 unless exactly one does), or the `index`-th of
+// them.
+int OnlyProcess(const std::string& a, const std::string& b, int index = -1) {
+  std::vector<int> both = ProcessesMentioningBoth(a, b);
+  if (index >= 0) return index < static_cast<int>(both.size()) ? both[index] : -1;
   return both.size() == 1 ? both[0] : -1;
 }
 
@@ -149,6 +158,50 @@ TEST_F(FailuresTest, AServerLostWithoutACheckpointStopsTheJobNamingIt) {
   EXPECT_GT(summary["pushes"].get<int64_t>(), 0) << "counters survive the lost server: " << summary.dump();
   ASSERT_TRUE(worker.ReadUntilExit(absl::Seconds(60))) << worker.output();
   ASSERT_TRUE(server0.ReadUntilExit(absl::Seconds(60))) << server0.output();
+}
+
+// kill -9 of a server during a SYNC job that takes checkpoints: within the heartbeat timeout its chunks move to
+// the other server, restored from the latest checkpoint, every worker goes back to that checkpoint's clock, and
+// the job ends with the parameters of an uninterrupted run. The summary records the recovery.
+TEST_F(FailuresTest, ALostServerIsRecoveredFromTheLatestCheckpoint) {
+  std::string text = Job("SYNC", 2, 2, 4000);
+  const std::string plain = "optimizer { kind: SGD learning_rate: 0.05 }";
+  text.replace(text.find(plain), plain.size(), "optimizer { kind: SGD learning_rate: 0.05 momentum: 0.9 }");
+  const std::string job = Write("job.pbtxt", text);
+  Subprocess full({kBin + "/tessera-launch", "--job=" + job, "--run_dir=" + (dir_ / "full").string(),
+                   "--device=cpu", "--dump_params=" + (dir_ / "full.params").string()});
+  ASSERT_TRUE(full.ReadUntilExit(absl::Seconds(120))) << full.output();
+  ASSERT_EQ(full.exit_code(), 0) << full.output();
+
+  const std::filesystem::path run = dir_ / "run";
+  const std::string dump = (dir_ / "run.params").string();
+  Subprocess launch({kBin + "/tessera-launch", "--job=" + job, "--run_dir=" + run.string(), "--device=cpu",
+                     "--checkpoint_every_steps=300", "--heartbeat_timeout_ms=1500", "--dump_params=" + dump});
+  ASSERT_TRUE(launch.ReadUntilLine("step   1500 |", absl::Seconds(120))) << launch.output();
+  const int server = OnlyProcess("tessera-server", SchedulerAddress(launch.output()), 1);
+  ASSERT_GT(server, 0);
+  kill(server, SIGKILL);
+  ASSERT_TRUE(launch.ReadUntilExit(absl::Seconds(120))) << launch.output();
+  ASSERT_EQ(launch.exit_code(), 0) << launch.output();
+
+  const nlohmann::json summary = ReadJson(run / "summary.json");
+  EXPECT_TRUE(summary["completed"].get<bool>()) << summary.dump();
+  bool recovered = false;
+  for (const auto& e : summary["events"]) {
+    if (e["event"] == "server lost, recovered") {
+      recovered = true;
+      EXPECT_GT(e["chunks_moved"].get<int>(), 0) << e.dump();
+      EXPECT_TRUE(e["rolled_back_to"].is_number()) << e.dump();
+    }
+  }
+  EXPECT_TRUE(recovered) << summary.dump();
+  absl::StatusOr<NamedTensors> a = ReadParamFile((dir_ / "full.params").string());
+  absl::StatusOr<NamedTensors> b = ReadParamFile(dump);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  absl::StatusOr<double> error = RelativeError(*a, *b);
+  ASSERT_TRUE(error.ok()) << error.status();
+  EXPECT_LT(*error, 1e-6);
 }
 
 // The scheduler killed mid-run: servers and workers exit within the heartbeat timeout, naming its address.
