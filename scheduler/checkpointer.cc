@@ -47,7 +47,7 @@ bool Checkpointer::Due(int64_t clock, absl::Time now) const {
 }
 
 absl::StatusOr<CheckpointInfo> Checkpointer::Take(const tessera::v1::ShardMap& view, int64_t clock, bool at_version,
-                                                  const std::vector<int64_t>& worker_clocks) {
+                                                  const std::vector<int64_t>& worker_clocks, absl::Duration timeout) {
   if (!enabled()) return absl::FailedPreconditionError("no checkpoint.dir: checkpoints are off for this job");
   CheckpointInfo info;
   {
@@ -59,7 +59,7 @@ absl::StatusOr<CheckpointInfo> Checkpointer::Take(const tessera::v1::ShardMap& v
   fs::create_directories(info.folder, error);
   if (error) return absl::PermissionDeniedError(absl::StrCat("cannot create ", info.folder, ": ", error.message()));
   absl::StatusOr<std::vector<std::string>> files =
-      servers_->Checkpoint(view, info.folder, clock, at_version, /*timeout=*/absl::Seconds(30));
+      servers_->Checkpoint(view, info.folder, clock, at_version, timeout);
   if (!files.ok()) return files.status();
   info.shard_files = *files;
   *info.state.mutable_view() = view;

@@ -42,11 +42,12 @@ class Checkpointer {
   bool Due(int64_t clock, absl::Time now) const;
 
   // Takes a checkpoint at `clock` of `view`: every server writes its file (SYNC, `at_version`: each chunk as
-  // its version reaches `clock`), then the scheduler's file with `worker_clocks`; old checkpoints are pruned
+  // its version reaches `clock`, waiting at most `timeout`), then the scheduler's file with `worker_clocks`; old checkpoints are pruned
   // to the job's checkpoint.keep. An error names the server or file that failed; the previous checkpoint
   // stays the latest.
   [[nodiscard]] absl::StatusOr<CheckpointInfo> Take(const tessera::v1::ShardMap& view, int64_t clock, bool at_version,
-                                                    const std::vector<int64_t>& worker_clocks);
+                                                    const std::vector<int64_t>& worker_clocks,
+                                                    absl::Duration timeout);
 
   // The newest complete checkpoint taken (or resumed from); nullopt before any.
   std::optional<CheckpointInfo> latest() const;

@@ -134,6 +134,12 @@ absl::StatusOr<CheckpointInfo> JobCoordinator::TakeCheckpoint(const std::string&
   }
   std::optional<tessera::v1::ShardMap> map = view_.Map();
   if (!map) return absl::FailedPreconditionError("nothing to checkpoint: no parameters are declared yet");
+  for (const auto& c : map->chunks()) {
+    if (std::none_of(map->servers().begin(), map->servers().end(),
+                     [&](const auto& s) { return s.id() == c.server_id(); })) {
+      return absl::UnavailableError(absl::StrCat("server ", c.server_id(), " is lost and its chunks are not moved yet"));
+    }
+  }
   {
     absl::MutexLock lock(&mu_);
     if (finishing_) return absl::FailedPreconditionError("the job is finishing");
@@ -154,7 +160,10 @@ absl::StatusOr<CheckpointInfo> JobCoordinator::TakeCheckpoint(const std::string&
     const std::vector<int64_t> active = clocks_.ActiveClocks();
     clock = active.empty() ? 0 : *std::min_element(active.begin(), active.end());
   }
-  absl::StatusOr<CheckpointInfo> taken = checkpointer_.Take(*map, clock, sync, worker_clocks);
+  // Every worker completes a step within the heartbeat timeout unless something is wrong (then the failure
+  // detector acts, and it must not wait behind this).
+  absl::StatusOr<CheckpointInfo> taken =
+      checkpointer_.Take(*map, clock, sync, worker_clocks, failure_detector_.timeout() + absl::Seconds(2));
   if (sync) clocks_.Release();
   if (taken.ok()) {
     LOG(INFO) << "checkpoint " << taken->number << " at clock " << clock << " (" << why << ") in "
