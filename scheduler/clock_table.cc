@@ -123,6 +123,11 @@ void ClockTable::Release() {
   for (auto& [callback, result] : ready) callback(std::move(result));
 }
 
+void ClockTable::ExpectRollback(int64_t clock) {
+  absl::MutexLock lock(&mu_);
+  rolled_back_to_ = clock;
+}
+
 void ClockTable::RollBack(int64_t clock) {
   Ready ready;
   {

@@ -63,6 +63,9 @@ class ClockTable {
 
   // Every active worker's clock goes back to `clock`; every waiting gate opens with rolled_back_to = clock.
   void RollBack(int64_t clock);
+  // A rollback to `clock` is coming: a worker that learns of it first (from the cluster view) may already
+  // advance from there.
+  void ExpectRollback(int64_t clock);
 
   // Opens every gate, now and later, with stop = true.
   void Stop(const std::string& reason);

@@ -2,6 +2,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include <algorithm>
+#include <map>
+
 #include "common/shard_map.h"
 
 namespace tessera {
@@ -57,7 +60,7 @@ absl::StatusOr<ClusterView::Joined> ClusterView::Join(const tessera::v1::Registe
           absl::StrCat("register: ", role, " id ", id, " asked for, but the job has ", slots.size(), " (0 to ",
                        static_cast<int>(slots.size()) - 1, ")"));
     }
-    if (takeable(slots[id]) || (!server && slots[id].state == MemberState::kAlive)) slot = &slots[id];
+    if (takeable(slots[id]) || slots[id].state == MemberState::kAlive) slot = &slots[id];
   }
   for (MemberState wanted : {MemberState::kVacant, MemberState::kLost}) {
     for (Member& m : slots) {
@@ -70,6 +73,7 @@ absl::StatusOr<ClusterView::Joined> ClusterView::Join(const tessera::v1::Registe
                                                      "s alive; no place for the ", role, " at ", who));
   }
   const MemberState was = slot->state;
+  const std::string previous_address = slot->address;
   slot->joined_clock = server ? 0 : start_clock(*slot);
   slot->incarnation += 1;
   slot->state = MemberState::kAlive;
@@ -80,7 +84,7 @@ absl::StatusOr<ClusterView::Joined> ClusterView::Join(const tessera::v1::Registe
   // A rank's first process changes nothing a server checks (the view lists an unregistered rank as in the
   // rounds, with incarnation 0: not checked yet); a replacement does.
   if (was != MemberState::kVacant) ChangedLocked();
-  return Joined{*slot, was};
+  return Joined{*slot, was, previous_address};
 }
 
 void ClusterView::Restore(const tessera::v1::ShardMap& view) {
@@ -249,6 +253,34 @@ tessera::v1::ShardMap ClusterView::MapLocked() const {
     slot->set_joined_clock(w.joined_clock);
   }
   return map;
+}
+
+absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> ClusterView::GiveShareTo(int server) {
+  absl::MutexLock lock(&mu_);
+  if (!placement_) return std::vector<tessera::v1::ChunkPlacement>();
+  tessera::v1::ShardMap map = MapLocked();
+  std::map<int, int64_t> load = BytesPerServer(map);
+  for (const auto& c : map.chunks()) {
+    if (std::none_of(map.servers().begin(), map.servers().end(), [&](const auto& s) { return s.id() == c.server_id(); })) {
+      return absl::FailedPreconditionError(absl::StrCat("server ", c.server_id(), "'s chunks are not moved yet"));
+    }
+  }
+  std::vector<tessera::v1::ChunkPlacement> moved;
+  // Largest chunks of the most loaded server first, while a move narrows the gap.
+  while (true) {
+    auto most = std::max_element(load.begin(), load.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+    tessera::v1::ChunkPlacement* pick = nullptr;
+    for (auto& c : *placement_->mutable_chunks()) {
+      if (c.server_id() == most->first && (pick == nullptr || c.length() > pick->length())) pick = &c;
+    }
+    if (pick == nullptr || most->first == server || load[server] + pick->length() * 4 >= most->second) break;
+    most->second -= pick->length() * 4;
+    load[server] += pick->length() * 4;
+    pick->set_server_id(server);
+    moved.push_back(*pick);
+  }
+  if (!moved.empty()) ChangedLocked();
+  return moved;
 }
 
 void ClusterView::RollBack(int64_t clock) {

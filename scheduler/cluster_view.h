@@ -7,9 +7,9 @@
 // placement rules live here and nowhere else:
 //   - a job has num_servers server ids and num_workers worker ranks, each a slot that is vacant, alive, lost or
 //     (workers) done;
-//   - a member that registers takes the id it asks for when that slot is vacant or its holder was lost,
-//     otherwise the first vacant slot, otherwise the first lost one (a replacement takes the lost member's
-//     place), with the slot's incarnation + 1;
+//   - a member that registers takes the id it asks for (even from a holder still registered: a restarted
+//     process), otherwise the first vacant slot, otherwise the first lost one (a replacement takes the lost
+//     member's place), with the slot's incarnation + 1;
 //   - a sync round r waits for the workers that are alive and joined at a clock <= r;
 //   - chunks are placed, largest first, on the server holding the fewest bytes (common/shard_map.h); a lost
 //     server's chunks move the same way to the survivors.
@@ -53,7 +53,7 @@ class ClusterView {
  public:
   ClusterView(int num_servers, int num_workers);
 
-  // Gives the registering member a slot (see above) and a new incarnation. A worker that asks for its rank gets
+  // Gives the registering member a slot (see above) and a new incarnation. A member that asks for its id gets
   // it even while its holder is alive (a restarted process comes back before its old self is declared lost);
   // the old incarnation is replaced. `start_clock(slot)`, called with the slot as it was, says at which clock
   // a worker taking it starts. Advances the epoch. RESOURCE_EXHAUSTED when every slot of the role is taken;
@@ -61,6 +61,7 @@ class ClusterView {
   struct Joined {
     Member member;              // as it is now
     MemberState was;            // the slot's state before: kVacant for a first join, kLost or kAlive for a return
+    std::string previous_address;  // of the slot's previous holder
   };
   [[nodiscard]] absl::StatusOr<Joined> Join(const tessera::v1::RegisterRequest& request, absl::Time now,
                                             const std::function<int64_t(const Member&)>& start_clock);
@@ -102,6 +103,11 @@ class ClusterView {
   // Moves the chunks of the lost `server` to the alive servers, least-loaded bytes first, and advances the
   // epoch. Returns the chunks moved. FAILED_PRECONDITION when no server is alive.
   [[nodiscard]] absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> MoveChunksOf(int server);
+
+  // Moves chunks from the most loaded servers to `server` (a replacement that holds none) while that narrows
+  // the gap, largest first, and advances the epoch. Returns the chunks moved. FAILED_PRECONDITION while a lost
+  // server's chunks are not moved yet.
+  [[nodiscard]] absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> GiveShareTo(int server);
 
   // SYNC recovery: every worker goes on from `clock` (the view's rollback generation grows). Advances the epoch.
   void RollBack(int64_t clock);

@@ -128,7 +128,7 @@ absl::StatusOr<CheckpointInfo> JobCoordinator::Checkpoint(const std::string& why
   return result;
 }
 
-absl::StatusOr<CheckpointInfo> JobCoordinator::TakeCheckpoint(const std::string& why) {
+absl::StatusOr<CheckpointInfo> JobCoordinator::TakeCheckpoint(const std::string& why, bool keep_hold) {
   if (!checkpointer_.enabled()) {
     return absl::FailedPreconditionError("the job has no checkpoint.dir (scheduler --checkpoint_dir)");
   }
@@ -164,7 +164,7 @@ absl::StatusOr<CheckpointInfo> JobCoordinator::TakeCheckpoint(const std::string&
   // detector acts, and it must not wait behind this).
   absl::StatusOr<CheckpointInfo> taken =
       checkpointer_.Take(*map, clock, sync, worker_clocks, failure_detector_.timeout() + absl::Seconds(2));
-  if (sync) clocks_.Release();
+  if (sync && (!keep_hold || !taken.ok())) clocks_.Release();
   if (taken.ok()) {
     LOG(INFO) << "checkpoint " << taken->number << " at clock " << clock << " (" << why << ") in "
               << taken->folder << ", " << absl::FormatDuration(absl::Now() - start);
@@ -220,6 +220,21 @@ void JobCoordinator::Register(const tessera::v1::RegisterRequest& request,
     } else if (m.role == tessera::v1::SERVER && returning) {
       records_.AddEvent({{"event", "server replaced"}, {"server", m.id}, {"incarnation", m.incarnation},
                          {"address", m.address}});
+      if (view_.placed()) {
+        // A restarted server that took its id back before the old one was declared lost: the old one is lost
+        // now. Its chunks move to the others (restored from the checkpoint), then the newcomer takes a share.
+        if (joined->was == MemberState::kAlive) {
+          Member old = m;
+          old.incarnation -= 1;
+          old.address = joined->previous_address;
+          if (std::optional<CheckpointInfo> latest = checkpointer_.latest()) {
+            executor_.Submit([this, old, info = *latest] { RecoverServer(old, info, absl::Now()); });
+          } else {
+            OnLost(old);
+          }
+        }
+        executor_.Submit([this, m] { GiveShareTo(m); });
+      }
     }
     tessera::v1::RegisterResponse response;
     response.set_id(m.id);
@@ -409,7 +424,10 @@ void JobCoordinator::RecoverServer(const Member& lost, const CheckpointInfo& che
   const bool sync = job_.consistency().mode() == ConsistencySpec::SYNC;
   const int64_t clock = checkpoint.state.clock();
   const std::vector<int64_t> before = clocks_.Clocks();
-  if (sync) view_.RollBack(clock);
+  if (sync) {
+    clocks_.ExpectRollback(clock);
+    view_.RollBack(clock);
+  }
   std::optional<tessera::v1::ShardMap> map = view_.Map();
   // SYNC: every chunk goes back to the checkpoint (a sync round is one cut of the whole model); ASYNC and SSP:
   // only the moved chunks come back, with their checkpoint versions, and the others keep going.
@@ -431,6 +449,32 @@ void JobCoordinator::RecoverServer(const Member& lost, const CheckpointInfo& che
                      {"rolled_back_to", sync ? nlohmann::json(clock) : nlohmann::json()},
                      {"clocks_lost", sync ? newest - clock : 0},
                      {"seconds_lost", seconds_lost}});
+}
+
+void JobCoordinator::GiveShareTo(const Member& server) {
+  if (!checkpointer_.enabled()) {
+    LOG(WARNING) << server.Describe() << " joined the running job; without checkpoints no chunks can move to it";
+    return;
+  }
+  const bool sync = job_.consistency().mode() == ConsistencySpec::SYNC;
+  // A checkpoint now: the moved chunks start from it (SYNC: everyone held at its clock until they moved).
+  absl::StatusOr<CheckpointInfo> taken = TakeCheckpoint(absl::StrCat("for ", server.Describe()), /*keep_hold=*/true);
+  if (!taken.ok()) {
+    LOG(WARNING) << "no chunks move to " << server.Describe() << ": " << taken.status();
+    return;
+  }
+  absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> moved = view_.GiveShareTo(server.id);
+  absl::Status assigned = moved.status();
+  if (moved.ok() && !moved->empty()) assigned = servers_->Assign(*view_.Map(), job_, taken->shard_files);
+  if (sync) clocks_.Release();
+  if (!assigned.ok()) {
+    // The servers that did take the view serve it; those that did not answer are found by the failure detector.
+    LOG(WARNING) << "moving chunks to " << server.Describe() << ": " << assigned;
+    return;
+  }
+  LOG(INFO) << server.Describe() << " took " << moved->size() << " chunks at cluster view epoch " << view_.epoch();
+  records_.AddEvent({{"event", "server joined, chunks moved to it"}, {"server", server.id},
+                     {"chunks_moved", moved->size()}, {"checkpoint", taken->folder}});
 }
 
 void JobCoordinator::MaybeFinish() {

@@ -117,7 +117,10 @@ class JobCoordinator {
   // Executor tasks.
   // Hands the current view to every server.
   void PublishView(const std::string& why);
-  absl::StatusOr<CheckpointInfo> TakeCheckpoint(const std::string& why);
+  // SYNC: with `keep_hold`, the workers stay held at the checkpoint's clock (the caller releases them).
+  absl::StatusOr<CheckpointInfo> TakeCheckpoint(const std::string& why, bool keep_hold = false);
+  // A replacement server takes a share of the chunks, restored from a checkpoint taken for the move.
+  void GiveShareTo(const Member& server);
   void FinishJob();
 
   // Constant after construction.

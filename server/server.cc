@@ -57,6 +57,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   tessera::v1::RegisterRequest request;
   request.set_role(tessera::v1::SERVER);
   request.set_address(server->address_);
+  if (options.id >= 0) request.set_requested_id(options.id);
   TESSERA_ASSIGN_OR_RETURN(tessera::v1::RegisterResponse registered,
                            server->scheduler_->Register(request, options.connect_attempts));
   server->id_ = registered.id();

@@ -13,6 +13,10 @@ DEFINE_string(scheduler, "", "HOST:PORT of the scheduler (required)");
 DEFINE_string(host, "127.0.0.1", "address to listen on (loopback by default; 0.0.0.0 for every interface)");
 DEFINE_int32(port, 0, "port to listen on; 0 picks a free one");
 DEFINE_string(advertise_host, "", "host name or address workers should dial; default: --host");
+DEFINE_int32(id, -1,
+             "the server id to take (0 .. num_servers-1), also when that id's previous process is still registered: "
+             "a restarted server takes its place in the running job; -1: the first free id, or the first whose "
+             "server was lost");
 DEFINE_int32(connect_attempts, 20, "tries to reach the scheduler at start-up (exponential backoff up to 1 s)");
 DEFINE_int32(http_port, 0, "port of /healthz and /metrics on --host; 0 picks a free one (logged), -1 turns them off");
 DEFINE_int32(heartbeat_timeout_ms, 10000,
@@ -30,6 +34,7 @@ int main(int argc, char** argv) {
   options.port = FLAGS_port;
   options.advertise_host = FLAGS_advertise_host;
   options.connect_attempts = FLAGS_connect_attempts;
+  options.id = FLAGS_id;
   options.heartbeat_timeout_ms = FLAGS_heartbeat_timeout_ms;
   options.http_port = FLAGS_http_port;
   options.update_threads = FLAGS_update_threads;

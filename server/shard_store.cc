@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -45,8 +46,8 @@ absl::Status ShardStore::Assign(const tessera::v1::ShardMap& map, const tessera:
     for (auto& w : waiters) w->Complete(values);
   }
   for (auto& w : dropped) {
-    w->Complete(absl::UnavailableError(absl::StrCat("the chunk was restored from a checkpoint (cluster view epoch ",
-                                                    map.epoch(), "); its open round is gone")));
+    w->Complete(absl::UnavailableError(absl::StrCat("the chunk was restored from a checkpoint or moved to another ",
+                                                    "server (cluster view epoch ", map.epoch(), "); ask again")));
   }
   return status;
 }
@@ -238,6 +239,25 @@ absl::Status ShardStore::AdoptView(
       FillInit(spec->init(), spec->name(), placement.offset(), absl::MakeSpan(chunk->values));
     }
     chunks_[key] = std::move(chunk);
+  }
+  // Chunks the view has moved to another server leave this one. They are retired, not freed: a request that
+  // found one before this view keeps a valid object (what it does there no longer counts).
+  std::set<std::pair<std::string, int>> here;
+  for (const auto& placement : map.chunks()) {
+    if (placement.server_id() == server_id_) here.emplace(placement.param(), placement.index());
+  }
+  for (auto it = chunks_.begin(); it != chunks_.end();) {
+    if (here.count(it->first) != 0) {
+      ++it;
+      continue;
+    }
+    {
+      absl::MutexLock chunk_lock(&it->second->mu);
+      for (auto& w : it->second->waiters) dropped.push_back(std::move(w));
+      it->second->waiters.clear();
+    }
+    retired_.push_back(std::move(it->second));
+    it = chunks_.erase(it);
   }
   // The view's workers. A map without them (one built by hand) keeps every worker in, unchecked.
   auto roster = std::make_shared<Roster>();

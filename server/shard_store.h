@@ -106,7 +106,8 @@ class ShardStore {
   // Adopts the cluster view `map` (which must be newer than the current one) and the job: creates and
   // initialises the chunks placed on server `server_id` (this one) that it does not hold yet, and takes the
   // view's workers: a worker no longer active leaves the sync rounds (a round it was the last one missing from
-  // closes now), a worker with a new incarnation starts a new sequence. INVALID_ARGUMENT on a job or map it
+  // closes now), a worker with a new incarnation starts a new sequence. Chunks the view places elsewhere
+  // leave this server (their waiting exchanges are answered UNAVAILABLE: the caller follows the view). INVALID_ARGUMENT on a job or map it
   // cannot use; FAILED_PRECONDITION when a different job or id is already assigned or the map is older.
   //
   // With `restore` (the servers' checkpoint files of one checkpoint), chunks new to this server take their
@@ -255,6 +256,7 @@ class ShardStore {
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   std::unique_ptr<const JobConfig> config_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const Roster> roster_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Chunk>> retired_ ABSL_GUARDED_BY(mu_);  // moved to other servers
   std::map<std::pair<std::string, int>, std::unique_ptr<Chunk>> chunks_ ABSL_GUARDED_BY(mu_);
 
   // The snapshot in progress (Snapshot with a version): chunks taken so far.

@@ -39,6 +39,9 @@ DEFINE_string(resume, "",
               "usable checkpoint, in the same run directory");
 DEFINE_int32(heartbeat_timeout_ms, 0,
              "a daemon silent this long is lost (the scheduler's --heartbeat_timeout_ms); 0: its default, 10 s");
+DEFINE_int32(restart_servers, 0,
+             "start a server that failed again (same id; it takes a share of the chunks, restored from a "
+             "checkpoint), at most this many times per server; 0: the job goes on without it when it can");
 DEFINE_int32(restart_workers, 0,
              "start a worker that failed again (same rank, a new incarnation that rejoins the running job), at "
              "most this many times per worker; 0: the job goes on without it");
@@ -117,6 +120,7 @@ int main(int argc, char** argv) {
   options.dump_params = FLAGS_dump_params;
   options.timeout_s = FLAGS_timeout_s;
   options.restart_workers = FLAGS_restart_workers;
+  options.restart_servers = FLAGS_restart_servers;
   options.heartbeat_timeout_ms = FLAGS_heartbeat_timeout_ms;
 
   // The run directory keeps the exact job that ran.

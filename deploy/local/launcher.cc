@@ -172,10 +172,11 @@ class Cluster {
     const int workers = options_.workers;
     for (int i = 0; i < servers; ++i) {
       const std::string log = absl::StrCat(options_.run_dir, "/logs/server-", i, ".log");
-      std::vector<std::string> argv = {options_.bin_dir + "/tessera-server", "--scheduler=" + address};
+      std::vector<std::string> argv = {options_.bin_dir + "/tessera-server", "--scheduler=" + address,
+                                       absl::StrCat("--id=", i)};
       absl::StatusOr<pid_t> pid = Spawn(argv, log, -1, append_logs());
       if (!pid.ok()) return pid.status();
-      children_.push_back({Child::kServer, absl::StrCat("server process ", i), log, argv, *pid});
+      children_.push_back({Child::kServer, absl::StrCat("server ", i), log, argv, *pid});
     }
     for (int i = 0; i < workers; ++i) {
       const std::string log = absl::StrCat(options_.run_dir, "/logs/worker-", i, ".log");
@@ -241,14 +242,15 @@ class Cluster {
         std::cout << "tessera-launch: " << child.name << " failed (" << ExitStatusText(status) << "); end of "
                   << child.log << ":\n" << TailOfFile(child.log, 5);
         if (!absl::EndsWith(TailOfFile(child.log, 1), "\n")) std::cout << "\n";
-        if (child.role == Child::kWorker && child.restarts < options_.restart_workers) {
+        const int budget = child.role == Child::kWorker ? options_.restart_workers : options_.restart_servers;
+        if (child.restarts < budget) {
           ++child.restarts;
           absl::StatusOr<pid_t> again = Spawn(child.argv, child.log, -1, /*append=*/true);
           if (!again.ok()) return again.status();
           child.pid = *again;
           child.exited = false;
-          std::cout << "tessera-launch: restarted " << child.name << " (" << child.restarts << " of "
-                    << options_.restart_workers << " restarts)" << std::endl;
+          std::cout << "tessera-launch: restarted " << child.name << " (" << child.restarts << " of " << budget
+                    << " restarts)" << std::endl;
         } else {
           std::cout << "tessera-launch: the job goes on without " << child.name
                     << " for as long as the scheduler lets it" << std::endl;

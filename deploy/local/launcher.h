@@ -32,6 +32,7 @@ struct LaunchOptions {
   std::string dump_params;   // handed to the workers; rank 0 writes its final parameters there
   int timeout_s = 3600;      // stop everything after this long
   int restart_workers = 0;   // start a failed worker again, at most this many times per worker
+  int restart_servers = 0;   // start a failed server again, at most this many times per server
   int heartbeat_timeout_ms = 0;  // the scheduler's failure detection; 0: its default
   std::string resume_dir;    // the scheduler goes on from the newest usable checkpoint here; logs are appended to
 };
