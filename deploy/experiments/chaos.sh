@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Experiment (not a test; a few minutes): the Quick start job, trained to a fixed step count with a checkpoint
+# every 5 s, while a random server is killed (kill -9) every 20 s and a random worker every 30 s. The launcher
+# starts the killed daemons again (same id or rank); the scheduler moves a lost server's chunks, rolls the sync
+# job back to the latest checkpoint, and takes each returning daemon back. Then the same job runs once more
+# undisturbed, and the two are compared: the chaos run must finish, with test accuracy within 0.5 points of the
+# clean run. Prints every kill and the time lost to it.
+#
+#   deploy/experiments/chaos.sh [STEPS] [OUT_DIR]     # defaults: 6000, runs/chaos-<time>
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+steps="${1:-6000}"
+out="${2:-runs/chaos-$(date +%Y%m%d-%H%M%S)}"
+bin="${TESSERA_BUILD_DIR:-build}/bin"
+[[ -x "$bin/tessera-launch" ]] || bash deploy/build.sh
+mkdir -p "$out"
+
+# The Quick start job, to a fixed step count instead of a target accuracy.
+sed -e 's/^name: .*/name: "chaos"/' -e "s/^stop .*/stop { max_steps: $steps }/" \
+  deploy/jobs/fashion_mnist_mlp_sync.pbtxt >"$out/job.pbtxt"
+
+now() { date +%s.%N; }
+launch_flags=(--job="$out/job.pbtxt" --device=cpu --heartbeat_timeout_ms=2000)
+
+echo "== chaos run: $steps steps; a server killed every 20 s, a worker every 30 s"
+: >"$out/kills.tsv"
+start=$(now)
+"$bin/tessera-launch" "${launch_flags[@]}" --run_dir="$out/chaos" --checkpoint_every_s=5 \
+  --restart_servers=1000 --restart_workers=1000 >"$out/chaos.out" 2>&1 &
+launcher=$!
+next_server=20
+next_worker=30
+while kill -0 "$launcher" 2>/dev/null; do
+  sleep 1  # the kill schedule's tick, not a synchronisation point
+  elapsed=$(python3 -c "print(int($(now) - $start))")
+  for role in server worker; do
+    due_var="next_$role"
+    if ((elapsed >= ${!due_var})); then
+      mapfile -t pids < <(pgrep -P "$launcher" -f "tessera-$role" || true)
+      if ((${#pids[@]} > 0)); then
+        victim=${pids[RANDOM % ${#pids[@]}]}
+        name=$(tr '\0' ' ' </proc/"$victim"/cmdline | grep -o -- '--\(id\|rank\)=[0-9]*' || echo "?")
+        if kill -9 "$victim" 2>/dev/null; then
+          printf '%s\t%s\t%s\n' "$(python3 -c "print(round($(now) - $start, 1))")" "$role" "$name" >>"$out/kills.tsv"
+          echo "   $(tail -1 "$out/kills.tsv" | cut -f1) s: killed $role $name (pid $victim)"
+        fi
+      fi
+      if [[ $role == server ]]; then next_server=$((next_server + 20)); else next_worker=$((next_worker + 30)); fi
+    fi
+  done
+done
+status=0
+wait "$launcher" || status=$?
+chaos_seconds=$(python3 -c "print(round($(now) - $start, 1))")
+tail -3 "$out/chaos.out"
+if ((status != 0)); then
+  echo "chaos run FAILED (tessera-launch exited $status); see $out/chaos.out and $out/chaos/logs/"
+  exit 1
+fi
+
+echo "== clean run of the same job"
+start=$(now)
+"$bin/tessera-launch" "${launch_flags[@]}" --run_dir="$out/clean" >"$out/clean.out" 2>&1
+clean_seconds=$(python3 -c "print(round($(now) - $start, 1))")
+
+python3 - "$out" "$chaos_seconds" "$clean_seconds" <<'EOF'
+import json, sys
+out, chaos_s, clean_s = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+chaos = json.load(open(f"{out}/chaos/summary.json"))
+clean = json.load(open(f"{out}/clean/summary.json"))
+kills = [line.rstrip("\n").split("\t") for line in open(f"{out}/kills.tsv")]
+steps_per_s = clean["steps"] / clean["wall_seconds"]
+print(f"\n| run | steps | test accuracy | wall s |\n|---|---|---|---|")
+print(f"| clean | {clean['steps']} | {clean['test_accuracy']:.4f} | {clean_s} |")
+print(f"| chaos | {chaos['steps']} | {chaos['test_accuracy']:.4f} | {chaos_s} |")
+recoveries = [e for e in chaos["events"] if e["event"] == "server lost, recovered"]
+rejoins = [e for e in chaos["events"] if e["event"] == "worker rejoined"]
+print(f"\nkills survived: {len(kills)} ({sum(k[1] == 'server' for k in kills)} servers, "
+      f"{sum(k[1] == 'worker' for k in kills)} workers)")
+print("\n| kill at s | killed | what it cost |\n|---|---|---|")
+for at, role, name in kills:
+    at = float(at)
+    if role == "server":
+        # The first recovery after the kill (event times are since the scheduler started, about the same instant).
+        r = next((e for e in recoveries if e["wall_seconds"] >= at), None)
+        if r is None:
+            print(f"| {at} | server {name} | no recovery recorded |")
+            continue
+        recoveries.remove(r)
+        redo = r["clocks_lost"] / steps_per_s
+        print(f"| {at} | server {name} | training again {r['wall_seconds'] - at:.1f} s after the kill; "
+              f"{r['clocks_lost']} steps redone from the checkpoint (~{redo:.1f} s): ~{r['wall_seconds'] - at + redo:.1f} s lost |")
+    else:
+        r = next((e for e in rejoins if e["wall_seconds"] >= at), None)
+        if r is not None:
+            rejoins.remove(r)
+        back = f"rejoined {r['wall_seconds'] - at:.1f} s later at clock {r['clock']}" if r else "did not rejoin"
+        print(f"| {at} | worker {name} | {back}; the other worker's rounds went on meanwhile |")
+gap = abs(chaos["test_accuracy"] - clean["test_accuracy"]) * 100
+print(f"\ntest accuracy: chaos {chaos['test_accuracy']:.4f}, clean {clean['test_accuracy']:.4f}: "
+      f"{gap:.2f} points apart ({'within' if gap <= 0.5 else 'NOT within'} 0.5); wall time lost overall "
+      f"{chaos_s - clean_s:.1f} s")
+sys.exit(0 if chaos["completed"] and gap <= 0.5 else 1)
+EOF
