@@ -152,6 +152,47 @@ TEST_F(ShardStoreTest, StalenessAwareLearningRateDividesTheStepByTheStaleness) {
   EXPECT_EQ(Values(), (std::vector<float>{-3, -3, -3}));
 }
 
+// A new view that drops a lost worker: a sync round it was the last one missing from closes at once, its
+// clock no longer holds the chunk's clock_version (and so everyone's staleness) back, and its pushes are refused.
+// Its next incarnation starts a new sequence.
+TEST_F(ShardStoreTest, AViewWithoutALostWorkerClosesItsRoundAndLeavesItOutOfTheStaleness) {
+  Assign(tessera::v1::ConsistencySpec::SYNC, 2);
+  std::shared_ptr<std::optional<absl::StatusOr<ChunkValues>>> waiting = PushPull(Gradient(0, 1, 0, {2, 2, 2}));
+  EXPECT_FALSE(waiting->has_value()) << "the round waits for worker 1";
+  tessera::v1::ShardMap view = map_;
+  view.set_epoch(2);
+  for (int w = 0; w < 2; ++w) {
+    auto* slot = view.add_workers();
+    slot->set_id(w);
+    slot->set_incarnation(1);
+    slot->set_active(w == 0);
+  }
+  ASSERT_THAT(store_.Assign(view, job_, 0), IsOk());
+  ASSERT_TRUE(waiting->has_value()) << "worker 1 left: the round closed";
+  ASSERT_THAT(**waiting, IsOk());
+  EXPECT_EQ((**waiting)->clock_version, 1) << "worker 1's clock 0 no longer counts";
+  TestPush lost = Gradient(1, 1, 1, {1, 1, 1});
+  lost.push.address.epoch = 2;
+  lost.push.incarnation = 1;
+  EXPECT_THAT(Push(lost), StatusIs(absl::StatusCode::kFailedPrecondition, "not in the job's cluster view"));
+
+  // Worker 1 back as incarnation 2, in the rounds from clock 1: its seq 1 is new, not a duplicate.
+  view.set_epoch(3);
+  view.mutable_workers(1)->set_active(true);
+  view.mutable_workers(1)->set_incarnation(2);
+  view.mutable_workers(1)->set_joined_clock(1);
+  ASSERT_THAT(store_.Assign(view, job_, 0), IsOk());
+  TestPush back = Gradient(1, 1, 1, {1, 1, 1});
+  back.push.address.epoch = 3;
+  back.push.incarnation = 2;
+  absl::StatusOr<PushOutcome> outcome = Push(back);
+  ASSERT_THAT(outcome, IsOk());
+  EXPECT_FALSE(outcome->duplicate);
+  back.push.incarnation = 1;
+  back.push.seq = 2;
+  EXPECT_THAT(Push(back), StatusIs(absl::StatusCode::kFailedPrecondition, "held by incarnation 2"));
+}
+
 TEST_F(ShardStoreTest, UnknownParameterIsNotFound) {
   Assign(tessera::v1::ConsistencySpec::ASYNC, 1);
   TestPush r = Gradient(0, 1, 0, {1, 1, 1});
