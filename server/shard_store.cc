@@ -193,7 +193,10 @@ absl::Status ShardStore::AdoptView(
   if (restore != nullptr && !restore->empty()) {
     const auto& seen = restore->front().worker_incarnations();
     for (const auto& w : map.workers()) {
-      if (w.id() >= 0 && w.id() < workers && w.id() < seen.size()) keep_seq[w.id()] = seen[w.id()] == w.incarnation();
+      // Only the very process the checkpoint saw continues its sequence (0 means "not known": a new process).
+      if (w.id() >= 0 && w.id() < workers && w.id() < seen.size()) {
+        keep_seq[w.id()] = w.incarnation() != 0 && seen[w.id()] == w.incarnation();
+      }
     }
   }
   auto restore_into = [&](const std::pair<std::string, int>& key, Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu)

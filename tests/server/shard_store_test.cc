@@ -193,6 +193,33 @@ TEST_F(ShardStoreTest, AViewWithoutALostWorkerClosesItsRoundAndLeavesItOutOfTheS
   EXPECT_THAT(Push(back), StatusIs(absl::StatusCode::kFailedPrecondition, "held by incarnation 2"));
 }
 
+// A checkpoint's chunks restored on another server keep values, versions and optimizer state; the sequence
+// table is kept only for a worker process the checkpoint knew (same non-zero incarnation): a new process
+// numbers its pushes from 1 again, and they must not be taken for duplicates.
+TEST_F(ShardStoreTest, RestoredChunksKeepTheirStateAndForgetSequencesOfUnknownProcesses) {
+  Assign(tessera::v1::ConsistencySpec::ASYNC, 1);
+  ASSERT_THAT(Push(Gradient(0, 7, 0, {1, 2, 3})), IsOk());
+  absl::StatusOr<tessera::v1::ShardCheckpoint> saved = store_.Snapshot(-1, absl::InfiniteFuture());
+  ASSERT_THAT(saved, IsOk());
+  ASSERT_EQ(saved->chunks_size(), 2);
+
+  ShardStore restored;
+  std::vector<tessera::v1::ShardCheckpoint> files = {*saved};
+  ASSERT_THAT(restored.Assign(map_, job_, 0, &files), IsOk());
+  absl::StatusOr<ChunkValues> pulled = restored.Pull(ChunkPull{{1, "w", 0}, -1});
+  ASSERT_THAT(pulled, IsOk());
+  EXPECT_EQ(pulled->version, 1);
+  std::vector<float> values(3);
+  std::memcpy(values.data(), pulled->bytes->data(), 12);
+  EXPECT_EQ(values, (std::vector<float>{-1, -2, -3}));
+  TestPush fresh = Gradient(0, 1, 1, {1, 1, 1});
+  fresh.push.address.param = fresh.param;
+  absl::StatusOr<PushOutcome> outcome = restored.Push(fresh.push, SpanPayload(fresh.values));
+  ASSERT_THAT(outcome, IsOk());
+  EXPECT_FALSE(outcome->duplicate) << "a new process's seq 1 is not the old process's seq 7";
+  EXPECT_EQ(outcome->version, 2);
+}
+
 TEST_F(ShardStoreTest, UnknownParameterIsNotFound) {
   Assign(tessera::v1::ConsistencySpec::ASYNC, 1);
   TestPush r = Gradient(0, 1, 0, {1, 1, 1});
