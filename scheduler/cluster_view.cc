@@ -30,7 +30,8 @@ std::string Member::Describe() const {
   return absl::StrCat(name, " ", id);
 }
 
-ClusterView::ClusterView(int num_servers, int num_workers) : servers_(num_servers), workers_(num_workers) {
+ClusterView::ClusterView(int num_servers, int num_workers)
+    : num_servers_(num_servers), num_workers_(num_workers), servers_(num_servers), workers_(num_workers) {
   for (int i = 0; i < num_servers; ++i) {
     servers_[i].role = tessera::v1::SERVER;
     servers_[i].id = i;

@@ -127,14 +127,16 @@ class ClusterView {
   std::vector<Member> Workers() const;
   bool AllServersAlive() const;
 
-  int num_servers() const { return static_cast<int>(servers_.size()); }
-  int num_workers() const { return static_cast<int>(workers_.size()); }
+  int num_servers() const { return num_servers_; }
+  int num_workers() const { return num_workers_; }
 
  private:
   tessera::v1::ShardMap MapLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Advances the epoch once parameters are placed.
   void ChangedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  const int num_servers_;
+  const int num_workers_;
   mutable absl::Mutex mu_;
   std::vector<Member> servers_ ABSL_GUARDED_BY(mu_);
   std::vector<Member> workers_ ABSL_GUARDED_BY(mu_);
