@@ -70,7 +70,7 @@ std::unique_ptr<Heartbeater> SchedulerClient::StartHeartbeats(tessera::v1::Role 
   return heartbeater;
 }
 
-absl::StatusOr<tessera::v1::DeclareResponse> SchedulerClient::Declare(const tessera::v1::DeclareRequest& request,
+absl::StatusOr<tessera::v1::ShardMap> SchedulerClient::Declare(const tessera::v1::DeclareRequest& request,
                                                                absl::Duration timeout) {
   tessera::v1::DeclareResponse response;
   RetryPolicy policy;
@@ -82,7 +82,7 @@ absl::StatusOr<tessera::v1::DeclareResponse> SchedulerClient::Declare(const tess
                           absl::StrCat("Declare with scheduler ", address_));
   });
   if (!status.ok()) return status;
-  return response;
+  return std::move(*response.mutable_shard_map());
 }
 
 absl::StatusOr<tessera::v1::ShardMap> SchedulerClient::GetShardMap() {

@@ -38,7 +38,7 @@ class SchedulerClient {
                                                absl::Duration give_up_after);
 
   // Retries while the scheduler answers UNAVAILABLE (still waiting for servers), up to `timeout`.
-  [[nodiscard]] absl::StatusOr<tessera::v1::DeclareResponse> Declare(const tessera::v1::DeclareRequest& request,
+  [[nodiscard]] absl::StatusOr<tessera::v1::ShardMap> Declare(const tessera::v1::DeclareRequest& request,
                                                               absl::Duration timeout);
   [[nodiscard]] absl::StatusOr<tessera::v1::ShardMap> GetShardMap();
 

@@ -75,7 +75,7 @@ absl::StatusOr<ClusterView::Joined> ClusterView::Join(const tessera::v1::Registe
   }
   const MemberState was = slot->state;
   const std::string previous_address = slot->address;
-  slot->joined_clock = server ? 0 : was == MemberState::kVacant ? start_clock(*slot) : kNotInRounds;
+  slot->joined_clock = server ? 0 : start_clock(*slot);
   slot->incarnation += 1;
   slot->state = MemberState::kAlive;
   slot->address = request.address();
@@ -282,13 +282,6 @@ absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> ClusterView::GiveShareT
   }
   if (!moved.empty()) ChangedLocked();
   return moved;
-}
-
-void ClusterView::SetJoinedClock(int worker, int64_t clock) {
-  absl::MutexLock lock(&mu_);
-  if (worker < 0 || worker >= static_cast<int>(workers_.size())) return;
-  workers_[worker].joined_clock = clock;
-  ChangedLocked();
 }
 
 void ClusterView::RollBack(int64_t clock) {

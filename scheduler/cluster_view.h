@@ -56,8 +56,7 @@ class ClusterView {
   // Gives the registering member a slot (see above) and a new incarnation. A member that asks for its id gets
   // it even while its holder is alive (a restarted process comes back before its old self is declared lost);
   // the old incarnation is replaced. `start_clock(slot)`, called with the slot as it was, says at which clock
-  // a worker taking a vacant slot starts; a worker coming back to a slot is in no round (kNotInRounds) until
-  // SetJoinedClock (at its Declare, once it is ready to train). Advances the epoch. RESOURCE_EXHAUSTED when every slot of the role is taken;
+  // a worker taking it starts. Advances the epoch. RESOURCE_EXHAUSTED when every slot of the role is taken;
   // INVALID_ARGUMENT for a server without an address, a requested id out of range or an unknown role.
   struct Joined {
     Member member;              // as it is now
@@ -112,11 +111,6 @@ class ClusterView {
 
   // SYNC recovery: every worker goes on from `clock` (the view's rollback generation grows). Advances the epoch.
   void RollBack(int64_t clock);
-
-  // A worker's joined_clock until it enters the rounds: in none.
-  static constexpr int64_t kNotInRounds = INT64_MAX;
-  // A returning worker enters the rounds from `clock` on. Advances the epoch.
-  void SetJoinedClock(int worker, int64_t clock);
 
   // The view as servers and clients see it; nullopt before parameters are placed.
   std::optional<tessera::v1::ShardMap> Map() const;

@@ -210,10 +210,13 @@ void JobCoordinator::Register(const tessera::v1::RegisterRequest& request,
               << (m.role == tessera::v1::WORKER && m.joined_clock > 0 ? absl::StrCat(", starting at clock ", m.joined_clock)
                                                                      : "");
     if (m.role == tessera::v1::WORKER && returning) {
-      // Out of the gate and the rounds (an old incarnation still registered is replaced) while the new process
-      // loads its data; it enters them at its Declare.
-      clocks_.Done(m.id);
-      PublishView(absl::StrCat("worker ", m.id, " is back (incarnation ", m.incarnation, "); it joins when ready"));
+      // Back in the gate at once, held one clock below its start until the servers know it (so that no sync
+      // round it belongs to closes without it), then at its start.
+      clocks_.Rejoin(m.id, std::max<int64_t>(0, m.joined_clock - 1));
+      PublishView(absl::StrCat("worker ", m.id, " rejoined at clock ", m.joined_clock));
+      clocks_.Rejoin(m.id, m.joined_clock);
+      records_.AddEvent({{"event", "worker rejoined"}, {"worker", m.id}, {"incarnation", m.incarnation},
+                         {"clock", m.joined_clock}});
     } else if (m.role == tessera::v1::SERVER && returning) {
       records_.AddEvent({{"event", "server replaced"}, {"server", m.id}, {"incarnation", m.incarnation},
                          {"address", m.address}});
@@ -239,8 +242,7 @@ void JobCoordinator::Register(const tessera::v1::RegisterRequest& request,
     response.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(heartbeat_interval_));
     response.set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(failure_detector_.timeout()));
     response.set_incarnation(m.incarnation);
-    // Provisional: the worker's Declare says where it starts.
-    response.set_start_clock(m.joined_clock == ClusterView::kNotInRounds ? clocks_.Clocks()[m.id] : m.joined_clock);
+    response.set_start_clock(m.joined_clock);
     done(std::move(response));
   });
 }
@@ -256,7 +258,7 @@ absl::StatusOr<tessera::v1::HeartbeatResponse> JobCoordinator::Heartbeat(
 }
 
 void JobCoordinator::Declare(const tessera::v1::DeclareRequest& request,
-                             std::function<void(absl::StatusOr<tessera::v1::DeclareResponse>)> done) {
+                             std::function<void(absl::StatusOr<tessera::v1::ShardMap>)> done) {
   executor_.Submit([this, request, done = std::move(done)] {
     absl::StatusOr<ClusterView::Placed> placed =
         view_.Place({request.params().begin(), request.params().end()}, job_.chunk_bytes());
@@ -293,28 +295,7 @@ void JobCoordinator::Declare(const tessera::v1::DeclareRequest& request,
                 << " parameters in " << placed->map.chunks_size() << " chunks on " << placed->map.servers_size()
                 << " servers";
     }
-    tessera::v1::DeclareResponse response;
-    const std::vector<Member> workers = view_.Workers();
-    const int w = request.worker_id();
-    if (w >= 0 && w < static_cast<int>(workers.size())) {
-      const Member& m = workers[w];
-      int64_t start = m.joined_clock;
-      if (m.state == MemberState::kAlive && m.joined_clock == ClusterView::kNotInRounds) {
-        // A rank that came back, ready to train: into the gate at once, held one clock below its start until
-        // the servers have the view with it (so no sync round it belongs to closes without it), then at it.
-        start = StartClock(m);
-        clocks_.Rejoin(w, std::max<int64_t>(0, start - 1));
-        view_.SetJoinedClock(w, start);
-        PublishView(absl::StrCat("worker ", w, " rejoined at clock ", start));
-        clocks_.Rejoin(w, start);
-        records_.AddEvent({{"event", "worker rejoined"}, {"worker", w}, {"incarnation", m.incarnation},
-                           {"clock", start}});
-        placed->map = *view_.Map();
-      }
-      response.set_start_clock(start == ClusterView::kNotInRounds ? 0 : start);
-    }
-    *response.mutable_shard_map() = std::move(placed->map);
-    done(std::move(response));
+    done(placed->map);
   });
 }
 

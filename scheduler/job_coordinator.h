@@ -59,18 +59,16 @@ class JobCoordinator {
   // returns it; waits for it. FAILED_PRECONDITION when the job has no checkpoint.dir or nothing is declared.
   [[nodiscard]] absl::StatusOr<CheckpointInfo> Checkpoint(const std::string& why);
 
-  // Calls `done` (on the executor) with the member's slot and incarnation. A worker coming back to a running
-  // job is out of the rounds (its old incarnation replaced) until its Declare.
+  // Calls `done` (on the executor) with the member's slot, incarnation and start clock. A worker rejoining a
+  // running job is in the view the servers hold before `done` runs.
   void Register(const tessera::v1::RegisterRequest& request,
                 std::function<void(absl::StatusOr<tessera::v1::RegisterResponse>)> done);
   [[nodiscard]] absl::StatusOr<tessera::v1::HeartbeatResponse> Heartbeat(const tessera::v1::HeartbeatRequest& request);
 
   // Calls `done` (on the executor) with the cluster view, UNAVAILABLE naming the servers still missing, or the
   // placement's error.
-  // The answer also says where the declaring worker starts; a rank that came back enters the clock gate and
-  // the rounds here (it registered, then loaded its data).
   void Declare(const tessera::v1::DeclareRequest& request,
-               std::function<void(absl::StatusOr<tessera::v1::DeclareResponse>)> done);
+               std::function<void(absl::StatusOr<tessera::v1::ShardMap>)> done);
   // FAILED_PRECONDITION before anything is declared.
   [[nodiscard]] absl::StatusOr<tessera::v1::ShardMap> GetShardMap() const;
 

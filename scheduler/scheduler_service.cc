@@ -43,9 +43,9 @@ grpc::ServerUnaryReactor* SchedulerService::Declare(grpc::CallbackServerContext*
                                                     const tessera::v1::DeclareRequest* request,
                                                     tessera::v1::DeclareResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  coordinator_->Declare(*request, [context, reactor, response](absl::StatusOr<tessera::v1::DeclareResponse> r) {
-    if (r.ok()) *response = std::move(r).value();
-    reactor->Finish(ToGrpcStatus(r.status(), context));
+  coordinator_->Declare(*request, [context, reactor, response](absl::StatusOr<tessera::v1::ShardMap> map) {
+    if (map.ok()) *response->mutable_shard_map() = std::move(map).value();
+    reactor->Finish(ToGrpcStatus(map.status(), context));
   });
   return reactor;
 }

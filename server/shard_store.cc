@@ -199,8 +199,7 @@ absl::Status ShardStore::AdoptView(
       }
     }
   }
-  // Callers hold chunk.mu (the analysis cannot name a lambda parameter's mutex).
-  auto restore_into = [&](const std::pair<std::string, int>& key, Chunk& chunk) ABSL_NO_THREAD_SAFETY_ANALYSIS
+  auto restore_into = [&](const std::pair<std::string, int>& key, Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu)
       -> absl::Status {
     auto it = saved.find(key);
     if (it == saved.end()) {
@@ -285,9 +284,7 @@ absl::Status ShardStore::AdoptView(
     absl::MutexLock chunk_lock(&chunk->mu);
     for (int w : renewed) {
       chunk->last_seq.erase(w);
-      if (roster->joined_clock[w] != INT64_MAX) {
-        chunk->applied_clocks[w] = std::max(chunk->applied_clocks[w], roster->joined_clock[w]);
-      }
+      chunk->applied_clocks[w] = std::max(chunk->applied_clocks[w], roster->joined_clock[w]);
     }
     if (sync && !chunk->sync_workers.empty() && RoundCompleteLocked(*chunk, *roster)) {
       std::vector<std::shared_ptr<ExchangeWaiter>> waiters = CloseRoundLocked(*config_, *chunk);
@@ -373,7 +370,7 @@ int64_t ShardStore::ClockVersionLocked(const Chunk& chunk, const Roster& roster)
   // Workers that left the job hold nobody's staleness back.
   int64_t min = INT64_MAX;
   for (size_t w = 0; w < chunk.applied_clocks.size(); ++w) {
-    if (roster.active[w] && roster.joined_clock[w] != INT64_MAX) min = std::min(min, chunk.applied_clocks[w]);
+    if (roster.active[w]) min = std::min(min, chunk.applied_clocks[w]);
   }
   if (min != INT64_MAX) return min;
   return chunk.applied_clocks.empty() ? 0 : *std::max_element(chunk.applied_clocks.begin(), chunk.applied_clocks.end());

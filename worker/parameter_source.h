@@ -26,8 +26,7 @@ class ParameterSource {
   virtual ~ParameterSource() = default;
   virtual int rank() const = 0;
   virtual int num_workers() const = 0;
-  // The clock to start at (valid after Declare): 0, or where a rejoining rank (or a resumed job) goes on; its
-  // data position too.
+  // The clock to start at: 0, or where a rejoining rank (or a resumed job) goes on; its data position too.
   virtual int64_t start_clock() const { return 0; }
   virtual const tessera::v1::JobSpec& job() const = 0;
   [[nodiscard]] virtual absl::Status Declare(const std::vector<tessera::v1::ParameterSpec>& params) = 0;
@@ -55,10 +54,11 @@ class ParameterSource {
 // Parameters on the servers. `client` is owned.
 class RemoteSource final : public ParameterSource {
  public:
-  explicit RemoteSource(std::unique_ptr<PsClient> client) : client_(std::move(client)) {}
+  explicit RemoteSource(std::unique_ptr<PsClient> client)
+      : client_(std::move(client)), start_clock_(client_->clock()) {}
   int rank() const override { return client_->worker_id(); }
   int num_workers() const override { return client_->job().cluster().num_workers(); }
-  int64_t start_clock() const override { return client_->clock(); }  // read right after Declare
+  int64_t start_clock() const override { return start_clock_; }
   const tessera::v1::JobSpec& job() const override { return client_->job(); }
   absl::Status Declare(const std::vector<tessera::v1::ParameterSpec>& params) override {
     return client_->Declare(params);
@@ -84,6 +84,7 @@ class RemoteSource final : public ParameterSource {
 
  private:
   std::unique_ptr<PsClient> client_;
+  const int64_t start_clock_;
 };
 
 // Parameters in this process, updated with the job's UpdateRule; records metrics.jsonl and summary.json itself.

@@ -234,7 +234,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(const Options& optio
                            client->scheduler_->Register(request, options.connect_attempts));
   client->worker_id_ = registered.id();
   client->incarnation_ = registered.incarnation();
-  client->clock_ = registered.start_clock();  // provisional: the first Declare says
+  client->clock_ = registered.start_clock();
   client->job_ = registered.job();
   if (options.heartbeat) {
     client->heartbeater_ = client->scheduler_->StartHeartbeats(
@@ -255,9 +255,7 @@ absl::Status PsClient::Declare(const std::vector<tessera::v1::ParameterSpec>& pa
   tessera::v1::DeclareRequest request;
   request.set_worker_id(worker_id_);
   for (const auto& p : params) *request.add_params() = p;
-  TESSERA_ASSIGN_OR_RETURN(tessera::v1::DeclareResponse declared, scheduler_->Declare(request, options_.declare_timeout));
-  tessera::v1::ShardMap map = std::move(*declared.mutable_shard_map());
-  if (map_ == nullptr) clock_ = declared.start_clock();  // the first declaration says where this worker starts
+  TESSERA_ASSIGN_OR_RETURN(tessera::v1::ShardMap map, scheduler_->Declare(request, options_.declare_timeout));
   rollback_generation_ = map.rollback_generation();  // rollbacks before this worker joined are not its own
   map_ = std::make_shared<const ShardMapIndex>(std::move(map));
   return absl::OkStatus();

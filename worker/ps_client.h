@@ -104,16 +104,14 @@ class PsClient {
   // 1 for the first process of this rank, +1 for each that rejoined the job.
   uint64_t incarnation() const { return incarnation_; }
   const tessera::v1::JobSpec& job() const { return job_; }
-  // Steps this worker has completed; after the first Declare, where it starts (0, a resumed job's clock, or
-  // where a rank that came back joins the running job).
+  // Steps this worker has completed; after Connect, where it starts (0, or where a rejoining rank resumes).
   int64_t clock() const { return clock_; }
   uint64_t epoch() const { return map_ ? map_->epoch() : 0; }
   // The shard map this client holds; null before Declare.
   const tessera::v1::ShardMap* shard_map() const { return map_ ? &map_->map() : nullptr; }
 
   // Declares parameters (all workers declare the same ones; the first declaration places them). Blocks until
-  // every server has registered and holds its chunks. A worker's first Declare also enters it into the job's
-  // clock gate and rounds (see clock()). FAILED_PRECONDITION when a name is already declared
+  // every server has registered and holds its chunks. FAILED_PRECONDITION when a name is already declared
   // with another shape.
   [[nodiscard]] absl::Status Declare(const std::vector<tessera::v1::ParameterSpec>& params);
 

@@ -101,15 +101,14 @@ TEST(ClusterViewTest, WorkersRejoinWithANewIncarnation) {
   EXPECT_EQ(map->servers_size(), 0) << "the lost server is out of the view";
 
   // No rank asked for: the lost rank is the one free.
-  absl::StatusOr<ClusterView::Joined> back = view.Join(Worker("h0"), t0 + absl::Seconds(32), AtZero);
+  absl::StatusOr<ClusterView::Joined> back = view.Join(Worker("h0"), t0 + absl::Seconds(32), [](const Member& slot) {
+    EXPECT_EQ(slot.incarnation, 1u);
+    return int64_t{7};
+  });
   ASSERT_THAT(back, IsOk());
   EXPECT_EQ(back->member.id, 0);
   EXPECT_EQ(back->member.incarnation, 2u);
-  EXPECT_EQ(back->was, MemberState::kLost);
-  EXPECT_EQ(back->member.joined_clock, ClusterView::kNotInRounds) << "in no round until it is ready to train";
-  const uint64_t before = view.epoch();
-  view.SetJoinedClock(0, 7);
-  EXPECT_GT(view.epoch(), before);
+  EXPECT_EQ(back->member.joined_clock, 7);
   map = view.Map();
   EXPECT_TRUE(map->workers(0).active());
   EXPECT_EQ(map->workers(0).joined_clock(), 7);
