@@ -29,7 +29,9 @@ absl::StatusOr<tessera::v1::RegisterResponse> SchedulerClient::Register(tessera:
   absl::Status status = RetryWhileUnavailable(
       policy, absl::StrCat("no scheduler answered at ", address_), [&]() -> absl::Status {
         grpc::ClientContext context;
-        SetTimeout(context, absl::Seconds(2));
+        // Registration waits behind whatever the scheduler is doing (a checkpoint, a recovery: each bounded by
+        // its heartbeat timeout), so it gets longer than that; an absent scheduler fails at once anyway.
+        SetTimeout(context, absl::Seconds(20));
         return FromGrpcStatus(stub_->Register(&context, request, &response), context,
                               absl::StrCat("Register with scheduler ", address_));
       });
