@@ -15,15 +15,35 @@
 namespace tessera::testing {
 namespace {
 
-using FailuresTest = DaemonTest;
+class FailuresTest : public DaemonTest {
+ protected:
+  // Runs `job` to its end with nothing killed; its final parameters go to dir_/full.params.
+  void RunUndisturbed(const std::string& job) {
+    Subprocess full({kBin + "/tessera-launch", "--job=" + job, "--run_dir=" + (dir_ / "full").string(),
+                     "--device=cpu", "--dump_params=" + (dir_ / "full.params").string()});
+    ASSERT_TRUE(full.ReadUntilExit(absl::Seconds(120))) << full.output();
+    ASSERT_EQ(full.exit_code(), 0) << full.output();
+  }
+
+  // The parameters in `dump` are those of the undisturbed run (relative error under 1e-6).
+  void ExpectTheUndisturbedParameters(const std::string& dump) {
+    absl::StatusOr<NamedTensors> a = ReadParamFile((dir_ / "full.params").string());
+    absl::StatusOr<NamedTensors> b = ReadParamFile(dump);
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    absl::StatusOr<double> error = RelativeError(*a, *b);
+    ASSERT_TRUE(error.ok()) << error.status();
+    EXPECT_LT(*error, 1e-6);
+  }
+};
 
 // A small synthetic job that runs for a few seconds on two cores.
-std::string Job(const std::string& mode, int servers, int workers, int steps) {
+std::string Job(const std::string& mode, int servers, int workers, int steps, float momentum = 0) {
   return absl::StrCat(R"(
 name: "failures"
 model { mlp { hidden_sizes: 32 } }
 data { format: SYNTHETIC synthetic_train_examples: 4096 synthetic_features: 64 synthetic_classes: 8 }
-optimizer { kind: SGD learning_rate: 0.05 }
+optimizer { kind: SGD learning_rate: 0.05 momentum: )", momentum, R"( }
 batch_size: 16
 consistency { mode: )", mode, R"( }
 stop { max_steps: )", steps, R"( }
@@ -164,14 +184,8 @@ TEST_F(FailuresTest, AServerLostWithoutACheckpointStopsTheJobNamingIt) {
 // the other server, restored from the latest checkpoint, every worker goes back to that checkpoint's clock, and
 // the job ends with the parameters of an uninterrupted run. The summary records the recovery.
 TEST_F(FailuresTest, ALostServerIsRecoveredFromTheLatestCheckpoint) {
-  std::string text = Job("SYNC", 2, 2, 4000);
-  const std::string plain = "optimizer { kind: SGD learning_rate: 0.05 }";
-  text.replace(text.find(plain), plain.size(), "optimizer { kind: SGD learning_rate: 0.05 momentum: 0.9 }");
-  const std::string job = Write("job.pbtxt", text);
-  Subprocess full({kBin + "/tessera-launch", "--job=" + job, "--run_dir=" + (dir_ / "full").string(),
-                   "--device=cpu", "--dump_params=" + (dir_ / "full.params").string()});
-  ASSERT_TRUE(full.ReadUntilExit(absl::Seconds(120))) << full.output();
-  ASSERT_EQ(full.exit_code(), 0) << full.output();
+  const std::string job = Write("job.pbtxt", Job("SYNC", 2, 2, 4000, /*momentum=*/0.9f));
+  ASSERT_NO_FATAL_FAILURE(RunUndisturbed(job));
 
   const std::filesystem::path run = dir_ / "run";
   const std::string dump = (dir_ / "run.params").string();
@@ -195,13 +209,7 @@ TEST_F(FailuresTest, ALostServerIsRecoveredFromTheLatestCheckpoint) {
     }
   }
   EXPECT_TRUE(recovered) << summary.dump();
-  absl::StatusOr<NamedTensors> a = ReadParamFile((dir_ / "full.params").string());
-  absl::StatusOr<NamedTensors> b = ReadParamFile(dump);
-  ASSERT_TRUE(a.ok()) << a.status();
-  ASSERT_TRUE(b.ok()) << b.status();
-  absl::StatusOr<double> error = RelativeError(*a, *b);
-  ASSERT_TRUE(error.ok()) << error.status();
-  EXPECT_LT(*error, 1e-6);
+  ExpectTheUndisturbedParameters(dump);
 }
 
 // The scheduler killed mid-run: servers and workers exit within the heartbeat timeout, naming its address.
@@ -229,14 +237,8 @@ TEST_F(FailuresTest, EveryoneExitsNamingTheSchedulerWhenItDies) {
 // newest checkpoint is damaged first: it is refused with a message naming the file and the check, and the one
 // before it is used.
 TEST_F(FailuresTest, AResumedSyncRunEndsWithTheParametersOfAnUninterruptedOne) {
-  std::string text = Job("SYNC", 2, 2, 3000);
-  const std::string plain = "optimizer { kind: SGD learning_rate: 0.05 }";
-  text.replace(text.find(plain), plain.size(), "optimizer { kind: SGD learning_rate: 0.05 momentum: 0.9 }");
-  const std::string job = Write("job.pbtxt", text);
-  Subprocess full({kBin + "/tessera-launch", "--job=" + job, "--run_dir=" + (dir_ / "full").string(),
-                   "--device=cpu", "--dump_params=" + (dir_ / "full.params").string()});
-  ASSERT_TRUE(full.ReadUntilExit(absl::Seconds(120))) << full.output();
-  ASSERT_EQ(full.exit_code(), 0) << full.output();
+  const std::string job = Write("job.pbtxt", Job("SYNC", 2, 2, 3000, /*momentum=*/0.9f));
+  ASSERT_NO_FATAL_FAILURE(RunUndisturbed(job));
 
   const std::filesystem::path run = dir_ / "cut";
   const std::string dump = (dir_ / "cut.params").string();
@@ -268,13 +270,7 @@ TEST_F(FailuresTest, AResumedSyncRunEndsWithTheParametersOfAnUninterruptedOne) {
             std::string::npos)
       << scheduler_log;
 
-  absl::StatusOr<NamedTensors> a = ReadParamFile((dir_ / "full.params").string());
-  absl::StatusOr<NamedTensors> b = ReadParamFile(dump);
-  ASSERT_TRUE(a.ok()) << a.status();
-  ASSERT_TRUE(b.ok()) << b.status();
-  absl::StatusOr<double> error = RelativeError(*a, *b);
-  ASSERT_TRUE(error.ok()) << error.status();
-  EXPECT_LT(*error, 1e-6);
+  ExpectTheUndisturbedParameters(dump);
   const nlohmann::json summary = ReadJson(run / "summary.json");
   EXPECT_TRUE(summary["completed"].get<bool>()) << summary.dump();
   EXPECT_EQ(summary["steps"], 3000);
