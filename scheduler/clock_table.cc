@@ -166,11 +166,6 @@ std::vector<int64_t> ClockTable::ActiveClocks() const {
   return out;
 }
 
-bool ClockTable::active(int worker) const {
-  absl::MutexLock lock(&mu_);
-  return worker >= 0 && worker < static_cast<int>(active_.size()) && active_[worker];
-}
-
 void ClockTable::Stop(const std::string& reason) {
   Ready ready;
   {

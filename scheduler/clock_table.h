@@ -73,7 +73,6 @@ class ClockTable {
   std::vector<int64_t> Clocks() const;
   // The clocks of the workers still holding others back (not done, not lost).
   std::vector<int64_t> ActiveClocks() const;
-  bool active(int worker) const;
   bool stopped() const;
   std::string stop_reason() const;
 
