@@ -1,6 +1,8 @@
 #include "common/job_spec.h"
 
+#include <cmath>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -57,6 +59,36 @@ absl::StatusOr<JobSpec> ParseJobSpec(std::string_view text, std::string_view ori
   return job;
 }
 
+absl::Status MergeJobOverrides(std::string_view text, JobSpec& job) {
+  JobSpec overrides;
+  google::protobuf::TextFormat::Parser parser;
+  FirstErrorCollector errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(std::string(text), &overrides)) {
+    return absl::InvalidArgumentError(absl::StrCat("job overrides: ", errors.error()));
+  }
+  // Repeated fields named by the overrides replace the job's list instead of extending it.
+  JobSpec merged = job;
+  std::vector<const google::protobuf::FieldDescriptor*> named;
+  overrides.GetReflection()->ListFields(overrides, &named);
+  std::function<void(const google::protobuf::Message&, google::protobuf::Message&)> clear_lists =
+      [&](const google::protobuf::Message& from, google::protobuf::Message& to) {
+        std::vector<const google::protobuf::FieldDescriptor*> fields;
+        from.GetReflection()->ListFields(from, &fields);
+        for (const auto* f : fields) {
+          if (f->is_repeated()) {
+            to.GetReflection()->ClearField(&to, f);
+          } else if (f->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) {
+            clear_lists(from.GetReflection()->GetMessage(from, f), *to.GetReflection()->MutableMessage(&to, f));
+          }
+        }
+      };
+  clear_lists(overrides, merged);
+  merged.MergeFrom(overrides);
+  job = std::move(merged);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read job file ", path));
@@ -94,6 +126,10 @@ void ApplyJobDefaults(JobSpec& job) {
   if (job.batch_size() == 0) job.set_batch_size(64);
   ConsistencySpec& consistency = *job.mutable_consistency();
   if (consistency.mode() == ConsistencySpec::MODE_UNSPECIFIED) consistency.set_mode(ConsistencySpec::SYNC);
+  if (consistency.async_momentum() == ConsistencySpec::ASYNC_MOMENTUM_UNSPECIFIED) {
+    consistency.set_async_momentum(ConsistencySpec::CORRECTED);
+  }
+  if (consistency.balance() == ConsistencySpec::BALANCE_UNSPECIFIED) consistency.set_balance(ConsistencySpec::EQUAL);
   if (job.eval_every_steps() == 0) job.set_eval_every_steps(100);
   if (job.chunk_bytes() == 0) job.set_chunk_bytes(65536);
   if (job.checkpoint().keep() == 0) job.mutable_checkpoint()->set_keep(3);
@@ -148,6 +184,29 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
   if (c.mode() == ConsistencySpec::SYNC && c.staleness_aware_lr()) {
     return FieldError("consistency.staleness_aware_lr", "applies to ASYNC and SSP only; SYNC has no staleness");
   }
+  const bool sync = c.mode() == ConsistencySpec::SYNC;
+  const int workers = job.cluster().num_workers();
+  if (!sync && c.balance() != ConsistencySpec::EQUAL) {
+    return FieldError("consistency.balance", "applies to SYNC only; ASYNC and SSP workers never wait for a round");
+  }
+  if (c.balance() == ConsistencySpec::FIXED) {
+    if (c.shares_size() != workers) {
+      return FieldError("consistency.shares", absl::StrCat("FIXED needs one share per worker (", workers, "), got ",
+                                                           c.shares_size()));
+    }
+    for (float share : c.shares()) {
+      if (!(share > 0) || !std::isfinite(share)) {
+        return FieldError("consistency.shares", absl::StrCat("expected finite values > 0, got ", share));
+      }
+    }
+  } else if (c.shares_size() > 0) {
+    return FieldError("consistency.shares", "applies to balance: FIXED only");
+  }
+  if (c.backup_workers() < 0 || (c.backup_workers() > 0 && (!sync || c.backup_workers() >= workers))) {
+    return FieldError("consistency.backup_workers",
+                      absl::StrCat("expected 0 .. num_workers-1 (", workers - 1, ") in SYNC, got ", c.backup_workers(),
+                                   " in ", ConsistencySpec::Mode_Name(c.mode())));
+  }
   const auto& stop = job.stop();
   if (stop.max_steps() < 0) return FieldError("stop.max_steps", "expected >= 0");
   if (stop.epochs() < 0) return FieldError("stop.epochs", "expected >= 0");
@@ -158,6 +217,7 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
     return FieldError("stop", "no stop condition; set max_steps, epochs or target_accuracy");
   }
   if (job.eval_every_steps() <= 0) return FieldError("eval_every_steps", "expected > 0");
+  if (job.eval_every_seconds() < 0) return FieldError("eval_every_seconds", "expected >= 0");
   const tessera::v1::CheckpointSpec& checkpoint = job.checkpoint();
   if (checkpoint.every_steps() < 0) return FieldError("checkpoint.every_steps", "expected >= 0");
   if (checkpoint.every_seconds() < 0) return FieldError("checkpoint.every_seconds", "expected >= 0");

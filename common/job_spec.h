@@ -27,6 +27,11 @@ inline constexpr char kFashionMnistPackage[] = "dataset-fashion-mnist";
 // column on a syntax error or an unknown field. `origin` (a file name) prefixes messages.
 [[nodiscard]] absl::StatusOr<tessera::v1::JobSpec> ParseJobSpec(std::string_view text, std::string_view origin);
 
+// Merges job fields in text format over `job` (e.g. "cluster { num_workers: 4 } optimizer { momentum: 0.5 }"):
+// a field named replaces the job's value, a repeated field is replaced as a whole. INVALID_ARGUMENT naming the
+// line and column on a syntax error or an unknown field; `job` is unchanged then.
+[[nodiscard]] absl::Status MergeJobOverrides(std::string_view text, tessera::v1::JobSpec& job);
+
 // Reads `path`, parses it, fills defaults and validates. NOT_FOUND when the file cannot be read.
 [[nodiscard]] absl::StatusOr<tessera::v1::JobSpec> LoadJobSpec(const std::string& path);
 

@@ -18,7 +18,7 @@ namespace tessera {
 
 // One evaluation of the model during a run.
 struct EvalRecord {
-  int64_t step = 0;            // clocks of the evaluating worker
+  int64_t step = 0;            // the clock the evaluated values belong to
   double epoch = 0;            // passes over the training set by the whole cluster
   double wall_seconds = 0;     // since the job started
   double train_loss = 0;       // mean over the steps since the previous record

@@ -98,10 +98,14 @@ absl::StatusOr<tessera::v1::ShardMap> SchedulerClient::GetShardMap() {
 }
 
 absl::StatusOr<tessera::v1::AdvanceClockResponse> SchedulerClient::AdvanceClock(int worker_id, int64_t clock,
-                                                                                absl::Duration wait_timeout) {
+                                                                                absl::Duration wait_timeout,
+                                                                                int step_samples,
+                                                                                double step_busy_seconds) {
   tessera::v1::AdvanceClockRequest request;
   request.set_worker_id(worker_id);
   request.set_clock(clock);
+  request.set_step_samples(step_samples);
+  request.set_step_busy_seconds(step_busy_seconds);
   request.set_wait_timeout_ms(static_cast<uint64_t>(absl::ToInt64Milliseconds(wait_timeout)));
   grpc::ClientContext context;
   // The scheduler answers at wait_timeout with the names of the stragglers; the call's own deadline is later.

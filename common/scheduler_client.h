@@ -43,9 +43,11 @@ class SchedulerClient {
   [[nodiscard]] absl::StatusOr<tessera::v1::ShardMap> GetShardMap();
 
   // Blocks until the gate opens, the job stops, or `wait_timeout` passes (DEADLINE_EXCEEDED naming the workers
-  // being waited for).
+  // being waited for). `step_samples` and `step_busy_seconds` measure the worker's last step (0: none).
   [[nodiscard]] absl::StatusOr<tessera::v1::AdvanceClockResponse> AdvanceClock(int worker_id, int64_t clock,
-                                                                               absl::Duration wait_timeout);
+                                                                               absl::Duration wait_timeout,
+                                                                               int step_samples = 0,
+                                                                               double step_busy_seconds = 0);
   [[nodiscard]] absl::StatusOr<tessera::v1::ReportResponse> Report(const tessera::v1::ReportRequest& request);
   [[nodiscard]] absl::Status Done(int worker_id, int64_t clock);
 

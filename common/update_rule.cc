@@ -1,5 +1,6 @@
 #include "common/update_rule.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "glog/logging.h"
@@ -26,6 +27,21 @@ class FlushDenormalsScope {
 };
 
 }  // namespace
+
+tessera::v1::OptimizerSpec AppliedOptimizer(const tessera::v1::JobSpec& job) {
+  tessera::v1::OptimizerSpec spec = job.optimizer();
+  const auto& consistency = job.consistency();
+  if (consistency.mode() == tessera::v1::ConsistencySpec::SYNC ||
+      consistency.async_momentum() == tessera::v1::ConsistencySpec::AS_GIVEN) {
+    return spec;
+  }
+  // M workers applying on arrival add about 1 - 1/M of momentum (each update lands on values about M-1 updates
+  // old); explicit momentum m' with (1 - m') / M = 1 - m keeps the total at the job's m.
+  const double workers = std::max(1, job.cluster().num_workers());
+  auto corrected = [&](double m) { return static_cast<float>(std::max(0.0, 1.0 - workers * (1.0 - m))); };
+  if (spec.kind() != tessera::v1::OptimizerSpec::ADAM) spec.set_momentum(corrected(spec.momentum()));
+  return spec;
+}
 
 void UpdateRule::Apply(absl::Span<float> params, absl::Span<const float> grad, absl::Span<float> state, int64_t step,
                        float lr_scale, float grad_scale) const {

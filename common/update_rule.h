@@ -13,6 +13,10 @@
 
 namespace tessera {
 
+// The optimizer a server applies for `job` (validated, defaults applied): the job's, with the momentum
+// corrected for the implicit momentum of asynchrony in ASYNC and SSP (ConsistencySpec.async_momentum).
+tessera::v1::OptimizerSpec AppliedOptimizer(const tessera::v1::JobSpec& job);
+
 // One optimizer, configured once. Thread-compatible (const methods only; state lives with the caller).
 class UpdateRule {
  public:

@@ -82,6 +82,7 @@ JobCoordinator::JobCoordinator(tessera::v1::JobSpec job, std::unique_ptr<RunReco
       start_(absl::Now()),
       view_(job_.cluster().num_servers(), job_.cluster().num_workers()),
       clocks_(job_.cluster().num_workers(), GateBound(job_.consistency())),
+      balancer_(job_),
       records_(job_, std::move(recorder), start_),
       failure_detector_(&view_, heartbeat_timeout, [this](const Member& m) { OnLost(m); }),
       checkpointer_(job_, servers, start_) {}
@@ -243,6 +244,11 @@ void JobCoordinator::Register(const tessera::v1::RegisterRequest& request,
     response.set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(failure_detector_.timeout()));
     response.set_incarnation(m.incarnation);
     response.set_start_clock(m.joined_clock);
+    if (m.role == tessera::v1::WORKER && balancer_.enabled()) {
+      const BatchSlice slice = balancer_.SliceOf(m.id, m.joined_clock, BatchMembers());
+      response.set_batch_offset(slice.offset);
+      response.set_batch_count(slice.count);
+    }
     done(std::move(response));
   });
 }
@@ -315,7 +321,8 @@ void JobCoordinator::PublishView(const std::string& why) {
   LOG(INFO) << "cluster view epoch " << map->epoch() << ": " << why;
 }
 
-void JobCoordinator::AdvanceClock(const tessera::v1::AdvanceClockRequest& request, ClockTable::Callback done) {
+void JobCoordinator::AdvanceClock(const tessera::v1::AdvanceClockRequest& request,
+                                  std::function<void(absl::StatusOr<tessera::v1::AdvanceClockResponse>)> done) {
   const int worker = request.worker_id();
   const std::vector<Member> workers = view_.Workers();
   if (worker >= 0 && worker < static_cast<int>(workers.size()) && workers[worker].state == MemberState::kLost) {
@@ -323,9 +330,40 @@ void JobCoordinator::AdvanceClock(const tessera::v1::AdvanceClockRequest& reques
         absl::StrCat(workers[worker].Describe(), " was declared lost; register again to rejoin")));
     return;
   }
+  balancer_.Observe(worker, request.step_samples(), request.step_busy_seconds());
   const absl::Duration wait =
       request.wait_timeout_ms() > 0 ? absl::Milliseconds(request.wait_timeout_ms()) : absl::Minutes(5);
-  clocks_.Advance(worker, request.clock(), absl::Now() + wait, std::move(done));
+  const int64_t clock = request.clock();
+  clocks_.Advance(worker, clock, absl::Now() + wait,
+                  [this, worker, clock, done = std::move(done)](absl::StatusOr<GateResult> gate) {
+                    if (!gate.ok()) {
+                      done(gate.status());
+                      return;
+                    }
+                    tessera::v1::AdvanceClockResponse response;
+                    response.set_min_clock(gate->min_clock);
+                    response.set_stop(gate->stop);
+                    response.set_stop_reason(gate->stop_reason);
+                    if (gate->rolled_back_to) {
+                      response.set_rolled_back(true);
+                      response.set_rollback_clock(*gate->rolled_back_to);
+                    }
+                    if (balancer_.enabled() && !gate->stop) {
+                      const BatchSlice slice =
+                          balancer_.SliceOf(worker, gate->rolled_back_to.value_or(clock), BatchMembers());
+                      response.set_batch_offset(slice.offset);
+                      response.set_batch_count(slice.count);
+                    }
+                    done(std::move(response));
+                  });
+}
+
+std::vector<bool> JobCoordinator::BatchMembers() const {
+  std::vector<bool> members;
+  for (const Member& m : view_.Workers()) {
+    members.push_back(m.state != MemberState::kLost && m.state != MemberState::kDone);
+  }
+  return members;
 }
 
 absl::StatusOr<tessera::v1::ReportResponse> JobCoordinator::Report(const tessera::v1::ReportRequest& request) {
@@ -520,7 +558,8 @@ void JobCoordinator::FinishJob() {
   for (const Member& w : view_.Workers()) {
     if (w.state != MemberState::kLost) stayed.push_back(clocks[w.id]);
   }
-  nlohmann::json summary = records_.WriteSummary(outcome, clocks, stayed.empty() ? clocks : stayed, lost);
+  nlohmann::json summary = records_.WriteSummary(outcome, clocks, stayed.empty() ? clocks : stayed, lost,
+                                                 {{"balance", balancer_.ToJson()}});
   {
     absl::MutexLock lock(&mu_);
     summary_ = summary;
@@ -555,6 +594,16 @@ nlohmann::json JobCoordinator::StatusJson() const {
   };
   status["servers"] = members(view_.Servers());
   status["workers"] = members(view_.Workers());
+  {
+    // Each worker's part of a round and its measured compute throughput.
+    const std::vector<int> shares = balancer_.Shares();
+    const std::vector<double> rates = balancer_.SamplesPerSecond();
+    for (size_t w = 0; w < status["workers"].size() && w < shares.size(); ++w) {
+      status["workers"][w]["batch_share"] = shares[w];
+      status["workers"][w]["compute_samples_per_sec"] = rates[w];
+    }
+  }
+  status["balance"] = balancer_.ToJson();
   status["shard_map_epoch"] = view_.epoch();
   records_.AddToStatus(status);
   absl::MutexLock lock(&mu_);

@@ -2,6 +2,7 @@
 //   ClusterView      (cluster_view.h)      members, incarnations, chunk placement, sync round membership, epoch
 //   FailureDetector  (failure_detector.h)  heartbeats and lost members
 //   ClockTable       (clock_table.h)       every worker's clock and the consistency gate
+//   BatchBalancer    (batch_balancer.h)    SYNC: each worker's slice of a round's global batch
 //   ProgressRecords  (progress_records.h)  reports, evaluations, server statistics, summary.json
 //   Checkpointer     (checkpointer.h)      checkpoints: cadence, taking one, pruning, the latest to restore
 // and hands every new view to the servers. The gRPC service (scheduler_service.h) only converts to and from it.
@@ -30,6 +31,7 @@
 #include "common/thread_pool.h"
 #include "nlohmann/json.hpp"
 #include "proto/cluster.pb.h"
+#include "scheduler/batch_balancer.h"
 #include "scheduler/checkpointer.h"
 #include "scheduler/clock_table.h"
 #include "scheduler/cluster_view.h"
@@ -72,8 +74,10 @@ class JobCoordinator {
   // FAILED_PRECONDITION before anything is declared.
   [[nodiscard]] absl::StatusOr<tessera::v1::ShardMap> GetShardMap() const;
 
-  // See ClockTable::Advance. FAILED_PRECONDITION for a worker that is not in the job (lost or replaced).
-  void AdvanceClock(const tessera::v1::AdvanceClockRequest& request, ClockTable::Callback done);
+  // See ClockTable::Advance; the answer also carries the worker's slice of the next round's global batch when
+  // the job balances it. FAILED_PRECONDITION for a worker that is not in the job (lost or replaced).
+  void AdvanceClock(const tessera::v1::AdvanceClockRequest& request,
+                    std::function<void(absl::StatusOr<tessera::v1::AdvanceClockResponse>)> done);
 
   [[nodiscard]] absl::StatusOr<tessera::v1::ReportResponse> Report(const tessera::v1::ReportRequest& request);
   [[nodiscard]] absl::Status Done(const tessera::v1::DoneRequest& request);
@@ -106,6 +110,8 @@ class JobCoordinator {
   // the newest any worker started; SSP: its last clock, or the slowest active worker's when that is ahead;
   // ASYNC: its last clock.
   int64_t StartClock(const Member& member) const;
+  // The workers a round's global batch is split across: every rank not lost or done.
+  std::vector<bool> BatchMembers() const;
   // Reacts to a member the failure detector declared lost.
   void OnLost(const Member& member);
   // Executor task: the lost server's chunks move to the survivors, restored from the latest checkpoint; in
@@ -132,6 +138,7 @@ class JobCoordinator {
 
   ClusterView view_;
   ClockTable clocks_;
+  BatchBalancer balancer_;
   ProgressRecords records_;
   FailureDetector failure_detector_;
   Checkpointer checkpointer_;

@@ -16,6 +16,7 @@ bool ProgressRecords::AddReport(const tessera::v1::ReportRequest& report) {
   last_report_[report.worker_id()] = report;
   if (!report.has_eval()) return false;
   last_eval_ = report;
+  if (report.eval_clock() > 0) last_eval_->set_clock(report.eval_clock());  // the clock of the values scored
   const float target = job_.stop().target_accuracy();
   const bool reached = target > 0 && report.test_accuracy() >= target;
   if (reached && !seconds_to_target_) seconds_to_target_ = absl::ToDoubleSeconds(absl::Now() - start_);
@@ -55,7 +56,7 @@ ClusterStats ProgressRecords::ServerTotals() const {
 
 void ProgressRecords::WriteEvalRecord(const tessera::v1::ReportRequest& eval) {
   EvalRecord record;
-  record.step = eval.clock();
+  record.step = eval.eval_clock() > 0 ? eval.eval_clock() : eval.clock();
   record.epoch = eval.epoch();
   record.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start_);
   record.test_loss = eval.test_loss();
@@ -87,7 +88,7 @@ void ProgressRecords::AddEvent(nlohmann::json event) {
 
 nlohmann::json ProgressRecords::WriteSummary(const JobOutcome& outcome, const std::vector<int64_t>& worker_clocks,
                                              const std::vector<int64_t>& counted_clocks,
-                                             const std::vector<int>& lost_workers) {
+                                             const std::vector<int>& lost_workers, const nlohmann::json& extra) {
   const ClusterStats sum = ServerTotals();
   nlohmann::json summary;
   {
@@ -118,6 +119,7 @@ nlohmann::json ProgressRecords::WriteSummary(const JobOutcome& outcome, const st
     summary["late_pushes"] = sum.late_pushes;
     const tessera::v1::StalenessHistogram histogram = sum.staleness.ToProto();
     summary["staleness_histogram"] = std::vector<int64_t>(histogram.bucket().begin(), histogram.bucket().end());
+    summary.update(extra);
   }
   if (absl::Status s = recorder_->WriteSummary(summary); !s.ok()) LOG(ERROR) << s;
   return summary;

@@ -50,9 +50,11 @@ class ProgressRecords {
   // Notes a recovery or a loss for the summary (a JSON object: what, who, when, ...).
   void AddEvent(nlohmann::json event);
 
-  // Writes summary.json. `steps` is the smallest of `counted_clocks` (the workers that stayed in the job).
+  // Writes summary.json. `steps` is the smallest of `counted_clocks` (the workers that stayed in the job);
+  // the fields of `extra` are added.
   nlohmann::json WriteSummary(const JobOutcome& outcome, const std::vector<int64_t>& worker_clocks,
-                              const std::vector<int64_t>& counted_clocks, const std::vector<int>& lost_workers);
+                              const std::vector<int64_t>& counted_clocks, const std::vector<int>& lost_workers,
+                              const nlohmann::json& extra = nlohmann::json::object());
 
   // Parts of /status and /metrics.
   void AddToStatus(nlohmann::json& status) const;

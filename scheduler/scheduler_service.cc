@@ -60,18 +60,11 @@ grpc::ServerUnaryReactor* SchedulerService::AdvanceClock(grpc::CallbackServerCon
                                                          const tessera::v1::AdvanceClockRequest* request,
                                                          tessera::v1::AdvanceClockResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  coordinator_->AdvanceClock(*request, [context, reactor, response](absl::StatusOr<GateResult> gate) {
-    if (gate.ok()) {
-      response->set_min_clock(gate->min_clock);
-      response->set_stop(gate->stop);
-      response->set_stop_reason(gate->stop_reason);
-      if (gate->rolled_back_to) {
-        response->set_rolled_back(true);
-        response->set_rollback_clock(*gate->rolled_back_to);
-      }
-    }
-    reactor->Finish(ToGrpcStatus(gate.status(), context));
-  });
+  coordinator_->AdvanceClock(
+      *request, [context, reactor, response](absl::StatusOr<tessera::v1::AdvanceClockResponse> answer) {
+        if (answer.ok()) *response = std::move(*answer);
+        reactor->Finish(ToGrpcStatus(answer.status(), context));
+      });
   return reactor;
 }
 

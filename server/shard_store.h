@@ -180,7 +180,7 @@ class ShardStore {
 
   // What the job fixes for every chunk; set by the first Assign, constant afterwards.
   struct JobConfig {
-    JobConfig(const tessera::v1::JobSpec& job) : job(job), rule(job.optimizer()) {}
+    JobConfig(const tessera::v1::JobSpec& job) : job(job), rule(AppliedOptimizer(job)) {}
     const tessera::v1::JobSpec job;
     const UpdateRule rule;
   };

@@ -42,6 +42,10 @@ class ParameterSource {
                                                                 const std::vector<absl::Span<const float>>& grads,
                                                                 int batch_size,
                                                                 const std::vector<absl::Span<float>>& out);
+  // This worker's part of the global batch of step clock (see PsClient::batch_slice); count 0: the default.
+  virtual BatchSlice batch_slice() const { return {}; }
+  // The last step's examples and compute time (see PsClient::NoteStep).
+  virtual void NoteStep(int samples, absl::Duration busy) {}
   // SYNC: the clock to go on from when the job went back to a checkpoint since the last call (see
   // PsClient::TakeRollback); nullopt otherwise.
   virtual std::optional<int64_t> TakeRollback() { return std::nullopt; }
@@ -81,6 +85,8 @@ class RemoteSource final : public ParameterSource {
   }
   absl::Status Done() override { return client_->Done(); }
   std::optional<int64_t> TakeRollback() override { return client_->TakeRollback(); }
+  BatchSlice batch_slice() const override { return client_->batch_slice(); }
+  void NoteStep(int samples, absl::Duration busy) override { client_->NoteStep(samples, busy); }
 
  private:
   std::unique_ptr<PsClient> client_;

@@ -235,6 +235,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(const Options& optio
   client->worker_id_ = registered.id();
   client->incarnation_ = registered.incarnation();
   client->clock_ = registered.start_clock();
+  client->slice_ = {registered.batch_offset(), registered.batch_count()};
   client->job_ = registered.job();
   if (options.heartbeat) {
     client->heartbeater_ = client->scheduler_->StartHeartbeats(
@@ -472,12 +473,14 @@ absl::Status PsClient::Assign(const std::vector<std::string>& names,
 
 absl::StatusOr<ClockResult> PsClient::Clock() {
   TESSERA_ASSIGN_OR_RETURN(tessera::v1::AdvanceClockResponse gate,
-                           scheduler_->AdvanceClock(worker_id_, clock_ + 1, options_.clock_wait_timeout));
+                           scheduler_->AdvanceClock(worker_id_, clock_ + 1, options_.clock_wait_timeout,
+                                                    step_samples_, absl::ToDoubleSeconds(step_busy_)));
   return Advanced(gate);
 }
 
 ClockResult PsClient::Advanced(const tessera::v1::AdvanceClockResponse& gate) {
   ++clock_;
+  slice_ = {gate.batch_offset(), gate.batch_count()};
   if (gate.rolled_back()) NoteRollback(rollback_generation_ + 1, gate.rollback_clock());
   ClockResult result;
   result.clock = clock_;
@@ -548,8 +551,11 @@ class StepExchangeImpl final : public StepExchange {
       const int worker = client_->worker_id_;
       const int64_t next = client_->clock_ + 1;
       const absl::Duration wait = client_->options_.clock_wait_timeout;
-      client_->clock_executor_.Submit([state, scheduler, worker, next, wait] {
-        absl::StatusOr<tessera::v1::AdvanceClockResponse> gate = scheduler->AdvanceClock(worker, next, wait);
+      const int samples = client_->step_samples_;
+      const double busy = absl::ToDoubleSeconds(client_->step_busy_);
+      client_->clock_executor_.Submit([state, scheduler, worker, next, wait, samples, busy] {
+        absl::StatusOr<tessera::v1::AdvanceClockResponse> gate =
+            scheduler->AdvanceClock(worker, next, wait, samples, busy);
         absl::MutexLock lock(&state->mu);
         state->stop = !gate.ok() || gate->stop();
         state->result = std::move(gate);

@@ -54,6 +54,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/batch_slice.h"
 #include "common/heartbeater.h"
 #include "common/scheduler_client.h"
 #include "common/shard_map.h"
@@ -106,6 +107,15 @@ class PsClient {
   const tessera::v1::JobSpec& job() const { return job_; }
   // Steps this worker has completed; after Connect, where it starts (0, or where a rejoining rank resumes).
   int64_t clock() const { return clock_; }
+  // SYNC with a balanced split: this worker's examples of the global batch of step clock(), as the scheduler
+  // decided them (count 0: the default, batch_size examples at rank * batch_size).
+  BatchSlice batch_slice() const { return slice_; }
+  // The last step computed `samples` examples in `busy` (forward, backward, without waiting for values): sent
+  // with the next clock, as the scheduler's measure of this worker's throughput.
+  void NoteStep(int samples, absl::Duration busy) {
+    step_samples_ = samples;
+    step_busy_ = busy;
+  }
   uint64_t epoch() const { return map_ ? map_->epoch() : 0; }
   // The shard map this client holds; null before Declare.
   const tessera::v1::ShardMap* shard_map() const { return map_ ? &map_->map() : nullptr; }
@@ -231,6 +241,9 @@ class PsClient {
   mutable absl::Mutex bytes_mu_;
   int64_t bytes_pulled_ ABSL_GUARDED_BY(bytes_mu_) = 0;
   int64_t clock_ = 0;
+  BatchSlice slice_;
+  int step_samples_ = 0;
+  absl::Duration step_busy_;
   uint64_t seq_ = 0;
   uint64_t rollback_generation_ = 0;
   std::optional<int64_t> rollback_;  // not taken yet

@@ -11,6 +11,7 @@
 #include "glog/logging.h"
 #include "worker/data/batch_schedule.h"
 #include "worker/data/dataset.h"
+#include "worker/evaluator.h"
 #include "worker/models/mlp.h"
 #include "worker/param_file.h"
 
@@ -83,9 +84,12 @@ absl::StatusOr<TrainerResult> Trainer::Run() {
   const bool evaluates = rank == 0;
 
   TESSERA_ASSIGN_OR_RETURN(Dataset train, LoadSplit(job.data(), /*train=*/true, job.seed()));
-  Dataset test;
+  std::unique_ptr<Evaluator> evaluator;
   if (evaluates) {
-    TESSERA_ASSIGN_OR_RETURN(test, LoadSplit(job.data(), /*train=*/false, job.seed()));
+    TESSERA_ASSIGN_OR_RETURN(Dataset test, LoadSplit(job.data(), /*train=*/false, job.seed()));
+    TESSERA_ASSIGN_OR_RETURN(evaluator,
+                             Evaluator::Create(Mlp::LayerSizes(job.model(), train.features, train.classes),
+                                               std::move(test), job.seed()));
   }
   const int64_t global_batch = static_cast<int64_t>(job.batch_size()) * workers;
   if (train.size() < global_batch) {
@@ -95,7 +99,7 @@ absl::StatusOr<TrainerResult> Trainer::Run() {
   TESSERA_ASSIGN_OR_RETURN(
       std::unique_ptr<Mlp> model,
       Mlp::Create(backend_, Mlp::LayerSizes(job.model(), train.features, train.classes), job.seed(),
-                  std::max(job.batch_size(), 1000)));
+                  static_cast<int>(std::max<int64_t>(global_batch, 1000))));
   TESSERA_RETURN_IF_ERROR(source_->Declare(model->parameters()));
   BatchSchedule schedule(train.size(), job.batch_size(), workers, rank, job.seed());
 
@@ -106,8 +110,9 @@ absl::StatusOr<TrainerResult> Trainer::Run() {
             << " training examples, " << schedule.steps_per_epoch() << " steps per epoch, batch " << job.batch_size();
 
   HostTensors host(*model);
-  std::vector<float> x(static_cast<size_t>(job.batch_size()) * train.features);
-  std::vector<int32_t> y(job.batch_size());
+  // Room for a whole global batch: a balanced SYNC job may give this worker any part of it.
+  std::vector<float> x(static_cast<size_t>(global_batch) * train.features);
+  std::vector<int32_t> y(global_batch);
   TrainerResult result;
   int64_t clock = source_->start_clock();  // also the data position: batches are a function of the clock
   if (clock > 0) LOG(INFO) << "worker " << rank << " starts at clock " << clock;
@@ -116,29 +121,28 @@ absl::StatusOr<TrainerResult> Trainer::Run() {
   absl::Time window_start = absl::Now();
   int64_t last_eval_clock = -1;
 
-  // Sends a progress report (with an evaluation when asked); true when the job says stop.
-  auto report = [&](bool with_eval) -> absl::StatusOr<bool> {
+  // Sends a progress report (with an evaluation's result when given); true when the job says stop.
+  auto report = [&](const EvalResult* eval) -> absl::StatusOr<bool> {
     tessera::v1::ReportRequest r;
     const double seconds = absl::ToDoubleSeconds(absl::Now() - window_start);
     r.set_train_loss(loss_steps > 0 ? loss_sum / loss_steps : 0.0);
     r.set_samples_per_sec(seconds > 0 ? samples_window / seconds : 0.0);
     r.set_samples(samples_total);
-    r.set_epoch(schedule.Epochs(clock));
+    r.set_epoch(schedule.Epochs(eval != nullptr ? eval->clock : clock));
     r.set_device(backend_->name());
-    if (with_eval) {
-      TESSERA_RETURN_IF_ERROR(PullInto(*source_, host, *model));
-      TESSERA_ASSIGN_OR_RETURN(LossSums sums, model->Evaluate(test.x, test.y));
+    if (eval != nullptr) {
       r.set_has_eval(true);
-      r.set_test_loss(sums.loss / test.size());
-      r.set_test_accuracy(static_cast<double>(sums.correct) / test.size());
-      result.test_accuracy = r.test_accuracy();
-      last_eval_clock = clock;
+      r.set_eval_clock(eval->clock);
+      r.set_test_loss(eval->test_loss);
+      r.set_test_accuracy(eval->test_accuracy);
+      result.test_accuracy = eval->test_accuracy;
+      last_eval_clock = eval->clock;
     }
     {
       absl::MutexLock lock(&progress_mu_);
       progress_.train_loss = r.train_loss();
       progress_.samples_per_sec = r.samples_per_sec();
-      if (with_eval) progress_.test_accuracy = r.test_accuracy();
+      if (eval != nullptr) progress_.test_accuracy = r.test_accuracy();
     }
     TESSERA_ASSIGN_OR_RETURN(tessera::v1::ReportResponse answer, source_->Report(r));
     loss_sum = 0;
@@ -148,16 +152,33 @@ absl::StatusOr<TrainerResult> Trainer::Run() {
     if (answer.stop() && result.stop_reason.empty()) result.stop_reason = answer.stop_reason();
     return answer.stop();
   };
+  // Evaluations finished since the last look, reported; true when the job says stop.
+  auto report_evaluations = [&]() -> absl::StatusOr<bool> {
+    TESSERA_ASSIGN_OR_RETURN(std::vector<EvalResult> finished, evaluator->Take());
+    for (const EvalResult& eval : finished) {
+      TESSERA_ASSIGN_OR_RETURN(bool stop, report(&eval));
+      if (stop) return true;
+    }
+    return false;
+  };
+  absl::Time last_offer = absl::Now();
+  int64_t last_offer_clock = -1;
 
   TESSERA_RETURN_IF_ERROR(PullInto(*source_, host, *model));
   // The last step's exchange, whose values may still be arriving: the next forward takes them layer by layer
   // as they come (first layer first), so communication overlaps compute.
   std::unique_ptr<StepExchange> previous;
   std::unique_ptr<StepExchange> step;
+  const Straggler straggler(options_.straggler, rank);
+  absl::Duration last_compute;        // the last step's forward and backward, without waits for values
+  absl::Duration waited_for_values;   // this step's waits for the last step's values
   auto take_layer = [&](int layer) -> absl::Status {
     if (!previous) return absl::OkStatus();
     for (int i : {2 * layer, 2 * layer + 1}) {
-      TESSERA_RETURN_IF_ERROR(previous->WaitValues(i, [&] { return (step && step->stopped()) || stop_->set(); }));
+      const absl::Time wait_start = absl::Now();
+      absl::Status waited = previous->WaitValues(i, [&] { return (step && step->stopped()) || stop_->set(); });
+      waited_for_values += absl::Now() - wait_start;
+      TESSERA_RETURN_IF_ERROR(waited);
       TESSERA_RETURN_IF_ERROR(model->SetParameter(i, host.values[i]));
     }
     return absl::OkStatus();
@@ -188,16 +209,20 @@ absl::StatusOr<TrainerResult> Trainer::Run() {
     if (absl::Status why = stop_->Get(); !why.ok()) {
       return Annotate(why, absl::StrCat("worker ", rank, " stopped at clock ", clock));
     }
-    const std::vector<int64_t> batch = schedule.Batch(clock);
+    const BatchSlice slice = source_->batch_slice();
+    const std::vector<int64_t> batch =
+        slice.count > 0 ? schedule.Slice(clock, slice.offset, slice.count) : schedule.Batch(clock);
     for (size_t i = 0; i < batch.size(); ++i) {
       absl::Span<const float> example = train.Example(batch[i]);
       std::copy(example.begin(), example.end(), x.begin() + i * train.features);
       y[i] = train.y[batch[i]];
     }
-    if (options_.inject_slowdown_ms > 0) {
-      // Simulated extra compute time: this worker is meant to be a straggler.
-      std::this_thread::sleep_for(std::chrono::milliseconds(options_.inject_slowdown_ms));
-    }
+    // A straggler on purpose computes longer: its extra time goes before the step (from the last step's
+    // compute time, for a slower device), and counts as compute.
+    const absl::Time busy_start = absl::Now();
+    straggler.Wait(clock, last_compute);
+    waited_for_values = absl::ZeroDuration();
+    const absl::Time compute_start = absl::Now();
     step = source_->BeginStep(host.names, host.GradSpans(), static_cast<int>(batch.size()), host.ValueSpans());
     // Each layer's gradients leave for the servers while backward goes on with the layers below: the copy to
     // the host starts when backward announces the layer, and the gradient is sent once its copy is in (at
@@ -224,11 +249,16 @@ absl::StatusOr<TrainerResult> Trainer::Run() {
     if (options_.simulate_compute_ms > 0) {
       computed = SimulateCompute(*model, options_.simulate_compute_ms, take_layer, send_layer);
     } else {
-      absl::StatusOr<LossSums> result = model->ForwardBackward(x, y, send_layer, take_layer);
+      const size_t n = batch.size();
+      absl::StatusOr<LossSums> result =
+          model->ForwardBackward(absl::MakeConstSpan(x).first(n * train.features), absl::MakeConstSpan(y).first(n),
+                                 send_layer, take_layer);
       computed = result.status();
       if (result.ok()) sums = *result;
     }
     if (computed.ok()) computed = send_copied(/*wait=*/true);
+    last_compute = absl::Now() - compute_start - waited_for_values;
+    source_->NoteStep(static_cast<int>(batch.size()), absl::Now() - busy_start - waited_for_values);
     if (!computed.ok()) {
       TESSERA_ASSIGN_OR_RETURN(bool again, rolled_back());
       if (again) continue;
@@ -257,8 +287,12 @@ absl::StatusOr<TrainerResult> Trainer::Run() {
       stopped = true;
       break;
     }
-    if (clock % job.eval_every_steps() == 0) {
-      if (evaluates) {
+    if (evaluates) {
+      const bool due = clock % job.eval_every_steps() == 0 ||
+                       (job.eval_every_seconds() > 0 && absl::Now() - last_offer >= absl::Seconds(job.eval_every_seconds()));
+      if (due && clock != last_offer_clock) {
+        // The evaluator gets every value of this clock: the last exchange settles first (one step without
+        // overlap per evaluation), then training goes on while the copy is scored.
         absl::Status settled = settle();
         if (!settled.ok()) {
           TESSERA_ASSIGN_OR_RETURN(bool again, rolled_back());
@@ -270,8 +304,15 @@ absl::StatusOr<TrainerResult> Trainer::Run() {
           break;
         }
         TESSERA_RETURN_IF_ERROR(settled);
+        evaluator->Offer(clock, host.values);
+        last_offer = absl::Now();
+        last_offer_clock = clock;
       }
-      TESSERA_ASSIGN_OR_RETURN(stopped, report(evaluates));
+      TESSERA_ASSIGN_OR_RETURN(stopped, report_evaluations());
+      if (stopped) break;
+    }
+    if (clock % job.eval_every_steps() == 0) {
+      TESSERA_ASSIGN_OR_RETURN(stopped, report(nullptr));
       if (stopped) break;
     }
   }
@@ -282,7 +323,16 @@ absl::StatusOr<TrainerResult> Trainer::Run() {
     TESSERA_RETURN_IF_ERROR(settle());
   }
   if (result.stop_reason.empty()) result.stop_reason = absl::StrCat("reached step ", clock);
-  if (evaluates && last_eval_clock != clock) TESSERA_RETURN_IF_ERROR(report(true).status());
+  if (evaluates) {
+    // Training is over: evaluations still under way are waited for and reported, and the last values are
+    // scored here, on this thread.
+    evaluator->Drain();
+    TESSERA_RETURN_IF_ERROR(report_evaluations().status());
+  }
+  if (evaluates && last_eval_clock != clock) {
+    TESSERA_ASSIGN_OR_RETURN(EvalResult last, evaluator->EvaluateNow(clock, host.values));
+    TESSERA_RETURN_IF_ERROR(report(&last).status());
+  }
   if (evaluates && !options_.dump_params.empty()) {
     TESSERA_RETURN_IF_ERROR(PullInto(*source_, host, *model));
     NamedTensors tensors;

@@ -12,11 +12,12 @@
 #include "absl/synchronization/mutex.h"
 #include "worker/backend/backend.h"
 #include "worker/parameter_source.h"
+#include "worker/straggler.h"
 
 namespace tessera {
 
 struct TrainerOptions {
-  int inject_slowdown_ms = 0;  // extra time per step, to make this worker a straggler on purpose
+  StragglerOptions straggler;  // extra time per step, to make this worker a straggler on purpose
   // Benchmarks only: replaces forward and backward by waiting this long per step in total, split across the
   // layers in proportion to their weights (half forward, half backward), with gradients of the right sizes.
   // Everything else in the step is the real code. 0: compute for real.

@@ -23,7 +23,12 @@ DEFINE_string(host, "127.0.0.1", "address /healthz and /metrics listen on (loopb
 DEFINE_int32(http_port, 0, "port of /healthz and /metrics; 0 picks a free one (logged), -1 turns them off");
 DEFINE_int32(connect_attempts, 20, "tries to reach the scheduler at start-up (exponential backoff up to 1 s)");
 DEFINE_int32(clock_wait_timeout_ms, 300000, "longest wait for slower workers at the clock gate");
-DEFINE_int32(inject_slowdown_ms, 0, "sleep this long every step: make this worker a straggler on purpose");
+DEFINE_int32(inject_slowdown_ms, 0, "experiments: every step takes this many milliseconds longer (a straggler)");
+DEFINE_double(slow_factor, 1.0, "experiments: compute this many times slower than this device does (a slower GPU)");
+DEFINE_double(stall_probability, 0, "experiments: each step stalls with this probability for --stall_ms");
+DEFINE_int32(stall_ms, 0, "experiments: how long a transient stall lasts");
+DEFINE_uint64(stall_seed, 1, "experiments: seed of the stalls (with the rank): the same seed stalls the same steps");
+DEFINE_int64(slow_from_step, 0, "experiments: the slowdowns above start at this clock (slowed in mid-run)");
 DEFINE_int32(simulate_compute_ms, 0,
              "benchmarks only: replace forward and backward by waiting this many milliseconds per step, split "
              "across the layers (a stand-in for a fast GPU); 0 computes for real");
@@ -45,7 +50,12 @@ int main(int argc, char** argv) {
   options.http_port = FLAGS_http_port;
   options.connect_attempts = FLAGS_connect_attempts;
   options.clock_wait_timeout_ms = FLAGS_clock_wait_timeout_ms;
-  options.trainer.inject_slowdown_ms = FLAGS_inject_slowdown_ms;
+  options.trainer.straggler.delay_ms = FLAGS_inject_slowdown_ms;
+  options.trainer.straggler.slow_factor = FLAGS_slow_factor;
+  options.trainer.straggler.stall_probability = FLAGS_stall_probability;
+  options.trainer.straggler.stall_ms = FLAGS_stall_ms;
+  options.trainer.straggler.stall_seed = FLAGS_stall_seed;
+  options.trainer.straggler.from_step = FLAGS_slow_from_step;
   options.trainer.simulate_compute_ms = FLAGS_simulate_compute_ms;
   options.trainer.dump_params = FLAGS_dump_params;
 

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc.h"
+#include "common/status_macros.h"
 
 namespace tessera {
 
@@ -33,7 +34,7 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat("--device: expected auto, cpu or cuda:N, got '", options.device, "'"));
   }
   if (options.connect_attempts < 1) return absl::InvalidArgumentError("--connect_attempts: expected >= 1");
-  if (options.trainer.inject_slowdown_ms < 0) return absl::InvalidArgumentError("--inject_slowdown_ms: expected >= 0");
+  TESSERA_RETURN_IF_ERROR(options.trainer.straggler.Validate());
   if (options.trainer.simulate_compute_ms < 0) {
     return absl::InvalidArgumentError("--simulate_compute_ms: expected >= 0");
   }

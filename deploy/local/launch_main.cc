@@ -18,14 +18,24 @@
 #include "gflags/gflags.h"
 
 DEFINE_string(job, "", "JobSpec file (text format or JSON); default: the embedded Fashion-MNIST MLP sync job");
+DEFINE_string(job_override, "",
+              "job fields in text format merged over the job, e.g. 'cluster { num_workers: 4 } optimizer { "
+              "momentum: 0.5 }' (a repeated field named here replaces the job's list)");
 DEFINE_int32(servers, 0, "number of servers (0: the job's cluster.num_servers)");
 DEFINE_int32(workers, 0, "number of workers (0: the job's cluster.num_workers)");
 DEFINE_string(run_dir, "", "run directory (logs/, metrics.jsonl, summary.json); default: runs/<job>-<time>");
 DEFINE_string(device, "auto", "worker device: auto, cpu or cuda:N");
 DEFINE_string(worker_devices, "", "comma-separated device per worker, e.g. cuda:0,cpu (a mixed-device job); "
               "overrides --device");
-DEFINE_int32(slow_worker, -1, "experiments: the worker (rank) that gets --inject_slowdown_ms");
+DEFINE_int32(slow_worker, -1,
+             "experiments: the worker (rank) made a straggler by --inject_slowdown_ms and/or --slow_factor");
 DEFINE_int32(inject_slowdown_ms, 0, "experiments: extra milliseconds per step on --slow_worker");
+DEFINE_double(slow_factor, 1.0, "experiments: --slow_worker computes this many times slower (a slower device)");
+DEFINE_int64(slow_from_step, 0, "experiments: --slow_worker's slowdown starts at this clock");
+DEFINE_double(stall_probability, 0,
+              "experiments: every worker's steps stall with this probability for --stall_ms (transient stragglers)");
+DEFINE_int32(stall_ms, 0, "experiments: how long a transient stall lasts");
+DEFINE_uint64(stall_seed, 1, "experiments: seed of the stalls (the same seed stalls the same steps)");
 DEFINE_int32(simulate_compute_ms, 0,
              "benchmarks: every worker replaces forward and backward by waiting this many milliseconds per step");
 DEFINE_string(dump_params, "", "worker rank 0 writes the final parameters to this file");
@@ -73,6 +83,12 @@ int main(int argc, char** argv) {
     origin = job_file;
   }
   absl::StatusOr<tessera::v1::JobSpec> job = tessera::ParseJobSpec(job_text, origin);
+  if (job.ok() && !FLAGS_job_override.empty()) {
+    if (absl::Status merged = tessera::MergeJobOverrides(FLAGS_job_override, *job); !merged.ok()) {
+      std::cerr << "tessera-launch: --job_override: " << merged.message() << std::endl;
+      return 2;
+    }
+  }
   if (job.ok()) {
     tessera::ApplyJobDefaults(*job);
     if (FLAGS_servers > 0) job->mutable_cluster()->set_num_servers(FLAGS_servers);
@@ -115,7 +131,18 @@ int main(int argc, char** argv) {
     options.worker_devices = absl::StrSplit(FLAGS_worker_devices, ',', absl::SkipEmpty());
   }
   options.slow_worker = FLAGS_slow_worker;
-  options.inject_slowdown_ms = FLAGS_inject_slowdown_ms;
+  options.slow.delay_ms = FLAGS_inject_slowdown_ms;
+  options.slow.slow_factor = FLAGS_slow_factor;
+  options.slow.from_step = FLAGS_slow_from_step;
+  options.stalls.stall_probability = FLAGS_stall_probability;
+  options.stalls.stall_ms = FLAGS_stall_ms;
+  options.stalls.stall_seed = FLAGS_stall_seed;
+  for (const tessera::StragglerOptions* s : {&options.slow, &options.stalls}) {
+    if (absl::Status valid = s->Validate(); !valid.ok()) {
+      std::cerr << "tessera-launch: " << valid.message() << std::endl;
+      return 2;
+    }
+  }
   options.simulate_compute_ms = FLAGS_simulate_compute_ms;
   options.dump_params = FLAGS_dump_params;
   options.timeout_s = FLAGS_timeout_s;

@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -185,9 +186,9 @@ class Cluster {
       // Each worker asks for its rank, so that a restarted one takes its own place back at once.
       std::vector<std::string> argv = {options_.bin_dir + "/tessera-worker", "--scheduler=" + address,
                                        "--device=" + device, absl::StrCat("--rank=", i)};
-      if (i == options_.slow_worker && options_.inject_slowdown_ms > 0) {
-        argv.push_back(absl::StrCat("--inject_slowdown_ms=", options_.inject_slowdown_ms));
-      }
+      std::vector<std::string> straggler = options_.stalls.ToFlags();
+      if (i == options_.slow_worker) absl::c_move(options_.slow.ToFlags(), std::back_inserter(straggler));
+      argv.insert(argv.end(), straggler.begin(), straggler.end());
       if (options_.simulate_compute_ms > 0) {
         argv.push_back(absl::StrCat("--simulate_compute_ms=", options_.simulate_compute_ms));
       }

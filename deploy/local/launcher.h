@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "worker/straggler.h"
 
 namespace tessera {
 
@@ -26,8 +27,9 @@ struct LaunchOptions {
   int workers = 0;           // 0: the job's cluster.num_workers
   std::string device = "auto";
   std::vector<std::string> worker_devices;  // when set, worker i gets worker_devices[i] (a mixed-device job)
-  int slow_worker = -1;      // this worker gets --inject_slowdown_ms (experiments)
-  int inject_slowdown_ms = 0;
+  int slow_worker = -1;      // this worker gets `slow` (experiments)
+  StragglerOptions slow;     // its delay, slow factor and the step they start at
+  StragglerOptions stalls;   // every worker: transient stalls (experiments)
   int simulate_compute_ms = 0;  // every worker gets --simulate_compute_ms (benchmarks)
   std::string dump_params;   // handed to the workers; rank 0 writes its final parameters there
   int timeout_s = 3600;      // stop everything after this long

@@ -15,6 +15,10 @@ BatchSchedule::BatchSchedule(int64_t examples, int batch_size, int num_workers, 
       steps_per_epoch_(std::max<int64_t>(1, examples / (static_cast<int64_t>(batch_size) * num_workers))) {}
 
 std::vector<int64_t> BatchSchedule::Batch(int64_t step) {
+  return Slice(step, static_cast<int64_t>(rank_) * batch_size_, batch_size_);
+}
+
+std::vector<int64_t> BatchSchedule::Slice(int64_t step, int64_t offset, int count) {
   const int64_t epoch = step / steps_per_epoch_;
   if (epoch != epoch_) {
     order_.resize(examples_);
@@ -28,10 +32,12 @@ std::vector<int64_t> BatchSchedule::Batch(int64_t step) {
     epoch_ = epoch;
   }
   const int64_t global = static_cast<int64_t>(batch_size_) * num_workers_;
-  const int64_t begin = (step % steps_per_epoch_) * global + static_cast<int64_t>(rank_) * batch_size_;
+  offset = std::clamp<int64_t>(offset, 0, global);
+  const int64_t end = std::min<int64_t>(global, offset + std::max(count, 0));
+  const int64_t begin = (step % steps_per_epoch_) * global;
   std::vector<int64_t> batch;
-  batch.reserve(batch_size_);
-  for (int64_t i = 0; i < batch_size_ && begin + i < examples_; ++i) batch.push_back(order_[begin + i]);
+  batch.reserve(end - offset);
+  for (int64_t i = offset; i < end && begin + i < examples_; ++i) batch.push_back(order_[begin + i]);
   return batch;
 }
 

@@ -1,0 +1,76 @@
+// How a SYNC round's global batch (batch_size * num_workers examples) is split across the workers
+// (ConsistencySpec.balance): equally, by hand (FIXED shares), or in proportion to each worker's measured samples
+// per second of compute (THROUGHPUT), so that a round ends at about the same time on every worker.
+//
+// Workers measure each step's compute (forward, backward, and any slowdown; not the waits for values) and send
+// it with their next clock; the balancer keeps moving averages of each worker's examples and seconds per step
+// (their ratio is its throughput). A round's split is decided the first time any worker asks for it and kept,
+// so every worker of a round sees the same split: slices in rank order, covering the global batch exactly, at
+// least one example per active worker. THROUGHPUT adopts a new split only when it is predicted to shorten a
+// round (the slowest worker's share / throughput) by more than kHysteresis, or when workers came or went: noise
+// in the measurements does not make shares flap.
+#ifndef TESSERA_SCHEDULER_BATCH_BALANCER_H_
+#define TESSERA_SCHEDULER_BATCH_BALANCER_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "common/batch_slice.h"
+#include "nlohmann/json.hpp"
+#include "proto/job.pb.h"
+
+namespace tessera {
+
+// Thread-safe.
+class BatchBalancer {
+ public:
+  static constexpr double kHysteresis = 0.10;  // a new split must shorten the predicted round by this much
+  static constexpr double kSmoothing = 0.1;    // weight of the newest step in the moving averages
+
+  // `job` must be validated.
+  explicit BatchBalancer(const tessera::v1::JobSpec& job);
+
+  // False for EQUAL (and for ASYNC and SSP): every worker takes batch_size examples at its own offset.
+  bool enabled() const { return balance_ != tessera::v1::ConsistencySpec::EQUAL; }
+
+  // `worker` computed `samples` examples in `busy_seconds`. Ignored unless both are > 0.
+  void Observe(int worker, int samples, double busy_seconds);
+
+  // The slice of `worker` in round `round`, deciding the round's split over the workers `active` says are in
+  // the job when nobody asked for that round yet. A worker not active gets count 0.
+  BatchSlice SliceOf(int worker, int64_t round, const std::vector<bool>& active);
+
+  // Examples per round of every worker under the newest split, and the measured samples per second (0: none).
+  std::vector<int> Shares() const;
+  std::vector<double> SamplesPerSecond() const;
+  // {"mode", "shares", "samples_per_sec", "rebalances", "changes": [{"round", "shares"}...]} (last changes).
+  nlohmann::json ToJson() const;
+
+ private:
+  // The split of the global batch in proportion to `weights` over the active workers.
+  std::vector<int> Split(const std::vector<double>& weights, const std::vector<bool>& active) const;
+  std::vector<int> NextSplitLocked(const std::vector<bool>& active) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<double> RatesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const tessera::v1::ConsistencySpec::Balance balance_;
+  const int workers_;
+  const int64_t global_batch_;
+  const std::vector<double> fixed_;  // FIXED: the job's shares
+
+  mutable absl::Mutex mu_;
+  // Moving averages of each worker's examples and busy seconds per step; 0: not measured.
+  std::vector<double> samples_ ABSL_GUARDED_BY(mu_);
+  std::vector<double> seconds_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> current_ ABSL_GUARDED_BY(mu_);  // the newest split
+  std::vector<bool> current_active_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, std::vector<int>> decided_ ABSL_GUARDED_BY(mu_);  // recent rounds' splits
+  int64_t rebalances_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<std::pair<int64_t, std::vector<int>>> changes_ ABSL_GUARDED_BY(mu_);  // (round, split), newest last
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_SCHEDULER_BATCH_BALANCER_H_
