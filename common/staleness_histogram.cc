@@ -17,6 +17,26 @@ void StalenessHistogram::Merge(const tessera::v1::StalenessHistogram& other) {
   count_ += other.count();
 }
 
+int64_t StalenessHistogram::Quantile(double q) const {
+  if (count_ == 0) return 0;
+  const double wanted = q * static_cast<double>(count_);
+  int64_t seen = 0;
+  for (int i = 0; i < kBuckets; ++i) {
+    seen += buckets_[i];
+    if (static_cast<double>(seen) >= wanted && seen > 0) return i == kBuckets - 1 ? max_ : i;
+  }
+  return max_;
+}
+
+nlohmann::json StalenessHistogram::ToJson() const {
+  const tessera::v1::StalenessHistogram proto = ToProto();
+  return {{"count", count_},
+          {"median", Quantile(0.5)},
+          {"p99", Quantile(0.99)},
+          {"max", max_},
+          {"buckets", std::vector<int64_t>(proto.bucket().begin(), proto.bucket().end())}};
+}
+
 tessera::v1::StalenessHistogram StalenessHistogram::ToProto() const {
   tessera::v1::StalenessHistogram out;
   int last = 0;

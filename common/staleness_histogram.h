@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "nlohmann/json.hpp"
 #include "proto/cluster.pb.h"
 
 namespace tessera {
@@ -20,6 +21,11 @@ class StalenessHistogram {
 
   int64_t max() const { return max_; }
   int64_t count() const { return count_; }
+  // The smallest staleness s with at least q of the updates at or below s (q in [0, 1]); in the last bucket,
+  // max() (an upper bound). 0 when empty.
+  int64_t Quantile(double q) const;
+  // {"count", "median", "p99", "max", "buckets"}: what /status and summary.json show.
+  nlohmann::json ToJson() const;
 
  private:
   std::vector<int64_t> buckets_ = std::vector<int64_t>(kBuckets, 0);

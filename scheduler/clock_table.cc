@@ -7,8 +7,14 @@
 
 namespace tessera {
 
-ClockTable::ClockTable(int num_workers, int bound)
-    : bound_(bound), clocks_(num_workers, 0), active_(num_workers, true) {
+ClockTable::ClockTable(int num_workers, int bound, int backups,
+                       std::function<void(const RoundMembers&)> on_round_decided)
+    : bound_(bound),
+      backups_(bound == 0 ? backups : 0),
+      on_round_decided_(std::move(on_round_decided)),
+      clocks_(num_workers, 0),
+      active_(num_workers, true),
+      late_rounds_(num_workers, 0) {
   deadline_thread_ = std::thread([this] { RunDeadlines(); });
 }
 
@@ -40,11 +46,41 @@ int64_t ClockTable::MinActiveLocked() const {
   return min;
 }
 
+int ClockTable::AtOrPastLocked(int64_t clock) const {
+  int n = 0;
+  for (size_t i = 0; i < clocks_.size(); ++i) n += active_[i] && clocks_[i] >= clock;
+  return n;
+}
+
 bool ClockTable::GateOpenLocked(int64_t clock) const {
   if (stopped_) return true;
   if (hold_at_ >= 0 && clock >= hold_at_) return false;
   if (bound_ < 0) return true;
+  if (backups_ > 0) return clock - 1 <= newest_decided_;
   return MinActiveLocked() >= clock - bound_;
+}
+
+void ClockTable::DecideRoundsLocked(std::vector<RoundMembers>& decided) {
+  if (backups_ <= 0) return;
+  const int active = static_cast<int>(std::count(active_.begin(), active_.end(), true));
+  const int needed = std::max(1, active - backups_);
+  while (active > 0 && AtOrPastLocked(newest_decided_ + 2) >= needed) {
+    RoundMembers round;
+    round.round = newest_decided_ + 1;
+    for (size_t i = 0; i < clocks_.size(); ++i) {
+      if (!active_[i]) continue;
+      (clocks_[i] > round.round ? round.members : round.late).push_back(static_cast<int>(i));
+    }
+    newest_decided_ = round.round;
+    rounds_.push_back(round);
+    if (rounds_.size() > kRoundsKept) rounds_.pop_front();
+    decided.push_back(std::move(round));
+  }
+}
+
+void ClockTable::Announce(const std::vector<RoundMembers>& decided) const {
+  if (!on_round_decided_) return;
+  for (const RoundMembers& round : decided) on_round_decided_(round);
 }
 
 std::string ClockTable::StragglersLocked(int64_t clock) const {
@@ -74,6 +110,7 @@ void ClockTable::CollectLocked(absl::Time now, Ready& ready) {
 
 void ClockTable::Advance(int worker, int64_t clock, absl::Time deadline, Callback done) {
   Ready ready;
+  std::vector<RoundMembers> decided;
   {
     absl::MutexLock lock(&mu_);
     if (worker < 0 || worker >= static_cast<int>(clocks_.size())) {
@@ -83,23 +120,37 @@ void ClockTable::Advance(int worker, int64_t clock, absl::Time deadline, Callbac
       ready.emplace_back(std::move(done),
                          absl::InvalidArgumentError(absl::StrCat("worker ", worker, " clock went back from ",
                                                                  clocks_[worker], " to ", clock)));
+    } else if (backups_ > 0 && !stopped_ && clock - 1 <= newest_decided_ && active_[worker] &&
+               std::none_of(rounds_.begin(), rounds_.end(), [&](const RoundMembers& r) {
+                 return r.round == clock - 1 && std::binary_search(r.members.begin(), r.members.end(), worker);
+               })) {
+      // Round clock - 1 closed without this worker: on to the round after the newest decided one.
+      ++late_rounds_[worker];
+      clocks_[worker] = std::max(clock, newest_decided_ + 1);
+      GateResult late{MinActiveLocked(), false, "", std::nullopt, clocks_[worker]};
+      ready.emplace_back(std::move(done), late);
     } else {
       clocks_[worker] = clock;
+      DecideRoundsLocked(decided);
       waiters_.push_back(Waiter{worker, clock, deadline, std::move(done)});
       CollectLocked(absl::Now(), ready);
     }
   }
+  Announce(decided);
   for (auto& [callback, result] : ready) callback(std::move(result));
 }
 
 void ClockTable::Done(int worker) {
   Ready ready;
+  std::vector<RoundMembers> decided;
   {
     absl::MutexLock lock(&mu_);
     if (worker < 0 || worker >= static_cast<int>(clocks_.size())) return;
     active_[worker] = false;
+    DecideRoundsLocked(decided);  // fewer workers to wait for
     CollectLocked(absl::Now(), ready);
   }
+  Announce(decided);
   for (auto& [callback, result] : ready) callback(std::move(result));
 }
 
@@ -136,6 +187,8 @@ void ClockTable::RollBack(int64_t clock) {
       if (active_[i]) clocks_[i] = clock;
     }
     rolled_back_to_ = clock;
+    newest_decided_ = clock - 1;  // rounds from the checkpoint's on are decided again
+    rounds_.clear();
     for (Waiter& w : waiters_) {
       GateResult result{clock, false, "", clock};
       ready.emplace_back(std::move(w.done), result);
@@ -199,6 +252,16 @@ void ClockTable::RunDeadlines() {
     }
     for (auto& [callback, result] : ready) callback(std::move(result));
   }
+}
+
+std::vector<RoundMembers> ClockTable::RecentRounds() const {
+  absl::MutexLock lock(&mu_);
+  return std::vector<RoundMembers>(rounds_.begin(), rounds_.end());
+}
+
+std::vector<int64_t> ClockTable::LateRounds() const {
+  absl::MutexLock lock(&mu_);
+  return late_rounds_;
 }
 
 std::vector<int64_t> ClockTable::Clocks() const {

@@ -6,10 +6,18 @@
 //   SSP(s)  the slowest active worker has clock >= c - s    (at most s clocks apart)
 //   ASYNC   always
 // A worker that is Done (or removed) no longer holds anyone back. After Stop() every gate opens with `stop`.
+//
+// SYNC with k backup workers: a worker advances to c once it has sent every gradient of step c - 1. When
+// M - k of the M active workers have done so, round c - 1 is decided: its members are those workers, the gate
+// of c opens for them, and `on_round_decided` names them (the servers close the round with exactly those
+// workers' gradients). A worker that advances to c after round c - 1 was decided without it is late: its
+// gradients of that round are never applied, and its gate answers at once, sending it on to the round after
+// the newest decided one.
 #ifndef TESSERA_SCHEDULER_CLOCK_TABLE_H_
 #define TESSERA_SCHEDULER_CLOCK_TABLE_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <list>
 #include <optional>
@@ -28,6 +36,15 @@ struct GateResult {
   bool stop = false;
   std::string stop_reason;
   std::optional<int64_t> rolled_back_to;  // the job went back to this clock while the worker waited
+  // SYNC with backup workers: the worker's round was decided without it; it goes on at this clock.
+  std::optional<int64_t> late_next_clock;
+};
+
+// SYNC with backup workers: the workers whose gradients make one round.
+struct RoundMembers {
+  int64_t round = 0;
+  std::vector<int> members;  // ascending
+  std::vector<int> late;     // active workers left out, ascending
 };
 
 // Thread-safe. Callbacks run without the table's lock held, on the caller's thread (gate already open) or on the
@@ -36,8 +53,10 @@ class ClockTable {
  public:
   using Callback = std::function<void(absl::StatusOr<GateResult>)>;
 
-  // `bound`: -1 for ASYNC (no gate), 0 for SYNC, s for SSP(s).
-  ClockTable(int num_workers, int bound);
+  // `bound`: -1 for ASYNC (no gate), 0 for SYNC, s for SSP(s). `backups`: SYNC only, backup workers per round;
+  // `on_round_decided` (with backups) runs for every decided round, in round order, without the table's lock.
+  ClockTable(int num_workers, int bound, int backups = 0,
+             std::function<void(const RoundMembers&)> on_round_decided = nullptr);
   ~ClockTable();
 
   ClockTable(const ClockTable&) = delete;
@@ -71,6 +90,11 @@ class ClockTable {
   void Stop(const std::string& reason);
 
   std::vector<int64_t> Clocks() const;
+  // SYNC with backup workers: the newest decided rounds (at most kRoundsKept, oldest first), and how many rounds
+  // each worker was late for.
+  std::vector<RoundMembers> RecentRounds() const;
+  std::vector<int64_t> LateRounds() const;
+  static constexpr size_t kRoundsKept = 64;
   // The clocks of the workers still holding others back (not done, not lost).
   std::vector<int64_t> ActiveClocks() const;
   bool stopped() const;
@@ -86,6 +110,11 @@ class ClockTable {
   using Ready = std::vector<std::pair<Callback, absl::StatusOr<GateResult>>>;
 
   bool GateOpenLocked(int64_t clock) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Active workers at `clock` or beyond.
+  int AtOrPastLocked(int64_t clock) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // With backups: decides every round that M - k workers have finished, in order, into `decided`.
+  void DecideRoundsLocked(std::vector<RoundMembers>& decided) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Announce(const std::vector<RoundMembers>& decided) const;
   int64_t MinActiveLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves the waiters whose gate is open (or whose deadline passed) into `ready`.
   void CollectLocked(absl::Time now, Ready& ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -93,6 +122,8 @@ class ClockTable {
   void RunDeadlines();
 
   const int bound_;
+  const int backups_;
+  const std::function<void(const RoundMembers&)> on_round_decided_;
 
   mutable absl::Mutex mu_;
   std::vector<int64_t> clocks_ ABSL_GUARDED_BY(mu_);
@@ -103,6 +134,9 @@ class ClockTable {
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   int64_t hold_at_ ABSL_GUARDED_BY(mu_) = -1;  // -1: no hold
   int64_t rolled_back_to_ ABSL_GUARDED_BY(mu_) = -2;  // the last rollback's clock
+  std::deque<RoundMembers> rounds_ ABSL_GUARDED_BY(mu_);   // decided rounds, oldest first
+  int64_t newest_decided_ ABSL_GUARDED_BY(mu_) = -1;
+  std::vector<int64_t> late_rounds_ ABSL_GUARDED_BY(mu_);
   std::thread deadline_thread_;
 };
 

@@ -81,7 +81,8 @@ JobCoordinator::JobCoordinator(tessera::v1::JobSpec job, std::unique_ptr<RunReco
       on_finished_(std::move(on_finished)),
       start_(absl::Now()),
       view_(job_.cluster().num_servers(), job_.cluster().num_workers()),
-      clocks_(job_.cluster().num_workers(), GateBound(job_.consistency())),
+      clocks_(job_.cluster().num_workers(), GateBound(job_.consistency()), job_.consistency().backup_workers(),
+              [this](const RoundMembers& round) { OnRoundDecided(round); }),
       balancer_(job_),
       records_(job_, std::move(recorder), start_),
       failure_detector_(&view_, heartbeat_timeout, [this](const Member& m) { OnLost(m); }),
@@ -348,14 +349,60 @@ void JobCoordinator::AdvanceClock(const tessera::v1::AdvanceClockRequest& reques
                       response.set_rolled_back(true);
                       response.set_rollback_clock(*gate->rolled_back_to);
                     }
+                    if (gate->late_next_clock) {
+                      response.set_late(true);
+                      response.set_next_clock(*gate->late_next_clock);
+                    }
                     if (balancer_.enabled() && !gate->stop) {
-                      const BatchSlice slice =
-                          balancer_.SliceOf(worker, gate->rolled_back_to.value_or(clock), BatchMembers());
+                      const int64_t next = gate->rolled_back_to   ? *gate->rolled_back_to
+                                           : gate->late_next_clock ? *gate->late_next_clock
+                                                                   : clock;
+                      const BatchSlice slice = balancer_.SliceOf(worker, next, BatchMembers());
                       response.set_batch_offset(slice.offset);
                       response.set_batch_count(slice.count);
                     }
                     done(std::move(response));
                   });
+}
+
+nlohmann::json JobCoordinator::RoundsJson() const {
+  constexpr size_t kShown = 10;
+  const std::vector<RoundMembers> rounds = clocks_.RecentRounds();
+  nlohmann::json recent = nlohmann::json::array();
+  for (size_t i = rounds.size() > kShown ? rounds.size() - kShown : 0; i < rounds.size(); ++i) {
+    recent.push_back({{"round", rounds[i].round}, {"in", rounds[i].members}, {"late", rounds[i].late}});
+  }
+  return {{"backup_workers", job_.consistency().backup_workers()},
+          {"late_rounds", clocks_.LateRounds()},
+          {"recent", recent}};
+}
+
+void JobCoordinator::OnRoundDecided(const RoundMembers& round) {
+  if (!round.late.empty()) VLOG(1) << "round " << round.round << " closed without " << round.late.size() << " late worker(s)";
+  {
+    absl::MutexLock lock(&mu_);
+    if (rounds_queued_) return;  // the queued send will carry this round too
+    rounds_queued_ = true;
+  }
+  round_sender_.Submit([this] {
+    {
+      absl::MutexLock lock(&mu_);
+      rounds_queued_ = false;
+    }
+    // The newest few decisions: a server that missed one call (or joined since) still learns every round it
+    // may be collecting.
+    constexpr size_t kResent = 8;
+    const std::vector<RoundMembers> rounds = clocks_.RecentRounds();
+    tessera::v1::DecideRoundsRequest request;
+    for (size_t i = rounds.size() > kResent ? rounds.size() - kResent : 0; i < rounds.size(); ++i) {
+      auto* r = request.add_rounds();
+      r->set_round(rounds[i].round);
+      r->mutable_workers()->Add(rounds[i].members.begin(), rounds[i].members.end());
+    }
+    std::optional<tessera::v1::ShardMap> map = view_.Map();
+    if (!map) return;
+    if (absl::Status s = servers_->DecideRounds(*map, request); !s.ok()) LOG(WARNING) << s;
+  });
 }
 
 std::vector<bool> JobCoordinator::BatchMembers() const {
@@ -559,7 +606,7 @@ void JobCoordinator::FinishJob() {
     if (w.state != MemberState::kLost) stayed.push_back(clocks[w.id]);
   }
   nlohmann::json summary = records_.WriteSummary(outcome, clocks, stayed.empty() ? clocks : stayed, lost,
-                                                 {{"balance", balancer_.ToJson()}});
+                                                 {{"balance", balancer_.ToJson()}, {"rounds", RoundsJson()}});
   {
     absl::MutexLock lock(&mu_);
     summary_ = summary;
@@ -604,6 +651,11 @@ nlohmann::json JobCoordinator::StatusJson() const {
     }
   }
   status["balance"] = balancer_.ToJson();
+  status["rounds"] = RoundsJson();
+  {
+    const std::vector<int64_t> late = clocks_.LateRounds();
+    for (size_t w = 0; w < status["workers"].size() && w < late.size(); ++w) status["workers"][w]["late_rounds"] = late[w];
+  }
   status["shard_map_epoch"] = view_.epoch();
   records_.AddToStatus(status);
   absl::MutexLock lock(&mu_);
@@ -622,6 +674,16 @@ std::string JobCoordinator::MetricsText() const {
   const std::vector<int64_t> clocks = clocks_.Clocks();
   for (size_t i = 0; i < clocks.size(); ++i) {
     absl::StrAppend(&text, "tessera_scheduler_worker_clock{worker=\"", i, "\"} ", clocks[i], "\n");
+  }
+  text += "# TYPE tessera_scheduler_worker_late_rounds counter\n";
+  const std::vector<int64_t> late = clocks_.LateRounds();
+  for (size_t i = 0; i < late.size(); ++i) {
+    absl::StrAppend(&text, "tessera_scheduler_worker_late_rounds{worker=\"", i, "\"} ", late[i], "\n");
+  }
+  text += "# TYPE tessera_scheduler_worker_batch_share gauge\n";
+  const std::vector<int> shares = balancer_.Shares();
+  for (size_t i = 0; i < shares.size(); ++i) {
+    absl::StrAppend(&text, "tessera_scheduler_worker_batch_share{worker=\"", i, "\"} ", shares[i], "\n");
   }
   text += PrometheusMetric("tessera_scheduler_job_finished", "gauge", finished() ? 1 : 0);
   text += records_.MetricsText();

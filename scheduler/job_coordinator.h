@@ -112,6 +112,11 @@ class JobCoordinator {
   int64_t StartClock(const Member& member) const;
   // The workers a round's global batch is split across: every rank not lost or done.
   std::vector<bool> BatchMembers() const;
+  // SYNC: who made the recent rounds and how often each worker was late (backup workers), for /status and the
+  // summary.
+  nlohmann::json RoundsJson() const;
+  // SYNC with backup workers: the clock table decided a round; its members go to the servers.
+  void OnRoundDecided(const RoundMembers& round);
   // Reacts to a member the failure detector declared lost.
   void OnLost(const Member& member);
   // Executor task: the lost server's chunks move to the survivors, restored from the latest checkpoint; in
@@ -153,6 +158,10 @@ class JobCoordinator {
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   nlohmann::json summary_ ABSL_GUARDED_BY(mu_);
+  bool rounds_queued_ ABSL_GUARDED_BY(mu_) = false;  // a DecideRounds send is waiting in round_sender_
+
+  // SYNC with backup workers: sends round decisions to the servers, off the clock table's callers.
+  SerialExecutor round_sender_;
 
   // Last member: destroyed first, so queued tasks finish while everything above is alive.
   SerialExecutor executor_;

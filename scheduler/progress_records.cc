@@ -23,6 +23,12 @@ bool ProgressRecords::AddReport(const tessera::v1::ReportRequest& report) {
   return reached;
 }
 
+nlohmann::json ProgressRecords::StalenessJson(const ClusterStats& sum) {
+  nlohmann::json workers = nlohmann::json::array();
+  for (const StalenessHistogram& h : sum.worker_staleness) workers.push_back(h.ToJson());
+  return {{"all", sum.staleness.ToJson()}, {"workers", workers}};
+}
+
 void ProgressRecords::UpdateServerStats(const std::vector<ServerStatsAnswer>& answers) {
   absl::MutexLock lock(&mu_);
   for (auto& [key, entry] : server_stats_) entry.live = false;
@@ -50,6 +56,10 @@ ClusterStats ProgressRecords::ServerTotals() const {
     sum.duplicate_pushes += s.duplicate_pushes();
     sum.late_pushes += s.late_pushes();
     sum.staleness.Merge(s.staleness());
+    if (sum.worker_staleness.size() < static_cast<size_t>(s.worker_staleness_size())) {
+      sum.worker_staleness.resize(s.worker_staleness_size());
+    }
+    for (int w = 0; w < s.worker_staleness_size(); ++w) sum.worker_staleness[w].Merge(s.worker_staleness(w));
   }
   return sum;
 }
@@ -119,6 +129,7 @@ nlohmann::json ProgressRecords::WriteSummary(const JobOutcome& outcome, const st
     summary["late_pushes"] = sum.late_pushes;
     const tessera::v1::StalenessHistogram histogram = sum.staleness.ToProto();
     summary["staleness_histogram"] = std::vector<int64_t>(histogram.bucket().begin(), histogram.bucket().end());
+    summary["staleness"] = StalenessJson(sum);
     summary.update(extra);
   }
   if (absl::Status s = recorder_->WriteSummary(summary); !s.ok()) LOG(ERROR) << s;
@@ -127,6 +138,7 @@ nlohmann::json ProgressRecords::WriteSummary(const JobOutcome& outcome, const st
 
 void ProgressRecords::AddToStatus(nlohmann::json& status) const {
   const ClusterStats sum = ServerTotals();
+  status["staleness"] = StalenessJson(sum);
   status["staleness_histogram"] = [&] {
     const tessera::v1::StalenessHistogram h = sum.staleness.ToProto();
     return std::vector<int64_t>(h.bucket().begin(), h.bucket().end());

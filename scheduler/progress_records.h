@@ -61,6 +61,8 @@ class ProgressRecords {
   std::string MetricsText() const;
 
  private:
+  // {"all": histogram, "workers": [histogram by worker id]} (StalenessHistogram::ToJson).
+  static nlohmann::json StalenessJson(const ClusterStats& sum);
   const tessera::v1::JobSpec job_;
   const std::unique_ptr<RunRecorder> recorder_;
   const absl::Time start_;

@@ -22,6 +22,7 @@ struct ClusterStats {
   int64_t duplicate_pushes = 0;
   int64_t late_pushes = 0;
   StalenessHistogram staleness;
+  std::vector<StalenessHistogram> worker_staleness;  // by worker id
 
   // Model updates: chunk updates per chunk (every chunk of a dense model is updated once per model update).
   int64_t model_updates() const { return chunks == 0 ? 0 : chunk_updates / chunks; }
@@ -53,6 +54,9 @@ class ServerControl {
   // Every server's answer, in the map's order (a server that does not answer does not fail the others).
   [[nodiscard]] virtual std::vector<ServerStatsAnswer> Stats(const tessera::v1::ShardMap& map) = 0;
   [[nodiscard]] virtual absl::Status Shutdown(const tessera::v1::ShardMap& map) = 0;
+  // SYNC with backup workers: tells every server which workers make the rounds in `request`.
+  [[nodiscard]] virtual absl::Status DecideRounds(const tessera::v1::ShardMap& map,
+                                                  const tessera::v1::DecideRoundsRequest& request) = 0;
 };
 
 }  // namespace tessera

@@ -132,4 +132,19 @@ absl::Status GrpcServerControl::Shutdown(const tessera::v1::ShardMap& map) {
   return first;
 }
 
+absl::Status GrpcServerControl::DecideRounds(const tessera::v1::ShardMap& map,
+                                             const tessera::v1::DecideRoundsRequest& request) {
+  absl::Status first;
+  for (const auto& server : map.servers()) {
+    tessera::v1::DecideRoundsResponse response;
+    grpc::ClientContext context;
+    SetTimeout(context, absl::Seconds(5));
+    absl::Status status =
+        FromGrpcStatus(StubFor(server.address())->DecideRounds(&context, request, &response), context,
+                       absl::StrCat("DecideRounds on server ", server.id(), " at ", server.address()));
+    if (first.ok()) first = status;  // tell every server even when one fails
+  }
+  return first;
+}
+
 }  // namespace tessera

@@ -21,6 +21,7 @@ class GrpcServerControl final : public ServerControl {
                                                       int64_t clock, bool at_version, absl::Duration timeout) override;
   std::vector<ServerStatsAnswer> Stats(const tessera::v1::ShardMap& map) override;
   absl::Status Shutdown(const tessera::v1::ShardMap& map) override;
+  absl::Status DecideRounds(const tessera::v1::ShardMap& map, const tessera::v1::DecideRoundsRequest& request) override;
 
  private:
   tessera::v1::ParameterServer::Stub* StubFor(const std::string& address);

@@ -193,6 +193,13 @@ grpc::ServerUnaryReactor* ServerService::GetStats(grpc::CallbackServerContext* c
   return Finish(context, absl::OkStatus());
 }
 
+grpc::ServerUnaryReactor* ServerService::DecideRounds(grpc::CallbackServerContext* context,
+                                                      const tessera::v1::DecideRoundsRequest* request,
+                                                      tessera::v1::DecideRoundsResponse*) {
+  store_->DecideRounds(*request);
+  return Finish(context, absl::OkStatus());
+}
+
 grpc::ServerUnaryReactor* ServerService::Shutdown(grpc::CallbackServerContext* context,
                                                   const tessera::v1::ShutdownRequest*,
                                                   tessera::v1::ShutdownResponse*) {

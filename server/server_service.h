@@ -48,6 +48,9 @@ class ServerService final : public ParameterServerBase {
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
                                      const tessera::v1::ServerStatsRequest* request,
                                      tessera::v1::ServerStats* response) override;
+  grpc::ServerUnaryReactor* DecideRounds(grpc::CallbackServerContext* context,
+                                         const tessera::v1::DecideRoundsRequest* request,
+                                         tessera::v1::DecideRoundsResponse* response) override;
   grpc::ServerUnaryReactor* Shutdown(grpc::CallbackServerContext* context,
                                      const tessera::v1::ShutdownRequest* request,
                                      tessera::v1::ShutdownResponse* response) override;

@@ -81,6 +81,7 @@ void ShardStore::RestoreChunkLocked(const tessera::v1::ChunkState& state, const 
   }
   chunk.sync_weight = 0;
   chunk.sync_workers.clear();
+  std::fill(chunk.pending_batch.begin(), chunk.pending_batch.end(), 0);
   for (auto& w : chunk.waiters) dropped.push_back(std::move(w));
   chunk.waiters.clear();
 }
@@ -237,6 +238,10 @@ absl::Status ShardStore::AdoptView(
     absl::MutexLock chunk_lock(&chunk->mu);
     chunk->applied_clocks.assign(workers, 0);
     if (job.consistency().mode() == ConsistencySpec::SYNC) chunk->sync_sum.assign(placement.length(), 0.0f);
+    if (job.consistency().backup_workers() > 0) {
+      chunk->pending.resize(workers);
+      chunk->pending_batch.assign(workers, 0);
+    }
     if (restore != nullptr) {
       TESSERA_RETURN_IF_ERROR(restore_into(key, *chunk));
     } else {
@@ -281,24 +286,41 @@ absl::Status ShardStore::AdoptView(
     if (roster_ != nullptr && roster->incarnation[w] != roster_->incarnation[w]) renewed.push_back(w);
   }
   const bool sync = job.consistency().mode() == ConsistencySpec::SYNC;
+  int64_t late_dropped = 0;  // late gradients left out of the rounds closed here
   for (auto& [key, chunk] : chunks_) {
     absl::MutexLock chunk_lock(&chunk->mu);
     for (int w : renewed) {
       chunk->last_seq.erase(w);
       chunk->applied_clocks[w] = std::max(chunk->applied_clocks[w], roster->joined_clock[w]);
     }
-    if (sync && !chunk->sync_workers.empty() && RoundCompleteLocked(*chunk, *roster)) {
-      std::vector<std::shared_ptr<ExchangeWaiter>> waiters = CloseRoundLocked(*config_, *chunk);
+    const bool collecting = !chunk->sync_workers.empty() ||
+                            std::any_of(chunk->pending_batch.begin(), chunk->pending_batch.end(), [](int b) { return b > 0; });
+    if (sync && collecting && RoundCompleteLocked(*chunk, *roster)) {
+      std::vector<std::shared_ptr<ExchangeWaiter>> waiters = CloseRoundLocked(*config_, *chunk, &late_dropped);
       OfferToSnapshotLocked(*chunk);
       closed.emplace_back(std::move(waiters), SnapshotLocked(*chunk, *roster));
     }
+  }
+  if (late_dropped > 0) {
+    absl::MutexLock counters_lock(&counters_mu_);
+    counters_.late_pushes += late_dropped;
   }
   roster_ = std::move(roster);
   epoch_ = map.epoch();
   return absl::OkStatus();
 }
 
-bool ShardStore::RoundCompleteLocked(const Chunk& chunk, const Roster& roster) {
+bool ShardStore::RoundCompleteLocked(const Chunk& chunk, const Roster& roster) const {
+  if (!chunk.pending_batch.empty()) {  // backup workers: the scheduler names the members
+    std::shared_ptr<const std::vector<int>> members = MembersOf(chunk.version);
+    if (members == nullptr) return false;
+    for (int w : *members) {
+      if (w < static_cast<int>(roster.active.size()) && roster.InRound(w, chunk.version) && chunk.pending_batch[w] == 0) {
+        return false;
+      }
+    }
+    return true;
+  }
   for (size_t w = 0; w < roster.active.size(); ++w) {
     if (!roster.InRound(static_cast<int>(w), chunk.version)) continue;
     if (std::find(chunk.sync_workers.begin(), chunk.sync_workers.end(), static_cast<int>(w)) ==
@@ -309,7 +331,38 @@ bool ShardStore::RoundCompleteLocked(const Chunk& chunk, const Roster& roster) {
   return true;
 }
 
-std::vector<std::shared_ptr<ExchangeWaiter>> ShardStore::CloseRoundLocked(const JobConfig& config, Chunk& chunk) {
+std::vector<std::shared_ptr<ExchangeWaiter>> ShardStore::CloseRoundLocked(const JobConfig& config, Chunk& chunk,
+                                                                          int64_t* dropped) const {
+  if (!chunk.pending_batch.empty()) {
+    // The members' gradients, weighted by batch size, make the round; everyone else's are late.
+    std::shared_ptr<const std::vector<int>> members = MembersOf(chunk.version);
+    chunk.sync_workers.clear();
+    chunk.sync_weight = 0;
+    for (size_t w = 0; w < chunk.pending_batch.size(); ++w) {
+      if (chunk.pending_batch[w] == 0) continue;
+      const bool member = members != nullptr && std::binary_search(members->begin(), members->end(), static_cast<int>(w));
+      if (!member) {
+        if (dropped != nullptr) ++*dropped;
+      } else {
+        const float weight = static_cast<float>(chunk.pending_batch[w]);
+        const std::vector<float>& g = chunk.pending[w];
+        if (chunk.sync_workers.empty()) {
+          for (size_t i = 0; i < g.size(); ++i) chunk.sync_sum[i] = weight * g[i];
+        } else {
+          for (size_t i = 0; i < g.size(); ++i) chunk.sync_sum[i] += weight * g[i];
+        }
+        chunk.sync_weight += chunk.pending_batch[w];
+        chunk.sync_workers.push_back(static_cast<int>(w));
+      }
+      chunk.pending_batch[w] = 0;
+    }
+    if (chunk.sync_workers.empty()) {
+      ++chunk.version;  // every member left the job: the round closes with no update
+      std::vector<std::shared_ptr<ExchangeWaiter>> waiters;
+      waiters.swap(chunk.waiters);
+      return waiters;
+    }
+  }
   const float inv = static_cast<float>(1.0 / chunk.sync_weight);
   ApplyLocked(config, chunk, chunk.sync_sum, 1.0f, inv, chunk.sync_workers, chunk.version);
   chunk.sync_weight = 0;
@@ -317,6 +370,48 @@ std::vector<std::shared_ptr<ExchangeWaiter>> ShardStore::CloseRoundLocked(const 
   std::vector<std::shared_ptr<ExchangeWaiter>> waiters;
   waiters.swap(chunk.waiters);
   return waiters;
+}
+
+std::shared_ptr<const std::vector<int>> ShardStore::MembersOf(int64_t round) const {
+  absl::MutexLock lock(&decided_mu_);
+  auto it = decided_.find(round);
+  return it == decided_.end() ? nullptr : it->second;
+}
+
+void ShardStore::DecideRounds(const tessera::v1::DecideRoundsRequest& request) {
+  {
+    absl::MutexLock lock(&decided_mu_);
+    for (const auto& round : request.rounds()) {
+      // The newest word on a round wins (a job rolled back to a checkpoint decides its rounds again).
+      std::vector<int> members(round.workers().begin(), round.workers().end());
+      std::sort(members.begin(), members.end());
+      decided_[round.round()] = std::make_shared<const std::vector<int>>(std::move(members));
+    }
+    while (decided_.size() > kDecidedRoundsKept) decided_.erase(decided_.begin());
+  }
+  std::vector<std::pair<std::vector<std::shared_ptr<ExchangeWaiter>>, ChunkValues>> closed;
+  int64_t dropped = 0;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    if (config_ == nullptr || roster_ == nullptr) return;
+    for (auto& [key, chunk] : chunks_) {
+      absl::MutexLock chunk_lock(&chunk->mu);
+      if (chunk->pending_batch.empty() || !RoundCompleteLocked(*chunk, *roster_)) continue;
+      if (std::none_of(chunk->pending_batch.begin(), chunk->pending_batch.end(), [](int b) { return b > 0; })) {
+        continue;  // nothing collected yet: the round closes when its members' gradients arrive
+      }
+      std::vector<std::shared_ptr<ExchangeWaiter>> waiters = CloseRoundLocked(*config_, *chunk, &dropped);
+      OfferToSnapshotLocked(*chunk);
+      closed.emplace_back(std::move(waiters), SnapshotLocked(*chunk, *roster_));
+    }
+  }
+  if (dropped > 0) {
+    absl::MutexLock lock(&counters_mu_);
+    counters_.late_pushes += dropped;
+  }
+  for (auto& [waiters, values] : closed) {
+    for (auto& w : waiters) w->Complete(values);
+  }
 }
 
 absl::StatusOr<ShardStore::Found> ShardStore::Find(const ChunkAddress& address) const {
@@ -444,14 +539,30 @@ absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& re
       const int64_t round = chunk.version;
       if (request.clock < round) {
         outcome.late = true;  // the round closed without it; never mixed into a later round
+        applied.after_close = true;
         chunk.last_seq[worker] = request.seq;
       } else if (request.clock > round) {
         return absl::UnavailableError(absl::StrCat(what, ": round ", request.clock,
                                                    " is not open yet; the chunk is collecting round ", round));
       } else if (std::find(chunk.sync_workers.begin(), chunk.sync_workers.end(), worker) !=
-                 chunk.sync_workers.end()) {
+                     chunk.sync_workers.end() ||
+                 (!chunk.pending_batch.empty() && chunk.pending_batch[worker] > 0)) {
         return absl::AbortedError(absl::StrCat(what, ": worker ", worker, " already pushed round ", round,
                                                " with another seq"));
+      } else if (!chunk.pending_batch.empty()) {
+        // Backup workers: kept apart until the scheduler names the round's members.
+        chunk.last_seq[worker] = request.seq;
+        chunk.pending[worker].assign(values.begin(), values.end());
+        chunk.pending_batch[worker] = request.batch_size;
+        staleness = request.clock - request.read_clock_version;
+        std::shared_ptr<const std::vector<int>> members = MembersOf(round);
+        outcome.late = members != nullptr && !std::binary_search(members->begin(), members->end(), worker);
+        if (RoundCompleteLocked(chunk, roster)) {
+          applied.closed_waiters = CloseRoundLocked(config, chunk, &applied.dropped);
+          OfferToSnapshotLocked(chunk);
+        } else {
+          applied.round_open = true;
+        }
       } else {
         chunk.last_seq[worker] = request.seq;
         const float weight = static_cast<float>(request.batch_size);
@@ -499,8 +610,15 @@ absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& re
   absl::MutexLock lock(&counters_mu_);
   ++counters_.pushes;
   if (outcome.duplicate) ++counters_.duplicate_pushes;
-  if (outcome.late) ++counters_.late_pushes;
-  if (staleness >= 0) counters_.staleness.Add(staleness);
+  // A push for a round that had closed is counted here; one left out of a round (backup workers), as the
+  // round closes.
+  if (applied.after_close) ++counters_.late_pushes;
+  counters_.late_pushes += applied.dropped;
+  if (staleness >= 0) {
+    counters_.staleness.Add(staleness);
+    if (counters_.worker_staleness.size() <= static_cast<size_t>(worker)) counters_.worker_staleness.resize(worker + 1);
+    counters_.worker_staleness[worker].Add(staleness);
+  }
   return applied;
 }
 
@@ -566,6 +684,7 @@ tessera::v1::ServerStats ShardStore::Stats() const {
   stats.set_duplicate_pushes(counters_.duplicate_pushes);
   stats.set_late_pushes(counters_.late_pushes);
   *stats.mutable_staleness() = counters_.staleness.ToProto();
+  for (const StalenessHistogram& h : counters_.worker_staleness) *stats.add_worker_staleness() = h.ToProto();
   return stats;
 }
 

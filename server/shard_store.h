@@ -8,6 +8,9 @@
 // Consistency, set by the job:
 //   SYNC   a chunk collects one gradient per worker for its current round (= its version); the last to arrive
 //          applies the batch-size-weighted mean once. A push for a closed round is counted as late and ignored.
+//          With backup workers (ConsistencySpec.backup_workers), the chunk keeps each worker's gradient apart
+//          until the scheduler names the round's members (DecideRounds): the round closes with exactly those
+//          workers' gradients, on every chunk alike; the others' are counted as late and dropped.
 //   ASYNC  each gradient is applied on arrival.
 //   SSP    applied like ASYNC; the scheduler's clock gate bounds how far workers drift apart.
 // In every mode a push is applied at most once per (worker id, seq): a retried push answers `duplicate`.
@@ -141,6 +144,10 @@ class ShardStore {
   // with the status Push would return. Never blocks on other workers.
   void PushPull(const ChunkPush& request, const FloatPayload& values, std::shared_ptr<ExchangeWaiter> waiter);
 
+  // SYNC with backup workers: the members of rounds the scheduler decided (recent ones, any order; rounds
+  // already known or closed are ignored). Closes every round that has its members' gradients now.
+  void DecideRounds(const tessera::v1::DecideRoundsRequest& request);
+
   // Completes every waiting PushPull with `why` (shutdown).
   void CancelWaiters(const absl::Status& why);
 
@@ -166,6 +173,9 @@ class ShardStore {
     std::vector<float> sync_sum ABSL_GUARDED_BY(mu);
     double sync_weight ABSL_GUARDED_BY(mu) = 0;
     std::vector<int> sync_workers ABSL_GUARDED_BY(mu);
+    // SYNC with backup workers: each worker's gradient of the open round and its batch size (0: none yet).
+    std::vector<std::vector<float>> pending ABSL_GUARDED_BY(mu);
+    std::vector<int> pending_batch ABSL_GUARDED_BY(mu);
     // PushPulls of the open SYNC round, answered when it closes.
     std::vector<std::shared_ptr<ExchangeWaiter>> waiters ABSL_GUARDED_BY(mu);
   };
@@ -176,6 +186,7 @@ class ShardStore {
     int64_t duplicate_pushes = 0;
     int64_t late_pushes = 0;
     StalenessHistogram staleness;
+    std::vector<StalenessHistogram> worker_staleness;  // by worker id
   };
 
   // What the job fixes for every chunk; set by the first Assign, constant afterwards.
@@ -205,6 +216,8 @@ class ShardStore {
     PushOutcome outcome;
     bool round_open = false;  // SYNC: the push's round still waits for other workers
     std::vector<std::shared_ptr<ExchangeWaiter>> closed_waiters;  // SYNC: PushPulls of the round it closed
+    int64_t dropped = 0;      // SYNC with backup workers: late gradients the closed round left out
+    bool after_close = false; // SYNC: the push's round had closed before it came
     ChunkValues values;       // after the push (when asked for)
   };
 
@@ -243,11 +256,16 @@ class ShardStore {
 
   // The smallest clock of the active workers' updates in the chunk.
   static int64_t ClockVersionLocked(const Chunk& chunk, const Roster& roster) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
-  // SYNC: every worker round `chunk.version` waits for has pushed it.
-  static bool RoundCompleteLocked(const Chunk& chunk, const Roster& roster) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
-  // SYNC: applies the collected round and hands back the exchanges that waited for it.
-  static std::vector<std::shared_ptr<ExchangeWaiter>> CloseRoundLocked(const JobConfig& config, Chunk& chunk)
+  // SYNC: every worker round `chunk.version` waits for has pushed it (with backup workers: the round's members
+  // are decided and every one still in the job has pushed it).
+  bool RoundCompleteLocked(const Chunk& chunk, const Roster& roster) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  // SYNC: applies the collected round and hands back the exchanges that waited for it. With backup workers
+  // the round's members' gradients are summed first; `dropped` counts the others'.
+  std::vector<std::shared_ptr<ExchangeWaiter>> CloseRoundLocked(const JobConfig& config, Chunk& chunk,
+                                                                int64_t* dropped = nullptr) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  // SYNC with backup workers: the members of `round` (ascending), or null while undecided.
+  std::shared_ptr<const std::vector<int>> MembersOf(int64_t round) const ABSL_LOCKS_EXCLUDED(decided_mu_);
 
   mutable BufferPool buffers_;  // reply and scratch buffers
 
@@ -263,6 +281,11 @@ class ShardStore {
   std::atomic<int64_t> snapshot_at_{-1};
   absl::Mutex snapshot_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::map<std::pair<std::string, int>, tessera::v1::ChunkState> snapshot_ ABSL_GUARDED_BY(snapshot_mu_);
+
+  // SYNC with backup workers: decided rounds' members (the newest kDecidedRoundsKept).
+  static constexpr size_t kDecidedRoundsKept = 1024;
+  mutable absl::Mutex decided_mu_;
+  std::map<int64_t, std::shared_ptr<const std::vector<int>>> decided_ ABSL_GUARDED_BY(decided_mu_);
 
   mutable absl::Mutex counters_mu_;
   Counters counters_ ABSL_GUARDED_BY(counters_mu_);

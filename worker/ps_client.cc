@@ -480,6 +480,7 @@ absl::StatusOr<ClockResult> PsClient::Clock() {
 
 ClockResult PsClient::Advanced(const tessera::v1::AdvanceClockResponse& gate) {
   ++clock_;
+  if (gate.late() && gate.next_clock() > clock_) clock_ = gate.next_clock();  // on to the others' round
   slice_ = {gate.batch_offset(), gate.batch_count()};
   if (gate.rolled_back()) NoteRollback(rollback_generation_ + 1, gate.rollback_clock());
   ClockResult result;
@@ -488,6 +489,7 @@ ClockResult PsClient::Advanced(const tessera::v1::AdvanceClockResponse& gate) {
   result.stop = gate.stop();
   result.stop_reason = gate.stop_reason();
   result.rolled_back = rollback_.has_value();
+  result.late = gate.late();
   return result;
 }
 
@@ -546,21 +548,27 @@ class StepExchangeImpl final : public StepExchange {
     stamp_ = client_->NewStamp();  // one sequence number for the step's exchanges, reused by their retries
     if (mode_ == tessera::v1::ConsistencySpec::SYNC) {
       clock_state_ = std::make_shared<ClockState>();
-      auto state = clock_state_;
-      SchedulerClient* scheduler = client_->scheduler_.get();
-      const int worker = client_->worker_id_;
-      const int64_t next = client_->clock_ + 1;
-      const absl::Duration wait = client_->options_.clock_wait_timeout;
-      const int samples = client_->step_samples_;
-      const double busy = absl::ToDoubleSeconds(client_->step_busy_);
-      client_->clock_executor_.Submit([state, scheduler, worker, next, wait, samples, busy] {
-        absl::StatusOr<tessera::v1::AdvanceClockResponse> gate =
-            scheduler->AdvanceClock(worker, next, wait, samples, busy);
-        absl::MutexLock lock(&state->mu);
-        state->stop = !gate.ok() || gate->stop();
-        state->result = std::move(gate);
-      });
+      // With backup workers the clock says "every gradient of this step is sent" and goes out in Finish.
+      if (client_->job_.consistency().backup_workers() == 0) StartClock();
     }
+  }
+
+  // Advances the scheduler's clock on the client's clock thread, alongside the exchanges.
+  void StartClock() {
+    auto state = clock_state_;
+    SchedulerClient* scheduler = client_->scheduler_.get();
+    const int worker = client_->worker_id_;
+    const int64_t next = client_->clock_ + 1;
+    const absl::Duration wait = client_->options_.clock_wait_timeout;
+    const int samples = client_->step_samples_;
+    const double busy = absl::ToDoubleSeconds(client_->step_busy_);
+    client_->clock_executor_.Submit([state, scheduler, worker, next, wait, samples, busy] {
+      absl::StatusOr<tessera::v1::AdvanceClockResponse> gate =
+          scheduler->AdvanceClock(worker, next, wait, samples, busy);
+      absl::MutexLock lock(&state->mu);
+      state->stop = !gate.ok() || gate->stop();
+      state->result = std::move(gate);
+    });
   }
 
   ~StepExchangeImpl() override {
@@ -600,6 +608,7 @@ class StepExchangeImpl final : public StepExchange {
       return gate;
     }
     if (mode_ == tessera::v1::ConsistencySpec::ASYNC) return client_->Clock();  // never waits at the gate
+    if (client_->job_.consistency().backup_workers() > 0) StartClock();
     TESSERA_ASSIGN_OR_RETURN(tessera::v1::AdvanceClockResponse gate, WaitClock());
     // The job is over: rounds still open may never close, so nobody waits for them.
     if (gate.stop()) batch_.CancelAll();

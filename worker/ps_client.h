@@ -72,6 +72,7 @@ struct ClockResult {
   bool stop = false;      // the job is over: finish and call Done()
   std::string stop_reason;
   bool rolled_back = false;  // SYNC: the job went back to a checkpoint; see PsClient::TakeRollback
+  bool late = false;         // SYNC with backup workers: the step's round closed without this worker's gradients
 };
 
 // Not thread-safe: one training loop drives one client (its heartbeat runs on a thread of its own).
