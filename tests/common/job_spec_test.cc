@@ -51,6 +51,35 @@ TEST(JobSpecTest, StalenessOutsideSspIsAContradiction) {
   EXPECT_THAT(ValidateJobSpec(job), StatusIs(absl::StatusCode::kInvalidArgument, "consistency.staleness"));
 }
 
+TEST(JobSpecTest, BalanceAndBackupWorkersAreSyncOptionsWithTheirLimits) {
+  const std::string base = "model { softmax_regression {} } stop { max_steps: 3 } cluster { num_workers: 2 } ";
+  EXPECT_THAT(ValidateJobSpec(ParseValid(base + "consistency { mode: SYNC balance: THROUGHPUT backup_workers: 1 }")),
+              IsOk());
+  EXPECT_THAT(ValidateJobSpec(ParseValid(base + "consistency { mode: ASYNC balance: THROUGHPUT }")),
+              StatusIs(absl::StatusCode::kInvalidArgument, "consistency.balance"));
+  EXPECT_THAT(ValidateJobSpec(ParseValid(base + "consistency { mode: SYNC balance: FIXED shares: [1] }")),
+              StatusIs(absl::StatusCode::kInvalidArgument, "consistency.shares"));
+  EXPECT_THAT(ValidateJobSpec(ParseValid(base + "consistency { mode: SYNC balance: FIXED shares: [1, -1] }")),
+              StatusIs(absl::StatusCode::kInvalidArgument, "consistency.shares"));
+  EXPECT_THAT(ValidateJobSpec(ParseValid(base + "consistency { mode: SYNC backup_workers: 2 }")),
+              StatusIs(absl::StatusCode::kInvalidArgument, "consistency.backup_workers"));
+  EXPECT_THAT(ValidateJobSpec(ParseValid(base + "consistency { mode: SSP staleness: 1 backup_workers: 1 }")),
+              StatusIs(absl::StatusCode::kInvalidArgument, "consistency.backup_workers"));
+  EXPECT_EQ(ParseValid(base).consistency().async_momentum(), tessera::v1::ConsistencySpec::CORRECTED);
+}
+
+TEST(JobSpecTest, OverridesReplaceFieldsAndWholeListsAndRejectUnknownFields) {
+  tessera::v1::JobSpec job = ParseValid(
+      "model { mlp { hidden_sizes: [8, 4] } } stop { max_steps: 3 } optimizer { learning_rate: 0.1 momentum: 0.9 }");
+  ASSERT_THAT(MergeJobOverrides("optimizer { momentum: 0.5 } model { mlp { hidden_sizes: [16] } }", job), IsOk());
+  EXPECT_FLOAT_EQ(job.optimizer().momentum(), 0.5f);
+  EXPECT_FLOAT_EQ(job.optimizer().learning_rate(), 0.1f) << "fields not named keep their value";
+  EXPECT_EQ(job.model().mlp().hidden_sizes_size(), 1);
+  EXPECT_THAT(MergeJobOverrides("optimizer { nesterov: true }", job),
+              StatusIs(absl::StatusCode::kInvalidArgument, "nesterov"));
+  EXPECT_FLOAT_EQ(job.optimizer().momentum(), 0.5f) << "a failed override changes nothing";
+}
+
 TEST(JobSpecTest, MomentumWithAdamIsAContradiction) {
   tessera::v1::JobSpec job =
       ParseValid("model { softmax_regression {} } stop { max_steps: 3 } optimizer { kind: ADAM momentum: 0.9 }");

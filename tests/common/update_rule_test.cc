@@ -7,6 +7,26 @@
 namespace tessera {
 namespace {
 
+// ASYNC and SSP lower SGD's momentum by what M workers applying on arrival add: 1 - M * (1 - m), at least 0;
+// SYNC, AS_GIVEN and Adam keep the job's.
+TEST(UpdateRuleTest, AppliedMomentumIsCorrectedForAsynchrony) {
+  tessera::v1::JobSpec job;
+  job.mutable_optimizer()->set_momentum(0.9f);
+  job.mutable_cluster()->set_num_workers(4);
+  job.mutable_consistency()->set_async_momentum(tessera::v1::ConsistencySpec::CORRECTED);
+  job.mutable_consistency()->set_mode(tessera::v1::ConsistencySpec::ASYNC);
+  EXPECT_NEAR(AppliedOptimizer(job).momentum(), 0.6f, 1e-6);
+  job.mutable_consistency()->set_mode(tessera::v1::ConsistencySpec::SSP);
+  EXPECT_NEAR(AppliedOptimizer(job).momentum(), 0.6f, 1e-6);
+  job.mutable_cluster()->set_num_workers(16);
+  EXPECT_EQ(AppliedOptimizer(job).momentum(), 0.0f) << "never below 0";
+  job.mutable_consistency()->set_mode(tessera::v1::ConsistencySpec::SYNC);
+  EXPECT_FLOAT_EQ(AppliedOptimizer(job).momentum(), 0.9f);
+  job.mutable_consistency()->set_mode(tessera::v1::ConsistencySpec::ASYNC);
+  job.mutable_consistency()->set_async_momentum(tessera::v1::ConsistencySpec::AS_GIVEN);
+  EXPECT_FLOAT_EQ(AppliedOptimizer(job).momentum(), 0.9f);
+}
+
 TEST(UpdateRuleTest, SgdWithMomentumAccumulatesVelocity) {
   tessera::v1::OptimizerSpec spec;
   spec.set_kind(tessera::v1::OptimizerSpec::SGD);

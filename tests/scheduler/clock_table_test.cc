@@ -98,5 +98,65 @@ TEST(ClockTableTest, RejectsBadWorkerAndBackwardClock) {
   EXPECT_THAT(back.result, StatusIs(absl::StatusCode::kInvalidArgument, "went back"));
 }
 
+// Backup workers (3 workers, 1 backup): the first two to finish a round make it; the gate opens for them at
+// once, and the third, arriving afterwards, is late and sent on to the others' round.
+TEST(ClockTableTest, BackupWorkersDecideEachRoundOnceAndSendTheLateWorkerOn) {
+  std::vector<RoundMembers> decided;
+  absl::Mutex mu;
+  ClockTable table(3, /*bound=*/0, /*backups=*/1, [&](const RoundMembers& r) {
+    absl::MutexLock lock(&mu);
+    decided.push_back(r);
+  });
+  Gate first, second, third;
+  table.Advance(0, 1, Far(), first.callback());
+  EXPECT_FALSE(first.answered.HasBeenNotified());
+  table.Advance(1, 1, Far(), second.callback());
+  ASSERT_TRUE(first.answered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(second.answered.HasBeenNotified());
+  EXPECT_FALSE(first.result->late_next_clock.has_value());
+  {
+    absl::MutexLock lock(&mu);
+    ASSERT_EQ(decided.size(), 1u);
+    EXPECT_EQ(decided[0].round, 0);
+    EXPECT_EQ(decided[0].members, (std::vector<int>{0, 1}));
+    EXPECT_EQ(decided[0].late, (std::vector<int>{2}));
+  }
+  // The two go on to round 1 and finish it before the third finishes round 0.
+  Gate a, b;
+  table.Advance(0, 2, Far(), a.callback());
+  table.Advance(1, 2, Far(), b.callback());
+  ASSERT_TRUE(a.answered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  table.Advance(2, 1, Far(), third.callback());
+  ASSERT_TRUE(third.answered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_THAT(third.result, ::tessera::testing::IsOk());
+  EXPECT_EQ(third.result->late_next_clock, std::optional<int64_t>(2)) << "on to the round after the newest decided";
+  EXPECT_EQ(table.LateRounds(), (std::vector<int64_t>{0, 0, 1}));
+  ASSERT_EQ(table.RecentRounds().size(), 2u);
+}
+
+// A worker that is late in every round never holds a round back and is counted each time.
+TEST(ClockTableTest, BackupWorkersAWorkerLateInEveryRoundNeverHoldsTheOthers) {
+  ClockTable table(3, /*bound=*/0, /*backups=*/1);
+  int64_t slow_clock = 1;
+  for (int64_t round = 0; round < 20; ++round) {
+    Gate a, b;
+    table.Advance(0, round + 1, Far(), a.callback());
+    table.Advance(1, round + 1, Far(), b.callback());
+    ASSERT_TRUE(a.answered.WaitForNotificationWithTimeout(absl::Seconds(10))) << "round " << round;
+    ASSERT_TRUE(b.answered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    if (round % 4 == 3) {  // the slow one finishes a step now and then, always after the others
+      Gate slow;
+      table.Advance(2, slow_clock, Far(), slow.callback());
+      ASSERT_TRUE(slow.answered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+      ASSERT_TRUE(slow.result.ok());
+      ASSERT_TRUE(slow.result->late_next_clock.has_value());
+      EXPECT_EQ(*slow.result->late_next_clock, round + 1);
+      slow_clock = *slow.result->late_next_clock + 1;
+    }
+  }
+  EXPECT_EQ(table.LateRounds()[2], 5);
+  for (const RoundMembers& r : table.RecentRounds()) EXPECT_EQ(r.members, (std::vector<int>{0, 1}));
+}
+
 }  // namespace
 }  // namespace tessera

@@ -133,6 +133,63 @@ TEST_F(ShardStoreTest, SyncLatePushIsCountedAndNotMixedIn) {
               StatusIs(absl::StatusCode::kUnavailable, "round 5 is not open"));
 }
 
+tessera::v1::DecideRoundsRequest Decided(int64_t round, std::vector<int> workers) {
+  tessera::v1::DecideRoundsRequest request;
+  auto* r = request.add_rounds();
+  r->set_round(round);
+  for (int w : workers) r->add_workers(w);
+  return request;
+}
+
+// Backup workers: both chunks see the three workers' gradients in different orders, and both close round 0
+// with exactly the members the scheduler named; the third worker's gradient is counted late, never applied.
+TEST_F(ShardStoreTest, BackupWorkersCloseEveryChunkWithTheDecidedMembersOnly) {
+  job_.mutable_consistency()->set_backup_workers(1);
+  Assign(tessera::v1::ConsistencySpec::SYNC, 3);
+  ASSERT_THAT(Push(Gradient(1, 1, 0, {1000, 1000, 1000}, 1, /*index=*/0)), IsOk());  // the late one, first here
+  ASSERT_THAT(Push(Gradient(0, 1, 0, {2, 2, 2}, 1, 0)), IsOk());
+  ASSERT_THAT(Push(Gradient(2, 1, 0, {4, 4, 4}, 3, 0)), IsOk());
+  ASSERT_THAT(Push(Gradient(2, 1, 0, {4, 4, 4}, 3, /*index=*/1)), IsOk());
+  ASSERT_THAT(Push(Gradient(0, 1, 0, {2, 2, 2}, 1, 1)), IsOk());
+  EXPECT_EQ(Values(0), (std::vector<float>{0, 0, 0})) << "no round closes before its members are named";
+  EXPECT_EQ(Values(1), (std::vector<float>{0, 0, 0}));
+  store_.DecideRounds(Decided(0, {0, 2}));
+  // (1 * 2 + 3 * 4) / 4 = 3.5 on both chunks, although chunk 0 had worker 1's gradient and chunk 1 did not.
+  EXPECT_EQ(Values(0), (std::vector<float>{-3.5, -3.5, -3.5}));
+  EXPECT_EQ(Values(1), (std::vector<float>{-3.5, -3.5, -3.5}));
+  EXPECT_EQ(store_.Stats().late_pushes(), 1);
+  // The late worker's gradient of round 0 on chunk 1 arrives after the round closed: late, not applied to
+  // round 1 either.
+  absl::StatusOr<PushOutcome> late = Push(Gradient(1, 1, 0, {1000, 1000, 1000}, 1, 1));
+  ASSERT_THAT(late, IsOk());
+  EXPECT_TRUE(late->late);
+  EXPECT_EQ(store_.Stats().late_pushes(), 2);
+  ASSERT_THAT(Push(Gradient(0, 2, 1, {1, 1, 1}, 1, 1)), IsOk());
+  ASSERT_THAT(Push(Gradient(1, 2, 1, {1, 1, 1}, 1, 1)), IsOk());
+  store_.DecideRounds(Decided(1, {0, 1}));
+  EXPECT_EQ(Values(1), (std::vector<float>{-4.5, -4.5, -4.5})) << "round 1 is the mean of its own members only";
+}
+
+// A member's gradient that arrives after the decision closes the round; a non-member's exchange waits for the
+// close and gets the round's values (it is not left hanging, and does not hold the round).
+TEST_F(ShardStoreTest, BackupWorkersRoundClosesWhenTheLastMemberArrivesAndAnswersTheLateExchange) {
+  job_.mutable_consistency()->set_backup_workers(1);
+  Assign(tessera::v1::ConsistencySpec::SYNC, 3);
+  store_.DecideRounds(Decided(0, {0, 1}));
+  auto first = PushPull(Gradient(0, 1, 0, {2, 2, 2}));
+  auto late = PushPull(Gradient(2, 1, 0, {1000, 1000, 1000}));
+  EXPECT_FALSE(first->has_value());
+  EXPECT_FALSE(late->has_value()) << "the late exchange is answered with the round's values";
+  auto last = PushPull(Gradient(1, 1, 0, {4, 4, 4}));
+  for (const auto& slot : {first, late, last}) {
+    ASSERT_TRUE(slot->has_value());
+    const absl::StatusOr<ChunkValues>& answer = **slot;
+    ASSERT_THAT(answer, IsOk());
+    EXPECT_EQ(Floats(*answer), (std::vector<float>{-3, -3, -3}));
+  }
+  EXPECT_EQ(store_.Stats().late_pushes(), 1);
+}
+
 TEST_F(ShardStoreTest, StalenessIsClockMinusTheClockVersionRead) {
   Assign(tessera::v1::ConsistencySpec::ASYNC, 2);
   TestPush r = Gradient(0, 1, 4, {1, 1, 1});

@@ -1,0 +1,107 @@
+#include "scheduler/batch_balancer.h"
+
+#include <numeric>
+#include <random>
+
+#include "gtest/gtest.h"
+
+namespace tessera {
+namespace {
+
+tessera::v1::JobSpec Job(int workers, int batch, tessera::v1::ConsistencySpec::Balance balance,
+                         std::vector<float> shares = {}) {
+  tessera::v1::JobSpec job;
+  job.set_batch_size(batch);
+  job.mutable_cluster()->set_num_workers(workers);
+  job.mutable_consistency()->set_mode(tessera::v1::ConsistencySpec::SYNC);
+  job.mutable_consistency()->set_balance(balance);
+  for (float s : shares) job.mutable_consistency()->add_shares(s);
+  return job;
+}
+
+// The slices of one round: contiguous in rank order, covering the global batch exactly.
+std::vector<int> Round(BatchBalancer& balancer, int64_t round, const std::vector<bool>& active, int global) {
+  std::vector<int> counts;
+  int64_t offset = 0;
+  for (size_t w = 0; w < active.size(); ++w) {
+    const BatchSlice slice = balancer.SliceOf(static_cast<int>(w), round, active);
+    EXPECT_EQ(slice.offset, offset) << "worker " << w << " round " << round;
+    offset += slice.count;
+    counts.push_back(slice.count);
+  }
+  EXPECT_EQ(std::accumulate(counts.begin(), counts.end(), 0), global) << "round " << round;
+  return counts;
+}
+
+// Simulated devices: worker w computes `rate[w]` examples per second, with +-noise, for `rounds` rounds.
+void Simulate(BatchBalancer& balancer, const std::vector<double>& rate, int64_t first, int64_t rounds, double noise,
+         std::mt19937& rng, const std::vector<bool>& active) {
+  std::uniform_real_distribution<double> jitter(1 - noise, 1 + noise);
+  for (int64_t r = first; r < first + rounds; ++r) {
+    std::vector<int> counts = Round(balancer, r, active, 32 * static_cast<int>(active.size()));
+    for (size_t w = 0; w < rate.size(); ++w) {
+      if (active[w] && counts[w] > 0) balancer.Observe(static_cast<int>(w), counts[w], counts[w] / rate[w] * jitter(rng));
+    }
+  }
+}
+
+TEST(BatchBalancerTest, EqualGivesEveryWorkerItsBatchInRankOrder) {
+  BatchBalancer balancer(Job(4, 32, tessera::v1::ConsistencySpec::EQUAL));
+  EXPECT_FALSE(balancer.enabled());
+  EXPECT_EQ(Round(balancer, 0, {true, true, true, true}, 128), (std::vector<int>{32, 32, 32, 32}));
+}
+
+TEST(BatchBalancerTest, FixedSharesSplitInProportion) {
+  BatchBalancer balancer(Job(2, 32, tessera::v1::ConsistencySpec::FIXED, {3, 1}));
+  EXPECT_EQ(Round(balancer, 0, {true, true}, 64), (std::vector<int>{48, 16}));
+}
+
+// A GPU beside a CPU worker (simulated speeds, 20x apart): the CPU ends with a small share, and the predicted
+// round time (slowest share / speed) is close to the best split's.
+TEST(BatchBalancerTest, ThroughputGivesASlowCpuWorkerASmallShare) {
+  BatchBalancer balancer(Job(2, 32, tessera::v1::ConsistencySpec::THROUGHPUT));
+  std::mt19937 rng(1);
+  Simulate(balancer, {20000, 1000}, 0, 100, 0.05, rng, {true, true});
+  const std::vector<int> shares = balancer.Shares();
+  EXPECT_GE(shares[0], 58);
+  EXPECT_LE(shares[1], 6);
+  EXPECT_GE(shares[1], 1) << "every active worker keeps at least one example";
+}
+
+// Equal devices with noisy measurements: shares do not flap.
+TEST(BatchBalancerTest, NoiseDoesNotMakeSharesFlap) {
+  BatchBalancer balancer(Job(4, 32, tessera::v1::ConsistencySpec::THROUGHPUT));
+  std::mt19937 rng(2);
+  Simulate(balancer, {5000, 5000, 5000, 5000}, 0, 500, 0.15, rng, {true, true, true, true});
+  EXPECT_LE(balancer.ToJson()["rebalances"].get<int>(), 2);
+}
+
+// A worker slowed 4x in the middle of a run: its share follows within a few dozen rounds, and comes back when
+// it recovers.
+TEST(BatchBalancerTest, SharesFollowAWorkerSlowedInTheMiddleOfARun) {
+  BatchBalancer balancer(Job(2, 32, tessera::v1::ConsistencySpec::THROUGHPUT));
+  std::mt19937 rng(3);
+  Simulate(balancer, {4000, 4000}, 0, 100, 0.05, rng, {true, true});
+  std::vector<int> shares = balancer.Shares();
+  EXPECT_NEAR(shares[0], 32, 4);
+  Simulate(balancer, {4000, 1000}, 100, 60, 0.05, rng, {true, true});
+  shares = balancer.Shares();
+  EXPECT_NEAR(shares[1], 64 / 5.0, 3) << "1/5 of the round for the worker at 1/4 of the speed";
+  Simulate(balancer, {4000, 4000}, 160, 60, 0.05, rng, {true, true});
+  shares = balancer.Shares();
+  EXPECT_NEAR(shares[1], 32, 4);
+}
+
+// A worker that left gets nothing; the others take the whole global batch. Every worker of a round sees the
+// split decided when the round was first asked for.
+TEST(BatchBalancerTest, ARoundKeepsItsSplitAndALostWorkerGetsNothing) {
+  BatchBalancer balancer(Job(3, 32, tessera::v1::ConsistencySpec::EQUAL));
+  const BatchSlice before = balancer.SliceOf(2, 5, {true, true, true});
+  EXPECT_EQ(before.count, 32);
+  EXPECT_EQ(balancer.SliceOf(2, 5, {true, true, false}).count, 32) << "round 5 was decided already";
+  EXPECT_EQ(balancer.SliceOf(2, 6, {true, true, false}).count, 0);
+  EXPECT_EQ(balancer.SliceOf(0, 6, {true, true, false}).count + balancer.SliceOf(1, 6, {true, true, false}).count, 96);
+}
+
+}  // namespace
+}  // namespace tessera
