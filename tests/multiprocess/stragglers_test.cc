@@ -1,0 +1,110 @@
+// Unequal workers, with the real binaries as separate processes: balanced sync batches, backup workers.
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/daemon_test.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/subprocess.h"
+#include "worker/param_file.h"
+
+namespace tessera::testing {
+namespace {
+
+class StragglersTest : public DaemonTest {
+ protected:
+  // A SYNC job of `workers` workers with `consistency` fields added, `steps` clocks, batch `batch`.
+  static std::string Job(int workers, int batch, int steps, const std::string& consistency) {
+    return absl::StrCat(R"(
+name: "stragglers"
+model { mlp { hidden_sizes: [64] } }
+optimizer { kind: SGD learning_rate: 0.05 momentum: 0.9 }
+batch_size: )", batch, R"(
+consistency { mode: SYNC )", consistency, R"( }
+stop { max_steps: )", steps, R"( }
+eval_every_steps: 1000
+seed: 11
+cluster { num_servers: 2 num_workers: )", workers, " }\n");
+  }
+
+  // Runs tessera-launch on `job` with `flags`; the run's summary.json.
+  nlohmann::json Launch(const std::string& name, const std::string& job, std::vector<std::string> flags) {
+    const std::string run = (dir_ / name).string();
+    std::vector<std::string> argv = {kBin + "/tessera-launch", "--job=" + Write(name + ".pbtxt", job),
+                                     "--run_dir=" + run, "--device=cpu"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    Subprocess launch(argv);
+    EXPECT_TRUE(launch.ReadUntilExit(absl::Seconds(300))) << launch.output();
+    EXPECT_EQ(launch.exit_code(), 0) << launch.output();
+    std::ifstream summary(run + "/summary.json");
+    if (!summary) return nlohmann::json::object();
+    return nlohmann::json::parse(summary);
+  }
+};
+
+// Two workers taking three quarters and one quarter of every round end with the parameters one local process
+// gets on the union of their batches: the update is the sample-weighted mean of the whole global batch.
+TEST_F(StragglersTest, UnequalSharesGiveTheSameParametersAsOneProcessOnTheUnionBatch) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not installed (Debian package dataset-fashion-mnist)";
+  nlohmann::json summary = Launch("fixed", Job(2, 32, 20, "balance: FIXED shares: [3, 1]"),
+                                  {"--dump_params=" + (dir_ / "cluster.params").string()});
+  EXPECT_EQ(summary["balance"]["shares"], nlohmann::json({48, 16}));
+  Subprocess local({kBin + "/tessera-worker", "--local", "--device=cpu",
+                    "--job=" + Write("local.pbtxt", Job(1, 64, 20, "")),
+                    "--dump_params=" + (dir_ / "local.params").string()});
+  ASSERT_TRUE(local.ReadUntilExit(absl::Seconds(300))) << local.output();
+  ASSERT_EQ(local.exit_code(), 0) << local.output();
+  absl::StatusOr<NamedTensors> cluster = ReadParamFile((dir_ / "cluster.params").string());
+  absl::StatusOr<NamedTensors> alone = ReadParamFile((dir_ / "local.params").string());
+  ASSERT_THAT(cluster, IsOk());
+  ASSERT_THAT(alone, IsOk());
+  absl::StatusOr<double> error = RelativeError(*cluster, *alone);
+  ASSERT_THAT(error, IsOk());
+  EXPECT_LT(*error, 1e-5);
+}
+
+// Worker 1 computes 6 times slower from clock 40 on: THROUGHPUT moves most of every round to worker 0 after
+// that, and not before.
+TEST_F(StragglersTest, ThroughputSharesFollowAWorkerSlowedInTheMiddleOfARun) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not installed (Debian package dataset-fashion-mnist)";
+  nlohmann::json summary = Launch("throughput", Job(2, 128, 140, "balance: THROUGHPUT"),
+                                  {"--slow_worker=1", "--slow_factor=6", "--slow_from_step=40"});
+  ASSERT_TRUE(summary.contains("balance")) << summary.dump();
+  const nlohmann::json& balance = summary["balance"];
+  const std::vector<int> shares = balance["shares"];
+  ASSERT_EQ(shares.size(), 2u);
+  EXPECT_EQ(shares[0] + shares[1], 256);
+  EXPECT_LT(shares[1] * 2, shares[0]) << balance.dump();
+  for (const auto& change : balance["changes"]) {
+    const std::vector<int> split = change["shares"];
+    if (change["round"].get<int64_t>() < 40) {
+      EXPECT_GT(split[1] * 2, split[0]) << "worker 1 lost its share before it was slowed: " << balance.dump();
+    }
+  }
+}
+
+// Three workers, one backup, worker 2 ten times slower throughout: it is late in (nearly) every round, its
+// gradients are counted and never applied, and the others finish every step without waiting for it.
+TEST_F(StragglersTest, BackupWorkerLateInEveryRoundNeverHoldsTheRoundsBack) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not installed (Debian package dataset-fashion-mnist)";
+  nlohmann::json summary =
+      Launch("backup", Job(3, 64, 60, "backup_workers: 1"), {"--slow_worker=2", "--slow_factor=10"});
+  ASSERT_TRUE(summary.contains("rounds")) << summary.dump();
+  EXPECT_EQ(summary["completed"], true);
+  const std::vector<int64_t> late = summary["rounds"]["late_rounds"];
+  ASSERT_EQ(late.size(), 3u);
+  EXPECT_GT(late[2], 0);
+  EXPECT_GT(summary["late_pushes"].get<int64_t>(), 0);
+  EXPECT_EQ(summary["updates_applied"], 60) << "one update per round, none from late gradients";
+  for (const auto& round : summary["rounds"]["recent"]) {
+    EXPECT_EQ(round["in"].size(), 2u) << round.dump();
+  }
+  const std::vector<int64_t> clocks = summary["worker_clocks"];
+  EXPECT_GE(clocks[0], 60);
+  EXPECT_GE(clocks[1], 60);
+}
+
+}  // namespace
+}  // namespace tessera::testing
