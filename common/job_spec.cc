@@ -213,8 +213,9 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
   if (stop.target_accuracy() < 0 || stop.target_accuracy() > 1) {
     return FieldError("stop.target_accuracy", absl::StrCat("expected in (0, 1], got ", stop.target_accuracy()));
   }
-  if (stop.max_steps() == 0 && stop.epochs() == 0 && stop.target_accuracy() == 0) {
-    return FieldError("stop", "no stop condition; set max_steps, epochs or target_accuracy");
+  if (stop.max_seconds() < 0) return FieldError("stop.max_seconds", "expected >= 0");
+  if (stop.max_steps() == 0 && stop.epochs() == 0 && stop.target_accuracy() == 0 && stop.max_seconds() == 0) {
+    return FieldError("stop", "no stop condition; set max_steps, epochs, target_accuracy or max_seconds");
   }
   if (job.eval_every_steps() <= 0) return FieldError("eval_every_steps", "expected > 0");
   if (job.eval_every_seconds() < 0) return FieldError("eval_every_seconds", "expected >= 0");

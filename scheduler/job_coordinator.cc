@@ -90,15 +90,20 @@ JobCoordinator::JobCoordinator(tessera::v1::JobSpec job, std::unique_ptr<RunReco
 
 JobCoordinator::~JobCoordinator() {
   failure_detector_.Stop();
-  if (checkpoint_ticker_) checkpoint_ticker_->Stop();
+  if (ticker_) ticker_->Stop();
 }
 
 void JobCoordinator::StartFailureDetection() {
   failure_detector_.Start(heartbeat_interval_);
-  if (!checkpointer_.enabled()) return;
-  checkpoint_ticker_ = std::make_unique<Heartbeater>(
+  const int max_seconds = job_.stop().max_seconds();
+  if (!checkpointer_.enabled() && max_seconds <= 0) return;
+  ticker_ = std::make_unique<Heartbeater>(
       std::min(heartbeat_interval_, absl::Milliseconds(200)),
-      [this] {
+      [this, max_seconds] {
+        if (max_seconds > 0 && !clocks_.stopped() && absl::Now() - start_ >= absl::Seconds(max_seconds)) {
+          clocks_.Stop(absl::StrCat("ran for stop.max_seconds (", max_seconds, " s)"));
+        }
+        if (!checkpointer_.enabled()) return absl::OkStatus();
         const std::vector<int64_t> active = clocks_.ActiveClocks();
         if (active.empty() || clocks_.stopped() || !view_.placed()) return absl::OkStatus();
         if (!checkpointer_.Due(*std::min_element(active.begin(), active.end()), absl::Now())) return absl::OkStatus();
@@ -116,7 +121,7 @@ void JobCoordinator::StartFailureDetection() {
         return absl::OkStatus();
       },
       [](const absl::Status&) {}, absl::InfiniteDuration());
-  checkpoint_ticker_->Start();
+  ticker_->Start();
 }
 
 absl::StatusOr<CheckpointInfo> JobCoordinator::Checkpoint(const std::string& why) {

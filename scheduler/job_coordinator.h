@@ -54,7 +54,7 @@ class JobCoordinator {
       const std::string& resume_dir = "");
   ~JobCoordinator();
 
-  // Starts failure detection (every heartbeat interval) and the checkpoint cadence.
+  // Starts failure detection (every heartbeat interval), the checkpoint cadence and the job's time limit.
   void StartFailureDetection();
 
   // Takes a checkpoint now (SYNC: at the next clock, holding every worker there for a consistent cut) and
@@ -147,7 +147,7 @@ class JobCoordinator {
   ProgressRecords records_;
   FailureDetector failure_detector_;
   Checkpointer checkpointer_;
-  std::unique_ptr<Heartbeater> checkpoint_ticker_;  // checks the cadence
+  std::unique_ptr<Heartbeater> ticker_;  // checks the checkpoint cadence and stop.max_seconds
 
   mutable absl::Mutex mu_;
   std::vector<int> lost_workers_ ABSL_GUARDED_BY(mu_);  // every rank ever lost, in order

@@ -92,6 +92,10 @@ absl::StatusOr<ClockResult> LocalSource::Clock() {
   ClockResult result;
   result.clock = ++clock_;
   result.min_clock = clock_;
+  const int max_seconds = job_.stop().max_seconds();
+  if (stop_reason_.empty() && max_seconds > 0 && absl::Now() - start_ >= absl::Seconds(max_seconds)) {
+    stop_reason_ = absl::StrCat("ran for stop.max_seconds (", max_seconds, " s)");
+  }
   result.stop = !stop_reason_.empty();
   result.stop_reason = stop_reason_;
   return result;
