@@ -23,9 +23,9 @@ int64_t StalenessHistogram::Quantile(double q) const {
   int64_t seen = 0;
   for (int i = 0; i < kBuckets; ++i) {
     seen += buckets_[i];
-    if (static_cast<double>(seen) >= wanted && seen > 0) return i == kBuckets - 1 ? max_ : i;
+    if (static_cast<double>(seen) >= wanted && seen > 0) return i;
   }
-  return max_;
+  return kBuckets - 1;
 }
 
 nlohmann::json StalenessHistogram::ToJson() const {

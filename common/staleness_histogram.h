@@ -21,8 +21,8 @@ class StalenessHistogram {
 
   int64_t max() const { return max_; }
   int64_t count() const { return count_; }
-  // The smallest staleness s with at least q of the updates at or below s (q in [0, 1]); in the last bucket,
-  // max() (an upper bound). 0 when empty.
+  // The smallest staleness s with at least q of the updates at or below s (q in [0, 1]); kBuckets - 1 (64)
+  // when that is in the last bucket, i.e. "64 or more". 0 when empty.
   int64_t Quantile(double q) const;
   // {"count", "median", "p99", "max", "buckets"}: what /status and summary.json show.
   nlohmann::json ToJson() const;

@@ -356,6 +356,9 @@ std::vector<std::shared_ptr<ExchangeWaiter>> ShardStore::CloseRoundLocked(const 
       }
       chunk.pending_batch[w] = 0;
     }
+    // The round is over for everyone: a late worker's gradient of it never comes in, so it holds nobody's
+    // staleness back (clock_version).
+    for (int64_t& applied : chunk.applied_clocks) applied = std::max(applied, chunk.version + 1);
     if (chunk.sync_workers.empty()) {
       ++chunk.version;  // every member left the job: the round closes with no update
       std::vector<std::shared_ptr<ExchangeWaiter>> waiters;

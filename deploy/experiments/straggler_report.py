@@ -104,9 +104,11 @@ def main():
               "staleness median", "p99", "max", "late gradients"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
+        def quantile(q):  # the histogram's last bucket holds 64 and more
+            return ">= 64" if q is not None and q >= 64 else q
         cells = [r["scenario"], LABELS[r["mode"]], r["seconds_to_target"] or "not reached", r["accuracy_at_seconds"],
-                 r["model_updates_per_sec"], r["staleness_median"], r["staleness_p99"], r["staleness_max"],
-                 r["late_gradients"]]
+                 r["model_updates_per_sec"], quantile(r["staleness_median"]), quantile(r["staleness_p99"]),
+                 r["staleness_max"], r["late_gradients"]]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     text = "\n".join(lines) + "\n"
     with open(os.path.join(out, "results.md"), "w") as f:
