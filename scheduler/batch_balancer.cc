@@ -20,6 +20,7 @@ BatchBalancer::BatchBalancer(const tessera::v1::JobSpec& job)
       fixed_(job.consistency().shares().begin(), job.consistency().shares().end()),
       samples_(workers_, 0.0),
       seconds_(workers_, 0.0),
+      steps_seen_(workers_, 0),
       current_active_(workers_, true) {
   current_ = Split(balance_ == tessera::v1::ConsistencySpec::FIXED ? fixed_ : std::vector<double>(workers_, 1.0),
                    current_active_);
@@ -28,6 +29,7 @@ BatchBalancer::BatchBalancer(const tessera::v1::JobSpec& job)
 void BatchBalancer::Observe(int worker, int samples, double busy_seconds) {
   if (worker < 0 || worker >= workers_ || samples <= 0 || !(busy_seconds > 0) || !std::isfinite(busy_seconds)) return;
   absl::MutexLock lock(&mu_);
+  if (++steps_seen_[worker] <= kWarmupSteps) return;
   if (seconds_[worker] > 0) {
     samples_[worker] = (1 - kSmoothing) * samples_[worker] + kSmoothing * samples;
     seconds_[worker] = (1 - kSmoothing) * seconds_[worker] + kSmoothing * busy_seconds;
@@ -88,6 +90,9 @@ std::vector<int> BatchBalancer::NextSplitLocked(const std::vector<bool>& active)
   }
   std::vector<double> weights(workers_, 1.0);
   for (int w = 0; w < workers_; ++w) weights[w] = rates[w] > 0 ? rates[w] : (measured > 0 ? sum / measured : 1.0);
+  for (int w = 0; w < workers_; ++w) {
+    if (active[w] && steps_seen_[w] < kWarmupSteps + kMeasuredSteps) return members_changed ? Split(weights, active) : current_;
+  }
   std::vector<int> target = Split(weights, active);
   if (members_changed) return target;
   // A round lasts as long as its slowest worker: share / throughput.

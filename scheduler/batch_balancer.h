@@ -4,7 +4,7 @@
 //
 // Workers measure each step's compute (forward, backward, and any slowdown; not the waits for values) and send
 // it with their next clock; the balancer keeps moving averages of each worker's examples and seconds per step
-// (their ratio is its throughput). A round's split is decided the first time any worker asks for it and kept,
+// (their ratio is its throughput), leaving out its first kWarmupSteps. A round's split is decided the first time any worker asks for it and kept,
 // so every worker of a round sees the same split: slices in rank order, covering the global batch exactly, at
 // least one example per active worker. THROUGHPUT adopts a new split only when it is predicted to shorten a
 // round (the slowest worker's share / throughput) by more than kHysteresis, or when workers came or went: noise
@@ -29,6 +29,8 @@ class BatchBalancer {
  public:
   static constexpr double kHysteresis = 0.10;  // a new split must shorten the predicted round by this much
   static constexpr double kSmoothing = 0.1;    // weight of the newest step in the moving averages
+  static constexpr int kWarmupSteps = 2;       // a worker's first steps (one-time costs) are not measured
+  static constexpr int kMeasuredSteps = 5;     // THROUGHPUT moves off an equal split once every worker has these
 
   // `job` must be validated.
   explicit BatchBalancer(const tessera::v1::JobSpec& job);
@@ -64,6 +66,7 @@ class BatchBalancer {
   // Moving averages of each worker's examples and busy seconds per step; 0: not measured.
   std::vector<double> samples_ ABSL_GUARDED_BY(mu_);
   std::vector<double> seconds_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> steps_seen_ ABSL_GUARDED_BY(mu_);  // observations per worker, warm-up included
   std::vector<int> current_ ABSL_GUARDED_BY(mu_);  // the newest split
   std::vector<bool> current_active_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, std::vector<int>> decided_ ABSL_GUARDED_BY(mu_);  // recent rounds' splits
