@@ -64,7 +64,7 @@ absl::Status MergeJobOverrides(std::string_view text, JobSpec& job) {
   google::protobuf::TextFormat::Parser parser;
   FirstErrorCollector errors;
   parser.RecordErrorsTo(&errors);
-  if (!parser.ParseFromString(std::string(text), &overrides)) {
+  if (!parser.MergeFromString(std::string(text), &overrides)) {
     return absl::InvalidArgumentError(absl::StrCat("job overrides: ", errors.error()));
   }
   // Repeated fields named by the overrides replace the job's list instead of extending it.

@@ -106,7 +106,7 @@ absl::StatusOr<tessera::v1::ReportResponse> LocalSource::Report(const tessera::v
   if (!report.has_eval()) return response;
   last_eval_ = report;
   EvalRecord record;
-  record.step = clock_;
+  record.step = report.eval_clock() > 0 ? report.eval_clock() : clock_;  // the clock of the values scored
   record.epoch = report.epoch();
   record.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start_);
   record.train_loss = report.train_loss();

@@ -75,6 +75,9 @@ TEST(JobSpecTest, OverridesReplaceFieldsAndWholeListsAndRejectUnknownFields) {
   EXPECT_FLOAT_EQ(job.optimizer().momentum(), 0.5f);
   EXPECT_FLOAT_EQ(job.optimizer().learning_rate(), 0.1f) << "fields not named keep their value";
   EXPECT_EQ(job.model().mlp().hidden_sizes_size(), 1);
+  ASSERT_THAT(MergeJobOverrides("consistency { mode: ASYNC } consistency { async_momentum: AS_GIVEN }", job), IsOk());
+  EXPECT_EQ(job.consistency().mode(), tessera::v1::ConsistencySpec::ASYNC);
+  EXPECT_EQ(job.consistency().async_momentum(), tessera::v1::ConsistencySpec::AS_GIVEN);
   EXPECT_THAT(MergeJobOverrides("optimizer { nesterov: true }", job),
               StatusIs(absl::StatusCode::kInvalidArgument, "nesterov"));
   EXPECT_FLOAT_EQ(job.optimizer().momentum(), 0.5f) << "a failed override changes nothing";
