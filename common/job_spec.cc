@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <fstream>
-#include <functional>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -59,31 +58,41 @@ absl::StatusOr<JobSpec> ParseJobSpec(std::string_view text, std::string_view ori
   return job;
 }
 
+namespace {
+
+// Clears in `to` every field the text of `tree` names (recursing into messages it names), so that a merge
+// afterwards sets exactly what the text says: lists replaced as a whole, and zero values (which a proto3 merge
+// skips) taken too.
+void ClearNamedFields(const google::protobuf::TextFormat::ParseInfoTree& tree, google::protobuf::Message& to) {
+  const google::protobuf::Descriptor* descriptor = to.GetDescriptor();
+  const google::protobuf::Reflection* reflection = to.GetReflection();
+  for (int i = 0; i < descriptor->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* field = descriptor->field(i);
+    const int index = field->is_repeated() ? 0 : -1;
+    if (field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE && !field->is_repeated()) {
+      if (const auto* nested = tree.GetTreeForNested(field, index); nested != nullptr) {
+        ClearNamedFields(*nested, *reflection->MutableMessage(&to, field));
+      }
+    } else if (tree.GetLocation(field, index).line >= 0) {
+      reflection->ClearField(&to, field);
+    }
+  }
+}
+
+}  // namespace
+
 absl::Status MergeJobOverrides(std::string_view text, JobSpec& job) {
   JobSpec overrides;
   google::protobuf::TextFormat::Parser parser;
   FirstErrorCollector errors;
   parser.RecordErrorsTo(&errors);
+  google::protobuf::TextFormat::ParseInfoTree tree;
+  parser.WriteLocationsTo(&tree);
   if (!parser.MergeFromString(std::string(text), &overrides)) {
     return absl::InvalidArgumentError(absl::StrCat("job overrides: ", errors.error()));
   }
-  // Repeated fields named by the overrides replace the job's list instead of extending it.
   JobSpec merged = job;
-  std::vector<const google::protobuf::FieldDescriptor*> named;
-  overrides.GetReflection()->ListFields(overrides, &named);
-  std::function<void(const google::protobuf::Message&, google::protobuf::Message&)> clear_lists =
-      [&](const google::protobuf::Message& from, google::protobuf::Message& to) {
-        std::vector<const google::protobuf::FieldDescriptor*> fields;
-        from.GetReflection()->ListFields(from, &fields);
-        for (const auto* f : fields) {
-          if (f->is_repeated()) {
-            to.GetReflection()->ClearField(&to, f);
-          } else if (f->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) {
-            clear_lists(from.GetReflection()->GetMessage(from, f), *to.GetReflection()->MutableMessage(&to, f));
-          }
-        }
-      };
-  clear_lists(overrides, merged);
+  ClearNamedFields(tree, merged);
   merged.MergeFrom(overrides);
   job = std::move(merged);
   return absl::OkStatus();

@@ -28,8 +28,8 @@ inline constexpr char kFashionMnistPackage[] = "dataset-fashion-mnist";
 [[nodiscard]] absl::StatusOr<tessera::v1::JobSpec> ParseJobSpec(std::string_view text, std::string_view origin);
 
 // Merges job fields in text format over `job` (e.g. "cluster { num_workers: 4 } optimizer { momentum: 0.5 }"):
-// a field named replaces the job's value, a repeated field is replaced as a whole; a message may be named more
-// than once (its fields add up). INVALID_ARGUMENT naming the
+// a field named replaces the job's value (a zero too: "stop { target_accuracy: 0 }" removes a target), a
+// repeated field is replaced as a whole; a message may be named more than once (its fields add up). INVALID_ARGUMENT naming the
 // line and column on a syntax error or an unknown field; `job` is unchanged then.
 [[nodiscard]] absl::Status MergeJobOverrides(std::string_view text, tessera::v1::JobSpec& job);
 

@@ -27,7 +27,8 @@ py=python3
   exit 2
 }
 mkdir -p "$out"
-common="cluster { num_workers: 4 num_servers: 2 } batch_size: 256 stop { max_seconds: $seconds }
+common="cluster { num_workers: 4 num_servers: 2 } batch_size: 256
+stop { max_seconds: $seconds target_accuracy: 0 epochs: 0 }
 eval_every_steps: 20 eval_every_seconds: 1"
 declare -A modes=(
   [sync]="consistency { mode: SYNC }"

@@ -81,6 +81,9 @@ TEST(JobSpecTest, OverridesReplaceFieldsAndWholeListsAndRejectUnknownFields) {
   EXPECT_THAT(MergeJobOverrides("optimizer { nesterov: true }", job),
               StatusIs(absl::StatusCode::kInvalidArgument, "nesterov"));
   EXPECT_FLOAT_EQ(job.optimizer().momentum(), 0.5f) << "a failed override changes nothing";
+  ASSERT_THAT(MergeJobOverrides("optimizer { momentum: 0 }", job), IsOk());
+  EXPECT_EQ(job.optimizer().momentum(), 0.0f) << "a zero named in the overrides is taken";
+  EXPECT_FLOAT_EQ(job.optimizer().learning_rate(), 0.1f);
 }
 
 TEST(JobSpecTest, MomentumWithAdamIsAContradiction) {
