@@ -120,7 +120,8 @@ void ClockTable::Advance(int worker, int64_t clock, absl::Time deadline, Callbac
       ready.emplace_back(std::move(done),
                          absl::InvalidArgumentError(absl::StrCat("worker ", worker, " clock went back from ",
                                                                  clocks_[worker], " to ", clock)));
-    } else if (backups_ > 0 && !stopped_ && clock - 1 <= newest_decided_ && active_[worker] &&
+    } else if (backups_ > 0 && !stopped_ && clock > clocks_[worker] && clock - 1 <= newest_decided_ &&
+               active_[worker] &&
                std::none_of(rounds_.begin(), rounds_.end(), [&](const RoundMembers& r) {
                  return r.round == clock - 1 && std::binary_search(r.members.begin(), r.members.end(), worker);
                })) {

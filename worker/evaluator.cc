@@ -6,7 +6,9 @@ namespace tessera {
 
 absl::StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(std::vector<int> layer_sizes, Dataset test,
                                                              uint64_t seed) {
-  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend("cpu"));
+  BackendOptions options;
+  options.cpu_threads = 0;  // the worker's backend set the process's BLAS threads; they stay
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend("cpu", options));
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<Mlp> model,
                            Mlp::Create(backend.get(), std::move(layer_sizes), seed, /*max_batch=*/1000));
   return std::unique_ptr<Evaluator>(new Evaluator(std::move(backend), std::move(model), std::move(test)));

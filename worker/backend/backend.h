@@ -91,7 +91,7 @@ class Backend {
 
 // What CreateBackend configures beyond the device.
 struct BackendOptions {
-  int cpu_threads = 1;  // CPU: BLAS threads (process-wide)
+  int cpu_threads = 1;  // CPU: BLAS threads (process-wide); 0 leaves the process's setting as it is
   enum class Math { kFp32, kTf32, kBf16 };
   Math math = Math::kFp32;  // CUDA: GEMM precision (the CPU always computes in float32)
 };

@@ -39,7 +39,9 @@ absl::Status CheckSize(const Buffer& b, size_t need, const char* what) {
 
 }  // namespace
 
-CpuBackend::CpuBackend(int threads) { openblas_set_num_threads(threads < 1 ? 1 : threads); }
+CpuBackend::CpuBackend(int threads) {
+  if (threads > 0) openblas_set_num_threads(threads);
+}
 
 absl::StatusOr<std::unique_ptr<Buffer>> CpuBackend::Allocate(size_t n) { return std::make_unique<HostBuffer>(n); }
 
