@@ -330,6 +330,8 @@ absl::StatusOr<TrainerResult> Trainer::Run() {
     TESSERA_RETURN_IF_ERROR(report_evaluations().status());
   }
   if (evaluates && last_eval_clock != clock) {
+    // A job stopped mid-step may have left the values partly written: the servers' are scored then.
+    if (stopped) TESSERA_RETURN_IF_ERROR(PullInto(*source_, host, *model));
     TESSERA_ASSIGN_OR_RETURN(EvalResult last, evaluator->EvaluateNow(clock, host.values));
     TESSERA_RETURN_IF_ERROR(report(&last).status());
   }

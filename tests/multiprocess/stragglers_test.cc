@@ -65,24 +65,24 @@ TEST_F(StragglersTest, UnequalSharesGiveTheSameParametersAsOneProcessOnTheUnionB
   EXPECT_LT(*error, 1e-5);
 }
 
-// Worker 1 computes 6 times slower from clock 40 on: THROUGHPUT moves most of every round to worker 0 after
-// that, and not before.
+// Worker 1 computes 20 times slower from clock 40 on: THROUGHPUT moves most of every round to worker 0, and
+// worker 1's share ends well below the one it had before it was slowed. (Before clock 40 the two run at the
+// speed the machine gives them; under a loaded test run that is not equal, so only the change is asserted.)
 TEST_F(StragglersTest, ThroughputSharesFollowAWorkerSlowedInTheMiddleOfARun) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not installed (Debian package dataset-fashion-mnist)";
   nlohmann::json summary = Launch("throughput", Job(2, 128, 140, "balance: THROUGHPUT"),
-                                  {"--slow_worker=1", "--slow_factor=6", "--slow_from_step=40"});
+                                  {"--slow_worker=1", "--slow_factor=20", "--slow_from_step=40"});
   ASSERT_TRUE(summary.contains("balance")) << summary.dump();
   const nlohmann::json& balance = summary["balance"];
   const std::vector<int> shares = balance["shares"];
   ASSERT_EQ(shares.size(), 2u);
   EXPECT_EQ(shares[0] + shares[1], 256);
-  EXPECT_LT(shares[1] * 2, shares[0]) << balance.dump();
+  EXPECT_LT(shares[1] * 4, shares[0]) << balance.dump();
+  int before = 128;  // worker 1's share in force at clock 39: the last change before 40, else the equal split
   for (const auto& change : balance["changes"]) {
-    const std::vector<int> split = change["shares"];
-    if (change["round"].get<int64_t>() < 40) {
-      EXPECT_GT(split[1] * 2, split[0]) << "worker 1 lost its share before it was slowed: " << balance.dump();
-    }
+    if (change["round"].get<int64_t>() < 40) before = change["shares"][1].get<int>();
   }
+  EXPECT_GE(before, 2 * shares[1]) << balance.dump();
 }
 
 // Three workers, one backup, worker 2 ten times slower throughout: it is late in (nearly) every round, its
