@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Experiment (not a test; about 10 minutes on 2 cores): do ASYNC and SSP(3) converge as well as SYNC? The Quick
+# Experiment (not a test; about 4 minutes on 2 cores): do ASYNC and SSP(3) converge as well as SYNC? The Quick
 # start job switched to 4 workers, batch 32, SGD lr 0.02 with momentum 0.9 and 2 servers is trained to 0.88 test
 # accuracy (at most 15 epochs) in each mode; the table gives the epochs each needed and their ratio to SYNC's.
 #
