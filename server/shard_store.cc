@@ -39,7 +39,7 @@ bool ExchangeWaiter::completed() const {
 absl::Status ShardStore::Assign(const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job, int server_id,
                                 const std::vector<tessera::v1::ShardCheckpoint>* restore, bool restore_all) {
   // Rounds the new view closes and exchanges of rounds a rollback dropped, answered once no lock is held.
-  std::vector<std::pair<std::vector<std::shared_ptr<ExchangeWaiter>>, ChunkValues>> closed;
+  ClosedRounds closed;
   std::vector<std::shared_ptr<ExchangeWaiter>> dropped;
   absl::Status status = AdoptView(map, job, server_id, restore, restore_all, closed, dropped);
   for (auto& [waiters, values] : closed) {
@@ -163,7 +163,7 @@ absl::StatusOr<tessera::v1::ShardCheckpoint> ShardStore::Snapshot(int64_t at_ver
 absl::Status ShardStore::AdoptView(
     const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job, int server_id,
     const std::vector<tessera::v1::ShardCheckpoint>* restore, bool restore_all,
-    std::vector<std::pair<std::vector<std::shared_ptr<ExchangeWaiter>>, ChunkValues>>& closed,
+    ClosedRounds& closed,
     std::vector<std::shared_ptr<ExchangeWaiter>>& dropped) {
   absl::MutexLock lock(&mu_);
   if (server_id_ != -1 && server_id_ != server_id) {
@@ -293,13 +293,7 @@ absl::Status ShardStore::AdoptView(
       chunk->last_seq.erase(w);
       chunk->applied_clocks[w] = std::max(chunk->applied_clocks[w], roster->joined_clock[w]);
     }
-    const bool collecting = !chunk->sync_workers.empty() ||
-                            std::any_of(chunk->pending_batch.begin(), chunk->pending_batch.end(), [](int b) { return b > 0; });
-    if (sync && collecting && RoundCompleteLocked(*chunk, *roster)) {
-      std::vector<std::shared_ptr<ExchangeWaiter>> waiters = CloseRoundLocked(*config_, *chunk, &late_dropped);
-      OfferToSnapshotLocked(*chunk);
-      closed.emplace_back(std::move(waiters), SnapshotLocked(*chunk, *roster));
-    }
+    if (sync) CloseIfCompleteLocked(*config_, *chunk, *roster, late_dropped, closed);
   }
   if (late_dropped > 0) {
     absl::MutexLock counters_lock(&counters_mu_);
@@ -375,6 +369,17 @@ std::vector<std::shared_ptr<ExchangeWaiter>> ShardStore::CloseRoundLocked(const 
   return waiters;
 }
 
+void ShardStore::CloseIfCompleteLocked(const JobConfig& config, Chunk& chunk, const Roster& roster, int64_t& dropped,
+                                       ClosedRounds& closed) {
+  // Nothing collected yet: the round closes when its gradients arrive.
+  const bool collecting = !chunk.sync_workers.empty() ||
+                          std::any_of(chunk.pending_batch.begin(), chunk.pending_batch.end(), [](int b) { return b > 0; });
+  if (!collecting || !RoundCompleteLocked(chunk, roster)) return;
+  std::vector<std::shared_ptr<ExchangeWaiter>> waiters = CloseRoundLocked(config, chunk, &dropped);
+  OfferToSnapshotLocked(chunk);
+  closed.emplace_back(std::move(waiters), SnapshotLocked(chunk, roster));
+}
+
 std::shared_ptr<const std::vector<int>> ShardStore::MembersOf(int64_t round) const {
   absl::MutexLock lock(&decided_mu_);
   auto it = decided_.find(round);
@@ -392,20 +397,14 @@ void ShardStore::DecideRounds(const tessera::v1::DecideRoundsRequest& request) {
     }
     while (decided_.size() > kDecidedRoundsKept) decided_.erase(decided_.begin());
   }
-  std::vector<std::pair<std::vector<std::shared_ptr<ExchangeWaiter>>, ChunkValues>> closed;
+  ClosedRounds closed;
   int64_t dropped = 0;
   {
     absl::ReaderMutexLock lock(&mu_);
     if (config_ == nullptr || roster_ == nullptr) return;
     for (auto& [key, chunk] : chunks_) {
       absl::MutexLock chunk_lock(&chunk->mu);
-      if (chunk->pending_batch.empty() || !RoundCompleteLocked(*chunk, *roster_)) continue;
-      if (std::none_of(chunk->pending_batch.begin(), chunk->pending_batch.end(), [](int b) { return b > 0; })) {
-        continue;  // nothing collected yet: the round closes when its members' gradients arrive
-      }
-      std::vector<std::shared_ptr<ExchangeWaiter>> waiters = CloseRoundLocked(*config_, *chunk, &dropped);
-      OfferToSnapshotLocked(*chunk);
-      closed.emplace_back(std::move(waiters), SnapshotLocked(*chunk, *roster_));
+      if (!chunk->pending_batch.empty()) CloseIfCompleteLocked(*config_, *chunk, *roster_, dropped, closed);
     }
   }
   if (dropped > 0) {

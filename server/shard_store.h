@@ -221,10 +221,13 @@ class ShardStore {
     ChunkValues values;       // after the push (when asked for)
   };
 
+  // Rounds closed outside a push: the exchanges that waited for each, and the values to answer them with.
+  using ClosedRounds = std::vector<std::pair<std::vector<std::shared_ptr<ExchangeWaiter>>, ChunkValues>>;
+
   absl::Status AdoptView(
       const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job, int server_id,
       const std::vector<tessera::v1::ShardCheckpoint>* restore, bool restore_all,
-      std::vector<std::pair<std::vector<std::shared_ptr<ExchangeWaiter>>, ChunkValues>>& closed,
+      ClosedRounds& closed,
       std::vector<std::shared_ptr<ExchangeWaiter>>& dropped) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The chunk's state as a checkpoint holds it.
@@ -264,6 +267,10 @@ class ShardStore {
   std::vector<std::shared_ptr<ExchangeWaiter>> CloseRoundLocked(const JobConfig& config, Chunk& chunk,
                                                                 int64_t* dropped = nullptr) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  // SYNC: when the chunk has gradients of its open round and the round is complete (after a new view or a
+  // round decision), closes it into `closed`, counting the late gradients it left out in `dropped`.
+  void CloseIfCompleteLocked(const JobConfig& config, Chunk& chunk, const Roster& roster, int64_t& dropped,
+                             ClosedRounds& closed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   // SYNC with backup workers: the members of `round` (ascending), or null while undecided.
   std::shared_ptr<const std::vector<int>> MembersOf(int64_t round) const ABSL_LOCKS_EXCLUDED(decided_mu_);
 

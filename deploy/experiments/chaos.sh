@@ -8,11 +8,9 @@
 #
 #   deploy/experiments/chaos.sh [STEPS] [OUT_DIR]     # defaults: 6000, runs/chaos-<time>
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+source "$(dirname "$0")/setup.sh"
 steps="${1:-6000}"
 out="${2:-runs/chaos-$(date +%Y%m%d-%H%M%S)}"
-bin="${TESSERA_BUILD_DIR:-build}/bin"
-[[ -x "$bin/tessera-launch" ]] || bash deploy/build.sh
 mkdir -p "$out"
 
 # The Quick start job, to a fixed step count instead of a target accuracy.

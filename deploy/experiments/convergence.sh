@@ -8,11 +8,9 @@
 #       'consistency { async_momentum: AS_GIVEN }') is merged over every mode's job. MODES="async ssp3" runs
 #       a subset (the table reads the other runs from OUT_DIR when they are there).
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+source "$(dirname "$0")/setup.sh"
 out="${1:-runs/convergence-$(date +%Y%m%d-%H%M%S)}"
 extra="${2:-}"
-bin="${TESSERA_BUILD_DIR:-build}/bin"
-[[ -x "$bin/tessera-launch" ]] || bash deploy/build.sh
 mkdir -p "$out"
 common='cluster { num_workers: 4 num_servers: 2 } batch_size: 32 optimizer { learning_rate: 0.02 momentum: 0.9 }
 stop { target_accuracy: 0.88 epochs: 15 } eval_every_steps: 100'

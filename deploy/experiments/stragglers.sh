@@ -13,11 +13,9 @@
 # Environment: SCENARIOS="slow stalls", MODES="sync balance backup async async_salr ssp1 ssp3" pick a subset;
 # STALL_P, STALL_MS, SLOW_FACTOR change the stragglers.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+source "$(dirname "$0")/setup.sh"
 out="${1:-runs/stragglers-$(date +%Y%m%d-%H%M%S)}"
 seconds="${2:-25}"
-bin="${TESSERA_BUILD_DIR:-build}/bin"
-[[ -x "$bin/tessera-launch" ]] || bash deploy/build.sh
 # The plots need matplotlib: Debian's python3-matplotlib, for Debian's python3 (another python3 first on the PATH
 # may not see it).
 py=python3

@@ -51,18 +51,8 @@ TEST_F(DaemonsTest, SyncClusterOfProcessesMatchesTheLocalBaseline) {
   ASSERT_TRUE(launch.ReadUntilExit(absl::Seconds(300))) << launch.output();
   ASSERT_EQ(launch.exit_code(), 0) << launch.output();
 
-  Subprocess local({kBin + "/tessera-worker", "--local", "--device=cpu", "--job=" + Write("local.pbtxt", SyncJob(64, 1)),
-                    "--dump_params=" + (dir_ / "local.params").string()});
-  ASSERT_TRUE(local.ReadUntilExit(absl::Seconds(300))) << local.output();
-  ASSERT_EQ(local.exit_code(), 0) << local.output();
-
-  absl::StatusOr<NamedTensors> cluster = ReadParamFile((dir_ / "cluster.params").string());
-  absl::StatusOr<NamedTensors> alone = ReadParamFile((dir_ / "local.params").string());
-  ASSERT_THAT(cluster, IsOk());
-  ASSERT_THAT(alone, IsOk());
-  absl::StatusOr<double> error = RelativeError(*cluster, *alone);
-  ASSERT_THAT(error, IsOk());
-  EXPECT_LT(*error, 1e-5);
+  ASSERT_NO_FATAL_FAILURE(RunLocal(SyncJob(64, 1), (dir_ / "local.params").string()));
+  ExpectSameParameters((dir_ / "cluster.params").string(), (dir_ / "local.params").string(), 1e-5);
 
   std::ifstream summary_file(run + "/summary.json");
   nlohmann::json summary = nlohmann::json::parse(summary_file);

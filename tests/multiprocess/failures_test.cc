@@ -27,13 +27,7 @@ class FailuresTest : public DaemonTest {
 
   // The parameters in `dump` are those of the undisturbed run (relative error under 1e-6).
   void ExpectTheUndisturbedParameters(const std::string& dump) {
-    absl::StatusOr<NamedTensors> a = ReadParamFile((dir_ / "full.params").string());
-    absl::StatusOr<NamedTensors> b = ReadParamFile(dump);
-    ASSERT_TRUE(a.ok()) << a.status();
-    ASSERT_TRUE(b.ok()) << b.status();
-    absl::StatusOr<double> error = RelativeError(*a, *b);
-    ASSERT_TRUE(error.ok()) << error.status();
-    EXPECT_LT(*error, 1e-6);
+    ExpectSameParameters((dir_ / "full.params").string(), dump, 1e-6);
   }
 };
 

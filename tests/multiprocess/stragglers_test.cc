@@ -51,18 +51,8 @@ TEST_F(StragglersTest, UnequalSharesGiveTheSameParametersAsOneProcessOnTheUnionB
   nlohmann::json summary = Launch("fixed", Job(2, 32, 20, "balance: FIXED shares: [3, 1]"),
                                   {"--dump_params=" + (dir_ / "cluster.params").string()});
   EXPECT_EQ(summary["balance"]["shares"], nlohmann::json({48, 16}));
-  Subprocess local({kBin + "/tessera-worker", "--local", "--device=cpu",
-                    "--job=" + Write("local.pbtxt", Job(1, 64, 20, "")),
-                    "--dump_params=" + (dir_ / "local.params").string()});
-  ASSERT_TRUE(local.ReadUntilExit(absl::Seconds(300))) << local.output();
-  ASSERT_EQ(local.exit_code(), 0) << local.output();
-  absl::StatusOr<NamedTensors> cluster = ReadParamFile((dir_ / "cluster.params").string());
-  absl::StatusOr<NamedTensors> alone = ReadParamFile((dir_ / "local.params").string());
-  ASSERT_THAT(cluster, IsOk());
-  ASSERT_THAT(alone, IsOk());
-  absl::StatusOr<double> error = RelativeError(*cluster, *alone);
-  ASSERT_THAT(error, IsOk());
-  EXPECT_LT(*error, 1e-5);
+  ASSERT_NO_FATAL_FAILURE(RunLocal(Job(1, 64, 20, ""), (dir_ / "local.params").string()));
+  ExpectSameParameters((dir_ / "cluster.params").string(), (dir_ / "local.params").string(), 1e-5);
 }
 
 // Worker 1 computes 20 times slower from clock 40 on: THROUGHPUT moves most of every round to worker 0, and

@@ -13,6 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
 #include "gtest/gtest.h"
+#include "tests/testing/subprocess.h"
+#include "worker/param_file.h"
 
 namespace tessera::testing {
 
@@ -36,12 +38,31 @@ class DaemonTest : public ::testing::Test {
     return path;
   }
 
+  // Trains `job_text` alone in one CPU worker process (the baseline) and writes its final parameters to `dump`.
+  void RunLocal(const std::string& job_text, const std::string& dump) {
+    Subprocess local({kBin + "/tessera-worker", "--local", "--device=cpu", "--job=" + Write("local.pbtxt", job_text),
+                      "--dump_params=" + dump});
+    ASSERT_TRUE(local.ReadUntilExit(absl::Seconds(300))) << local.output();
+    ASSERT_EQ(local.exit_code(), 0) << local.output();
+  }
+
   static bool HaveFashionMnist() {
     return std::filesystem::exists(std::string(kFashionMnistDir) + "/train-images-idx3-ubyte.gz");
   }
 
   std::filesystem::path dir_;
 };
+
+// The parameter files `a` and `b` hold the same tensors, to a relative error under `tolerance`.
+inline void ExpectSameParameters(const std::string& a, const std::string& b, double tolerance) {
+  absl::StatusOr<NamedTensors> first = ReadParamFile(a);
+  absl::StatusOr<NamedTensors> second = ReadParamFile(b);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(second.ok()) << second.status();
+  absl::StatusOr<double> error = RelativeError(*first, *second);
+  ASSERT_TRUE(error.ok()) << error.status();
+  EXPECT_LT(*error, tolerance);
+}
 
 // Process ids whose command line mentions `text` (other than this test process).
 inline std::vector<int> ProcessesMentioning(const std::string& text) {
