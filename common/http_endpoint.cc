@@ -7,13 +7,37 @@
 namespace tessera {
 
 absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(const std::string& host, int port,
+                                                                  const Security& security,
                                                                   std::map<std::string, Route> routes) {
+  if (absl::Status s = security.CheckListenHost(host, "HTTP"); !s.ok()) return s;
   std::unique_ptr<HttpEndpoint> endpoint(new HttpEndpoint());
-  endpoint->server_ = std::make_unique<httplib::Server>();
+  if (security.tls()) {
+    auto tls = std::make_unique<httplib::SSLServer>(security.cert_file().c_str(), security.key_file().c_str());
+    if (!tls->is_valid()) {
+      return absl::InvalidArgumentError(absl::StrCat("HTTPS on ", host, ": cannot use the certificate ",
+                                                     security.cert_file(), " with the key ", security.key_file()));
+    }
+    endpoint->server_ = std::move(tls);
+  } else {
+    endpoint->server_ = std::make_unique<httplib::Server>();
+  }
+  httplib::Server& routes_server = *endpoint->server_;
+  routes_server.new_task_queue = [] { return new httplib::ThreadPool(kThreads); };
+  routes_server.set_keep_alive_timeout(1);
+  routes_server.set_read_timeout(1, 0);
+  routes_server.set_write_timeout(5, 0);
   routes["/healthz"] = Route{"text/plain", [] { return std::string("ok\n"); }};
+  auto guard = std::make_shared<const Security>(security);  // the handlers' own copy
   for (const auto& entry : routes) {
     const Route route = entry.second;  // a copy the handler owns (structured bindings cannot be captured in C++17)
-    auto handler = [route](const httplib::Request&, httplib::Response& response) {
+    auto handler = [route, guard](const httplib::Request& request, httplib::Response& response) {
+      if (route.post) {
+        if (absl::Status s = guard->AuthenticateHeader(request.get_header_value("Authorization")); !s.ok()) {
+          response.status = 401;
+          response.set_content(absl::StrCat(s.message(), "\n"), "text/plain");
+          return;
+        }
+      }
       response.set_content(route.body(), route.content_type.c_str());
     };
     if (route.post) {

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "common/security.h"
 
 namespace httplib {
 class Server;
@@ -27,12 +28,19 @@ class HttpEndpoint {
   struct Route {
     std::string content_type;
     std::function<std::string()> body;
-    bool post = false;  // served to POST (an action) instead of GET
+    bool post = false;  // served to POST (an action) instead of GET; needs the job token when there is one
   };
 
-  // Binds host:port (0: a free port) and serves `routes` plus /healthz ("ok"). UNAVAILABLE when the bind fails.
+  // Binds host:port (0: a free port) and serves `routes` plus /healthz ("ok"), over HTTPS when `security` has
+  // TLS (its certificate; clients are not asked for one, so that probes and Prometheus can read). GET routes
+  // are open; a POST needs "Authorization: Bearer TOKEN" when the job has a token (401 otherwise). Requests are
+  // served by kThreads threads; a connection idle for a second is closed, so idle clients cannot starve
+  // /healthz. UNAVAILABLE when the bind fails; FAILED_PRECONDITION for plaintext beyond loopback without
+  // --insecure.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<HttpEndpoint>> Start(const std::string& host, int port,
+                                                                           const Security& security,
                                                                            std::map<std::string, Route> routes);
+  static constexpr int kThreads = 32;
   // Stops serving and joins.
   ~HttpEndpoint();
 

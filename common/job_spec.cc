@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/wire_limits.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
@@ -147,13 +148,18 @@ void ApplyJobDefaults(JobSpec& job) {
 }
 
 absl::Status ValidateJobSpec(const JobSpec& job) {
+  TESSERA_RETURN_IF_ERROR(CheckKnownEnums(job));
+  TESSERA_RETURN_IF_ERROR(CheckLength("name", job.name(), kMaxNameBytes));
+  if (job.model().mlp().hidden_sizes_size() > kMaxDimensions * 8) {
+    return FieldError("model.mlp.hidden_sizes", absl::StrCat("at most ", kMaxDimensions * 8, " layers"));
+  }
   if (job.model().kind_case() == tessera::v1::ModelSpec::KIND_NOT_SET) {
     return FieldError("model", "not set; choose softmax_regression {} or mlp { hidden_sizes: ... }");
   }
   for (int i = 0; i < job.model().mlp().hidden_sizes_size(); ++i) {
-    if (job.model().mlp().hidden_sizes(i) <= 0) {
+    if (job.model().mlp().hidden_sizes(i) <= 0 || job.model().mlp().hidden_sizes(i) > (1 << 20)) {
       return FieldError(absl::StrCat("model.mlp.hidden_sizes[", i, "]"),
-                        absl::StrCat("expected a positive layer width, got ", job.model().mlp().hidden_sizes(i)));
+                        absl::StrCat("expected a layer width of 1 .. 1048576, got ", job.model().mlp().hidden_sizes(i)));
     }
   }
   const DataSpec& data = job.data();
@@ -169,17 +175,18 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
     return FieldError("data.synthetic_train_examples", "synthetic sizes contradict format IDX; remove one of them");
   }
   const OptimizerSpec& opt = job.optimizer();
-  if (!(opt.learning_rate() > 0)) {
-    return FieldError("optimizer.learning_rate", absl::StrCat("expected > 0, got ", opt.learning_rate()));
+  if (!(opt.learning_rate() > 0) || !std::isfinite(opt.learning_rate())) {
+    return FieldError("optimizer.learning_rate", absl::StrCat("expected a finite value > 0, got ", opt.learning_rate()));
   }
-  if (opt.momentum() < 0 || opt.momentum() >= 1) {
+  if (!(opt.momentum() >= 0 && opt.momentum() < 1)) {
     return FieldError("optimizer.momentum", absl::StrCat("expected in [0, 1), got ", opt.momentum()));
   }
   if (opt.kind() == OptimizerSpec::ADAM && opt.momentum() != 0) {
     return FieldError("optimizer.momentum", "applies to SGD only; Adam uses beta1");
   }
   if (opt.kind() == OptimizerSpec::ADAM &&
-      (opt.beta1() < 0 || opt.beta1() >= 1 || opt.beta2() < 0 || opt.beta2() >= 1 || opt.epsilon() <= 0)) {
+      !(opt.beta1() >= 0 && opt.beta1() < 1 && opt.beta2() >= 0 && opt.beta2() < 1 && opt.epsilon() > 0 &&
+        std::isfinite(opt.epsilon()))) {
     return FieldError("optimizer.beta1/beta2/epsilon", "expected betas in [0, 1) and epsilon > 0");
   }
   if (job.batch_size() <= 0) return FieldError("batch_size", absl::StrCat("expected > 0, got ", job.batch_size()));
@@ -219,7 +226,7 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
   const auto& stop = job.stop();
   if (stop.max_steps() < 0) return FieldError("stop.max_steps", "expected >= 0");
   if (stop.epochs() < 0) return FieldError("stop.epochs", "expected >= 0");
-  if (stop.target_accuracy() < 0 || stop.target_accuracy() > 1) {
+  if (!(stop.target_accuracy() >= 0 && stop.target_accuracy() <= 1)) {
     return FieldError("stop.target_accuracy", absl::StrCat("expected in (0, 1], got ", stop.target_accuracy()));
   }
   if (stop.max_seconds() < 0) return FieldError("stop.max_seconds", "expected >= 0");

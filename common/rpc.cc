@@ -9,7 +9,7 @@
 
 namespace tessera {
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Security& security) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
@@ -18,7 +18,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   // Chunks are up to megabytes: start HTTP/2 flow control with a window that holds several of them rather than
   // 64 KiB grown by probing, which costs round trips on every large message of a fresh connection.
   args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kFlowControlWindowBytes);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return grpc::CreateCustomChannel(address, security.ChannelCredentials(), args);
 }
 
 void SetTimeout(grpc::ClientContext& context, absl::Duration timeout) {
@@ -26,12 +26,14 @@ void SetTimeout(grpc::ClientContext& context, absl::Duration timeout) {
 }
 
 absl::StatusOr<StartedServer> StartGrpcServer(const std::string& host, int port,
-                                              const std::vector<grpc::Service*>& services) {
+                                              const std::vector<grpc::Service*>& services,
+                                              const Security& security) {
+  if (absl::Status s = security.CheckListenHost(host, "gRPC"); !s.ok()) return s;
   grpc::ServerBuilder builder;
   StartedServer started;
   const std::string address = host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", port)
                                                                     : absl::StrCat(host, ":", port);
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &started.port);
+  builder.AddListeningPort(address, security.ServerCredentials(), &started.port);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kFlowControlWindowBytes);

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/security.h"
 
 namespace tessera {
 
@@ -22,8 +23,8 @@ inline constexpr int kMaxMessageBytes = (64 << 20) + (1 << 20);
 // Initial HTTP/2 stream window of every Tessera channel and server.
 inline constexpr int kFlowControlWindowBytes = 8 << 20;
 
-// An insecure channel to `address` (HOST:PORT) with Tessera's message limits.
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
+// A channel to `address` (HOST:PORT) with Tessera's message limits, over TLS when `security` has it.
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Security& security);
 
 // Sets `context`'s deadline `timeout` from now.
 void SetTimeout(grpc::ClientContext& context, absl::Duration timeout);
@@ -34,10 +35,12 @@ struct StartedServer {
   int port = 0;
 };
 
-// Binds `host:port` (port 0: any free port) and starts serving `services` (not owned; must outlive the server).
-// UNAVAILABLE naming the address and port when the bind fails; a port already in use fails (no SO_REUSEPORT).
+// Binds `host:port` (port 0: any free port) and starts serving `services` (not owned; must outlive the server),
+// over TLS when `security` has it. UNAVAILABLE naming the address and port when the bind fails; a port already
+// in use fails (no SO_REUSEPORT). FAILED_PRECONDITION for plaintext on a non-loopback host without --insecure.
 [[nodiscard]] absl::StatusOr<StartedServer> StartGrpcServer(const std::string& host, int port,
-                                                            const std::vector<grpc::Service*>& services);
+                                                            const std::vector<grpc::Service*>& services,
+                                                            const Security& security);
 
 // Bounded retries with exponential backoff for calls that fail with UNAVAILABLE (nobody answered yet).
 struct RetryPolicy {

@@ -13,8 +13,22 @@ namespace {
 constexpr absl::Duration kControlTimeout = absl::Seconds(10);
 }  // namespace
 
-SchedulerClient::SchedulerClient(std::string address)
-    : address_(std::move(address)), stub_(tessera::v1::Scheduler::NewStub(MakeChannel(address_))) {}
+SchedulerClient::SchedulerClient(std::string address, std::shared_ptr<const Security> security)
+    : address_(std::move(address)),
+      security_(std::move(security)),
+      stub_(tessera::v1::Scheduler::NewStub(MakeChannel(address_, *security_))) {}
+
+void SchedulerClient::Prepare(grpc::ClientContext& context, absl::Duration timeout) const {
+  SetTimeout(context, timeout);
+  security_->Authorize(context);
+  absl::MutexLock lock(&mu_);
+  if (!member_key_.empty()) context.AddMetadata(kMemberKeyHeader, member_key_);
+}
+
+std::string SchedulerClient::member_key() const {
+  absl::MutexLock lock(&mu_);
+  return member_key_;
+}
 
 absl::StatusOr<tessera::v1::RegisterResponse> SchedulerClient::Register(tessera::v1::RegisterRequest request,
                                                                         int attempts) {
@@ -31,18 +45,22 @@ absl::StatusOr<tessera::v1::RegisterResponse> SchedulerClient::Register(tessera:
         grpc::ClientContext context;
         // Registration waits behind whatever the scheduler is doing (a checkpoint, a recovery: each bounded by
         // its heartbeat timeout), so it gets longer than that; an absent scheduler fails at once anyway.
-        SetTimeout(context, absl::Seconds(20));
+        Prepare(context, absl::Seconds(20));
         return FromGrpcStatus(stub_->Register(&context, request, &response), context,
                               absl::StrCat("Register with scheduler ", address_));
       });
   if (!status.ok()) return status;
+  {
+    absl::MutexLock lock(&mu_);
+    member_key_ = response.member_key();
+  }
   return response;
 }
 
 absl::StatusOr<tessera::v1::HeartbeatResponse> SchedulerClient::Heartbeat(
     const tessera::v1::HeartbeatRequest& request) {
   grpc::ClientContext context;
-  SetTimeout(context, kControlTimeout);
+  Prepare(context, kControlTimeout);
   tessera::v1::HeartbeatResponse response;
   absl::Status status = FromGrpcStatus(stub_->Heartbeat(&context, request, &response), context,
                                        absl::StrCat("Heartbeat to scheduler ", address_));
@@ -79,7 +97,7 @@ absl::StatusOr<tessera::v1::ShardMap> SchedulerClient::Declare(const tessera::v1
   policy.max_attempts = 1 + static_cast<int>(timeout / policy.max_backoff) + 6;
   absl::Status status = RetryWhileUnavailable(policy, "Declare", [&]() -> absl::Status {
     grpc::ClientContext context;
-    SetTimeout(context, kControlTimeout);
+    Prepare(context, kControlTimeout);
     return FromGrpcStatus(stub_->Declare(&context, request, &response), context,
                           absl::StrCat("Declare with scheduler ", address_));
   });
@@ -89,7 +107,7 @@ absl::StatusOr<tessera::v1::ShardMap> SchedulerClient::Declare(const tessera::v1
 
 absl::StatusOr<tessera::v1::ShardMap> SchedulerClient::GetShardMap() {
   grpc::ClientContext context;
-  SetTimeout(context, kControlTimeout);
+  Prepare(context, kControlTimeout);
   tessera::v1::ShardMap map;
   absl::Status status = FromGrpcStatus(stub_->GetShardMap(&context, {}, &map), context,
                                        absl::StrCat("GetShardMap from scheduler ", address_));
@@ -109,7 +127,7 @@ absl::StatusOr<tessera::v1::AdvanceClockResponse> SchedulerClient::AdvanceClock(
   request.set_wait_timeout_ms(static_cast<uint64_t>(absl::ToInt64Milliseconds(wait_timeout)));
   grpc::ClientContext context;
   // The scheduler answers at wait_timeout with the names of the stragglers; the call's own deadline is later.
-  SetTimeout(context, wait_timeout + absl::Seconds(5));
+  Prepare(context, wait_timeout + absl::Seconds(5));
   tessera::v1::AdvanceClockResponse response;
   absl::Status status = FromGrpcStatus(stub_->AdvanceClock(&context, request, &response), context,
                                        absl::StrCat("AdvanceClock of worker ", worker_id, " to ", clock,
@@ -120,7 +138,7 @@ absl::StatusOr<tessera::v1::AdvanceClockResponse> SchedulerClient::AdvanceClock(
 
 absl::StatusOr<tessera::v1::ReportResponse> SchedulerClient::Report(const tessera::v1::ReportRequest& request) {
   grpc::ClientContext context;
-  SetTimeout(context, kControlTimeout);
+  Prepare(context, kControlTimeout);
   tessera::v1::ReportResponse response;
   absl::Status status = FromGrpcStatus(stub_->Report(&context, request, &response), context,
                                        absl::StrCat("Report to scheduler ", address_));
@@ -133,7 +151,7 @@ absl::Status SchedulerClient::Done(int worker_id, int64_t clock) {
   request.set_worker_id(worker_id);
   request.set_clock(clock);
   grpc::ClientContext context;
-  SetTimeout(context, kControlTimeout);
+  Prepare(context, kControlTimeout);
   tessera::v1::DoneResponse response;
   return FromGrpcStatus(stub_->Done(&context, request, &response), context, absl::StrCat("Done to scheduler ", address_));
 }

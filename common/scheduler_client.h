@@ -8,7 +8,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/synchronization/mutex.h"
 #include "common/heartbeater.h"
+#include "common/security.h"
 #include "proto/cluster.grpc.pb.h"
 
 namespace tessera {
@@ -16,8 +18,9 @@ namespace tessera {
 // Thread-safe (a gRPC stub is).
 class SchedulerClient {
  public:
-  // Does not connect yet. `address` is HOST:PORT.
-  explicit SchedulerClient(std::string address);
+  // Does not connect yet. `address` is HOST:PORT. Every call carries `security`'s job token, and once
+  // registered, the member key the scheduler gave.
+  SchedulerClient(std::string address, std::shared_ptr<const Security> security);
 
   const std::string& address() const { return address_; }
 
@@ -51,8 +54,18 @@ class SchedulerClient {
   [[nodiscard]] absl::StatusOr<tessera::v1::ReportResponse> Report(const tessera::v1::ReportRequest& request);
   [[nodiscard]] absl::Status Done(int worker_id, int64_t clock);
 
+  // The key from the last registration; empty before.
+  std::string member_key() const;
+  const std::shared_ptr<const Security>& security() const { return security_; }
+
  private:
+  // Sets `context`'s deadline, the job token and the member key.
+  void Prepare(grpc::ClientContext& context, absl::Duration timeout) const;
+
   const std::string address_;
+  const std::shared_ptr<const Security> security_;
+  mutable absl::Mutex mu_;
+  std::string member_key_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<tessera::v1::Scheduler::Stub> stub_;
 };
 

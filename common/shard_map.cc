@@ -4,6 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/tensor_codec.h"
+#include "common/status_macros.h"
+#include "common/wire_limits.h"
 #include "google/protobuf/util/message_differencer.h"
 
 namespace tessera {
@@ -36,18 +38,20 @@ std::map<int, int64_t> BytesPerServer(const ShardMap& map) {
 absl::Status PlaceParameters(const std::vector<ParameterSpec>& params, int64_t chunk_bytes, ShardMap& map) {
   if (map.servers_size() == 0) return absl::FailedPreconditionError("cannot place parameters: no servers");
   if (chunk_bytes < 4) return absl::InvalidArgumentError(absl::StrCat("chunk_bytes must be >= 4, got ", chunk_bytes));
+  if (params.size() + map.params_size() > static_cast<size_t>(kMaxParameters)) {
+    return absl::InvalidArgumentError(absl::StrCat("a job may declare at most ", kMaxParameters, " parameters; ",
+                                                   params.size(), " more asked for"));
+  }
+  const int64_t max_elems = std::max<int64_t>(1, chunk_bytes / 4);
   std::vector<const ParameterSpec*> fresh;
+  int64_t new_chunks = 0;
   for (const ParameterSpec& p : params) {
     if (p.name().empty()) return absl::InvalidArgumentError("parameter with an empty name");
+    TESSERA_RETURN_IF_ERROR(CheckLength("parameter name", p.name(), kMaxNameBytes));
     if (p.dtype() != tessera::v1::DT_FLOAT32) {
       return absl::InvalidArgumentError(absl::StrCat("parameter '", p.name(), "': only float32 is supported"));
     }
-    for (int64_t d : p.shape()) {
-      if (d <= 0) {
-        return absl::InvalidArgumentError(absl::StrCat("parameter '", p.name(), "': dimensions must be positive, got ",
-                                                       ShapeString(p.shape())));
-      }
-    }
+    TESSERA_ASSIGN_OR_RETURN(const int64_t n, CheckedElements(p.shape(), absl::StrCat("parameter '", p.name(), "'")));
     auto existing = std::find_if(map.params().begin(), map.params().end(),
                                  [&](const ParameterSpec& q) { return q.name() == p.name(); });
     if (existing != map.params().end()) {
@@ -62,11 +66,17 @@ absl::Status PlaceParameters(const std::vector<ParameterSpec>& params, int64_t c
       return absl::InvalidArgumentError(absl::StrCat("parameter '", p.name(), "' declared twice in one call"));
     }
     fresh.push_back(&p);
+    new_chunks += (n + max_elems - 1) / max_elems;
   }
   if (fresh.empty()) return absl::OkStatus();
+  // Counted before any placement is made: a declaration too large for the job allocates nothing.
+  if (new_chunks + map.chunks_size() > kMaxChunks) {
+    return absl::InvalidArgumentError(absl::StrCat("the declared parameters make ", new_chunks + map.chunks_size(),
+                                                   " chunks of at most ", max_elems * 4, " bytes; a job may have ",
+                                                   kMaxChunks));
+  }
 
   std::vector<ChunkPlacement> chunks;
-  const int64_t max_elems = std::max<int64_t>(1, chunk_bytes / 4);
   for (const ParameterSpec* p : fresh) {
     *map.add_params() = *p;
     const int64_t n = NumElements(p->shape());

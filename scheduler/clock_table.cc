@@ -100,6 +100,9 @@ void ClockTable::CollectLocked(absl::Time now, Ready& ready) {
                          absl::DeadlineExceededError(absl::StrCat(
                              "worker ", it->worker, " waited for the clock gate of step ", it->clock,
                              " until its deadline; still waiting for: ", StragglersLocked(it->clock))));
+    } else if (it->cancelled && it->cancelled()) {
+      ready.emplace_back(std::move(it->done), absl::CancelledError(absl::StrCat(
+                                                  "worker ", it->worker, " gave up waiting for step ", it->clock)));
     } else {
       ++it;
       continue;
@@ -108,7 +111,8 @@ void ClockTable::CollectLocked(absl::Time now, Ready& ready) {
   }
 }
 
-void ClockTable::Advance(int worker, int64_t clock, absl::Time deadline, Callback done) {
+void ClockTable::Advance(int worker, int64_t clock, absl::Time deadline, Callback done,
+                         std::function<bool()> cancelled) {
   Ready ready;
   std::vector<RoundMembers> decided;
   {
@@ -120,6 +124,10 @@ void ClockTable::Advance(int worker, int64_t clock, absl::Time deadline, Callbac
       ready.emplace_back(std::move(done),
                          absl::InvalidArgumentError(absl::StrCat("worker ", worker, " clock went back from ",
                                                                  clocks_[worker], " to ", clock)));
+    } else if (clock > clocks_[worker] + 1 && clock != rolled_back_to_ + 1) {
+      ready.emplace_back(std::move(done), absl::InvalidArgumentError(absl::StrCat(
+                                              "worker ", worker, " clock jumped from ", clocks_[worker], " to ",
+                                              clock, ": a worker advances one step at a time")));
     } else if (backups_ > 0 && !stopped_ && clock > clocks_[worker] && clock - 1 <= newest_decided_ &&
                active_[worker] &&
                std::none_of(rounds_.begin(), rounds_.end(), [&](const RoundMembers& r) {
@@ -131,9 +139,20 @@ void ClockTable::Advance(int worker, int64_t clock, absl::Time deadline, Callbac
       GateResult late{MinActiveLocked(), false, "", std::nullopt, clocks_[worker]};
       ready.emplace_back(std::move(done), late);
     } else {
+      // A worker waits at one gate at a time: an earlier wait of its own was given up.
+      for (auto it = waiters_.begin(); it != waiters_.end();) {
+        if (it->worker != worker) {
+          ++it;
+          continue;
+        }
+        ready.emplace_back(std::move(it->done),
+                           absl::AbortedError(absl::StrCat("worker ", worker, " advanced again, to ", clock)));
+        it = waiters_.erase(it);
+      }
       clocks_[worker] = clock;
       DecideRoundsLocked(decided);
-      waiters_.push_back(Waiter{worker, clock, deadline, std::move(done)});
+      waiters_.push_back(Waiter{worker, clock, deadline, std::move(done), std::move(cancelled)});
+      ++waiters_added_;
       CollectLocked(absl::Now(), ready);
     }
   }
@@ -239,14 +258,15 @@ void ClockTable::RunDeadlines() {
     {
       absl::MutexLock lock(&mu_);
       absl::Time next = absl::InfiniteFuture();
-      for (const Waiter& w : waiters_) next = std::min(next, w.deadline);
-      // Wakes at the earliest deadline, or sooner when a waiter or shutdown arrives (the condition is
-      // re-evaluated on every unlock of mu_).
-      const size_t seen = waiters_.size();
-      auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        if (shutting_down_ || waiters_.size() > seen) return true;
-        return false;
-      };
+      for (const Waiter& w : waiters_) {
+        next = std::min(next, w.deadline);
+        // Callers that may give up are asked once a second.
+        if (w.cancelled) next = std::min(next, absl::Now() + absl::Seconds(1));
+      }
+      // Wakes at the earliest deadline, or sooner when a waiter (whose deadline may be earlier) or shutdown
+      // arrives (the condition is re-evaluated on every unlock of mu_).
+      const uint64_t seen = waiters_added_;
+      auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shutting_down_ || waiters_added_ != seen; };
       mu_.AwaitWithDeadline(absl::Condition(&changed), next);
       if (shutting_down_) return;
       CollectLocked(absl::Now(), ready);

@@ -63,9 +63,13 @@ class ClockTable {
   ClockTable& operator=(const ClockTable&) = delete;
 
   // Records that `worker` completed `clock` steps and calls `done` exactly once: when it may start step
-  // `clock`, when the job stops, or at `deadline` with DEADLINE_EXCEEDED naming the workers it waits for.
-  // INVALID_ARGUMENT (through `done`) for a worker id out of range or a clock that goes backwards.
-  void Advance(int worker, int64_t clock, absl::Time deadline, Callback done);
+  // `clock`, when the job stops, at `deadline` with DEADLINE_EXCEEDED naming the workers it waits for, with
+  // CANCELLED once `cancelled` (asked about once a second) says the caller gave up, or with ABORTED when the
+  // same worker advances again (a worker waits at one gate at a time). INVALID_ARGUMENT (through `done`) for a
+  // worker id out of range, or a clock that goes backwards or skips ahead: a worker advances one step at a time
+  // (after a rollback, from the rollback's clock).
+  void Advance(int worker, int64_t clock, absl::Time deadline, Callback done,
+               std::function<bool()> cancelled = nullptr);
 
   // `worker` has finished or was lost: it no longer holds the others back.
   void Done(int worker);
@@ -106,6 +110,7 @@ class ClockTable {
     int64_t clock;
     absl::Time deadline;
     Callback done;
+    std::function<bool()> cancelled;
   };
   using Ready = std::vector<std::pair<Callback, absl::StatusOr<GateResult>>>;
 
@@ -129,6 +134,7 @@ class ClockTable {
   std::vector<int64_t> clocks_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> active_ ABSL_GUARDED_BY(mu_);
   std::list<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  uint64_t waiters_added_ ABSL_GUARDED_BY(mu_) = 0;  // wakes the deadline thread for a new, maybe earlier, one
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   std::string stop_reason_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;

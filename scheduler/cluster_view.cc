@@ -5,7 +5,10 @@
 #include <algorithm>
 #include <map>
 
+#include "common/security.h"
 #include "common/shard_map.h"
+#include "common/status_macros.h"
+#include "common/wire_limits.h"
 
 namespace tessera {
 
@@ -49,6 +52,13 @@ absl::StatusOr<ClusterView::Joined> ClusterView::Join(const tessera::v1::Registe
     return absl::InvalidArgumentError("register: role must be SERVER or WORKER");
   }
   if (server && request.address().empty()) return absl::InvalidArgumentError("a server must register with its address");
+  TESSERA_RETURN_IF_ERROR(CheckLength("register: address", request.address(), kMaxAddressBytes));
+  TESSERA_RETURN_IF_ERROR(CheckLength("register: hostname", request.hostname(), kMaxNameBytes));
+  TESSERA_RETURN_IF_ERROR(CheckLength("register: device", request.device(), kMaxNameBytes));
+  TESSERA_RETURN_IF_ERROR(CheckLength("register: control_key", request.control_key(), kMaxNameBytes));
+  if (server && request.control_key().empty()) {
+    return absl::InvalidArgumentError("a server must register with the key of its control calls");
+  }
   absl::MutexLock lock(&mu_);
   std::vector<Member>& slots = server ? servers_ : workers_;
   const char* role = server ? "server" : "worker";
@@ -82,9 +92,12 @@ absl::StatusOr<ClusterView::Joined> ClusterView::Join(const tessera::v1::Registe
   slot->hostname = request.hostname();
   slot->device = request.device();
   slot->last_seen = now;
-  // A rank's first process changes nothing a server checks (the view lists an unregistered rank as in the
-  // rounds, with incarnation 0: not checked yet); a replacement does.
-  if (was != MemberState::kVacant) ChangedLocked();
+  slot->key = NewSecret();
+  slot->key_digest = KeyDigest(slot->key);
+  slot->control_key = request.control_key();
+  // Servers take a worker's pushes only with its key, whose digest comes with the view: every registration
+  // after placement is a new view.
+  ChangedLocked();
   return Joined{*slot, was, previous_address};
 }
 
@@ -121,6 +134,25 @@ absl::Status ClusterView::Touch(tessera::v1::Role role, int id, uint64_t incarna
   }
   m.last_seen = now;
   return absl::OkStatus();
+}
+
+absl::Status ClusterView::CheckMemberKey(tessera::v1::Role role, int id, absl::string_view key) const {
+  absl::MutexLock lock(&mu_);
+  const std::vector<Member>* slots = role == tessera::v1::SERVER   ? &servers_
+                                     : role == tessera::v1::WORKER ? &workers_
+                                                                   : nullptr;
+  if (slots == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("role ", static_cast<int>(role), " is neither SERVER nor WORKER"));
+  }
+  if (id < 0 || id >= static_cast<int>(slots->size())) {
+    return absl::InvalidArgumentError(absl::StrCat(role == tessera::v1::SERVER ? "server" : "worker", " id ", id,
+                                                   " is outside the job (0 to ", slots->size() - 1, ")"));
+  }
+  const Member& m = (*slots)[id];
+  if (m.state == MemberState::kVacant) {
+    return absl::UnauthenticatedError(absl::StrCat(m.Describe(), " has not registered: register first"));
+  }
+  return CheckSecret(key, m.key, absl::StrCat("a call for ", m.Describe()));
 }
 
 std::vector<Member> ClusterView::MarkSilentLost(absl::Time now, absl::Duration timeout) {
@@ -252,6 +284,7 @@ tessera::v1::ShardMap ClusterView::MapLocked() const {
     // (they may be finishing a round); a lost one is out.
     slot->set_active(w.state != MemberState::kLost);
     slot->set_joined_clock(w.joined_clock);
+    if (w.state != MemberState::kVacant) slot->set_key_digest(w.key_digest);
   }
   return map;
 }

@@ -43,6 +43,9 @@ struct Member {
   std::string device;
   absl::Time last_seen;
   int64_t joined_clock = 0;  // workers: the clock this incarnation started at
+  std::string key;           // the member key this incarnation was given (common/security.h)
+  std::string key_digest;    // its SHA-256, which the view hands to servers
+  std::string control_key;   // servers: the key their control calls need
 
   // "server 1 at node8:4100" or "worker 2 on gpu3".
   std::string Describe() const;
@@ -57,7 +60,8 @@ class ClusterView {
   // it even while its holder is alive (a restarted process comes back before its old self is declared lost);
   // the old incarnation is replaced. `start_clock(slot)`, called with the slot as it was, says at which clock
   // a worker taking it starts. Advances the epoch. RESOURCE_EXHAUSTED when every slot of the role is taken;
-  // INVALID_ARGUMENT for a server without an address, a requested id out of range or an unknown role.
+  // INVALID_ARGUMENT for a server without an address, a requested id out of range, an unknown role or a string
+  // longer than common/wire_limits.h allows. Each incarnation gets a fresh member key.
   struct Joined {
     Member member;              // as it is now
     MemberState was;            // the slot's state before: kVacant for a first join, kLost or kAlive for a return
@@ -78,6 +82,10 @@ class ClusterView {
   // Members alive but silent for longer than `timeout` become lost; returns them. Advances the epoch once
   // parameters are placed.
   std::vector<Member> MarkSilentLost(absl::Time now, absl::Duration timeout);
+
+  // OK when `key` is the member key of the incarnation holding (role, id) now. INVALID_ARGUMENT for an unknown
+  // role or an id outside the job; UNAUTHENTICATED for a missing or wrong key, or a slot nobody holds.
+  [[nodiscard]] absl::Status CheckMemberKey(tessera::v1::Role role, int id, absl::string_view key) const;
 
   // A worker finished. False when the rank is not alive.
   bool MarkDone(int worker);

@@ -1,5 +1,7 @@
 #include "scheduler/job_coordinator.h"
 
+#include <cmath>
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -8,6 +10,7 @@
 #include "common/http_endpoint.h"
 #include "common/job_spec.h"
 #include "common/status_macros.h"
+#include "common/wire_limits.h"
 #include "glog/logging.h"
 
 namespace tessera {
@@ -212,6 +215,7 @@ void JobCoordinator::Register(const tessera::v1::RegisterRequest& request,
     }
     const Member& m = joined->member;
     const bool returning = joined->was != MemberState::kVacant;
+    if (m.role == tessera::v1::SERVER) servers_->SetControlKey(m.address, m.control_key);
     LOG(INFO) << m.Describe() << " registered (incarnation " << m.incarnation << ")"
               << (m.device.empty() ? "" : " on " + m.device)
               << (m.role == tessera::v1::WORKER && m.joined_clock > 0 ? absl::StrCat(", starting at clock ", m.joined_clock)
@@ -224,6 +228,10 @@ void JobCoordinator::Register(const tessera::v1::RegisterRequest& request,
       clocks_.Rejoin(m.id, m.joined_clock);
       records_.AddEvent({{"event", "worker rejoined"}, {"worker", m.id}, {"incarnation", m.incarnation},
                          {"clock", m.joined_clock}});
+    } else if (m.role == tessera::v1::WORKER && view_.placed() && !Resuming()) {
+      // The servers learn its key (and so take its pushes) before it hears back. (A resumed job's servers get
+      // the view, keys included, with their restore.)
+      PublishView(absl::StrCat("worker ", m.id, " joined"));
     } else if (m.role == tessera::v1::SERVER && returning) {
       records_.AddEvent({{"event", "server replaced"}, {"server", m.id}, {"incarnation", m.incarnation},
                          {"address", m.address}});
@@ -249,6 +257,7 @@ void JobCoordinator::Register(const tessera::v1::RegisterRequest& request,
     response.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(heartbeat_interval_));
     response.set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(failure_detector_.timeout()));
     response.set_incarnation(m.incarnation);
+    response.set_member_key(m.key);
     response.set_start_clock(m.joined_clock);
     if (m.role == tessera::v1::WORKER && balancer_.enabled()) {
       const BatchSlice slice = balancer_.SliceOf(m.id, m.joined_clock, BatchMembers());
@@ -311,6 +320,11 @@ void JobCoordinator::Declare(const tessera::v1::DeclareRequest& request,
   });
 }
 
+bool JobCoordinator::Resuming() const {
+  absl::MutexLock lock(&mu_);
+  return resume_.has_value();
+}
+
 absl::StatusOr<tessera::v1::ShardMap> JobCoordinator::GetShardMap() const {
   std::optional<tessera::v1::ShardMap> map = view_.Map();
   if (!map) return absl::FailedPreconditionError("no parameters have been declared yet");
@@ -328,8 +342,18 @@ void JobCoordinator::PublishView(const std::string& why) {
 }
 
 void JobCoordinator::AdvanceClock(const tessera::v1::AdvanceClockRequest& request,
-                                  std::function<void(absl::StatusOr<tessera::v1::AdvanceClockResponse>)> done) {
+                                  std::function<void(absl::StatusOr<tessera::v1::AdvanceClockResponse>)> done,
+                                  std::function<bool()> cancelled) {
   const int worker = request.worker_id();
+  const int64_t global_batch = int64_t{job_.batch_size()} * job_.cluster().num_workers();
+  if (request.step_samples() < 0 || request.step_samples() > global_batch || !(request.step_busy_seconds() >= 0) ||
+      request.step_busy_seconds() > absl::ToDoubleSeconds(kMaxWait)) {
+    done(absl::InvalidArgumentError(absl::StrCat("worker ", worker, ": a step of ", request.step_samples(),
+                                                 " examples in ", request.step_busy_seconds(),
+                                                 " s is not one this job can take (at most ", global_batch,
+                                                 " examples and an hour)")));
+    return;
+  }
   const std::vector<Member> workers = view_.Workers();
   if (worker >= 0 && worker < static_cast<int>(workers.size()) && workers[worker].state == MemberState::kLost) {
     done(absl::FailedPreconditionError(
@@ -337,8 +361,7 @@ void JobCoordinator::AdvanceClock(const tessera::v1::AdvanceClockRequest& reques
     return;
   }
   balancer_.Observe(worker, request.step_samples(), request.step_busy_seconds());
-  const absl::Duration wait =
-      request.wait_timeout_ms() > 0 ? absl::Milliseconds(request.wait_timeout_ms()) : absl::Minutes(5);
+  const absl::Duration wait = BoundedWait(request.wait_timeout_ms(), absl::Minutes(5));
   const int64_t clock = request.clock();
   clocks_.Advance(worker, clock, absl::Now() + wait,
                   [this, worker, clock, done = std::move(done)](absl::StatusOr<GateResult> gate) {
@@ -367,7 +390,8 @@ void JobCoordinator::AdvanceClock(const tessera::v1::AdvanceClockRequest& reques
                       response.set_batch_count(slice.count);
                     }
                     done(std::move(response));
-                  });
+                  },
+                  std::move(cancelled));
 }
 
 nlohmann::json JobCoordinator::RoundsJson() const {
@@ -422,12 +446,28 @@ absl::StatusOr<tessera::v1::ReportResponse> JobCoordinator::Report(const tessera
   if (request.worker_id() < 0 || request.worker_id() >= job_.cluster().num_workers()) {
     return absl::InvalidArgumentError(absl::StrCat("report from unknown worker ", request.worker_id()));
   }
+  TESSERA_RETURN_IF_ERROR(CheckLength("report: device", request.device(), kMaxNameBytes));
+  if (request.clock() < 0 || request.clock() > kMaxClock || request.eval_clock() < 0 ||
+      request.eval_clock() > kMaxClock || !(request.epoch() >= 0) || !std::isfinite(request.epoch()) ||
+      request.samples() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("report from worker ", request.worker_id(), ": clock ",
+                                                   request.clock(), ", eval clock ", request.eval_clock(), ", epoch ",
+                                                   request.epoch(), " or samples ", request.samples(),
+                                                   " out of range"));
+  }
+  if (request.has_eval() && (!(request.test_accuracy() >= 0 && request.test_accuracy() <= 1) ||
+                             std::isinf(request.test_loss()) || request.test_loss() < 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("report from worker ", request.worker_id(), ": test accuracy ",
+                                                   request.test_accuracy(), " is not in [0, 1] or test loss ",
+                                                   request.test_loss(), " is negative or infinite"));
+  }
   if (!request.device().empty()) view_.SetWorkerDevice(request.worker_id(), request.device());
-  if (records_.AddReport(request)) {
+  const ProgressRecords::Taken taken = records_.AddReport(request);
+  if (taken.reached) {
     clocks_.Stop(absl::StrCat("test accuracy ", request.test_accuracy(), " reached the target ",
                               job_.stop().target_accuracy()));
   }
-  if (request.has_eval()) {
+  if (taken.evaluation) {
     executor_.Submit([this, request] {
       if (std::optional<tessera::v1::ShardMap> map = view_.Map()) records_.UpdateServerStats(servers_->Stats(*map));
       records_.WriteEvalRecord(request);

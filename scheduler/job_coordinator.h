@@ -76,8 +76,10 @@ class JobCoordinator {
 
   // See ClockTable::Advance; the answer also carries the worker's slice of the next round's global batch when
   // the job balances it. FAILED_PRECONDITION for a worker that is not in the job (lost or replaced).
+  // INVALID_ARGUMENT for a step measure no worker of the job can send. `cancelled`: see ClockTable::Advance.
   void AdvanceClock(const tessera::v1::AdvanceClockRequest& request,
-                    std::function<void(absl::StatusOr<tessera::v1::AdvanceClockResponse>)> done);
+                    std::function<void(absl::StatusOr<tessera::v1::AdvanceClockResponse>)> done,
+                    std::function<bool()> cancelled = nullptr);
 
   [[nodiscard]] absl::StatusOr<tessera::v1::ReportResponse> Report(const tessera::v1::ReportRequest& request);
   [[nodiscard]] absl::Status Done(const tessera::v1::DoneRequest& request);
@@ -106,6 +108,8 @@ class JobCoordinator {
                  std::function<void(const JobOutcome&)> on_finished);
 
   tessera::v1::ReportResponse StopResponse() const;
+  // A resumed job whose servers have not been restored yet.
+  bool Resuming() const;
   // Where a worker taking slot `member` starts: 0 for a new rank; for a rank coming back, SYNC: the round after
   // the newest any worker started; SSP: its last clock, or the slowest active worker's when that is ahead;
   // ASYNC: its last clock.

@@ -11,16 +11,19 @@ ProgressRecords::ProgressRecords(const tessera::v1::JobSpec& job, std::unique_pt
                                  absl::Time start)
     : job_(job), recorder_(std::move(recorder)), start_(start), last_report_(job.cluster().num_workers()) {}
 
-bool ProgressRecords::AddReport(const tessera::v1::ReportRequest& report) {
+ProgressRecords::Taken ProgressRecords::AddReport(const tessera::v1::ReportRequest& report) {
   absl::MutexLock lock(&mu_);
   last_report_[report.worker_id()] = report;
-  if (!report.has_eval()) return false;
+  if (!report.has_eval()) return {};
+  // One evaluation per clock at most: one of values no newer than the last taken adds nothing.
+  const int64_t clock = report.eval_clock() > 0 ? report.eval_clock() : report.clock();
+  if (last_eval_ && clock <= last_eval_->clock()) return {};
   last_eval_ = report;
   if (report.eval_clock() > 0) last_eval_->set_clock(report.eval_clock());  // the clock of the values scored
   const float target = job_.stop().target_accuracy();
   const bool reached = target > 0 && report.test_accuracy() >= target;
   if (reached && !seconds_to_target_) seconds_to_target_ = absl::ToDoubleSeconds(absl::Now() - start_);
-  return reached;
+  return {true, reached};
 }
 
 nlohmann::json ProgressRecords::StalenessJson(const ClusterStats& sum) {
@@ -94,6 +97,7 @@ void ProgressRecords::AddEvent(nlohmann::json event) {
   event["wall_seconds"] = absl::ToDoubleSeconds(absl::Now() - start_);
   absl::MutexLock lock(&mu_);
   events_.push_back(std::move(event));
+  if (events_.size() > kEventLimit) events_.erase(events_.begin());
 }
 
 nlohmann::json ProgressRecords::WriteSummary(const JobOutcome& outcome, const std::vector<int64_t>& worker_clocks,

@@ -32,12 +32,19 @@ struct JobOutcome {
 class ProgressRecords {
  public:
   // At most this many progress records are kept for /status (the file metrics.jsonl keeps them all).
+  // What /status and summary.json keep: the newest evaluations and membership events.
   static constexpr size_t kHistoryLimit = 2000;
+  static constexpr size_t kEventLimit = 1000;
 
   ProgressRecords(const tessera::v1::JobSpec& job, std::unique_ptr<RunRecorder> recorder, absl::Time start);
 
-  // A worker's report. Returns true when this evaluation reached the job's target accuracy.
-  bool AddReport(const tessera::v1::ReportRequest& report);
+  // A worker's report (validated). An evaluation is taken only when its values are newer than the last one
+  // taken, so records grow with the job's clocks, not with its reports.
+  struct Taken {
+    bool evaluation = false;  // the report's evaluation was taken: write its record
+    bool reached = false;     // ... and it reached the job's target accuracy
+  };
+  Taken AddReport(const tessera::v1::ReportRequest& report);
 
   // Takes the servers' answers to a statistics request; a server that did not answer keeps its last figures.
   void UpdateServerStats(const std::vector<ServerStatsAnswer>& answers);

@@ -14,19 +14,20 @@ namespace tessera {
 absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Start(const SchedulerOptions& options) {
   std::unique_ptr<Scheduler> scheduler(new Scheduler());
   Scheduler* self = scheduler.get();
+  scheduler->server_control_ = std::make_unique<GrpcServerControl>(options.security);
   TESSERA_ASSIGN_OR_RETURN(
       scheduler->coordinator_,
       JobCoordinator::Create(options.job, options.run_dir, absl::Milliseconds(options.heartbeat_interval_ms),
-                             absl::Milliseconds(options.heartbeat_timeout_ms), &scheduler->server_control_,
+                             absl::Milliseconds(options.heartbeat_timeout_ms), scheduler->server_control_.get(),
                              [self](const JobOutcome& outcome) {
                                self->Stop(outcome.completed ? absl::OkStatus()
                                                             : absl::AbortedError(absl::StrCat(
                                                                   "the job did not complete: ", outcome.stop_reason)));
                              },
                              options.resume_dir));
-  scheduler->service_ = std::make_unique<SchedulerService>(scheduler->coordinator_.get());
-  TESSERA_ASSIGN_OR_RETURN(StartedServer started,
-                           StartGrpcServer(options.listen_host, options.port, {scheduler->service_.get()}));
+  scheduler->service_ = std::make_unique<SchedulerService>(scheduler->coordinator_.get(), options.security);
+  TESSERA_ASSIGN_OR_RETURN(StartedServer started, StartGrpcServer(options.listen_host, options.port,
+                                                                  {scheduler->service_.get()}, *options.security));
   scheduler->grpc_server_ = std::move(started.server);
   scheduler->address_ = options.listen_host.find(':') != std::string::npos
                             ? absl::StrCat("[", options.listen_host, "]:", started.port)
@@ -46,7 +47,7 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Start(const SchedulerOptio
     const JobCoordinator* coordinator = scheduler->coordinator_.get();
     TESSERA_ASSIGN_OR_RETURN(
         scheduler->http_,
-        HttpEndpoint::Start(options.listen_host, options.http_port,
+        HttpEndpoint::Start(options.listen_host, options.http_port, *options.security,
                             {{"/", {"text/html; charset=utf-8", [] { return std::string(kDashboardPage); }}},
                              {"/metrics", {"text/plain; version=0.0.4", [coordinator] { return coordinator->MetricsText(); }}},
                              {"/status", {"application/json", [coordinator] { return coordinator->StatusJson().dump(2); }}},
@@ -56,7 +57,7 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Start(const SchedulerOptio
                                 return absl::StrCat("checkpoint ", taken->number, " at clock ", taken->state.clock(),
                                                     " in ", taken->folder, "\n");
                               }, /*post=*/true}}}));
-    LOG(INFO) << "dashboard at http://" << options.listen_host << ":" << scheduler->http_->port()
+    LOG(INFO) << "dashboard at " << (options.security->tls() ? "https" : "http") << "://" << options.listen_host << ":" << scheduler->http_->port()
               << "/ (JSON at /status; POST /checkpoint takes a checkpoint)";
   }
   scheduler->coordinator_->StartFailureDetection();

@@ -47,7 +47,7 @@ class Scheduler {
   Scheduler() = default;
 
   std::string address_;
-  GrpcServerControl server_control_;
+  std::unique_ptr<GrpcServerControl> server_control_;
   std::unique_ptr<JobCoordinator> coordinator_;
   std::unique_ptr<SchedulerService> service_;
   std::unique_ptr<grpc::Server> grpc_server_;

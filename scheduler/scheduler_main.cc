@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/daemon_init.h"
+#include "common/security_flags.h"
 #include "common/signals.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
@@ -24,6 +25,7 @@ DEFINE_string(checkpoint_dir, "",
               "folder for checkpoints, reachable by every server too (overrides the job's checkpoint.dir)");
 DEFINE_string(resume, "",
               "go on with the job from the newest usable checkpoint in this folder (a job's checkpoint.dir)");
+TESSERA_DEFINE_SECURITY_FLAGS()
 
 int main(int argc, char** argv) {
   tessera::InitDaemon("tessera-scheduler --job=FILE [--port=N --run_dir=DIR]", &argc, &argv);
@@ -44,6 +46,12 @@ int main(int argc, char** argv) {
   options.heartbeat_timeout_ms = FLAGS_heartbeat_timeout_ms;
   options.http_port = FLAGS_http_port;
   options.resume_dir = FLAGS_resume;
+  auto security = tessera::Security::Load(SecurityFlags());
+  if (!security.ok()) {
+    std::cerr << "tessera-scheduler: " << security.status() << std::endl;
+    return 2;
+  }
+  options.security = *security;
 
   auto scheduler = tessera::Scheduler::Start(options);
   if (!scheduler.ok()) {

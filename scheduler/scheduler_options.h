@@ -2,9 +2,11 @@
 #ifndef TESSERA_SCHEDULER_SCHEDULER_OPTIONS_H_
 #define TESSERA_SCHEDULER_SCHEDULER_OPTIONS_H_
 
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/security.h"
 #include "proto/job.pb.h"
 
 namespace tessera {
@@ -19,6 +21,7 @@ struct SchedulerOptions {
   int heartbeat_timeout_ms = 10000;      // a worker silent this long is lost
   int http_port = 0;                     // /healthz, /metrics, /status on listen_host; 0: a free port; -1: off
   std::string resume_dir;                // go on from the newest usable checkpoint in this folder; empty: a new job
+  std::shared_ptr<const Security> security = Security::Plaintext();  // TLS and the job token (common/security.h)
 };
 
 // Loads the job file and applies the overrides (cluster sizes: 0 keeps the file's value; checkpoint folder:

@@ -1,82 +1,105 @@
 #include "scheduler/scheduler_service.h"
 
-#include "common/grpc_status.h"
+#include "common/rpc_handler.h"
 
 namespace tessera {
-namespace {
 
-// Finishes `context`'s default reactor with `result`, copying the value into `response` on success.
-template <typename T>
-grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* context, absl::StatusOr<T> result, T* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (result.ok()) *response = std::move(result).value();
-  reactor->Finish(ToGrpcStatus(result.status(), context));
-  return reactor;
+using tessera::v1::AdvanceClockRequest;
+using tessera::v1::AdvanceClockResponse;
+using tessera::v1::DeclareRequest;
+using tessera::v1::DeclareResponse;
+using tessera::v1::DoneRequest;
+using tessera::v1::DoneResponse;
+using tessera::v1::GetShardMapRequest;
+using tessera::v1::HeartbeatRequest;
+using tessera::v1::HeartbeatResponse;
+using tessera::v1::RegisterRequest;
+using tessera::v1::RegisterResponse;
+using tessera::v1::ReportRequest;
+using tessera::v1::ReportResponse;
+using tessera::v1::ShardMap;
+
+absl::Status SchedulerService::CheckMember(const grpc::CallbackServerContext& context, tessera::v1::Role role,
+                                           int id) const {
+  return coordinator_->view().CheckMemberKey(role, id, ClientMetadata(context, kMemberKeyHeader));
 }
-
-grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* context, const absl::Status& status) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status, context));
-  return reactor;
-}
-
-}  // namespace
 
 grpc::ServerUnaryReactor* SchedulerService::Register(grpc::CallbackServerContext* context,
-                                                     const tessera::v1::RegisterRequest* request,
-                                                     tessera::v1::RegisterResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  coordinator_->Register(*request, [context, reactor, response](absl::StatusOr<tessera::v1::RegisterResponse> r) {
-    if (r.ok()) *response = std::move(r).value();
-    reactor->Finish(ToGrpcStatus(r.status(), context));
-  });
-  return reactor;
+                                                     const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
+  return ServeUnary<RegisterRequest, RegisterResponse>(
+      context, request, response, *security_,
+      [this](std::shared_ptr<const RegisterRequest> r, UnaryReply<RegisterResponse> reply) {
+        coordinator_->Register(*r, std::move(reply));
+      });
 }
 
 grpc::ServerUnaryReactor* SchedulerService::Heartbeat(grpc::CallbackServerContext* context,
-                                                      const tessera::v1::HeartbeatRequest* request,
-                                                      tessera::v1::HeartbeatResponse* response) {
-  return FinishWith(context, coordinator_->Heartbeat(*request), response);
+                                                      const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
+  return ServeUnary<HeartbeatRequest, HeartbeatResponse>(
+      context, request, response, *security_,
+      [this, context](std::shared_ptr<const HeartbeatRequest> r, UnaryReply<HeartbeatResponse> reply) {
+        TESSERA_REPLY_IF_ERROR(reply, CheckMember(*context, r->role(), r->id()));
+        reply(coordinator_->Heartbeat(*r));
+      });
 }
 
 grpc::ServerUnaryReactor* SchedulerService::Declare(grpc::CallbackServerContext* context,
-                                                    const tessera::v1::DeclareRequest* request,
-                                                    tessera::v1::DeclareResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  coordinator_->Declare(*request, [context, reactor, response](absl::StatusOr<tessera::v1::ShardMap> map) {
-    if (map.ok()) *response->mutable_shard_map() = std::move(map).value();
-    reactor->Finish(ToGrpcStatus(map.status(), context));
-  });
-  return reactor;
+                                                    const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
+  return ServeUnary<DeclareRequest, DeclareResponse>(
+      context, request, response, *security_,
+      [this, context](std::shared_ptr<const DeclareRequest> r, UnaryReply<DeclareResponse> reply) {
+        TESSERA_REPLY_IF_ERROR(reply, CheckMember(*context, tessera::v1::WORKER, r->worker_id()));
+        coordinator_->Declare(*r, [reply = std::move(reply)](absl::StatusOr<ShardMap> map) {
+          if (!map.ok()) {
+            reply(map.status());
+            return;
+          }
+          DeclareResponse declared;
+          *declared.mutable_shard_map() = *std::move(map);
+          reply(std::move(declared));
+        });
+      });
 }
 
 grpc::ServerUnaryReactor* SchedulerService::GetShardMap(grpc::CallbackServerContext* context,
-                                                        const tessera::v1::GetShardMapRequest*,
-                                                        tessera::v1::ShardMap* response) {
-  return FinishWith(context, coordinator_->GetShardMap(), response);
+                                                        const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
+  return ServeUnary<GetShardMapRequest, ShardMap>(
+      context, request, response, *security_,
+      [this](std::shared_ptr<const GetShardMapRequest>, UnaryReply<ShardMap> reply) {
+        reply(coordinator_->GetShardMap());
+      });
 }
 
 grpc::ServerUnaryReactor* SchedulerService::AdvanceClock(grpc::CallbackServerContext* context,
-                                                         const tessera::v1::AdvanceClockRequest* request,
-                                                         tessera::v1::AdvanceClockResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  coordinator_->AdvanceClock(
-      *request, [context, reactor, response](absl::StatusOr<tessera::v1::AdvanceClockResponse> answer) {
-        if (answer.ok()) *response = std::move(*answer);
-        reactor->Finish(ToGrpcStatus(answer.status(), context));
+                                                         const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
+  return ServeUnary<AdvanceClockRequest, AdvanceClockResponse>(
+      context, request, response, *security_,
+      [this, context](std::shared_ptr<const AdvanceClockRequest> r, UnaryReply<AdvanceClockResponse> reply) {
+        TESSERA_REPLY_IF_ERROR(reply, CheckMember(*context, tessera::v1::WORKER, r->worker_id()));
+        // A caller that gave up (or went away) frees its place at the gate.
+        coordinator_->AdvanceClock(*r, std::move(reply), [context] { return context->IsCancelled(); });
       });
-  return reactor;
 }
 
 grpc::ServerUnaryReactor* SchedulerService::Report(grpc::CallbackServerContext* context,
-                                                   const tessera::v1::ReportRequest* request,
-                                                   tessera::v1::ReportResponse* response) {
-  return FinishWith(context, coordinator_->Report(*request), response);
+                                                   const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
+  return ServeUnary<ReportRequest, ReportResponse>(
+      context, request, response, *security_,
+      [this, context](std::shared_ptr<const ReportRequest> r, UnaryReply<ReportResponse> reply) {
+        TESSERA_REPLY_IF_ERROR(reply, CheckMember(*context, tessera::v1::WORKER, r->worker_id()));
+        reply(coordinator_->Report(*r));
+      });
 }
 
 grpc::ServerUnaryReactor* SchedulerService::Done(grpc::CallbackServerContext* context,
-                                                 const tessera::v1::DoneRequest* request, tessera::v1::DoneResponse*) {
-  return FinishWith(context, coordinator_->Done(*request));
+                                                 const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
+  return ServeUnary<DoneRequest, DoneResponse>(
+      context, request, response, *security_,
+      [this, context](std::shared_ptr<const DoneRequest> r, UnaryReply<DoneResponse> reply) {
+        TESSERA_REPLY_IF_ERROR(reply, CheckMember(*context, tessera::v1::WORKER, r->worker_id()));
+        TESSERA_REPLY_IF_ERROR(reply, coordinator_->Done(*r));
+        reply(DoneResponse());
+      });
 }
 
 }  // namespace tessera

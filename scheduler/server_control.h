@@ -40,6 +40,9 @@ struct ServerStatsAnswer {
 class ServerControl {
  public:
   virtual ~ServerControl() = default;
+  // The key the server at `address` made for its control calls (RegisterRequest.control_key); every control call
+  // to that address carries it from now on.
+  virtual void SetControlKey(const std::string& address, const std::string& control_key) = 0;
   // Hands the view to every server in it; with `restore_files`, the chunks new to a server (all of them with
   // `restore_all`) are restored from those checkpoint files.
   [[nodiscard]] virtual absl::Status Assign(const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job,

@@ -15,8 +15,21 @@ constexpr absl::Duration kStatsTimeout = absl::Seconds(3);
 tessera::v1::ParameterServer::Stub* GrpcServerControl::StubFor(const std::string& address) {
   absl::MutexLock lock(&mu_);
   auto& stub = stubs_[address];
-  if (!stub) stub = tessera::v1::ParameterServer::NewStub(MakeChannel(address));
+  if (!stub) stub = tessera::v1::ParameterServer::NewStub(MakeChannel(address, *security_));
   return stub.get();
+}
+
+void GrpcServerControl::SetControlKey(const std::string& address, const std::string& control_key) {
+  absl::MutexLock lock(&mu_);
+  control_keys_[address] = control_key;
+}
+
+void GrpcServerControl::Prepare(grpc::ClientContext& context, const std::string& address, absl::Duration timeout) {
+  SetTimeout(context, timeout);
+  security_->Authorize(context);
+  absl::MutexLock lock(&mu_);
+  auto it = control_keys_.find(address);
+  if (it != control_keys_.end()) context.AddMetadata(kControlKeyHeader, it->second);
 }
 
 absl::Status GrpcServerControl::Assign(const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job,
@@ -30,7 +43,7 @@ absl::Status GrpcServerControl::Assign(const tessera::v1::ShardMap& map, const t
     request.set_restore_all(restore_all);
     tessera::v1::AssignShardsResponse response;
     grpc::ClientContext context;
-    SetTimeout(context, kControlTimeout);
+    Prepare(context, server.address(), kControlTimeout);
     absl::Status status =
         FromGrpcStatus(StubFor(server.address())->AssignShards(&context, request, &response), context,
                        absl::StrCat("AssignShards to server ", server.id(), " at ", server.address()));
@@ -44,7 +57,7 @@ std::vector<ServerStatsAnswer> GrpcServerControl::Stats(const tessera::v1::Shard
   for (const auto& server : map.servers()) {
     tessera::v1::ServerStats stats;
     grpc::ClientContext context;
-    SetTimeout(context, kStatsTimeout);
+    Prepare(context, server.address(), kStatsTimeout);
     absl::Status status = FromGrpcStatus(StubFor(server.address())->GetStats(&context, {}, &stats), context,
                                          absl::StrCat("GetStats from server ", server.id(), " at ", server.address()));
     ServerStatsAnswer answer{server.id(), server.incarnation(), std::move(stats)};
@@ -85,7 +98,7 @@ absl::StatusOr<std::vector<std::string>> GrpcServerControl::Checkpoint(const tes
     call->request.set_clock(clock);
     call->request.set_at_version(at_version);
     call->request.set_wait_timeout_ms(absl::ToInt64Milliseconds(timeout));
-    SetTimeout(call->context, timeout + kControlTimeout);
+    Prepare(call->context, server.address(), timeout + kControlTimeout);
     Call* raw = call.get();
     StubFor(server.address())->async()->Checkpoint(&raw->context, &raw->request, &raw->response,
                                                     [raw, progress](grpc::Status s) {
@@ -124,7 +137,7 @@ absl::Status GrpcServerControl::Shutdown(const tessera::v1::ShardMap& map) {
   for (const auto& server : map.servers()) {
     tessera::v1::ShutdownResponse response;
     grpc::ClientContext context;
-    SetTimeout(context, absl::Seconds(5));
+    Prepare(context, server.address(), absl::Seconds(5));
     absl::Status status = FromGrpcStatus(StubFor(server.address())->Shutdown(&context, {}, &response), context,
                                          absl::StrCat("Shutdown of server ", server.id(), " at ", server.address()));
     if (first.ok()) first = status;  // try every server even when one fails
@@ -138,7 +151,7 @@ absl::Status GrpcServerControl::DecideRounds(const tessera::v1::ShardMap& map,
   for (const auto& server : map.servers()) {
     tessera::v1::DecideRoundsResponse response;
     grpc::ClientContext context;
-    SetTimeout(context, absl::Seconds(5));
+    Prepare(context, server.address(), absl::Seconds(5));
     absl::Status status =
         FromGrpcStatus(StubFor(server.address())->DecideRounds(&context, request, &response), context,
                        absl::StrCat("DecideRounds on server ", server.id(), " at ", server.address()));

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/synchronization/mutex.h"
+#include "common/security.h"
 #include "proto/ps.grpc.pb.h"
 #include "scheduler/server_control.h"
 
@@ -15,6 +16,10 @@ namespace tessera {
 // Thread-safe.
 class GrpcServerControl final : public ServerControl {
  public:
+  // Every call carries `security`'s job token, over its TLS when it has one.
+  explicit GrpcServerControl(std::shared_ptr<const Security> security) : security_(std::move(security)) {}
+
+  void SetControlKey(const std::string& address, const std::string& control_key) override;
   absl::Status Assign(const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job,
                       const std::vector<std::string>& restore_files, bool restore_all) override;
   absl::StatusOr<std::vector<std::string>> Checkpoint(const tessera::v1::ShardMap& map, const std::string& folder,
@@ -25,8 +30,12 @@ class GrpcServerControl final : public ServerControl {
 
  private:
   tessera::v1::ParameterServer::Stub* StubFor(const std::string& address);
+  // Sets `context`'s deadline, the job token and the control key of the server at `address`.
+  void Prepare(grpc::ClientContext& context, const std::string& address, absl::Duration timeout);
 
+  const std::shared_ptr<const Security> security_;
   absl::Mutex mu_;
+  std::map<std::string, std::string> control_keys_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<tessera::v1::ParameterServer::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -36,10 +36,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   Server* self = server.get();
   server->store_ = std::make_unique<ShardStore>();
   server->updates_ = std::make_unique<ThreadPool>(options.update_threads);
+  // Only the scheduler learns this key (from the registration below): control calls without it are refused.
+  const std::string control_key = NewSecret();
   server->service_ = std::make_unique<ServerService>(server->store_.get(), server->updates_.get(),
-                                                     options.inline_update_bytes, [self] { self->Stop(); });
-  TESSERA_ASSIGN_OR_RETURN(StartedServer started,
-                           StartGrpcServer(options.listen_host, options.port, {server->service_.get()}));
+                                                     options.inline_update_bytes, [self] { self->Stop(); },
+                                                     options.security, control_key);
+  TESSERA_ASSIGN_OR_RETURN(StartedServer started, StartGrpcServer(options.listen_host, options.port,
+                                                                  {server->service_.get()}, *options.security));
   server->grpc_server_ = std::move(started.server);
   const std::string host = options.advertise_host.empty() ? options.listen_host : options.advertise_host;
   server->address_ = absl::StrCat(host, ":", started.port);
@@ -47,23 +50,24 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (options.http_port >= 0) {
     const ShardStore* store = server->store_.get();
     TESSERA_ASSIGN_OR_RETURN(
-        server->http_, HttpEndpoint::Start(options.listen_host, options.http_port,
+        server->http_, HttpEndpoint::Start(options.listen_host, options.http_port, *options.security,
                                            {{"/metrics", {"text/plain; version=0.0.4", [store] {
                                                return ServerMetricsText(store->Stats());
                                              }}}}));
   }
 
-  server->scheduler_ = std::make_unique<SchedulerClient>(options.scheduler_address);
+  server->scheduler_ = std::make_unique<SchedulerClient>(options.scheduler_address, options.security);
   tessera::v1::RegisterRequest request;
   request.set_role(tessera::v1::SERVER);
   request.set_address(server->address_);
+  request.set_control_key(control_key);
   if (options.id >= 0) request.set_requested_id(options.id);
   TESSERA_ASSIGN_OR_RETURN(tessera::v1::RegisterResponse registered,
                            server->scheduler_->Register(request, options.connect_attempts));
   server->id_ = registered.id();
   LOG(INFO) << "server " << server->id_ << " serving at " << server->address_ << " for job '"
             << registered.job().name() << "' of scheduler " << options.scheduler_address
-            << (server->http_ ? absl::StrCat("; metrics at http://", options.listen_host, ":", server->http_->port(),
+            << (server->http_ ? absl::StrCat("; metrics at ", options.security->tls() ? "https" : "http", "://", options.listen_host, ":", server->http_->port(),
                                              "/metrics")
                               : "");
 

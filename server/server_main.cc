@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/daemon_init.h"
+#include "common/security_flags.h"
 #include "common/signals.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
@@ -24,6 +25,7 @@ DEFINE_int32(heartbeat_timeout_ms, 10000,
 DEFINE_int32(update_threads, 2, "threads that apply large pushes, so that gRPC's threads keep reading the network");
 DEFINE_int32(inline_update_bytes, 64 << 10,
              "pushes smaller than this many bytes are applied on the gRPC thread that received them");
+TESSERA_DEFINE_SECURITY_FLAGS()
 
 int main(int argc, char** argv) {
   tessera::InitDaemon("tessera-server --scheduler=HOST:PORT [--host=ADDR --port=N]", &argc, &argv);
@@ -39,6 +41,12 @@ int main(int argc, char** argv) {
   options.http_port = FLAGS_http_port;
   options.update_threads = FLAGS_update_threads;
   options.inline_update_bytes = FLAGS_inline_update_bytes;
+  auto security = tessera::Security::Load(SecurityFlags());
+  if (!security.ok()) {
+    std::cerr << "tessera-server: " << security.status() << std::endl;
+    return 2;
+  }
+  options.security = *security;
 
   auto server = tessera::Server::Start(options);
   if (!server.ok()) {

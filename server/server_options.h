@@ -2,9 +2,11 @@
 #ifndef TESSERA_SERVER_SERVER_OPTIONS_H_
 #define TESSERA_SERVER_SERVER_OPTIONS_H_
 
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/security.h"
 
 namespace tessera {
 
@@ -19,6 +21,7 @@ struct ServerOptions {
   int http_port = 0;                     // /healthz and /metrics on listen_host; 0: a free port; -1: off
   int update_threads = 2;                // threads that apply pushes of at least inline_update_bytes
   int inline_update_bytes = 64 << 10;    // smaller pushes are applied on the gRPC thread (microseconds)
+  std::shared_ptr<const Security> security = Security::Plaintext();  // TLS and the job token (common/security.h)
 };
 
 // INVALID_ARGUMENT naming the flag at fault.

@@ -4,6 +4,10 @@
 
 #include "common/checkpoint_file.h"
 #include "common/grpc_status.h"
+#include "absl/strings/str_cat.h"
+#include "common/rpc_handler.h"
+#include "common/status_macros.h"
+#include "common/wire_limits.h"
 #include "common/wire_payload.h"
 
 namespace tessera {
@@ -36,7 +40,12 @@ void WriteValues(const ChunkValues& values, grpc::ByteBuffer* response) {
   *response = SerializeWithPayload(header, kPullDataField, BufferSlice(values.bytes, values.length));
 }
 
-ChunkPush ToChunkPush(const PushRequest& r) {
+// The store's view of a push; INVALID_ARGUMENT for a kind that is neither GRADIENT nor ASSIGN.
+absl::StatusOr<ChunkPush> ToChunkPush(const PushRequest& r, const grpc::CallbackServerContext& context) {
+  if (!PushRequest::Kind_IsValid(r.kind())) {
+    return absl::InvalidArgumentError(absl::StrCat("push kind ", static_cast<int>(r.kind()),
+                                                   " is neither GRADIENT (0) nor ASSIGN (1)"));
+  }
   ChunkPush push;
   push.address = {r.epoch(), r.key().param(), r.key().index()};
   push.worker_id = r.worker_id();
@@ -46,7 +55,15 @@ ChunkPush ToChunkPush(const PushRequest& r) {
   push.read_clock_version = r.read_clock_version();
   push.batch_size = r.batch_size();
   push.assign = r.kind() == PushRequest::ASSIGN;
+  push.member_key = std::string(ClientMetadata(context, kMemberKeyHeader));
   return push;
+}
+
+// A push's request, authenticated and parsed, its values left in gRPC's slices.
+absl::Status ParsePush(const grpc::CallbackServerContext& context, const grpc::ByteBuffer& request,
+                       const Security& security, PushRequest* r, ReceivedPayload* payload) {
+  TESSERA_RETURN_IF_ERROR(security.Authenticate(context));
+  return ParseWithPayload(request, kPushDataField, r, payload);
 }
 
 // A PushPull in flight. The store completes its waiter, from this call's thread or from the push that closes
@@ -78,11 +95,11 @@ grpc::ServerUnaryReactor* ServerService::Pull(grpc::CallbackServerContext* conte
                                               grpc::ByteBuffer* response) {
   PullRequest r;
   ReceivedPayload unused;
-  if (absl::Status parsed = ParseWithPayload(*request, /*field_number=*/0, &r, &unused); !parsed.ok()) {
-    return Finish(context, parsed);
-  }
+  absl::Status parsed = security_->Authenticate(*context);
+  if (parsed.ok()) parsed = ParseWithPayload(*request, /*field_number=*/0, &r, &unused);
+  if (!parsed.ok()) return Finish(context, parsed);
   absl::StatusOr<ChunkValues> values =
-      store_->Pull(ChunkPull{{r.epoch(), r.key().param(), r.key().index()}, r.have_version()});
+      store_->Pull(ChunkPull{{r.epoch(), r.key().param(), r.key().index()}, r.have_version(), r.worker_id()});
   if (!values.ok()) return Finish(context, values.status());
   WriteValues(*values, response);
   return Finish(context, absl::OkStatus());
@@ -98,14 +115,17 @@ void ServerService::RunUpdate(size_t bytes, std::function<void()> apply) {
 
 grpc::ServerUnaryReactor* ServerService::Push(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
                                               grpc::ByteBuffer* response) {
-  PushRequest r;
+  // Shared with the update: the push's key points into it.
+  auto r = std::make_shared<PushRequest>();
   auto payload = std::make_shared<ReceivedPayload>();
-  if (absl::Status parsed = ParseWithPayload(*request, kPushDataField, &r, payload.get()); !parsed.ok()) {
+  if (absl::Status parsed = ParsePush(*context, *request, *security_, r.get(), payload.get()); !parsed.ok()) {
     return Finish(context, parsed);
   }
+  absl::StatusOr<ChunkPush> push = ToChunkPush(*r, *context);
+  if (!push.ok()) return Finish(context, push.status());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  RunUpdate(payload->size(), [this, context, response, reactor, r = std::move(r), payload] {
-    absl::StatusOr<PushOutcome> outcome = store_->Push(ToChunkPush(r), *payload);
+  RunUpdate(payload->size(), [this, context, response, reactor, r, push = *std::move(push), payload] {
+    absl::StatusOr<PushOutcome> outcome = store_->Push(push, *payload);
     if (!outcome.ok()) {
       reactor->Finish(ToGrpcStatus(outcome.status(), context));
       return;
@@ -123,88 +143,129 @@ grpc::ServerUnaryReactor* ServerService::Push(grpc::CallbackServerContext* conte
 
 grpc::ServerUnaryReactor* ServerService::PushPull(grpc::CallbackServerContext* context,
                                                   const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
-  PushRequest r;
+  // Shared with the update: the push's key points into it.
+  auto r = std::make_shared<PushRequest>();
   auto payload = std::make_shared<ReceivedPayload>();
-  if (absl::Status parsed = ParseWithPayload(*request, kPushDataField, &r, payload.get()); !parsed.ok()) {
+  if (absl::Status parsed = ParsePush(*context, *request, *security_, r.get(), payload.get()); !parsed.ok()) {
     return Finish(context, parsed);
   }
+  absl::StatusOr<ChunkPush> push = ToChunkPush(*r, *context);
+  if (!push.ok()) return Finish(context, push.status());
   auto* reactor = new ExchangeReactor(context, response);
   std::shared_ptr<ExchangeWaiter> waiter = reactor->waiter();
-  RunUpdate(payload->size(), [this, r = std::move(r), payload, waiter] {
-    store_->PushPull(ToChunkPush(r), *payload, waiter);
+  RunUpdate(payload->size(), [this, r, push = *std::move(push), payload, waiter] {
+    store_->PushPull(push, *payload, waiter);
   });
   return reactor;
+}
+
+absl::Status ServerService::CheckControlKey(const grpc::CallbackServerContext& context) const {
+  return CheckSecret(ClientMetadata(context, kControlKeyHeader), control_key_,
+                     "a control call (only the scheduler may make one)");
 }
 
 grpc::ServerUnaryReactor* ServerService::AssignShards(grpc::CallbackServerContext* context,
-                                                      const tessera::v1::AssignShardsRequest* request,
-                                                      tessera::v1::AssignShardsResponse*) {
-  if (request->restore_files().empty()) {
-    return Finish(context, store_->Assign(request->shard_map(), request->job(), request->server_id()));
-  }
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  files_.Submit([this, context, reactor, request] {
-    std::vector<tessera::v1::ShardCheckpoint> files(request->restore_files_size());
-    for (int i = 0; i < request->restore_files_size(); ++i) {
-      absl::StatusOr<CheckpointHeader> read = ReadCheckpointFile(request->restore_files(i), &files[i]);
-      if (!read.ok()) {
-        reactor->Finish(ToGrpcStatus(read.status(), context));
-        return;
-      }
-    }
-    reactor->Finish(ToGrpcStatus(store_->Assign(request->shard_map(), request->job(), request->server_id(), &files,
-                                                request->restore_all()),
-                                 context));
-  });
-  return reactor;
+                                                      const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
+  using tessera::v1::AssignShardsRequest;
+  using tessera::v1::AssignShardsResponse;
+  return ServeUnary<AssignShardsRequest, AssignShardsResponse>(
+      context, request, response, *security_,
+      [this, context](std::shared_ptr<const AssignShardsRequest> r, UnaryReply<AssignShardsResponse> reply) {
+        TESSERA_REPLY_IF_ERROR(reply, CheckControlKey(*context));
+        if (r->restore_files_size() > kMaxRestoreFiles) {
+          reply(absl::InvalidArgumentError(absl::StrCat(r->restore_files_size(), " restore files; at most ",
+                                                        kMaxRestoreFiles, " allowed")));
+          return;
+        }
+        for (const std::string& path : r->restore_files()) {
+          TESSERA_REPLY_IF_ERROR(reply, CheckLength("restore file path", path, kMaxPathBytes));
+        }
+        auto done = [reply](const absl::Status& s) {
+          reply(s.ok() ? absl::StatusOr<AssignShardsResponse>(AssignShardsResponse())
+                       : absl::StatusOr<AssignShardsResponse>(s));
+        };
+        if (r->restore_files().empty()) {
+          done(store_->Assign(r->shard_map(), r->job(), r->server_id()));
+          return;
+        }
+        files_.Submit([this, r, done] {
+          std::vector<tessera::v1::ShardCheckpoint> files(r->restore_files_size());
+          for (int i = 0; i < r->restore_files_size(); ++i) {
+            absl::StatusOr<CheckpointHeader> read = ReadCheckpointFile(r->restore_files(i), &files[i]);
+            if (!read.ok()) {
+              done(read.status());
+              return;
+            }
+          }
+          done(store_->Assign(r->shard_map(), r->job(), r->server_id(), &files, r->restore_all()));
+        });
+      });
 }
 
 grpc::ServerUnaryReactor* ServerService::Checkpoint(grpc::CallbackServerContext* context,
-                                                    const tessera::v1::CheckpointRequest* request,
-                                                    tessera::v1::CheckpointResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  files_.Submit([this, context, reactor, request, response] {
-    const absl::Duration wait = absl::Milliseconds(std::min<uint64_t>(request->wait_timeout_ms(), 3600000));
-    absl::StatusOr<tessera::v1::ShardCheckpoint> shard =
-        store_->Snapshot(request->at_version() ? request->clock() : -1, absl::Now() + wait,
-                         [context] { return context->IsCancelled(); });
-    if (!shard.ok()) {
-      reactor->Finish(ToGrpcStatus(shard.status(), context));
-      return;
-    }
-    CheckpointHeader header;
-    header.job = store_->job_name();
-    header.epoch = store_->epoch();
-    header.clock = request->clock();
-    absl::Status written = WriteCheckpointFile(request->path(), header, *shard);
-    if (written.ok()) {
-      response->set_chunks(shard->chunks_size());
-      for (const auto& c : shard->chunks()) response->set_bytes(response->bytes() + c.values().size());
-    }
-    reactor->Finish(ToGrpcStatus(written, context));
-  });
-  return reactor;
+                                                    const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
+  using tessera::v1::CheckpointRequest;
+  using tessera::v1::CheckpointResponse;
+  return ServeUnary<CheckpointRequest, CheckpointResponse>(
+      context, request, response, *security_,
+      [this, context](std::shared_ptr<const CheckpointRequest> r, UnaryReply<CheckpointResponse> reply) {
+        TESSERA_REPLY_IF_ERROR(reply, CheckControlKey(*context));
+        TESSERA_REPLY_IF_ERROR(reply, CheckLength("checkpoint path", r->path(), kMaxPathBytes));
+        files_.Submit([this, context, r, reply] {
+          const absl::Duration wait = BoundedWait(r->wait_timeout_ms(), absl::ZeroDuration());
+          absl::StatusOr<tessera::v1::ShardCheckpoint> shard =
+              store_->Snapshot(r->at_version() ? r->clock() : -1, absl::Now() + wait,
+                               [context] { return context->IsCancelled(); });
+          if (!shard.ok()) {
+            reply(shard.status());
+            return;
+          }
+          CheckpointHeader header;
+          header.job = store_->job_name();
+          header.epoch = store_->epoch();
+          header.clock = r->clock();
+          TESSERA_REPLY_IF_ERROR(reply, WriteCheckpointFile(r->path(), header, *shard));
+          CheckpointResponse written;
+          written.set_chunks(shard->chunks_size());
+          for (const auto& c : shard->chunks()) written.set_bytes(written.bytes() + c.values().size());
+          reply(written);
+        });
+      });
 }
 
 grpc::ServerUnaryReactor* ServerService::GetStats(grpc::CallbackServerContext* context,
-                                                  const tessera::v1::ServerStatsRequest*,
-                                                  tessera::v1::ServerStats* response) {
-  *response = store_->Stats();
-  return Finish(context, absl::OkStatus());
+                                                  const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
+  using tessera::v1::ServerStats;
+  using tessera::v1::ServerStatsRequest;
+  return ServeUnary<ServerStatsRequest, ServerStats>(
+      context, request, response, *security_,
+      [this](std::shared_ptr<const ServerStatsRequest>, UnaryReply<ServerStats> reply) { reply(store_->Stats()); });
 }
 
 grpc::ServerUnaryReactor* ServerService::DecideRounds(grpc::CallbackServerContext* context,
-                                                      const tessera::v1::DecideRoundsRequest* request,
-                                                      tessera::v1::DecideRoundsResponse*) {
-  store_->DecideRounds(*request);
-  return Finish(context, absl::OkStatus());
+                                                      const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
+  using tessera::v1::DecideRoundsRequest;
+  using tessera::v1::DecideRoundsResponse;
+  return ServeUnary<DecideRoundsRequest, DecideRoundsResponse>(
+      context, request, response, *security_,
+      [this, context](std::shared_ptr<const DecideRoundsRequest> r, UnaryReply<DecideRoundsResponse> reply) {
+        TESSERA_REPLY_IF_ERROR(reply, CheckControlKey(*context));
+        TESSERA_REPLY_IF_ERROR(reply, store_->DecideRounds(*r));
+        reply(DecideRoundsResponse());
+      });
 }
 
 grpc::ServerUnaryReactor* ServerService::Shutdown(grpc::CallbackServerContext* context,
-                                                  const tessera::v1::ShutdownRequest*,
-                                                  tessera::v1::ShutdownResponse*) {
-  on_shutdown_();
-  return Finish(context, absl::OkStatus());
+                                                  const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
+  using tessera::v1::ShutdownRequest;
+  using tessera::v1::ShutdownResponse;
+  return ServeUnary<ShutdownRequest, ShutdownResponse>(
+      context, request, response, *security_,
+      [this, context](std::shared_ptr<const ShutdownRequest>, UnaryReply<ShutdownResponse> reply) {
+        TESSERA_REPLY_IF_ERROR(reply, CheckControlKey(*context));
+        on_shutdown_();
+        reply(ShutdownResponse());
+      });
 }
 
 }  // namespace tessera

@@ -11,27 +11,39 @@
 
 #include <functional>
 
+#include "common/security.h"
 #include "common/thread_pool.h"
 #include "proto/ps.grpc.pb.h"
 #include "server/shard_store.h"
 
 namespace tessera {
 
+// Every method takes its request as bytes: the store parses pushes without copying their values, and every
+// method answers a missing token or an unparsable request the same way (common/rpc_handler.h).
 using ParameterServerBase = tessera::v1::ParameterServer::WithRawCallbackMethod_Pull<
     tessera::v1::ParameterServer::WithRawCallbackMethod_Push<
-        tessera::v1::ParameterServer::WithRawCallbackMethod_PushPull<tessera::v1::ParameterServer::CallbackService>>>;
+    tessera::v1::ParameterServer::WithRawCallbackMethod_PushPull<
+    tessera::v1::ParameterServer::WithRawCallbackMethod_AssignShards<
+    tessera::v1::ParameterServer::WithRawCallbackMethod_Checkpoint<
+    tessera::v1::ParameterServer::WithRawCallbackMethod_GetStats<
+    tessera::v1::ParameterServer::WithRawCallbackMethod_DecideRounds<
+    tessera::v1::ParameterServer::WithRawCallbackMethod_Shutdown<
+        tessera::v1::ParameterServer::CallbackService>>>>>>>>;
 
-// Thread-safe.
 class ServerService final : public ParameterServerBase {
  public:
   // `store` and `updates` are not owned and must outlive the service. Pushes of at least `inline_update_bytes`
   // are applied on `updates`, smaller ones on the gRPC thread. `on_shutdown` runs (on an RPC thread, so it must
-  // not block) when the scheduler asks the server to exit.
-  ServerService(ShardStore* store, ThreadPool* updates, size_t inline_update_bytes, std::function<void()> on_shutdown)
+  // not block) when the scheduler asks the server to exit. Every call needs `security`'s job token; the control
+  // methods (AssignShards, Checkpoint, DecideRounds, Shutdown) also `control_key`, which only the scheduler has.
+  ServerService(ShardStore* store, ThreadPool* updates, size_t inline_update_bytes, std::function<void()> on_shutdown,
+                std::shared_ptr<const Security> security, std::string control_key)
       : store_(store),
         updates_(updates),
         inline_update_bytes_(inline_update_bytes),
-        on_shutdown_(std::move(on_shutdown)) {}
+        on_shutdown_(std::move(on_shutdown)),
+        security_(std::move(security)),
+        control_key_(std::move(control_key)) {}
 
   grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
                                  grpc::ByteBuffer* response) override;
@@ -39,30 +51,29 @@ class ServerService final : public ParameterServerBase {
                                  grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* PushPull(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
                                      grpc::ByteBuffer* response) override;
-  grpc::ServerUnaryReactor* AssignShards(grpc::CallbackServerContext* context,
-                                         const tessera::v1::AssignShardsRequest* request,
-                                         tessera::v1::AssignShardsResponse* response) override;
-  grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* context,
-                                       const tessera::v1::CheckpointRequest* request,
-                                       tessera::v1::CheckpointResponse* response) override;
-  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
-                                     const tessera::v1::ServerStatsRequest* request,
-                                     tessera::v1::ServerStats* response) override;
-  grpc::ServerUnaryReactor* DecideRounds(grpc::CallbackServerContext* context,
-                                         const tessera::v1::DecideRoundsRequest* request,
-                                         tessera::v1::DecideRoundsResponse* response) override;
-  grpc::ServerUnaryReactor* Shutdown(grpc::CallbackServerContext* context,
-                                     const tessera::v1::ShutdownRequest* request,
-                                     tessera::v1::ShutdownResponse* response) override;
+  grpc::ServerUnaryReactor* AssignShards(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* DecideRounds(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* Shutdown(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* response) override;
 
  private:
   // Runs `apply` on the update pool when the push carries at least inline_update_bytes_, else here.
   void RunUpdate(size_t bytes, std::function<void()> apply);
+  // OK when the call carries the scheduler's control key.
+  absl::Status CheckControlKey(const grpc::CallbackServerContext& context) const;
 
   ShardStore* const store_;
   ThreadPool* const updates_;
   const size_t inline_update_bytes_;
   const std::function<void()> on_shutdown_;
+  const std::shared_ptr<const Security> security_;
+  const std::string control_key_;
   // Last member: checkpoint work still queued finishes before the rest goes.
   SerialExecutor files_;
 };

@@ -7,8 +7,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/param_init.h"
+#include "common/job_spec.h"
+#include "common/security.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
+#include "common/wire_limits.h"
 #include "google/protobuf/util/message_differencer.h"
 
 namespace tessera {
@@ -17,6 +20,47 @@ using tessera::v1::ConsistencySpec;
 
 namespace {
 std::string KeyName(const ChunkAddress& a) { return absl::StrCat(std::string(a.param), "/", a.index); }
+
+// A view from the wire, checked before anything is allocated from it: the job must be valid, every chunk of a
+// declared parameter, within it and no longer than the job's chunk_bytes, and every size within the limits of
+// common/wire_limits.h.
+absl::Status ValidateAssignment(const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job) {
+  TESSERA_RETURN_IF_ERROR(ValidateJobSpec(job));
+  if (map.epoch() > kMaxEpoch) {
+    return absl::InvalidArgumentError(absl::StrCat("shard map epoch ", map.epoch(), " is beyond ", kMaxEpoch));
+  }
+  if (map.params_size() > kMaxParameters || map.chunks_size() > kMaxChunks) {
+    return absl::InvalidArgumentError(absl::StrCat("shard map with ", map.params_size(), " parameters and ",
+                                                   map.chunks_size(), " chunks; at most ", kMaxParameters, " and ",
+                                                   kMaxChunks));
+  }
+  std::map<std::string_view, int64_t> elements;
+  for (const auto& p : map.params()) {
+    TESSERA_RETURN_IF_ERROR(CheckLength("parameter name", p.name(), kMaxNameBytes));
+    TESSERA_ASSIGN_OR_RETURN(elements[p.name()], CheckedElements(p.shape(), absl::StrCat("parameter '", p.name(), "'")));
+  }
+  const int64_t max_length = std::max<int64_t>(1, job.chunk_bytes() / 4);
+  for (const auto& c : map.chunks()) {
+    auto it = elements.find(c.param());
+    if (it == elements.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("shard map places chunk ", c.param().substr(0, kMaxNameBytes),
+                                                     "/", c.index(), " but declares no such parameter"));
+    }
+    if (c.index() < 0 || c.length() <= 0 || c.length() > max_length || c.offset() < 0 ||
+        c.offset() > it->second - c.length()) {
+      return absl::InvalidArgumentError(absl::StrCat("shard map chunk ", c.param(), "/", c.index(), " (offset ",
+                                                     c.offset(), ", length ", c.length(), ") is not within the ",
+                                                     it->second, " elements of its parameter in chunks of at most ",
+                                                     max_length));
+    }
+  }
+  for (const auto& w : map.workers()) {
+    if (!w.key_digest().empty() && w.key_digest().size() != 32) {
+      return absl::InvalidArgumentError(absl::StrCat("worker ", w.id(), ": a key digest is 32 bytes"));
+    }
+  }
+  return absl::OkStatus();
+}
 }  // namespace
 
 bool ExchangeWaiter::Complete(absl::StatusOr<ChunkValues> result) {
@@ -165,6 +209,7 @@ absl::Status ShardStore::AdoptView(
     const std::vector<tessera::v1::ShardCheckpoint>* restore, bool restore_all,
     ClosedRounds& closed,
     std::vector<std::shared_ptr<ExchangeWaiter>>& dropped) {
+  TESSERA_RETURN_IF_ERROR(ValidateAssignment(map, job));
   absl::MutexLock lock(&mu_);
   if (server_id_ != -1 && server_id_ != server_id) {
     return absl::FailedPreconditionError(
@@ -273,6 +318,7 @@ absl::Status ShardStore::AdoptView(
   roster->active.assign(workers, true);
   roster->incarnation.assign(workers, 0);
   roster->joined_clock.assign(workers, 0);
+  roster->key_digest.assign(workers, "");
   for (const auto& w : map.workers()) {
     if (w.id() < 0 || w.id() >= workers) {
       return absl::InvalidArgumentError(absl::StrCat("cluster view names worker ", w.id(), "; the job has ", workers));
@@ -280,6 +326,7 @@ absl::Status ShardStore::AdoptView(
     roster->active[w.id()] = w.active();
     roster->incarnation[w.id()] = w.incarnation();
     roster->joined_clock[w.id()] = w.joined_clock();
+    roster->key_digest[w.id()] = w.key_digest();
   }
   std::vector<int> renewed;  // ranks with a new incarnation: a new process, whose sequence starts again
   for (int w = 0; w < workers; ++w) {
@@ -386,7 +433,27 @@ std::shared_ptr<const std::vector<int>> ShardStore::MembersOf(int64_t round) con
   return it == decided_.end() ? nullptr : it->second;
 }
 
-void ShardStore::DecideRounds(const tessera::v1::DecideRoundsRequest& request) {
+absl::Status ShardStore::DecideRounds(const tessera::v1::DecideRoundsRequest& request) {
+  if (request.rounds_size() > static_cast<int>(kDecidedRoundsKept)) {
+    return absl::InvalidArgumentError(absl::StrCat(request.rounds_size(), " rounds decided at once; at most ",
+                                                   kDecidedRoundsKept));
+  }
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    const int workers = config_ == nullptr ? 0 : config_->job.cluster().num_workers();
+    for (const auto& round : request.rounds()) {
+      if (round.round() < 0 || round.round() > kMaxClock || round.workers_size() > workers) {
+        return absl::InvalidArgumentError(absl::StrCat("round ", round.round(), " with ", round.workers_size(),
+                                                       " workers is not a round of this job"));
+      }
+      for (int w : round.workers()) {
+        if (w < 0 || w >= workers) {
+          return absl::InvalidArgumentError(absl::StrCat("round ", round.round(), " names worker ", w,
+                                                         "; the job has ", workers));
+        }
+      }
+    }
+  }
   {
     absl::MutexLock lock(&decided_mu_);
     for (const auto& round : request.rounds()) {
@@ -401,7 +468,7 @@ void ShardStore::DecideRounds(const tessera::v1::DecideRoundsRequest& request) {
   int64_t dropped = 0;
   {
     absl::ReaderMutexLock lock(&mu_);
-    if (config_ == nullptr || roster_ == nullptr) return;
+    if (config_ == nullptr || roster_ == nullptr) return absl::OkStatus();
     for (auto& [key, chunk] : chunks_) {
       absl::MutexLock chunk_lock(&chunk->mu);
       if (!chunk->pending_batch.empty()) CloseIfCompleteLocked(*config_, *chunk, *roster_, dropped, closed);
@@ -414,6 +481,7 @@ void ShardStore::DecideRounds(const tessera::v1::DecideRoundsRequest& request) {
   for (auto& [waiters, values] : closed) {
     for (auto& w : waiters) w->Complete(values);
   }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ShardStore::Found> ShardStore::Find(const ChunkAddress& address) const {
@@ -453,6 +521,11 @@ ChunkValues ShardStore::SnapshotLocked(const Chunk& chunk, const Roster& roster)
 
 absl::StatusOr<ChunkValues> ShardStore::Pull(const ChunkPull& request) const {
   TESSERA_ASSIGN_OR_RETURN(Found found, Find(request.address));
+  const int workers = found.config->job.cluster().num_workers();
+  if (request.worker_id < 0 || request.worker_id >= workers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pull from worker id ", request.worker_id, ": the job has ", workers, " workers"));
+  }
   Chunk& chunk = *found.chunk;
   absl::MutexLock lock(&chunk.mu);
   if (request.have_version == chunk.version) {
@@ -496,6 +569,11 @@ absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& re
   }
   if (request.seq == 0) return absl::InvalidArgumentError("push seq must be >= 1");
   const Roster& roster = *found.roster;
+  if (!roster.key_digest[worker].empty() &&
+      !SecretsEqual(KeyDigest(request.member_key), roster.key_digest[worker])) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        "push as worker ", worker, ": ", request.member_key.empty() ? "the call carried no member key" : "wrong member key"));
+  }
   if (!roster.active[worker]) {
     return absl::FailedPreconditionError(absl::StrCat("worker ", worker,
                                                       " is not in the job's cluster view (it was declared lost); "
@@ -510,6 +588,11 @@ absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& re
   if (!request.assign && request.batch_size <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": batch_size must be > 0, got ", request.batch_size));
   }
+  if (request.clock < 0 || request.clock > kMaxClock || request.read_clock_version < 0 ||
+      request.read_clock_version > kMaxClock) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": clock ", request.clock, " and read clock ",
+                                                   request.read_clock_version, " must be within 0 .. ", kMaxClock));
+  }
 
   // Copy (checking finiteness on the way) outside the chunk lock; nothing has changed if this fails. A chunk's
   // length never changes once created, so reading it needs no lock.
@@ -520,7 +603,8 @@ absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& re
   }
   std::shared_ptr<PooledBuffer> scratch = buffers_.Get(length * sizeof(float));
   absl::Span<float> values(reinterpret_cast<float*>(scratch->data()), length);
-  TESSERA_RETURN_IF_ERROR(payload.CopyFloatsTo(values, /*check_finite=*/!request.assign, what));
+  // Nothing non-finite enters the values, gradient or assignment.
+  TESSERA_RETURN_IF_ERROR(payload.CopyFloatsTo(values, /*check_finite=*/true, what));
 
   Applied applied;
   PushOutcome& outcome = applied.outcome;
@@ -556,7 +640,7 @@ absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& re
         chunk.last_seq[worker] = request.seq;
         chunk.pending[worker].assign(values.begin(), values.end());
         chunk.pending_batch[worker] = request.batch_size;
-        staleness = request.clock - request.read_clock_version;
+        staleness = std::max<int64_t>(0, request.clock - request.read_clock_version);
         std::shared_ptr<const std::vector<int>> members = MembersOf(round);
         outcome.late = members != nullptr && !std::binary_search(members->begin(), members->end(), worker);
         if (RoundCompleteLocked(chunk, roster)) {
@@ -578,7 +662,7 @@ absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& re
         }
         chunk.sync_weight += request.batch_size;
         chunk.sync_workers.push_back(worker);
-        staleness = request.clock - request.read_clock_version;
+        staleness = std::max<int64_t>(0, request.clock - request.read_clock_version);
         if (RoundCompleteLocked(chunk, roster)) {
           applied.closed_waiters = CloseRoundLocked(config, chunk);
           OfferToSnapshotLocked(chunk);

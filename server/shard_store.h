@@ -55,6 +55,7 @@ struct ChunkAddress {
 struct ChunkPull {
   ChunkAddress address;
   int64_t have_version = -1;  // the version the caller holds; its bytes are not sent again. -1: none
+  int worker_id = 0;          // the caller's rank
 };
 
 struct ChunkPush {
@@ -66,6 +67,7 @@ struct ChunkPush {
   int64_t read_clock_version = 0;   // clock_version of the values the gradient was computed on
   int batch_size = 0;               // weight in the sync mean
   bool assign = false;              // overwrite the values instead of applying a gradient
+  std::string member_key;           // the worker's, from its registration (checked against the view's digest)
 };
 
 struct PushOutcome {
@@ -129,11 +131,13 @@ class ShardStore {
   [[nodiscard]] absl::StatusOr<tessera::v1::ShardCheckpoint> Snapshot(
       int64_t at_version, absl::Time deadline, const std::function<bool()>& cancelled = nullptr);
 
-  // The chunk's value (no bytes when `have_version` is current). NOT_FOUND for a chunk not on this server.
+  // The chunk's value (no bytes when `have_version` is current). NOT_FOUND for a chunk not on this server;
+  // INVALID_ARGUMENT for a worker id outside the job.
   [[nodiscard]] absl::StatusOr<ChunkValues> Pull(const ChunkPull& request) const;
 
-  // Applies (or, in SYNC, collects) a gradient, or assigns values. INVALID_ARGUMENT for a wrong byte length, a
-  // non-finite gradient or a bad worker id, batch size or seq, leaving the chunk unchanged; NOT_FOUND for an
+  // Applies (or, in SYNC, collects) a gradient, or assigns values. INVALID_ARGUMENT for a wrong byte length,
+  // non-finite values, or a bad worker id, batch size, seq, clock or read clock, leaving the chunk unchanged;
+  // UNAUTHENTICATED when the view has the worker's key digest and the push does not carry that key; NOT_FOUND for an
   // unknown chunk; ABORTED for a second, different push of one worker in one SYNC round; FAILED_PRECONDITION
   // for a worker the view does not have in the job (lost, or an incarnation that was replaced); UNAVAILABLE for
   // a SYNC round that is not open yet (a worker that joined ahead of the others: retry).
@@ -146,7 +150,8 @@ class ShardStore {
 
   // SYNC with backup workers: the members of rounds the scheduler decided (recent ones, any order; rounds
   // already known or closed are ignored). Closes every round that has its members' gradients now.
-  void DecideRounds(const tessera::v1::DecideRoundsRequest& request);
+  // INVALID_ARGUMENT, changing nothing, for more rounds than are kept or a worker id outside the job.
+  [[nodiscard]] absl::Status DecideRounds(const tessera::v1::DecideRoundsRequest& request);
 
   // Completes every waiting PushPull with `why` (shutdown).
   void CancelWaiters(const absl::Status& why);
@@ -201,6 +206,7 @@ class ShardStore {
     std::vector<bool> active;
     std::vector<uint64_t> incarnation;
     std::vector<int64_t> joined_clock;
+    std::vector<std::string> key_digest;  // SHA-256 of each worker's member key; empty: not checked
     // Does sync round `round` wait for `worker`?
     bool InRound(int worker, int64_t round) const { return active[worker] && joined_clock[worker] <= round; }
   };

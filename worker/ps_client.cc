@@ -224,8 +224,10 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(const Options& optio
     return absl::InvalidArgumentError(absl::StrCat("window_per_server and connections_per_server must be at least 1, got ",
                                                    options.window_per_server, " and ", options.connections_per_server));
   }
+  TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<const Security> security, Security::Load(options.security));
   std::unique_ptr<PsClient> client(new PsClient(options));
-  client->scheduler_ = std::make_unique<SchedulerClient>(options.scheduler_address);
+  client->security_ = security;
+  client->scheduler_ = std::make_unique<SchedulerClient>(options.scheduler_address, security);
   tessera::v1::RegisterRequest request;
   request.set_role(tessera::v1::WORKER);
   request.set_device(options.device);
@@ -234,6 +236,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(const Options& optio
                            client->scheduler_->Register(request, options.connect_attempts));
   client->worker_id_ = registered.id();
   client->incarnation_ = registered.incarnation();
+  client->member_key_ = registered.member_key();
   client->clock_ = registered.start_clock();
   client->slice_ = {registered.batch_offset(), registered.batch_count()};
   client->job_ = registered.job();
@@ -279,7 +282,7 @@ grpc::GenericStub* PsClient::StubFor(int server_id, int lane) {
   absl::StatusOr<std::string> address = map_->ServerAddress(server_id);
   const std::string host_port = address.ok() ? *address : "";
   auto& stub = stubs_[{host_port, lane}];
-  if (!stub) stub = std::make_unique<grpc::GenericStub>(MakeChannel(host_port));  // a connection of its own
+  if (!stub) stub = std::make_unique<grpc::GenericStub>(MakeChannel(host_port, *security_));  // a connection of its own
   return stub.get();
 }
 
@@ -322,6 +325,8 @@ absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> PsClient::MakeCalls(
     call->server = map_->ServerAddress(placement->server_id()).value_or("?");
     call->stub = StubFor(call->server_id, placement->index() % options_.connections_per_server);
     SetTimeout(call->context, timeout);
+    security_->Authorize(call->context);
+    call->context.AddMetadata(kMemberKeyHeader, member_key_);
     auto cached = pulled_.find({placement->param(), placement->index()});
     if (receives) call->dst = out.subspan(placement->offset(), placement->length());
     if (op == kPull) {

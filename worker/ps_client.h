@@ -57,6 +57,7 @@
 #include "common/batch_slice.h"
 #include "common/heartbeater.h"
 #include "common/scheduler_client.h"
+#include "common/security.h"
 #include "common/shard_map.h"
 #include "common/thread_pool.h"
 #include "proto/ps.grpc.pb.h"
@@ -93,6 +94,7 @@ class PsClient {
     int window_per_server = 8;                       // chunk RPCs in flight per server
     int connections_per_server = 1;                  // TCP connections per server; chunks alternate among them
     bool heartbeat = true;
+    SecurityOptions security;                        // TLS files and the job token (common/security.h)
     // Called once (on the heartbeat thread) when the scheduler has not answered for its heartbeat timeout, or
     // refuses this worker's heartbeats (declared lost, or replaced by a newer incarnation).
     std::function<void(const absl::Status&)> on_scheduler_lost;
@@ -105,6 +107,8 @@ class PsClient {
   int worker_id() const { return worker_id_; }
   // 1 for the first process of this rank, +1 for each that rejoined the job.
   uint64_t incarnation() const { return incarnation_; }
+  // The key the scheduler gave this worker: its pushes and its calls to the scheduler carry it.
+  const std::string& member_key() const { return member_key_; }
   const tessera::v1::JobSpec& job() const { return job_; }
   // Steps this worker has completed; after Connect, where it starts (0, or where a rejoining rank resumes).
   int64_t clock() const { return clock_; }
@@ -224,6 +228,8 @@ class PsClient {
   absl::StatusOr<Absorbed> Absorb(const std::vector<ChunkCall*>& calls);
 
   const Options options_;
+  std::shared_ptr<const Security> security_;
+  std::string member_key_;  // from the registration: every push carries it
   std::unique_ptr<SchedulerClient> scheduler_;
   std::unique_ptr<Heartbeater> heartbeater_;
   int worker_id_ = -1;

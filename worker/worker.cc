@@ -21,6 +21,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
     client_options.on_scheduler_lost = [stop = worker->stop_](const absl::Status& why) { stop->Set(why); };
     client_options.connect_attempts = options.connect_attempts;
     client_options.clock_wait_timeout = absl::Milliseconds(options.clock_wait_timeout_ms);
+    client_options.security = options.security;
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client, PsClient::Connect(client_options));
     worker->source_ = std::make_unique<RemoteSource>(std::move(client));
   }
@@ -41,11 +42,12 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
   worker->trainer_ =
       std::make_unique<Trainer>(worker->source_.get(), worker->backend_.get(), options.trainer, worker->stop_);
   if (options.http_port >= 0) {
+    TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<const Security> security, Security::Load(options.security));
     const Trainer* trainer = worker->trainer_.get();
     const int rank = worker->source_->rank();
     TESSERA_ASSIGN_OR_RETURN(
         worker->http_,
-        HttpEndpoint::Start(options.listen_host, options.http_port,
+        HttpEndpoint::Start(options.listen_host, options.http_port, *security,
                             {{"/metrics", {"text/plain; version=0.0.4", [trainer, rank] {
                                 const TrainerProgress p = trainer->progress();
                                 const std::string label = absl::StrCat("worker=\"", rank, "\"");
@@ -56,7 +58,8 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
                                                         label) +
                                        PrometheusMetric("tessera_worker_test_accuracy", "gauge", p.test_accuracy, label);
                               }}}}));
-    LOG(INFO) << "worker " << rank << " on " << worker->backend_->name() << "; metrics at http://"
+    LOG(INFO) << "worker " << rank << " on " << worker->backend_->name() << "; metrics at "
+              << (security->tls() ? "https" : "http") << "://"
               << options.listen_host << ":" << worker->http_->port() << "/metrics";
   }
   Worker* self = worker.get();

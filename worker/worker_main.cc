@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/daemon_init.h"
+#include "common/security_flags.h"
 #include "common/signals.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
@@ -33,6 +34,7 @@ DEFINE_int32(simulate_compute_ms, 0,
              "benchmarks only: replace forward and backward by waiting this many milliseconds per step, split "
              "across the layers (a stand-in for a fast GPU); 0 computes for real");
 DEFINE_string(dump_params, "", "if this worker is rank 0 (or --local): write the final parameters to this file");
+TESSERA_DEFINE_SECURITY_FLAGS()
 
 int main(int argc, char** argv) {
   tessera::InitDaemon("tessera-worker --scheduler=HOST:PORT [--device=auto|cpu|cuda:N]\n"
@@ -58,6 +60,7 @@ int main(int argc, char** argv) {
   options.trainer.straggler.from_step = FLAGS_slow_from_step;
   options.trainer.simulate_compute_ms = FLAGS_simulate_compute_ms;
   options.trainer.dump_params = FLAGS_dump_params;
+  options.security = SecurityFlags();
 
   auto worker = tessera::Worker::Start(options);
   if (!worker.ok()) {

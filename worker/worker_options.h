@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/security.h"
 #include "worker/trainer.h"
 
 namespace tessera {
@@ -19,6 +20,7 @@ struct WorkerOptions {
   int cpu_threads = 1;            // BLAS threads of the CPU backend
   std::string listen_host = "127.0.0.1";  // where /healthz and /metrics listen
   int http_port = 0;              // 0: a free port; -1: off
+  SecurityOptions security;       // TLS files and the job token (common/security.h)
   int connect_attempts = 20;
   int clock_wait_timeout_ms = 300000;
   TrainerOptions trainer;

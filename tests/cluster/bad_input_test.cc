@@ -37,7 +37,7 @@ class BadInputTest : public ::testing::Test {
     client_ = std::move(*client);
     ASSERT_THAT(client_->Declare({Param("w", 100)}), IsOk());
     const tessera::v1::ShardMap& map = *client_->shard_map();
-    stub_ = tessera::v1::ParameterServer::NewStub(MakeChannel(map.servers(map.chunks(0).server_id()).address()));
+    stub_ = tessera::v1::ParameterServer::NewStub(MakeChannel(map.servers(map.chunks(0).server_id()).address(), *Security::Plaintext()));
   }
 
   // A raw push of `values` to chunk 0 of "w".
@@ -54,6 +54,7 @@ class BadInputTest : public ::testing::Test {
     EncodeFloats(values, request.mutable_data());
     grpc::ClientContext context;
     SetTimeout(context, absl::Seconds(10));
+    ActAs(*client_, context);
     tessera::v1::PushResponse response;
     return FromGrpcStatus(stub_->Push(&context, request, &response), context, "push");
   }
@@ -116,20 +117,20 @@ TEST_F(BadInputTest, NonFiniteGradientIsInvalidArgumentAndParametersAreUnchanged
 
 TEST_F(BadInputTest, StaleEpochIsFailedPreconditionAndTheClientFollows) {
   ASSERT_EQ(client_->epoch(), 1u);
-  // A second worker declares another parameter: the map moves to epoch 2.
+  // A second worker joins (epoch 2) and declares another parameter (epoch 3).
   auto other = cluster_->ConnectClient();
   ASSERT_THAT(other, IsOk());
   ASSERT_THAT((*other)->Declare({Param("w", 100), Param("extra", 50)}), IsOk());
-  ASSERT_EQ((*other)->epoch(), 2u);
+  ASSERT_EQ((*other)->epoch(), 3u);
 
   absl::Status raw = RawPush("w", std::vector<float>(Chunk0Length(), 0.0f), /*epoch=*/1);
   EXPECT_THAT(raw, StatusIs(absl::StatusCode::kFailedPrecondition, "stale shard map"));
-  EXPECT_EQ(GetCurrentEpoch(raw), std::optional<uint64_t>(2));
+  EXPECT_EQ(GetCurrentEpoch(raw), std::optional<uint64_t>(3));
 
   // The client library still holds epoch 1: it is told the current epoch, refreshes, and succeeds.
   std::vector<float> grad(100, 0.25f);
   const std::vector<float> before = Values();  // this pull already follows the epoch
-  EXPECT_EQ(client_->epoch(), 2u);
+  EXPECT_EQ(client_->epoch(), 3u);
   EXPECT_THAT(client_->Push({"w"}, {absl::MakeConstSpan(grad)}, 1), IsOk());
   const std::vector<float> after = Values();
   EXPECT_FLOAT_EQ(after[0], before[0] - 0.1f * 0.25f);
@@ -142,7 +143,7 @@ TEST_F(BadInputTest, StaleEpochPushIsFollowedByTheClient) {
   ASSERT_EQ(client_->epoch(), 1u);
   std::vector<float> grad(100, 0.25f);
   EXPECT_THAT(client_->Push({"w"}, {absl::MakeConstSpan(grad)}, 1), IsOk());
-  EXPECT_EQ(client_->epoch(), 2u);
+  EXPECT_EQ(client_->epoch(), 3u);
 }
 
 TEST(UnreachableSchedulerTest, ClientAndServerGiveUpNamingTheAddress) {

@@ -141,7 +141,8 @@ TEST(AsyncConsistencyTest, ConcurrentPushesWithRetriesAreAppliedExactlyOnce) {
     ASSERT_THAT((*client)->Declare({ZerosParam("w", kSize)}), IsOk());
     clients.push_back(std::move(*client));
   }
-  const tessera::v1::ShardMap map = *clients[0]->shard_map();
+  // The newest view (each registration after placement is one).
+  const tessera::v1::ShardMap map = *clients.back()->shard_map();
   ASSERT_GT(map.chunks_size(), 1);
   std::atomic<int> retries{0};
   std::vector<std::thread> threads;
@@ -149,7 +150,7 @@ TEST(AsyncConsistencyTest, ConcurrentPushesWithRetriesAreAppliedExactlyOnce) {
     threads.emplace_back([&, w] {
       const int id = clients[w]->worker_id();
       std::map<int, std::unique_ptr<tessera::v1::ParameterServer::Stub>> stubs;
-      for (const auto& s : map.servers()) stubs[s.id()] = tessera::v1::ParameterServer::NewStub(MakeChannel(s.address()));
+      for (const auto& s : map.servers()) stubs[s.id()] = tessera::v1::ParameterServer::NewStub(MakeChannel(s.address(), *Security::Plaintext()));
       for (int k = 0; k < kSteps; ++k) {
         for (const auto& chunk : map.chunks()) {
           tessera::v1::PushRequest request;
@@ -170,6 +171,7 @@ TEST(AsyncConsistencyTest, ConcurrentPushesWithRetriesAreAppliedExactlyOnce) {
             racers.emplace_back([&, c] {
               grpc::ClientContext context;
               SetTimeout(context, absl::Seconds(30));
+              ActAs(*clients[w], context);
               tessera::v1::PushResponse response;
               EXPECT_THAT(FromGrpcStatus(stubs[chunk.server_id()]->Push(&context, request, &response), context, "push"),
                           IsOk());

@@ -70,4 +70,8 @@ tessera::v1::JobSpec TestJob(tessera::v1::ConsistencySpec::Mode mode, int server
   return job;
 }
 
+void ActAs(const PsClient& client, grpc::ClientContext& context) {
+  context.AddMetadata(kMemberKeyHeader, client.member_key());
+}
+
 }  // namespace tessera::testing

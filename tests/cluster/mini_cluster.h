@@ -45,6 +45,9 @@ class MiniCluster {
   std::vector<std::unique_ptr<Server>> servers_;
 };
 
+// Adds `client`'s member key to a hand-made call, so that servers and the scheduler take it as that worker's.
+void ActAs(const PsClient& client, grpc::ClientContext& context);
+
 // A job for cluster tests: synthetic data, the given mode, `servers` and `workers`, tiny chunks so parameters
 // span servers.
 tessera::v1::JobSpec TestJob(tessera::v1::ConsistencySpec::Mode mode, int servers, int workers);

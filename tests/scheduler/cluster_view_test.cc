@@ -13,6 +13,7 @@ tessera::v1::RegisterRequest Server(const std::string& address) {
   tessera::v1::RegisterRequest r;
   r.set_role(tessera::v1::SERVER);
   r.set_address(address);
+  r.set_control_key("control-key-of-" + address);
   return r;
 }
 

@@ -1,10 +1,13 @@
 #include "server/shard_store.h"
 
+#include "common/job_spec.h"
+
 #include <cmath>
 #include <cstring>
 #include <optional>
 #include <limits>
 
+#include "common/job_spec.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
 #include "gtest/gtest.h"
@@ -25,6 +28,8 @@ class ShardStoreTest : public ::testing::Test {
     job_.mutable_optimizer()->set_learning_rate(1.0f);
     job_.mutable_consistency()->set_mode(mode);
     job_.mutable_cluster()->set_num_workers(workers);
+    job_.mutable_stop()->set_max_steps(100);
+    ApplyJobDefaults(job_);  // as the scheduler hands it out
     map_.set_epoch(1);
     auto* server = map_.add_servers();
     server->set_id(0);

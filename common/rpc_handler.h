@@ -1,0 +1,71 @@
+// Serving a unary method whose request arrives as bytes (gRPC's raw callback methods), so that every Tessera
+// endpoint answers the same way to what it cannot take: a call without the job token is UNAUTHENTICATED, and
+// bytes that are not the request message, or an enum value the proto does not define, are INVALID_ARGUMENT
+// naming the message type or field, before any handler runs.
+//
+//   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* c, const grpc::ByteBuffer* in,
+//                                       grpc::ByteBuffer* out) override {
+//     return ServeUnary<HeartbeatRequest, HeartbeatResponse>(c, in, out, *security_,
+//         [this](const auto& request, auto reply) { reply(coordinator_->Heartbeat(*request)); });
+//   }
+#ifndef TESSERA_COMMON_RPC_HANDLER_H_
+#define TESSERA_COMMON_RPC_HANDLER_H_
+
+#include <functional>
+#include <memory>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+#include "common/grpc_status.h"
+#include "common/security.h"
+#include "common/wire_limits.h"
+#include "common/wire_payload.h"
+
+namespace tessera {
+
+// In a ServeUnary handler: replies with `expr`'s error and returns when it is one.
+#define TESSERA_REPLY_IF_ERROR(reply, expr)          \
+  do {                                               \
+    if (absl::Status tessera_reply_status_ = (expr); \
+        !tessera_reply_status_.ok()) {               \
+      (reply)(std::move(tessera_reply_status_));     \
+      return;                                        \
+    }                                                \
+  } while (false)
+
+// Finishes a call once; safe from any thread.
+template <typename Response>
+using UnaryReply = std::function<void(absl::StatusOr<Response>)>;
+
+// Authenticates and parses the call, then runs `handle(std::shared_ptr<const Request>, UnaryReply<Response>)`.
+// The reply may come later, from any thread; it serialises the response into `out` and finishes the call.
+template <typename Request, typename Response, typename Handle>
+grpc::ServerUnaryReactor* ServeUnary(grpc::CallbackServerContext* context, const grpc::ByteBuffer* in,
+                                     grpc::ByteBuffer* out, const Security& security, Handle&& handle) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto request = std::make_shared<Request>();
+  absl::Status accepted = security.Authenticate(*context);
+  if (accepted.ok()) {
+    ReceivedPayload none;
+    accepted = ParseWithPayload(*in, /*field_number=*/0, request.get(), &none);
+  }
+  if (accepted.ok()) accepted = CheckKnownEnums(*request);
+  if (!accepted.ok()) {
+    reactor->Finish(ToGrpcStatus(accepted, context));
+    return reactor;
+  }
+  handle(std::shared_ptr<const Request>(std::move(request)),
+         UnaryReply<Response>([context, reactor, out](absl::StatusOr<Response> response) {
+           if (response.ok()) {
+             grpc::Slice slice(response->SerializeAsString());
+             *out = grpc::ByteBuffer(&slice, 1);
+           }
+           reactor->Finish(ToGrpcStatus(response.status(), context));
+         }));
+  return reactor;
+}
+
+}  // namespace tessera
+
+#endif  // TESSERA_COMMON_RPC_HANDLER_H_

@@ -1,0 +1,52 @@
+// What a request from the wire may carry. Every size, count and string a daemon receives is checked against
+// these before anything is allocated from it; the README's Security section lists them.
+#ifndef TESSERA_COMMON_WIRE_LIMITS_H_
+#define TESSERA_COMMON_WIRE_LIMITS_H_
+
+#include <cstdint>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "google/protobuf/message.h"
+
+namespace tessera {
+
+// Names: parameters, jobs, hosts, devices, stop reasons.
+inline constexpr size_t kMaxNameBytes = 256;
+// HOST:PORT addresses and file paths.
+inline constexpr size_t kMaxAddressBytes = 1024;
+inline constexpr size_t kMaxPathBytes = 4096;
+// One parameter: at most 8 dimensions and 2^32 elements (16 GiB of float32).
+inline constexpr int kMaxDimensions = 8;
+inline constexpr int64_t kMaxParameterElements = int64_t{1} << 32;
+// One job: at most 4096 parameters and 2^20 chunks.
+inline constexpr int kMaxParameters = 4096;
+inline constexpr int64_t kMaxChunks = int64_t{1} << 20;
+// Clocks (steps) and shard-map epochs far beyond any job's; a larger one is a forgery or a bug.
+inline constexpr int64_t kMaxClock = int64_t{1} << 40;
+inline constexpr uint64_t kMaxEpoch = uint64_t{1} << 40;
+// The longest any call may ask to wait (a clock gate, a checkpoint at a version).
+inline constexpr absl::Duration kMaxWait = absl::Hours(1);
+// Checkpoint files one AssignShards may name (one per server).
+inline constexpr int kMaxRestoreFiles = 4096;
+
+// The element count of `shape`, or INVALID_ARGUMENT naming `what` when a dimension is not positive, there are
+// too many dimensions, or the product exceeds kMaxParameterElements (checked without overflowing).
+[[nodiscard]] absl::StatusOr<int64_t> CheckedElements(absl::Span<const int64_t> shape, absl::string_view what);
+
+// INVALID_ARGUMENT naming `field` when `value` is longer than `limit` bytes.
+[[nodiscard]] absl::Status CheckLength(absl::string_view field, absl::string_view value, size_t limit);
+
+// INVALID_ARGUMENT naming the field when any enum field of `message` (nested messages included) holds a value
+// its enum does not define (proto3 keeps unknown numbers; Tessera refuses them).
+[[nodiscard]] absl::Status CheckKnownEnums(const google::protobuf::Message& message);
+
+// A wait the caller asked for in milliseconds: 0 means `fallback`; anything beyond kMaxWait is kMaxWait.
+absl::Duration BoundedWait(uint64_t milliseconds, absl::Duration fallback);
+
+}  // namespace tessera
+
+#endif  // TESSERA_COMMON_WIRE_LIMITS_H_
