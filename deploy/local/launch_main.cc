@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/daemon_init.h"
+#include "common/security_flags.h"
 #include "common/job_spec.h"
 #include "deploy/default_job.h"
 #include "deploy/local/launcher.h"
@@ -55,6 +56,10 @@ DEFINE_int32(restart_servers, 0,
 DEFINE_int32(restart_workers, 0,
              "start a worker that failed again (same rank, a new incarnation that rejoins the running job), at "
              "most this many times per worker; 0: the job goes on without it");
+DEFINE_bool(tls, false,
+            "make a fresh CA and certificate for the run (in RUN_DIR/secrets, with the run's token) and have every "
+            "daemon use mutual TLS; --tls_cert/--tls_key/--tls_ca give your own instead");
+TESSERA_DEFINE_SECURITY_FLAGS()
 
 int main(int argc, char** argv) {
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);  // see common/daemon_init.h
@@ -146,6 +151,16 @@ int main(int argc, char** argv) {
   options.simulate_compute_ms = FLAGS_simulate_compute_ms;
   options.dump_params = FLAGS_dump_params;
   options.timeout_s = FLAGS_timeout_s;
+  options.tls = FLAGS_tls;
+  // Given credentials are used as they are; otherwise the launcher makes a fresh token (and with --tls, a CA).
+  const tessera::SecurityOptions given = SecurityFlags();
+  if (!given.token_file.empty() || !given.tls_cert.empty()) {
+    if (given.token_file.empty()) {
+      std::cerr << "tessera-launch: with your own --tls_cert, give the job's --token_file too" << std::endl;
+      return 2;
+    }
+    options.security = given;
+  }
   options.restart_workers = FLAGS_restart_workers;
   options.restart_servers = FLAGS_restart_servers;
   options.heartbeat_timeout_ms = FLAGS_heartbeat_timeout_ms;

@@ -24,6 +24,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/process_report.h"
+#include "deploy/local/credentials.h"
 
 namespace tessera {
 namespace {
@@ -89,6 +90,15 @@ class Cluster {
  public:
   explicit Cluster(const LaunchOptions& options) : options_(options) {}
 
+  // The run's credentials, as every daemon's flags (the token travels as a file name, never as itself).
+  void AddSecurityFlags(std::vector<std::string>& argv) const {
+    const SecurityOptions& s = options_.security;
+    if (!s.token_file.empty()) argv.push_back("--token_file=" + s.token_file);
+    if (!s.tls_cert.empty()) argv.push_back("--tls_cert=" + s.tls_cert);
+    if (!s.tls_key.empty()) argv.push_back("--tls_key=" + s.tls_key);
+    if (!s.tls_ca.empty()) argv.push_back("--tls_ca=" + s.tls_ca);
+  }
+
   absl::Status Run() {
     sigset_t signals = LauncherSignals();
     sigprocmask(SIG_BLOCK, &signals, nullptr);
@@ -96,6 +106,11 @@ class Cluster {
     std::filesystem::create_directories(options_.run_dir + "/logs", error);
     if (error) return absl::PermissionDeniedError(absl::StrCat("cannot create ", options_.run_dir, ": ", error.message()));
 
+    if (options_.security.token_file.empty()) {
+      absl::StatusOr<SecurityOptions> made = MakeRunCredentials(options_.run_dir + "/secrets", options_.tls);
+      if (!made.ok()) return made.status();
+      options_.security = *made;
+    }
     absl::Status status = StartAll();
     if (status.ok()) status = Supervise();
     StopAll();
@@ -116,6 +131,7 @@ class Cluster {
     }
     if (options_.servers > 0) argv.push_back(absl::StrCat("--num_servers=", options_.servers));
     if (options_.workers > 0) argv.push_back(absl::StrCat("--num_workers=", options_.workers));
+    AddSecurityFlags(argv);
     absl::StatusOr<pid_t> pid = Spawn(argv, options_.run_dir + "/logs/scheduler.log", pipe_fds[1], append_logs());
     close(pipe_fds[1]);
     if (!pid.ok()) {
@@ -175,6 +191,7 @@ class Cluster {
       const std::string log = absl::StrCat(options_.run_dir, "/logs/server-", i, ".log");
       std::vector<std::string> argv = {options_.bin_dir + "/tessera-server", "--scheduler=" + address,
                                        absl::StrCat("--id=", i)};
+      AddSecurityFlags(argv);
       absl::StatusOr<pid_t> pid = Spawn(argv, log, -1, append_logs());
       if (!pid.ok()) return pid.status();
       children_.push_back({Child::kServer, absl::StrCat("server ", i), log, argv, *pid});
@@ -194,6 +211,7 @@ class Cluster {
       }
       // Every worker gets it; only the one that registers as rank 0 writes it.
       if (!options_.dump_params.empty()) argv.push_back("--dump_params=" + options_.dump_params);
+      AddSecurityFlags(argv);
       absl::StatusOr<pid_t> pid = Spawn(argv, log, -1, append_logs());
       if (!pid.ok()) return pid.status();
       children_.push_back({Child::kWorker, absl::StrCat("worker ", i), log, argv, *pid});
@@ -311,7 +329,7 @@ class Cluster {
     if (reader_.joinable()) reader_.join();  // the pipe closes once the scheduler is gone
   }
 
-  const LaunchOptions options_;
+  LaunchOptions options_;  // its credentials are filled in by Run()
   std::vector<Child> children_;
   bool scheduler_exited_ = false;
   std::thread reader_;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/security.h"
 #include "worker/straggler.h"
 
 namespace tessera {
@@ -37,6 +38,10 @@ struct LaunchOptions {
   int restart_servers = 0;   // start a failed server again, at most this many times per server
   int heartbeat_timeout_ms = 0;  // the scheduler's failure detection; 0: its default
   std::string resume_dir;    // the scheduler goes on from the newest usable checkpoint here; logs are appended to
+  // Credentials. Empty: the launcher makes a fresh token for the run (<run_dir>/secrets/token), and with `tls`
+  // a fresh CA and certificate too (mutual TLS between every daemon). Given: used as they are.
+  SecurityOptions security;
+  bool tls = false;
 };
 
 // Runs the cluster to completion. OK when the scheduler says the job completed; otherwise why it did not.
