@@ -8,9 +8,13 @@
 namespace tessera::testing {
 
 absl::StatusOr<std::unique_ptr<MiniCluster>> MiniCluster::Start(const tessera::v1::JobSpec& job,
-                                                                absl::Duration heartbeat_timeout) {
+                                                                absl::Duration heartbeat_timeout,
+                                                                const SecurityOptions& security) {
   std::unique_ptr<MiniCluster> cluster(new MiniCluster());
+  cluster->security_ = security;
+  TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<const Security> loaded, Security::Load(security));
   SchedulerOptions options;
+  options.security = loaded;
   options.job = job;
   options.heartbeat_interval_ms = 100;
   options.heartbeat_timeout_ms = static_cast<int>(absl::ToInt64Milliseconds(heartbeat_timeout));
@@ -18,6 +22,7 @@ absl::StatusOr<std::unique_ptr<MiniCluster>> MiniCluster::Start(const tessera::v
   for (int i = 0; i < job.cluster().num_servers(); ++i) {
     ServerOptions server_options;
     server_options.scheduler_address = cluster->scheduler_->address();
+    server_options.security = loaded;
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<Server> server, Server::Start(server_options));
     cluster->servers_.push_back(std::move(server));
   }
@@ -29,8 +34,10 @@ MiniCluster::~MiniCluster() {
   scheduler_.reset();
 }
 
-absl::StatusOr<std::unique_ptr<PsClient>> MiniCluster::ConnectClient(bool heartbeat) {
+absl::StatusOr<std::unique_ptr<PsClient>> MiniCluster::ConnectClient(bool heartbeat,
+                                                                    const SecurityOptions* security) {
   PsClient::Options options;
+  options.security = security != nullptr ? *security : security_;
   options.scheduler_address = scheduler_->address();
   options.heartbeat = heartbeat;
   options.clock_wait_timeout = absl::Seconds(60);

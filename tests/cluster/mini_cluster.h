@@ -24,8 +24,10 @@ namespace tessera::testing {
 class MiniCluster {
  public:
   // Workers silent for `heartbeat_timeout` are lost (long by default: ConnectClient's clients do not heartbeat).
+  // Every daemon and client uses `security` (TLS files, the job token).
   static absl::StatusOr<std::unique_ptr<MiniCluster>> Start(const tessera::v1::JobSpec& job,
-                                                            absl::Duration heartbeat_timeout = absl::Minutes(5));
+                                                            absl::Duration heartbeat_timeout = absl::Minutes(5),
+                                                            const SecurityOptions& security = {});
   ~MiniCluster();
 
   const std::string& scheduler_address() const { return scheduler_->address(); }
@@ -33,14 +35,17 @@ class MiniCluster {
   Server& server(int i) { return *servers_[i]; }
   int num_servers() const { return static_cast<int>(servers_.size()); }
 
-  // A registered worker client; heartbeats off unless asked for (tests drive every call).
-  absl::StatusOr<std::unique_ptr<PsClient>> ConnectClient(bool heartbeat = false);
+  // A registered worker client; heartbeats off unless asked for (tests drive every call). `security`: the
+  // cluster's by default.
+  absl::StatusOr<std::unique_ptr<PsClient>> ConnectClient(bool heartbeat = false,
+                                                          const SecurityOptions* security = nullptr);
 
   // The job summary once every worker called Done; DEADLINE_EXCEEDED naming the wait otherwise.
   absl::StatusOr<nlohmann::json> WaitForSummary(absl::Duration timeout);
 
  private:
   MiniCluster() = default;
+  SecurityOptions security_;
   std::unique_ptr<Scheduler> scheduler_;
   std::vector<std::unique_ptr<Server>> servers_;
 };
