@@ -1,5 +1,6 @@
 #include "server/shard_store.h"
 
+#include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
 
 #include <cmath>
@@ -8,6 +9,7 @@
 #include <limits>
 
 #include "common/job_spec.h"
+#include "common/security.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
 #include "gtest/gtest.h"
@@ -158,7 +160,7 @@ TEST_F(ShardStoreTest, BackupWorkersCloseEveryChunkWithTheDecidedMembersOnly) {
   ASSERT_THAT(Push(Gradient(0, 1, 0, {2, 2, 2}, 1, 1)), IsOk());
   EXPECT_EQ(Values(0), (std::vector<float>{0, 0, 0})) << "no round closes before its members are named";
   EXPECT_EQ(Values(1), (std::vector<float>{0, 0, 0}));
-  store_.DecideRounds(Decided(0, {0, 2}));
+  ASSERT_THAT(store_.DecideRounds(Decided(0, {0, 2})), IsOk());
   // (1 * 2 + 3 * 4) / 4 = 3.5 on both chunks, although chunk 0 had worker 1's gradient and chunk 1 did not.
   EXPECT_EQ(Values(0), (std::vector<float>{-3.5, -3.5, -3.5}));
   EXPECT_EQ(Values(1), (std::vector<float>{-3.5, -3.5, -3.5}));
@@ -171,7 +173,7 @@ TEST_F(ShardStoreTest, BackupWorkersCloseEveryChunkWithTheDecidedMembersOnly) {
   EXPECT_EQ(store_.Stats().late_pushes(), 2);
   ASSERT_THAT(Push(Gradient(0, 2, 1, {1, 1, 1}, 1, 1)), IsOk());
   ASSERT_THAT(Push(Gradient(1, 2, 1, {1, 1, 1}, 1, 1)), IsOk());
-  store_.DecideRounds(Decided(1, {0, 1}));
+  ASSERT_THAT(store_.DecideRounds(Decided(1, {0, 1})), IsOk());
   EXPECT_EQ(Values(1), (std::vector<float>{-4.5, -4.5, -4.5})) << "round 1 is the mean of its own members only";
 }
 
@@ -180,7 +182,7 @@ TEST_F(ShardStoreTest, BackupWorkersCloseEveryChunkWithTheDecidedMembersOnly) {
 TEST_F(ShardStoreTest, BackupWorkersRoundClosesWhenTheLastMemberArrivesAndAnswersTheLateExchange) {
   job_.mutable_consistency()->set_backup_workers(1);
   Assign(tessera::v1::ConsistencySpec::SYNC, 3);
-  store_.DecideRounds(Decided(0, {0, 1}));
+  ASSERT_THAT(store_.DecideRounds(Decided(0, {0, 1})), IsOk());
   auto first = PushPull(Gradient(0, 1, 0, {2, 2, 2}));
   auto late = PushPull(Gradient(2, 1, 0, {1000, 1000, 1000}));
   EXPECT_FALSE(first->has_value());
@@ -399,6 +401,80 @@ TEST_F(ShardStoreTest, ExchangeWaiterRunsItsCallbackExactlyOnce) {
   EXPECT_FALSE(waiter.Complete(absl::CancelledError("late")));
   EXPECT_TRUE(waiter.completed());
   EXPECT_EQ(runs, 1);
+}
+
+TEST_F(ShardStoreTest, AnAssignmentOutsideTheJobsLimitsIsInvalidAndAllocatesNothing) {
+  Assign(tessera::v1::ConsistencySpec::ASYNC, 1);
+  const std::vector<float> before = Values();
+  // A chunk longer than the job's chunk_bytes (here 1 GiB of floats).
+  tessera::v1::ShardMap huge = map_;
+  huge.set_epoch(2);
+  huge.mutable_params(0)->set_shape(0, int64_t{1} << 28);
+  huge.mutable_chunks(0)->set_length(int64_t{1} << 28);
+  EXPECT_THAT(store_.Assign(huge, job_, 0), StatusIs(absl::StatusCode::kInvalidArgument, "chunks of at most"));
+  // A chunk beyond its parameter's end.
+  tessera::v1::ShardMap outside = map_;
+  outside.set_epoch(2);
+  outside.mutable_chunks(1)->set_offset(5);
+  EXPECT_THAT(store_.Assign(outside, job_, 0), StatusIs(absl::StatusCode::kInvalidArgument, "not within"));
+  // An epoch no job reaches, after which every real view would be refused.
+  tessera::v1::ShardMap last = map_;
+  last.set_epoch(std::numeric_limits<uint64_t>::max());
+  EXPECT_THAT(store_.Assign(last, job_, 0), StatusIs(absl::StatusCode::kInvalidArgument, "epoch"));
+  // A job that does not validate (NaN learning rate, an unknown mode).
+  tessera::v1::JobSpec bad = job_;
+  bad.mutable_optimizer()->set_learning_rate(std::nanf(""));
+  EXPECT_THAT(store_.Assign(map_, bad, 0), StatusIs(absl::StatusCode::kInvalidArgument, "learning_rate"));
+  bad = job_;
+  bad.mutable_consistency()->set_mode(static_cast<tessera::v1::ConsistencySpec::Mode>(42));
+  EXPECT_THAT(store_.Assign(map_, bad, 0), StatusIs(absl::StatusCode::kInvalidArgument, "42"));
+  EXPECT_EQ(store_.epoch(), 1u);
+  EXPECT_EQ(Values(), before);
+  tessera::v1::ShardMap next = map_;
+  next.set_epoch(2);
+  EXPECT_THAT(store_.Assign(next, job_, 0), IsOk());
+}
+
+TEST_F(ShardStoreTest, APushWithoutTheWorkersKeyIsUnauthenticatedOnceTheViewHasItsDigest) {
+  Assign(tessera::v1::ConsistencySpec::ASYNC, 2);
+  tessera::v1::ShardMap view = map_;
+  view.set_epoch(2);
+  for (int w = 0; w < 2; ++w) {
+    auto* slot = view.add_workers();
+    slot->set_id(w);
+    slot->set_incarnation(1);
+    slot->set_active(true);
+    slot->set_key_digest(KeyDigest(absl::StrCat("key-of-", w)));
+  }
+  ASSERT_THAT(store_.Assign(view, job_, 0), IsOk());
+  TestPush push = Gradient(1, std::numeric_limits<uint64_t>::max(), 0, {1, 1, 1});
+  push.push.address.epoch = 2;
+  push.push.incarnation = 1;
+  push.push.member_key = "key-of-0";  // worker 0's key, in worker 1's name
+  EXPECT_THAT(Push(push), StatusIs(absl::StatusCode::kUnauthenticated, "wrong member key"));
+  push.push.member_key = "";
+  EXPECT_THAT(Push(push), StatusIs(absl::StatusCode::kUnauthenticated, "no member key"));
+  push.push.member_key = "key-of-1";
+  push.push.seq = 1;
+  absl::StatusOr<PushOutcome> own = Push(push);
+  ASSERT_THAT(own, IsOk());
+  EXPECT_FALSE(own->duplicate);
+}
+
+TEST_F(ShardStoreTest, RoundDecisionsNamingWorkersOutsideTheJobAreInvalid) {
+  job_.mutable_consistency()->set_backup_workers(1);
+  Assign(tessera::v1::ConsistencySpec::SYNC, 3);
+  tessera::v1::DecideRoundsRequest request;
+  auto* round = request.add_rounds();
+  round->set_round(0);
+  round->add_workers(0);
+  round->add_workers(1 << 30);
+  EXPECT_THAT(store_.DecideRounds(request), StatusIs(absl::StatusCode::kInvalidArgument, "names worker"));
+  round->set_workers(1, 1);
+  round->set_round(-5);
+  EXPECT_THAT(store_.DecideRounds(request), StatusIs(absl::StatusCode::kInvalidArgument, "not a round"));
+  round->set_round(0);
+  EXPECT_THAT(store_.DecideRounds(request), IsOk());
 }
 
 }  // namespace
