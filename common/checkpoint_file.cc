@@ -51,12 +51,7 @@ absl::Status Errno(const std::string& what, const std::string& path) {
 
 }  // namespace
 
-absl::Status WriteCheckpointFile(const std::string& path, const CheckpointHeader& header,
-                                 const google::protobuf::Message& message) {
-  std::string payload;
-  if (!message.SerializeToString(&payload)) {
-    return absl::InternalError(absl::StrCat("cannot serialise checkpoint ", path));
-  }
+std::string EncodeCheckpoint(const CheckpointHeader& header, std::string_view payload) {
   std::string bytes(kMagic, sizeof(kMagic));
   Put<uint32_t>(bytes, kCheckpointFormatVersion);
   Put<uint64_t>(bytes, header.epoch);
@@ -66,7 +61,17 @@ absl::Status WriteCheckpointFile(const std::string& path, const CheckpointHeader
   Put<uint32_t>(bytes, static_cast<uint32_t>(header.job.size()));
   bytes += header.job;
   Put<uint32_t>(bytes, Crc32c(bytes));
-  bytes += payload;
+  bytes.append(payload.data(), payload.size());
+  return bytes;
+}
+
+absl::Status WriteCheckpointFile(const std::string& path, const CheckpointHeader& header,
+                                 const google::protobuf::Message& message) {
+  std::string payload;
+  if (!message.SerializeToString(&payload)) {
+    return absl::InternalError(absl::StrCat("cannot serialise checkpoint ", path));
+  }
+  const std::string bytes = EncodeCheckpoint(header, payload);
 
   const std::string tmp = path + ".tmp";
   const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -103,6 +108,11 @@ absl::StatusOr<CheckpointHeader> ReadCheckpointFile(const std::string& path, goo
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("checkpoint file ", path, " does not exist"));
   const std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  return DecodeCheckpoint(bytes, path, message);
+}
+
+absl::StatusOr<CheckpointHeader> DecodeCheckpoint(std::string_view bytes, const std::string& path,
+                                                  google::protobuf::Message* message) {
   auto bad = [&](const std::string& check) {
     return absl::DataLossError(absl::StrCat("checkpoint file ", path, " is refused: ", check));
   };

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -34,6 +35,13 @@ struct CheckpointHeader {
 // Writes `message` under `header` to `path` (see above). An error names the file and the step that failed.
 [[nodiscard]] absl::Status WriteCheckpointFile(const std::string& path, const CheckpointHeader& header,
                                                const google::protobuf::Message& message);
+
+// The file's bytes: header, then `payload` (a serialised message).
+std::string EncodeCheckpoint(const CheckpointHeader& header, std::string_view payload);
+
+// DecodeCheckpoint for the bytes of `path`, which names the file in errors.
+[[nodiscard]] absl::StatusOr<CheckpointHeader> DecodeCheckpoint(std::string_view bytes, const std::string& path,
+                                                                google::protobuf::Message* message);
 
 // Reads `path` into `message` and returns its header. DATA_LOSS naming the file and the check that failed
 // (magic, format version, header CRC, length, payload CRC, parse); NOT_FOUND when it does not exist.

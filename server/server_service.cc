@@ -40,8 +40,9 @@ void WriteValues(const ChunkValues& values, grpc::ByteBuffer* response) {
   *response = SerializeWithPayload(header, kPullDataField, BufferSlice(values.bytes, values.length));
 }
 
-// The store's view of a push; INVALID_ARGUMENT for a kind that is neither GRADIENT nor ASSIGN.
-absl::StatusOr<ChunkPush> ToChunkPush(const PushRequest& r, const grpc::CallbackServerContext& context) {
+}  // namespace
+
+absl::StatusOr<ChunkPush> ToChunkPush(const PushRequest& r, absl::string_view member_key) {
   if (!PushRequest::Kind_IsValid(r.kind())) {
     return absl::InvalidArgumentError(absl::StrCat("push kind ", static_cast<int>(r.kind()),
                                                    " is neither GRADIENT (0) nor ASSIGN (1)"));
@@ -55,9 +56,11 @@ absl::StatusOr<ChunkPush> ToChunkPush(const PushRequest& r, const grpc::Callback
   push.read_clock_version = r.read_clock_version();
   push.batch_size = r.batch_size();
   push.assign = r.kind() == PushRequest::ASSIGN;
-  push.member_key = std::string(ClientMetadata(context, kMemberKeyHeader));
+  push.member_key = std::string(member_key);
   return push;
 }
+
+namespace {
 
 // A push's request, authenticated and parsed, its values left in gRPC's slices.
 absl::Status ParsePush(const grpc::CallbackServerContext& context, const grpc::ByteBuffer& request,
@@ -121,7 +124,7 @@ grpc::ServerUnaryReactor* ServerService::Push(grpc::CallbackServerContext* conte
   if (absl::Status parsed = ParsePush(*context, *request, *security_, r.get(), payload.get()); !parsed.ok()) {
     return Finish(context, parsed);
   }
-  absl::StatusOr<ChunkPush> push = ToChunkPush(*r, *context);
+  absl::StatusOr<ChunkPush> push = ToChunkPush(*r, ClientMetadata(*context, kMemberKeyHeader));
   if (!push.ok()) return Finish(context, push.status());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   RunUpdate(payload->size(), [this, context, response, reactor, r, push = *std::move(push), payload] {
@@ -149,7 +152,7 @@ grpc::ServerUnaryReactor* ServerService::PushPull(grpc::CallbackServerContext* c
   if (absl::Status parsed = ParsePush(*context, *request, *security_, r.get(), payload.get()); !parsed.ok()) {
     return Finish(context, parsed);
   }
-  absl::StatusOr<ChunkPush> push = ToChunkPush(*r, *context);
+  absl::StatusOr<ChunkPush> push = ToChunkPush(*r, ClientMetadata(*context, kMemberKeyHeader));
   if (!push.ok()) return Finish(context, push.status());
   auto* reactor = new ExchangeReactor(context, response);
   std::shared_ptr<ExchangeWaiter> waiter = reactor->waiter();

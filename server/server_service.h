@@ -18,6 +18,10 @@
 
 namespace tessera {
 
+// The store's view of a push request (its key points into `r`), made with the caller's member key.
+// INVALID_ARGUMENT for a kind that is neither GRADIENT nor ASSIGN.
+[[nodiscard]] absl::StatusOr<ChunkPush> ToChunkPush(const tessera::v1::PushRequest& r, absl::string_view member_key);
+
 // Every method takes its request as bytes: the store parses pushes without copying their values, and every
 // method answers a missing token or an unparsable request the same way (common/rpc_handler.h).
 using ParameterServerBase = tessera::v1::ParameterServer::WithRawCallbackMethod_Pull<

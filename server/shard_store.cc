@@ -37,6 +37,10 @@ absl::Status ValidateAssignment(const tessera::v1::ShardMap& map, const tessera:
   std::map<std::string_view, int64_t> elements;
   for (const auto& p : map.params()) {
     TESSERA_RETURN_IF_ERROR(CheckLength("parameter name", p.name(), kMaxNameBytes));
+    TESSERA_RETURN_IF_ERROR(CheckKnownEnums(p));
+    if (p.dtype() != tessera::v1::DT_FLOAT32) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter '", p.name(), "': only float32 is supported"));
+    }
     TESSERA_ASSIGN_OR_RETURN(elements[p.name()], CheckedElements(p.shape(), absl::StrCat("parameter '", p.name(), "'")));
   }
   const int64_t max_length = std::max<int64_t>(1, job.chunk_bytes() / 4);
@@ -258,6 +262,12 @@ absl::Status ShardStore::AdoptView(
         state.optimizer_state().size() != chunk.state.size() * sizeof(float)) {
       return absl::FailedPreconditionError(absl::StrCat("chunk ", key.first, "/", key.second,
                                                         " in the checkpoint has another size than the job's"));
+    }
+    // Nothing non-finite enters the values, a checkpoint's included.
+    for (const std::string* bytes : {&state.values(), &state.optimizer_state()}) {
+      std::vector<float> floats(bytes->size() / sizeof(float));
+      if (!floats.empty()) std::memcpy(floats.data(), bytes->data(), floats.size() * sizeof(float));
+      TESSERA_RETURN_IF_ERROR(CheckFinite(floats, absl::StrCat("checkpoint chunk ", key.first, "/", key.second)));
     }
     RestoreChunkLocked(state, keep_seq, chunk, dropped);
     return absl::OkStatus();

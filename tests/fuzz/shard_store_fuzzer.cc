@@ -1,0 +1,93 @@
+// Fuzzes a server's request handling: a ShardStore given a valid view, then a sequence of requests from the
+// wire (tests/fuzz/fuzz_input.h): AssignShards, Push, PushPull, Pull, DecideRounds and Checkpoint snapshots, as
+// ServerService hands them over. Nothing may crash, and no value may become non-finite.
+#include <cmath>
+#include <cstring>
+
+#include "server/server_service.h"
+#include "server/shard_store.h"
+#include "tests/fuzz/fuzz_input.h"
+#include "tests/fuzz/fuzz_jobs.h"
+
+namespace tessera::fuzz {
+namespace {
+
+enum Operation : uint8_t { kAssign, kPush, kPushPull, kPull, kDecideRounds, kSnapshot, kOperations };
+
+void CheckFinite(ShardStore& store) {
+  absl::StatusOr<tessera::v1::ShardCheckpoint> all = store.Snapshot(-1, absl::Now());
+  if (!all.ok()) return;
+  for (const auto& chunk : all->chunks()) {
+    const size_t n = chunk.values().size() / sizeof(float);
+    for (size_t i = 0; i < n; ++i) {
+      float v;
+      std::memcpy(&v, chunk.values().data() + i * sizeof(float), sizeof(v));
+      if (!std::isfinite(v)) __builtin_trap();
+    }
+  }
+}
+
+void Run(const uint8_t* data, size_t size) {
+  if (size == 0) return;
+  const tessera::v1::JobSpec job = FuzzJob(data[0]);
+  ShardStore store;
+  if (!store.Assign(FuzzView(1), job, 0).ok()) __builtin_trap();
+  RequestReader reader(data + 1, size - 1);
+  uint8_t op = 0;
+  std::string_view bytes;
+  while (reader.Next(&op, &bytes)) {
+    const bool with_key = (op & 0x80) != 0;  // the high bit: the request carries its worker's key
+    switch ((op & 0x7f) % kOperations) {
+      case kAssign: {
+        tessera::v1::AssignShardsRequest r;
+        if (r.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+          (void)store.Assign(r.shard_map(), r.job(), r.server_id());
+        }
+        break;
+      }
+      case kPush:
+      case kPushPull: {
+        tessera::v1::PushRequest r;
+        if (!r.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) break;
+        absl::StatusOr<ChunkPush> push = ToChunkPush(r, with_key ? WorkerKey(r.worker_id()) : "");
+        if (!push.ok()) break;
+        const std::string& values = r.data();
+        std::vector<float> floats(values.size() / sizeof(float));
+        if (!floats.empty()) std::memcpy(floats.data(), values.data(), floats.size() * sizeof(float));
+        SpanPayload payload(floats);
+        if ((op & 0x7f) % kOperations == kPush) {
+          (void)store.Push(*push, payload);
+        } else {
+          store.PushPull(*push, payload, std::make_shared<ExchangeWaiter>([](absl::StatusOr<ChunkValues>) {}));
+        }
+        break;
+      }
+      case kPull: {
+        tessera::v1::PullRequest r;
+        if (r.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+          (void)store.Pull(ChunkPull{{r.epoch(), r.key().param(), r.key().index()}, r.have_version(), r.worker_id()});
+        }
+        break;
+      }
+      case kDecideRounds: {
+        tessera::v1::DecideRoundsRequest r;
+        if (r.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) (void)store.DecideRounds(r);
+        break;
+      }
+      case kSnapshot:
+        (void)store.Stats();
+        CheckFinite(store);
+        break;
+    }
+  }
+  CheckFinite(store);
+  store.CancelWaiters(absl::CancelledError("end of input"));
+}
+
+}  // namespace
+}  // namespace tessera::fuzz
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  tessera::fuzz::Run(data, size);
+  return 0;
+}
