@@ -18,6 +18,13 @@ fuzz_seconds="${FUZZ_SECONDS:-60}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
 
+# A build folder configured with another compiler is configured afresh (CMake would drop the flags below).
+fresh_if_not_clang() {
+  if [[ -f "$1/CMakeCache.txt" ]] && ! grep -q "^CMAKE_CXX_COMPILER:.*clang++" "$1/CMakeCache.txt"; then
+    rm -rf "$1/CMakeCache.txt" "$1/CMakeFiles"
+  fi
+}
+
 fuzz() {
   mkdir -p "$dir/fuzz"
   for fuzzer in job_spec_fuzzer shard_store_fuzzer scheduler_fuzzer checkpoint_fuzzer; do
@@ -26,7 +33,7 @@ fuzz() {
     # tests/fuzz/regressions/$fuzzer/ once fixed, and it runs as a test from then on).
     mkdir -p "$dir/fuzz/$fuzzer"
     log="$dir/fuzz/$fuzzer.log"
-    if ! "$dir/tests/fuzz/$fuzzer" -max_total_time="$fuzz_seconds" -print_final_stats=1 -timeout=30 \
+    if ! "$dir/bin/$fuzzer" -max_total_time="$fuzz_seconds" -print_final_stats=1 -timeout=30 \
         -rss_limit_mb=4096 -artifact_prefix="$dir/fuzz/" "$dir/fuzz/$fuzzer" "tests/fuzz/corpus/$fuzzer" >"$log" 2>&1; then
       tail -n 60 "$log" >&2
       echo "$fuzzer found a failure; the input is in $dir/fuzz/" >&2
@@ -40,6 +47,7 @@ case "${1:-}" in
   sanitizers)
     flags="-O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined"
     flags+=" -fsanitize=fuzzer-no-link -Wthread-safety -Werror=thread-safety"
+    fresh_if_not_clang "$dir"
     cmake -S . -B "$dir" -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang -DTESSERA_ENABLE_CUDA=OFF \
       -DTESSERA_FUZZ=ON -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="$flags" \
       -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
@@ -52,6 +60,7 @@ case "${1:-}" in
     ;;
   thread-safety)
     dir="${TESSERA_BUILD_DIR:-build-tsa}"
+    fresh_if_not_clang "$dir"
     cmake -S . -B "$dir" -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang -DTESSERA_ENABLE_CUDA=OFF \
       -DBUILD_TESTING=OFF -DCMAKE_CXX_FLAGS="-Wthread-safety -Werror=thread-safety" >/dev/null
     cmake --build "$dir" -j 2

@@ -12,6 +12,7 @@
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
 #include "common/wire_limits.h"
+#include "glog/logging.h"
 #include "google/protobuf/util/message_differencer.h"
 
 namespace tessera {
@@ -418,7 +419,13 @@ std::vector<std::shared_ptr<ExchangeWaiter>> ShardStore::CloseRoundLocked(const 
     }
   }
   const float inv = static_cast<float>(1.0 / chunk.sync_weight);
-  ApplyLocked(config, chunk, chunk.sync_sum, 1.0f, inv, chunk.sync_workers, chunk.version);
+  if (!ApplyLocked(config, chunk, chunk.sync_sum, 1.0f, inv, chunk.sync_workers, chunk.version)) {
+    // The round's mean would overflow the values: the round closes without an update, so nobody waits forever.
+    LOG_EVERY_N(WARNING, 100) << "chunk " << chunk.key.first << "/" << chunk.key.second << ": round "
+                              << chunk.version << "'s update would make values non-finite; left out";
+    for (int w : chunk.sync_workers) chunk.applied_clocks[w] = std::max(chunk.applied_clocks[w], chunk.version + 1);
+    ++chunk.version;
+  }
   chunk.sync_weight = 0;
   chunk.sync_workers.clear();
   std::vector<std::shared_ptr<ExchangeWaiter>> waiters;
@@ -557,13 +564,25 @@ int64_t ShardStore::ClockVersionLocked(const Chunk& chunk, const Roster& roster)
   return chunk.applied_clocks.empty() ? 0 : *std::max_element(chunk.applied_clocks.begin(), chunk.applied_clocks.end());
 }
 
-void ShardStore::ApplyLocked(const JobConfig& config, Chunk& chunk, absl::Span<const float> grad, float lr_scale,
+bool ShardStore::ApplyLocked(const JobConfig& config, Chunk& chunk, absl::Span<const float> grad, float lr_scale,
                              float grad_scale, const std::vector<int>& workers, int64_t clock) {
-  ++chunk.gradient_updates;
-  config.rule.Apply(absl::MakeSpan(chunk.values), grad, absl::MakeSpan(chunk.state), chunk.gradient_updates,
+  // The values and optimizer state before the update, to undo one that overflows (per thread, reused).
+  thread_local std::vector<float> before;
+  const size_t n = chunk.values.size();
+  before.resize(n + chunk.state.size());
+  std::memcpy(before.data(), chunk.values.data(), n * sizeof(float));
+  if (!chunk.state.empty()) std::memcpy(before.data() + n, chunk.state.data(), chunk.state.size() * sizeof(float));
+  config.rule.Apply(absl::MakeSpan(chunk.values), grad, absl::MakeSpan(chunk.state), chunk.gradient_updates + 1,
                     lr_scale, grad_scale);
+  if (!AllFinite(chunk.values) || !AllFinite(chunk.state)) {
+    std::memcpy(chunk.values.data(), before.data(), n * sizeof(float));
+    if (!chunk.state.empty()) std::memcpy(chunk.state.data(), before.data() + n, chunk.state.size() * sizeof(float));
+    return false;
+  }
+  ++chunk.gradient_updates;
   ++chunk.version;
   for (int w : workers) chunk.applied_clocks[w] = std::max(chunk.applied_clocks[w], clock + 1);
+  return true;
 }
 
 absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& request, const FloatPayload& payload,
@@ -681,11 +700,14 @@ absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& re
         }
       }
     } else {
-      chunk.last_seq[worker] = request.seq;
       staleness = std::max<int64_t>(0, request.clock - request.read_clock_version);
       const float scale =
           job.consistency().staleness_aware_lr() ? 1.0f / static_cast<float>(std::max<int64_t>(1, staleness)) : 1.0f;
-      ApplyLocked(config, chunk, values, scale, 1.0f, {worker}, request.clock);
+      if (!ApplyLocked(config, chunk, values, scale, 1.0f, {worker}, request.clock)) {
+        return absl::InvalidArgumentError(absl::StrCat(what, ": the update would make values non-finite (a gradient "
+                                                       "too large for the job's learning rate); nothing changed"));
+      }
+      chunk.last_seq[worker] = request.seq;
     }
     outcome.version = chunk.version;
     if (waiter != nullptr) {

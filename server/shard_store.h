@@ -258,8 +258,9 @@ class ShardStore {
   ChunkValues SnapshotLocked(const Chunk& chunk, const Roster& roster) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
 
   // Applies `grad` (already validated) to `chunk`, advancing its version and the clocks of `workers` to
-  // `clock` + 1.
-  static void ApplyLocked(const JobConfig& config, Chunk& chunk, absl::Span<const float> grad, float lr_scale,
+  // `clock` + 1. An update that would leave a value or optimizer state non-finite (finite gradients can still
+  // overflow: a huge one, or a diverging job) is undone: false, and the chunk is as it was.
+  [[nodiscard]] static bool ApplyLocked(const JobConfig& config, Chunk& chunk, absl::Span<const float> grad, float lr_scale,
                           float grad_scale, const std::vector<int>& workers, int64_t clock)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
 

@@ -21,6 +21,9 @@
 //      a 16 MiB MLP on synthetic data, 2 servers, sync, 1 and 2 workers: steps/s against 1000/T.
 //   f. a server's resident memory (VmRSS) holding a --memory_mib model with SGD momentum, against the bytes it
 //      holds (values + optimizer state).
+//   g. what TLS costs: push and pull of 16 MiB and round trips of 16 B, 1 server, with the job token over mutual
+//      TLS (a CA and certificate made for the run, as tessera-launch --tls does) against the job token over
+//      plaintext, both measured in this run.
 //
 // Every daemon runs as its own process in its own process group and is killed when the benchmark ends, however
 // it ends. Ports: every daemon picks a free one (port 0); iperf3 gets a port the OS just handed out.
@@ -57,7 +60,10 @@
 #include "absl/time/time.h"
 #include "common/daemon_init.h"
 #include "common/job_spec.h"
+#include "common/security.h"
 #include "common/signals.h"
+#include "common/status_macros.h"
+#include "deploy/local/credentials.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "nlohmann/json.hpp"
@@ -66,7 +72,7 @@
 #include "tests/testing/ports.h"
 #include "worker/ps_client.h"
 
-DEFINE_string(sections, "a,b,c,d,e,f", "comma-separated sections to run (see the file comment): a,b,c,d,e,f");
+DEFINE_string(sections, "a,b,c,d,e,f,g", "comma-separated sections to run (see the file comment): a,b,c,d,e,f,g");
 DEFINE_string(sizes_mib, "1,4,16,64", "a: tensor sizes in MiB of float32");
 DEFINE_string(server_counts, "1,2", "a: numbers of server processes to measure against");
 DEFINE_int32(repeats, 7, "a: timed calls per measurement (the median is reported)");
@@ -288,8 +294,19 @@ struct Cluster {
 };
 
 // Starts the scheduler with `job`, its servers, and `workers` worker processes with `worker_flags`.
+// Every daemon gets `security`'s files as flags.
 absl::StatusOr<std::unique_ptr<Cluster>> StartCluster(const Context& ctx, const std::string& name, const JobSpec& job,
-                                                      int workers, const std::vector<std::string>& worker_flags) {
+                                                      int workers, const std::vector<std::string>& worker_flags,
+                                                      const SecurityOptions& security = {}) {
+  std::vector<std::string> security_flags;
+  if (!security.token_file.empty()) security_flags.push_back("--token_file=" + security.token_file);
+  if (!security.tls_cert.empty()) security_flags.push_back("--tls_cert=" + security.tls_cert);
+  if (!security.tls_key.empty()) security_flags.push_back("--tls_key=" + security.tls_key);
+  if (!security.tls_ca.empty()) security_flags.push_back("--tls_ca=" + security.tls_ca);
+  auto with_security = [&](std::vector<std::string> argv) {
+    argv.insert(argv.end(), security_flags.begin(), security_flags.end());
+    return argv;
+  };
   auto cluster = std::make_unique<Cluster>();
   absl::StatusOr<std::string> dir = MakeDir(ctx, name);
   if (!dir.ok()) return dir.status();
@@ -299,8 +316,8 @@ absl::StatusOr<std::unique_ptr<Cluster>> StartCluster(const Context& ctx, const 
   const std::string address_file = cluster->dir + "/scheduler.address";
   absl::StatusOr<std::unique_ptr<Process>> scheduler = Process::Start(
       "scheduler",
-      {ctx.bin_dir + "/tessera-scheduler", "--job=" + job_path, "--run_dir=" + cluster->dir + "/run", "--port=0",
-       "--address_file=" + address_file, "--http_port=-1"},
+      with_security({ctx.bin_dir + "/tessera-scheduler", "--job=" + job_path, "--run_dir=" + cluster->dir + "/run",
+                     "--port=0", "--address_file=" + address_file, "--http_port=-1"}),
       cluster->dir + "/scheduler.log");
   if (!scheduler.ok()) return scheduler.status();
   cluster->scheduler = std::move(*scheduler);
@@ -318,7 +335,8 @@ absl::StatusOr<std::unique_ptr<Cluster>> StartCluster(const Context& ctx, const 
   for (int i = 0; i < job.cluster().num_servers(); ++i) {
     absl::StatusOr<std::unique_ptr<Process>> server =
         Process::Start(absl::StrCat("server ", i),
-                       {ctx.bin_dir + "/tessera-server", "--scheduler=" + cluster->address, "--http_port=-1"},
+                       with_security({ctx.bin_dir + "/tessera-server", "--scheduler=" + cluster->address,
+                                      "--http_port=-1"}),
                        absl::StrCat(cluster->dir, "/server-", i, ".log"));
     if (!server.ok()) return server.status();
     cluster->servers.push_back(std::move(*server));
@@ -327,6 +345,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> StartCluster(const Context& ctx, const 
     std::vector<std::string> argv = {ctx.bin_dir + "/tessera-worker", "--scheduler=" + cluster->address,
                                      "--http_port=-1"};
     argv.insert(argv.end(), worker_flags.begin(), worker_flags.end());
+    argv = with_security(std::move(argv));
     absl::StatusOr<std::unique_ptr<Process>> worker =
         Process::Start(absl::StrCat("worker ", i), argv, absl::StrCat(cluster->dir, "/worker-", i, ".log"));
     if (!worker.ok()) return worker.status();
@@ -353,10 +372,12 @@ JobSpec TransferJob(const std::string& name, int servers, int64_t chunk_bytes, f
   return job;
 }
 
-absl::StatusOr<std::unique_ptr<PsClient>> ConnectClient(const Cluster& cluster) {
+absl::StatusOr<std::unique_ptr<PsClient>> ConnectClient(const Cluster& cluster,
+                                                        const SecurityOptions& security = {}) {
   PsClient::Options options;
   options.scheduler_address = cluster.address;
   options.device = "cpu";
+  options.security = security;
   return PsClient::Connect(options);
 }
 
@@ -588,6 +609,81 @@ void TransferSections(const Context& ctx, bool run_a, bool run_b, Table& table) 
     client->reset();
     (*cluster)->WaitForJob(absl::Seconds(10)).IgnoreError();
   }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// g. The cost of TLS.
+
+void TlsSection(const Context& ctx, Table& table) {
+  absl::StatusOr<std::string> dir = MakeDir(ctx, "tls-credentials");
+  absl::StatusOr<SecurityOptions> tls = dir.ok() ? MakeRunCredentials(*dir, /*tls=*/true)
+                                                 : absl::StatusOr<SecurityOptions>(dir.status());
+  if (!tls.ok()) {
+    table.Failed("g", "credentials", tls.status());
+    return;
+  }
+  SecurityOptions token_only;
+  token_only.token_file = tls->token_file;
+  constexpr int kMiBs = 16;
+  const int64_t n = kMiBs * kMiB / sizeof(float);
+  const int64_t bytes = n * static_cast<int64_t>(sizeof(float));
+  const int calls = std::max(1, FLAGS_repeats);
+  struct Figures {
+    double push_gbs = NAN, pull_gbs = NAN, round_trips = NAN;
+  };
+  auto measure = [&](const std::string& name, const SecurityOptions& security) -> absl::StatusOr<Figures> {
+    Progress(absl::StrCat("g: 16 MiB push and pull, 16 B round trips, ", name));
+    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<Cluster> cluster,
+                             StartCluster(ctx, "tls-" + name, TransferJob("bench-tls", 1, FLAGS_chunk_bytes, 0), 0,
+                                          {}, security));
+    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client, ConnectClient(*cluster, security));
+    TESSERA_RETURN_IF_ERROR(client->Declare({FloatParam("g16", n), FloatParam("b16", 4)}));
+    std::vector<float> grad(n, 1.0f);
+    std::vector<float> out[2] = {std::vector<float>(n), std::vector<float>(n)};
+    const std::vector<std::string> names = {"g16"};
+    const std::vector<absl::Span<const float>> grads = {absl::MakeConstSpan(grad)};
+    auto push = [&](int) { return client->Push(names, grads, 1); };
+    auto pull = [&](int i) { return client->Pull(names, {absl::MakeSpan(out[i % 2])}); };
+    TESSERA_RETURN_IF_ERROR(push(0));  // warm-up: connections, handshakes, first touch
+    TESSERA_RETURN_IF_ERROR(pull(0));
+    TESSERA_RETURN_IF_ERROR(pull(1));
+    Figures f;
+    TESSERA_ASSIGN_OR_RETURN(Timing t, TimeCalls(*client, calls, 0, nullptr, push));
+    f.push_gbs = bytes / t.seconds / kGB;
+    TESSERA_ASSIGN_OR_RETURN(t, TimeCalls(*client, calls, bytes, push, pull));  // values change before each pull
+    if (!t.moved_bytes) return absl::InternalError("a timed pull hit the unchanged-chunk cache");
+    f.pull_gbs = bytes / t.seconds / kGB;
+    const std::vector<std::string> small = {"b16"};
+    std::vector<float> tiny(4, 1.0f);
+    for (int i = 0; i < 20; ++i) TESSERA_RETURN_IF_ERROR(client->Push(small, {absl::MakeConstSpan(tiny)}, 1));
+    const Clock::time_point start = Clock::now();
+    int64_t done = 0;
+    double seconds = 0;
+    while ((seconds = SecondsSince(start)) < FLAGS_roundtrip_seconds) {
+      TESSERA_RETURN_IF_ERROR(client->Push(small, {absl::MakeConstSpan(tiny)}, 1));
+      ++done;
+    }
+    f.round_trips = done / seconds;
+    client->Done().IgnoreError();
+    client.reset();
+    cluster->WaitForJob(absl::Seconds(10)).IgnoreError();
+    return f;
+  };
+  absl::StatusOr<Figures> plain = measure("plaintext", token_only);
+  absl::StatusOr<Figures> mtls = plain.ok() ? measure("mutual-tls", *tls) : plain.status();
+  if (!mtls.ok()) {
+    table.Failed("g", "TLS against plaintext", mtls.status());
+    return;
+  }
+  table.Add({"g", "push 16 MiB, 1 server, mutual TLS", Gbs(mtls->push_gbs),
+             absl::StrCat("plaintext: ", Gbs(plain->push_gbs)), Ratio(mtls->push_gbs, plain->push_gbs), "",
+             "both with the job token"});
+  table.Add({"g", "pull 16 MiB, 1 server, mutual TLS", Gbs(mtls->pull_gbs),
+             absl::StrCat("plaintext: ", Gbs(plain->pull_gbs)), Ratio(mtls->pull_gbs, plain->pull_gbs), "",
+             "values changed before every pull"});
+  table.Add({"g", "push 16 B, 1 server, mutual TLS, round trips/s", absl::StrFormat("%.0f/s", mtls->round_trips),
+             absl::StrFormat("plaintext: %.0f/s", plain->round_trips), Ratio(mtls->round_trips, plain->round_trips),
+             "", ""});
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -986,6 +1082,7 @@ int Main(int argc, char** argv) {
   if (want("d")) EndToEndSection(ctx, table);
   if (want("e")) StandInSection(ctx, table);
   if (want("f")) MemorySection(ctx, table);
+  if (want("g")) TlsSection(ctx, table);
 
   std::cout << absl::StrFormat("Tessera data plane, %s, %s, %d cores; tessera-bench %s; %.0f s\n\n",
                                absl::FormatTime("%Y-%m-%d %H:%M", absl::Now(), absl::LocalTimeZone()), CpuModel(),

@@ -1,6 +1,7 @@
 // Fuzzes the scheduler's request handling: a JobCoordinator (with servers that accept everything) takes a
 // sequence of requests from the wire (tests/fuzz/fuzz_input.h): Register, Heartbeat, Declare, GetShardMap,
 // AdvanceClock, Report, Done, member-key checks and failure detection passes. Nothing may crash or hang.
+#include "common/wire_limits.h"
 #include "scheduler/job_coordinator.h"
 #include "tests/fuzz/fuzz_input.h"
 #include "tests/fuzz/fuzz_jobs.h"
@@ -85,7 +86,7 @@ void Run(const uint8_t* data, size_t size) {
       }
       case kCheckKey: {
         tessera::v1::HeartbeatRequest r;  // role and id; the key is the rest of the bytes
-        if (Parse(bytes, &r)) (void)coordinator.view().CheckMemberKey(r.role(), r.id(), absl::string_view(bytes));
+        if (Parse(bytes, &r)) (void)coordinator.view().CheckMemberKey(r.role(), r.id(), absl::string_view(bytes.data(), bytes.size()));
         break;
       }
       case kLiveness:

@@ -477,5 +477,32 @@ TEST_F(ShardStoreTest, RoundDecisionsNamingWorkersOutsideTheJobAreInvalid) {
   EXPECT_THAT(store_.DecideRounds(request), IsOk());
 }
 
+TEST_F(ShardStoreTest, AnUpdateThatWouldOverflowTheValuesIsRefusedAndChangesNothing) {
+  Assign(tessera::v1::ConsistencySpec::ASYNC, 1);
+  const std::vector<float> before = Values();
+  // Finite, but the learning rate of 1 takes the values past the largest float.
+  const float huge = -3e38f;
+  ASSERT_THAT(Push(Gradient(0, 1, 0, {huge, huge, huge})), IsOk());  // values near 3e38 now
+  const std::vector<float> near_max = Values();
+  EXPECT_THAT(Push(Gradient(0, 2, 1, {huge, huge, huge})), StatusIs(absl::StatusCode::kInvalidArgument, "non-finite"));
+  EXPECT_EQ(Values(), near_max);
+  // The refused push did not use up its sequence number.
+  EXPECT_THAT(Push(Gradient(0, 2, 1, {1, 1, 1})), IsOk());
+  EXPECT_NE(before, near_max);
+}
+
+TEST_F(ShardStoreTest, ASyncRoundWhoseMeanWouldOverflowClosesWithoutAnUpdate) {
+  Assign(tessera::v1::ConsistencySpec::SYNC, 2);
+  const float huge = -3e38f;
+  ASSERT_THAT(Push(Gradient(0, 1, 0, {huge, huge, huge})), IsOk());
+  ASSERT_THAT(Push(Gradient(1, 1, 0, {huge, huge, huge})), IsOk());  // round 0: values near 3e38
+  const std::vector<float> after_first = Values();
+  ASSERT_THAT(Push(Gradient(0, 2, 1, {huge, huge, huge})), IsOk());
+  ASSERT_THAT(Push(Gradient(1, 2, 1, {huge, huge, huge})), IsOk());  // round 1 closes, its update left out
+  EXPECT_EQ(Values(), after_first);
+  // Round 2 is open: the workers go on.
+  EXPECT_THAT(Push(Gradient(0, 3, 2, {1, 1, 1})), IsOk());
+}
+
 }  // namespace
 }  // namespace tessera
