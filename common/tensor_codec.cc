@@ -1,6 +1,8 @@
 #include "common/tensor_codec.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -39,6 +41,23 @@ bool AllFinite(absl::Span<const float> values) {
     bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
   }
   return bad == 0;
+}
+
+float MaxAbs(absl::Span<const float> values) {
+  // |x| as bits orders like |x| for finite floats, and every NaN and infinity is above them all; an unsigned
+  // integer max vectorises where a float max would not.
+  const float* p = values.data();
+  const size_t n = values.size();
+  uint32_t largest = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, p + i, sizeof(bits));
+    largest = std::max(largest, bits & 0x7fffffffu);
+  }
+  if (largest >= 0x7f800000u) return std::numeric_limits<float>::infinity();
+  float out;
+  std::memcpy(&out, &largest, sizeof(out));
+  return out;
 }
 
 absl::Status CheckFinite(absl::Span<const float> values, std::string_view what) {

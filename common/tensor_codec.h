@@ -24,6 +24,9 @@ void EncodeFloats(absl::Span<const float> values, std::string* out);
 // True when no value is NaN or infinite (vectorised: one pass over the bits).
 bool AllFinite(absl::Span<const float> values);
 
+// The largest |value| (0 for none); infinity when any value is NaN or infinite. Vectorised like AllFinite.
+float MaxAbs(absl::Span<const float> values);
+
 // INVALID_ARGUMENT naming `what` and the first offending index when any value is NaN or infinite.
 [[nodiscard]] absl::Status CheckFinite(absl::Span<const float> values, std::string_view what);
 

@@ -43,6 +43,23 @@ tessera::v1::OptimizerSpec AppliedOptimizer(const tessera::v1::JobSpec& job) {
   return spec;
 }
 
+double UpdateRule::Bound(double params, double state, double grad, int64_t step, float lr_scale,
+                         float grad_scale) const {
+  const double lr = static_cast<double>(spec_.learning_rate()) * lr_scale;
+  const double g = grad * std::fabs(static_cast<double>(grad_scale));
+  if (spec_.kind() == tessera::v1::OptimizerSpec::ADAM) {
+    const double b1 = spec_.beta1(), b2 = spec_.beta2();
+    const double c1 = 1.0 - std::pow(b1, static_cast<double>(step));
+    const double m = b1 * state + (1.0 - b1) * g;
+    const double v = b2 * state + (1.0 - b2) * g * g;
+    // |m / c1| / (sqrt(v / c2) + eps) <= |m / c1| / eps.
+    const double step_size = lr * (m / std::max(c1, 1e-30)) / spec_.epsilon();
+    return std::max({params + step_size, m, v});
+  }
+  const double velocity = spec_.momentum() * state + g;
+  return std::max(params + lr * velocity, velocity);
+}
+
 void UpdateRule::Apply(absl::Span<float> params, absl::Span<const float> grad, absl::Span<float> state, int64_t step,
                        float lr_scale, float grad_scale) const {
   CHECK_EQ(params.size(), grad.size());

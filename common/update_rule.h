@@ -33,6 +33,11 @@ class UpdateRule {
   void Apply(absl::Span<float> params, absl::Span<const float> grad, absl::Span<float> state, int64_t step,
              float lr_scale, float grad_scale = 1.0f) const;
 
+  // An upper bound on every |value| and |state| after Apply, given bounds before it on |params|, |state| and
+  // |grad| (before grad_scale). The server applies in place when this is far below the largest float, and
+  // keeps a copy to undo the update otherwise.
+  double Bound(double params, double state, double grad, int64_t step, float lr_scale, float grad_scale) const;
+
  private:
   const tessera::v1::OptimizerSpec spec_;
 };

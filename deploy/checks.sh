@@ -39,7 +39,7 @@ fuzz() {
       echo "$fuzzer found a failure; the input is in $dir/fuzz/" >&2
       exit 1
     fi
-    grep -E "^stat::(number_of_executed_units|average_exec_per_sec|new_units_added|peak_rss_mb)" "$log" || true
+    grep -a -E "^stat::(number_of_executed_units|average_exec_per_sec|new_units_added|peak_rss_mb)" "$log" || true
   done
 }
 

@@ -1,6 +1,8 @@
 #include "server/shard_store.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <cstring>
 #include <set>
 
@@ -119,6 +121,8 @@ void ShardStore::RestoreChunkLocked(const tessera::v1::ChunkState& state, const 
                                     Chunk& chunk, std::vector<std::shared_ptr<ExchangeWaiter>>& dropped) {
   std::memcpy(chunk.values.data(), state.values().data(), state.values().size());
   std::memcpy(chunk.state.data(), state.optimizer_state().data(), state.optimizer_state().size());
+  chunk.values_bound = std::numeric_limits<float>::infinity();  // not known until the next update measures them
+  chunk.state_bound = std::numeric_limits<float>::infinity();
   chunk.version = state.version();
   chunk.gradient_updates = state.gradient_updates();
   for (int w = 0; w < state.applied_clocks_size() && w < static_cast<int>(chunk.applied_clocks.size()); ++w) {
@@ -566,20 +570,32 @@ int64_t ShardStore::ClockVersionLocked(const Chunk& chunk, const Roster& roster)
 
 bool ShardStore::ApplyLocked(const JobConfig& config, Chunk& chunk, absl::Span<const float> grad, float lr_scale,
                              float grad_scale, const std::vector<int>& workers, int64_t clock) {
-  // The values and optimizer state before the update, to undo one that overflows (per thread, reused).
-  thread_local std::vector<float> before;
+  const int64_t step = chunk.gradient_updates + 1;
+  // Finite gradients can still overflow the values (a huge one, a diverging job). When the bounds say the
+  // result stays far below the largest float, the update is applied in place; otherwise on a kept copy's
+  // watch, undone when anything came out non-finite.
+  constexpr double kSafe = 1e36;
+  const bool safe = config.rule.Bound(chunk.values_bound, chunk.state_bound, MaxAbs(grad), step, lr_scale,
+                                      grad_scale) < kSafe;
+  thread_local std::vector<float> before;  // per thread, reused
   const size_t n = chunk.values.size();
-  before.resize(n + chunk.state.size());
-  std::memcpy(before.data(), chunk.values.data(), n * sizeof(float));
-  if (!chunk.state.empty()) std::memcpy(before.data() + n, chunk.state.data(), chunk.state.size() * sizeof(float));
-  config.rule.Apply(absl::MakeSpan(chunk.values), grad, absl::MakeSpan(chunk.state), chunk.gradient_updates + 1,
-                    lr_scale, grad_scale);
-  if (!AllFinite(chunk.values) || !AllFinite(chunk.state)) {
+  if (!safe) {
+    before.resize(n + chunk.state.size());
+    std::memcpy(before.data(), chunk.values.data(), n * sizeof(float));
+    if (!chunk.state.empty()) std::memcpy(before.data() + n, chunk.state.data(), chunk.state.size() * sizeof(float));
+  }
+  config.rule.Apply(absl::MakeSpan(chunk.values), grad, absl::MakeSpan(chunk.state), step, lr_scale, grad_scale);
+  const float values_bound = MaxAbs(chunk.values);
+  const float state_bound = MaxAbs(chunk.state);
+  if (!std::isfinite(values_bound) || !std::isfinite(state_bound)) {
+    CHECK(!safe) << "an update the bounds called safe overflowed";
     std::memcpy(chunk.values.data(), before.data(), n * sizeof(float));
     if (!chunk.state.empty()) std::memcpy(chunk.state.data(), before.data() + n, chunk.state.size() * sizeof(float));
     return false;
   }
-  ++chunk.gradient_updates;
+  chunk.values_bound = values_bound;
+  chunk.state_bound = state_bound;
+  chunk.gradient_updates = step;
   ++chunk.version;
   for (int w : workers) chunk.applied_clocks[w] = std::max(chunk.applied_clocks[w], clock + 1);
   return true;

@@ -25,6 +25,7 @@
 #define TESSERA_SERVER_SHARD_STORE_H_
 
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -172,6 +173,9 @@ class ShardStore {
     std::vector<float> state ABSL_GUARDED_BY(mu);
     int64_t version ABSL_GUARDED_BY(mu) = 0;     // updates applied
     int64_t gradient_updates ABSL_GUARDED_BY(mu) = 0;  // optimizer steps taken (Adam's t)
+    // The largest |value| and |state| after the last update (infinity: not known yet, e.g. after a restore).
+    float values_bound ABSL_GUARDED_BY(mu) = std::numeric_limits<float>::infinity();
+    float state_bound ABSL_GUARDED_BY(mu) = std::numeric_limits<float>::infinity();
     std::map<int, uint64_t> last_seq ABSL_GUARDED_BY(mu);
     std::vector<int64_t> applied_clocks ABSL_GUARDED_BY(mu);  // per worker id
     // SYNC round being collected (round == version); sync_sum is allocated in SYNC jobs only.
