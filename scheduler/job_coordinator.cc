@@ -1,8 +1,7 @@
 #include "scheduler/job_coordinator.h"
 
-#include <cmath>
-
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
