@@ -42,7 +42,7 @@ DEFINE_int32(report_s, 30, "print the daemons' memory and descriptors this often
 DEFINE_int32(warmup_s, 60, "the level memory and descriptors are compared with is the first report after this");
 DEFINE_int32(requests_per_second, 20, "per client, valid and malformed together");
 DEFINE_int32(malformed_percent, 30, "share of each client's requests that are malformed or hostile");
-DEFINE_string(work_dir, "", "logs and the job file go here; default: a fresh folder under /tmp");
+DEFINE_string(work_dir, "", "logs and the job file go here; default: a fresh folder in the temporary directory");
 
 namespace tessera::soak {
 namespace {
@@ -298,7 +298,10 @@ struct Sample {
 };
 
 absl::Status Run(const std::string& bin) {
-  const std::string dir = FLAGS_work_dir.empty() ? absl::StrCat("/tmp/tessera-soak-", getpid()) : FLAGS_work_dir;
+  const std::string dir =
+      FLAGS_work_dir.empty()
+          ? (std::filesystem::temp_directory_path() / absl::StrCat("tessera-soak-", getpid())).string()
+          : FLAGS_work_dir;
   std::filesystem::create_directories(dir);
   const std::string token = NewSecret() + NewSecret();
   const std::string token_file = dir + "/token";
