@@ -8,7 +8,7 @@
 # A finding of any of them fails the command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash deploy/install_deps.sh
+bash deploy/install_deps.sh clang libclang-rt-14-dev
 for tool in clang++ clang; do
   command -v "$tool" >/dev/null || { echo "needs clang and libclang-rt-14-dev (apt-get install clang)" >&2; exit 2; }
 done

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages Tessera builds, tests and trains with; skips what is already installed.
+# Installs the Debian 12 packages Tessera builds, tests and trains with, and any packages named as arguments
+# (deploy/checks.sh adds clang's); skips what is already installed.
 # Runs apt-get as root (through sudo when not root). CUDA is not installed here: when nvcc is present
 # (e.g. /usr/local/cuda) the CUDA backend is built, otherwise the build is CPU-only.
 set -euo pipefail
@@ -9,7 +10,8 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgoogle-glog-dev libgflags-dev libssl-dev zlib1g-dev
   libopenblas-dev nlohmann-json3-dev libcpp-httplib-dev libgtest-dev libgmock-dev
-  dataset-fashion-mnist
+  dataset-fashion-mnist openssl
+  "$@"
 )
 
 missing=()
