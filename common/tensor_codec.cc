@@ -29,19 +29,7 @@ void EncodeFloats(absl::Span<const float> values, std::string* out) {
   if (!values.empty()) std::memcpy(out->data() + old, values.data(), values.size() * sizeof(float));
 }
 
-bool AllFinite(absl::Span<const float> values) {
-  // A float is NaN or infinite exactly when its exponent bits are all ones. Integer compares and an OR keep the
-  // loop branch-free, so the compiler vectorises it.
-  const float* p = values.data();
-  const size_t n = values.size();
-  uint32_t bad = 0;
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, p + i, sizeof(bits));
-    bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
-  }
-  return bad == 0;
-}
+bool AllFinite(absl::Span<const float> values) { return std::isfinite(MaxAbs(values)); }
 
 float MaxAbs(absl::Span<const float> values) {
   // |x| as bits orders like |x| for finite floats, and every NaN and infinity is above them all; an unsigned

@@ -21,10 +21,10 @@ std::string ShapeString(absl::Span<const int64_t> shape);
 // Appends the little-endian bytes of `values` to `out`.
 void EncodeFloats(absl::Span<const float> values, std::string* out);
 
-// True when no value is NaN or infinite (vectorised: one pass over the bits).
+// True when no value is NaN or infinite (one vectorised pass: MaxAbs).
 bool AllFinite(absl::Span<const float> values);
 
-// The largest |value| (0 for none); infinity when any value is NaN or infinite. Vectorised like AllFinite.
+// The largest |value| (0 for none); infinity when any value is NaN or infinite. One vectorised pass.
 float MaxAbs(absl::Span<const float> values);
 
 // INVALID_ARGUMENT naming `what` and the first offending index when any value is NaN or infinite.
