@@ -4,7 +4,8 @@
 
 namespace tessera {
 
-// Parses flags (--help lists them), logs to stderr, blocks SIGINT/SIGTERM in every thread (take them with
+// Parses the program's flags (ParseProgramFlags in common/command_line.h: --help, --version, TESSERA_* variables,
+// own flags being those of the binary's *_main.cc), logs to stderr, blocks SIGINT/SIGTERM in every thread (take them with
 // WatchTerminationSignals), and turns off Abseil's mutex deadlock detection: Debian's Abseil is built with it on,
 // and its lock graph grows with every short-lived mutex, slowing a long run down step after step.
 // Also calls KeepTransientBuffersMapped. Call first in main, before any thread starts.
@@ -13,10 +14,6 @@ void InitDaemon(const char* usage, int* argc, char*** argv);
 // Process-wide malloc settings for the data plane: freed message buffers stay mapped for reuse (up to 64 MiB)
 // instead of being returned to the kernel and faulted in again on the next call. Call before threads start.
 void KeepTransientBuffersMapped();
-
-// On --help or -h: prints the usage message (set it first) and the flags defined in the binary's *_main.cc,
-// then exits 0.
-void ShowHelpAndExitIfAsked(int argc, char** argv);
 
 }  // namespace tessera
 

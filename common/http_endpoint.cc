@@ -61,10 +61,4 @@ HttpEndpoint::~HttpEndpoint() {
   if (thread_.joinable()) thread_.join();
 }
 
-std::string PrometheusMetric(const std::string& name, const std::string& kind, double value,
-                             const std::string& labels) {
-  return absl::StrCat("# TYPE ", name, " ", kind, "\n", name, labels.empty() ? "" : absl::StrCat("{", labels, "}"),
-                      " ", value, "\n");
-}
-
 }  // namespace tessera

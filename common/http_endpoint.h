@@ -54,10 +54,6 @@ class HttpEndpoint {
   int port_ = 0;
 };
 
-// Prometheus text lines for a counter or gauge: "# TYPE name kind\nname{labels} value\n".
-std::string PrometheusMetric(const std::string& name, const std::string& kind, double value,
-                             const std::string& labels = "");
-
 }  // namespace tessera
 
 #endif  // TESSERA_COMMON_HTTP_ENDPOINT_H_

@@ -18,6 +18,11 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Sec
   // Chunks are up to megabytes: start HTTP/2 flow control with a window that holds several of them rather than
   // 64 KiB grown by probing, which costs round trips on every large message of a fresh connection.
   args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kFlowControlWindowBytes);
+  // A peer that is not up yet (a daemon started before the scheduler) is tried again at least once a second,
+  // rather than after gRPC's default backoff, which grows to two minutes.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   return grpc::CreateCustomChannel(address, security.ChannelCredentials(), args);
 }
 
@@ -29,6 +34,8 @@ absl::StatusOr<StartedServer> StartGrpcServer(const std::string& host, int port,
                                               const std::vector<grpc::Service*>& services,
                                               const Security& security) {
   if (absl::Status s = security.CheckListenHost(host, "gRPC"); !s.ok()) return s;
+  // Every daemon answers grpc.health.v1.Health (service "": SERVING), for load balancers and probes.
+  grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   StartedServer started;
   const std::string address = host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", port)
@@ -51,19 +58,30 @@ absl::StatusOr<StartedServer> StartGrpcServer(const std::string& host, int port,
 
 absl::Status RetryWhileUnavailable(const RetryPolicy& policy, std::string_view what,
                                    const std::function<absl::Status()>& attempt) {
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + policy.give_up_after;
   absl::Duration backoff = policy.initial_backoff;
   absl::Status status;
-  for (int i = 1; i <= policy.max_attempts; ++i) {
+  for (int i = 1;; ++i) {
     status = attempt();
     if (status.code() != absl::StatusCode::kUnavailable) return status;
-    if (i == policy.max_attempts) break;
+    const absl::Time now = absl::Now();
+    if (now >= deadline) break;
+    if (i == 1 && !policy.waiting_line.empty()) LOG(WARNING) << policy.waiting_line;
     VLOG(1) << what << ": attempt " << i << " unavailable, retrying in " << backoff << ": " << status;
     // A backoff between attempts of a remote call, not a synchronisation point.
-    std::this_thread::sleep_for(absl::ToChronoMilliseconds(backoff));
+    std::this_thread::sleep_for(absl::ToChronoMilliseconds(std::min(backoff, deadline - now)));
     backoff = std::min(backoff * 2, policy.max_backoff);
   }
-  return absl::UnavailableError(absl::StrCat(std::string(what), ": gave up after ", policy.max_attempts,
-                                             " attempts: ", std::string(status.message())));
+  return absl::UnavailableError(absl::StrCat(std::string(what), ": gave up after ",
+                                             absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Seconds(1))),
+                                             ": ", std::string(status.message())));
+}
+
+absl::Status CheckPortOption(std::string_view flag, int port, bool off_allowed) {
+  if ((port >= 0 && port <= 65535) || (off_allowed && port == -1)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(std::string(flag), ": expected a port, 0 .. 65535 (0 picks a free one)",
+                                                 off_allowed ? " or -1 (off)" : "", ", got ", port));
 }
 
 absl::Status SplitHostPort(const std::string& address, std::string* host, int* port) {

@@ -42,17 +42,24 @@ struct StartedServer {
                                                             const std::vector<grpc::Service*>& services,
                                                             const Security& security);
 
-// Bounded retries with exponential backoff for calls that fail with UNAVAILABLE (nobody answered yet).
+// Retries with exponential backoff, for calls that fail with UNAVAILABLE (nobody answered yet), for up to
+// `give_up_after`. Channels from MakeChannel reconnect at least once a second, so a peer that comes up is reached
+// within about a second.
 struct RetryPolicy {
-  int max_attempts = 20;
+  absl::Duration give_up_after = absl::Seconds(120);
   absl::Duration initial_backoff = absl::Milliseconds(50);
   absl::Duration max_backoff = absl::Seconds(1);
+  // Printed once (to the log, as a warning) at the first UNAVAILABLE, when not empty: "waiting for X".
+  std::string waiting_line;
 };
 
-// Calls `attempt` until it returns anything but UNAVAILABLE or `policy.max_attempts` calls were made. The last
-// UNAVAILABLE is returned with `what` and the attempt count in its message.
+// Calls `attempt` until it returns anything but UNAVAILABLE or `policy.give_up_after` has passed. The last
+// UNAVAILABLE is returned with `what` and the time waited in its message.
 [[nodiscard]] absl::Status RetryWhileUnavailable(const RetryPolicy& policy, std::string_view what,
                                                  const std::function<absl::Status()>& attempt);
+
+// INVALID_ARGUMENT "<flag>: expected a port ..." unless 0 <= port <= 65535 (or -1 when `off_allowed`).
+[[nodiscard]] absl::Status CheckPortOption(std::string_view flag, int port, bool off_allowed);
 
 // Splits "HOST:PORT" (or "[v6]:PORT"); INVALID_ARGUMENT naming the text otherwise.
 [[nodiscard]] absl::Status SplitHostPort(const std::string& address, std::string* host, int* port);

@@ -5,9 +5,33 @@
 #include <filesystem>
 #include <iostream>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace tessera {
+
+absl::Status ClaimRunDirectory(const std::string& run_dir, bool overwrite, const std::vector<std::string>& records) {
+  if (run_dir.empty()) return absl::OkStatus();
+  std::vector<std::string> all = {"summary.json", "metrics.jsonl"};
+  all.insert(all.end(), records.begin(), records.end());
+  std::vector<std::string> found;
+  for (const std::string& name : all) {
+    if (std::filesystem::exists(std::filesystem::path(run_dir) / name)) found.push_back(name);
+  }
+  if (found.empty()) return absl::OkStatus();
+  if (!overwrite) {
+    return absl::FailedPreconditionError(absl::StrCat("the run directory ", run_dir, " already holds a run (",
+                                                      absl::StrJoin(found, ", "),
+                                                      "); pick another, or give --overwrite to replace it"));
+  }
+  for (const std::string& name : found) {
+    std::error_code error;
+    std::filesystem::remove_all(std::filesystem::path(run_dir) / name, error);
+    if (error) return absl::PermissionDeniedError(absl::StrCat("cannot remove ", run_dir, "/", name, ": ", error.message()));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<RunRecorder>> RunRecorder::Create(const std::string& run_dir, bool append) {
   std::unique_ptr<RunRecorder> recorder(new RunRecorder(run_dir));

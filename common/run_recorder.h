@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -74,6 +75,12 @@ class RunRecorder {
   absl::Mutex mu_;
   std::ofstream metrics_ ABSL_GUARDED_BY(mu_);
 };
+
+// A run directory must not mix two runs' records. OK when `run_dir` is empty, absent, or holds none of `records`
+// (besides metrics.jsonl and summary.json, which every run writes); with `overwrite` those are removed first.
+// FAILED_PRECONDITION naming what is there otherwise.
+[[nodiscard]] absl::Status ClaimRunDirectory(const std::string& run_dir, bool overwrite,
+                                             const std::vector<std::string>& records = {});
 
 // "step 400 | epoch 0.85 | loss 0.412 | test acc 0.852 | 5120 samples/s | max staleness 0 | 12.4 s"
 std::string ProgressLine(const EvalRecord& record);

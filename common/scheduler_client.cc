@@ -31,7 +31,7 @@ std::string SchedulerClient::member_key() const {
 }
 
 absl::StatusOr<tessera::v1::RegisterResponse> SchedulerClient::Register(tessera::v1::RegisterRequest request,
-                                                                        int attempts) {
+                                                                        absl::Duration give_up_after) {
   if (request.hostname().empty()) {
     char hostname[256] = {0};
     gethostname(hostname, sizeof(hostname) - 1);
@@ -39,7 +39,9 @@ absl::StatusOr<tessera::v1::RegisterResponse> SchedulerClient::Register(tessera:
   }
   tessera::v1::RegisterResponse response;
   RetryPolicy policy;
-  policy.max_attempts = attempts;
+  policy.give_up_after = give_up_after;
+  policy.waiting_line = absl::StrCat("waiting for the scheduler at ", address_, " (up to ",
+                                     absl::FormatDuration(give_up_after), ", --connect_timeout_s)");
   absl::Status status = RetryWhileUnavailable(
       policy, absl::StrCat("no scheduler answered at ", address_), [&]() -> absl::Status {
         grpc::ClientContext context;
@@ -94,7 +96,7 @@ absl::StatusOr<tessera::v1::ShardMap> SchedulerClient::Declare(const tessera::v1
                                                                absl::Duration timeout) {
   tessera::v1::DeclareResponse response;
   RetryPolicy policy;
-  policy.max_attempts = 1 + static_cast<int>(timeout / policy.max_backoff) + 6;
+  policy.give_up_after = timeout + absl::Seconds(6);
   absl::Status status = RetryWhileUnavailable(policy, "Declare", [&]() -> absl::Status {
     grpc::ClientContext context;
     Prepare(context, kControlTimeout);

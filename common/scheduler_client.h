@@ -24,10 +24,11 @@ class SchedulerClient {
 
   const std::string& address() const { return address_; }
 
-  // Registers (filling in this host's name), retrying while nobody answers at the address: at most `attempts` tries with exponential backoff
-  // (50 ms doubling to 1 s), then UNAVAILABLE naming the address. Other errors (a full job) come back at once.
+  // Registers (filling in this host's name), retrying while nobody answers at the address, with backoff (50 ms
+  // doubling to 1 s) for up to `give_up_after` (one warning line when the first try finds nobody), then
+  // UNAVAILABLE naming the address. Other errors (a full job) come back at once.
   [[nodiscard]] absl::StatusOr<tessera::v1::RegisterResponse> Register(tessera::v1::RegisterRequest request,
-                                                                       int attempts);
+                                                                       absl::Duration give_up_after);
 
   [[nodiscard]] absl::StatusOr<tessera::v1::HeartbeatResponse> Heartbeat(const tessera::v1::HeartbeatRequest& request);
 

@@ -7,13 +7,26 @@
 #define TESSERA_COMMON_SIGNALS_H_
 
 #include <functional>
+#include <string>
 
 namespace tessera {
 
 void BlockTerminationSignals();
 
-// Starts a detached thread that waits for SIGINT or SIGTERM and then calls `on_signal` once.
+// Starts a detached thread that waits for SIGINT and SIGTERM and calls `on_signal` for each (a second one may
+// cut a graceful stop short).
 void WatchTerminationSignals(std::function<void(int)> on_signal);
+
+// The first signal the watcher took; 0 while none came.
+int ReceivedTerminationSignal();
+
+// The exit status of a process that stopped as `signal` asked: 0 for SIGTERM (a requested stop: what systemd,
+// Kubernetes and Slurm send, and count as failure unless the process exits 0), 130 for SIGINT (Ctrl-C, the
+// shell's convention).
+int ExitStatusAfterSignal(int signal);
+
+// "SIGTERM", "SIGINT", or "signal N".
+std::string SignalName(int signal);
 
 }  // namespace tessera
 

@@ -9,12 +9,14 @@ void StalenessHistogram::Add(int64_t staleness) {
   ++buckets_[std::min<int64_t>(staleness, kBuckets - 1)];
   max_ = std::max(max_, staleness);
   ++count_;
+  sum_ += staleness;
 }
 
 void StalenessHistogram::Merge(const tessera::v1::StalenessHistogram& other) {
   for (int i = 0; i < other.bucket_size(); ++i) buckets_[std::min(i, kBuckets - 1)] += other.bucket(i);
   max_ = std::max(max_, other.max());
   count_ += other.count();
+  sum_ += other.sum();
 }
 
 int64_t StalenessHistogram::Quantile(double q) const {
@@ -46,6 +48,7 @@ tessera::v1::StalenessHistogram StalenessHistogram::ToProto() const {
   for (int i = 0; i < last; ++i) out.add_bucket(buckets_[i]);
   out.set_max(max_);
   out.set_count(count_);
+  out.set_sum(sum_);
   return out;
 }
 

@@ -31,6 +31,7 @@ class StalenessHistogram {
   std::vector<int64_t> buckets_ = std::vector<int64_t>(kBuckets, 0);
   int64_t max_ = 0;
   int64_t count_ = 0;
+  int64_t sum_ = 0;
 };
 
 }  // namespace tessera

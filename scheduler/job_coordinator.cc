@@ -8,6 +8,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/http_endpoint.h"
 #include "common/job_spec.h"
+#include "common/metrics_page.h"
 #include "common/status_macros.h"
 #include "common/wire_limits.h"
 #include "glog/logging.h"
@@ -606,6 +607,28 @@ void JobCoordinator::GiveShareTo(const Member& server) {
                      {"chunks_moved", moved->size()}, {"checkpoint", taken->folder}});
 }
 
+void JobCoordinator::Abort(const std::string& reason) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (failure_.empty() && !finishing_) failure_ = reason;
+  }
+  clocks_.Stop(reason);
+}
+
+void JobCoordinator::FinishNow() {
+  bool finish = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!finishing_) finish = finishing_ = true;
+  }
+  if (finish) {
+    FinishJob();
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(&finished_));
+}
+
 void JobCoordinator::MaybeFinish() {
   bool any_alive = false, any_vacant = false, any_done = false;
   for (const Member& w : view_.Workers()) {
@@ -704,6 +727,10 @@ nlohmann::json JobCoordinator::StatusJson() const {
   records_.AddToStatus(status);
   absl::MutexLock lock(&mu_);
   status["finished"] = finished_;
+  if (finished_) {
+    status["completed"] = summary_.value("completed", false);
+    status["stop_reason"] = summary_.value("stop_reason", "");
+  }
   return status;
 }
 
@@ -711,27 +738,29 @@ std::string JobCoordinator::MetricsText() const {
   auto alive = [](const std::vector<Member>& list) {
     return std::count_if(list.begin(), list.end(), [](const Member& m) { return m.state == MemberState::kAlive; });
   };
-  std::string text = PrometheusMetric("tessera_scheduler_servers", "gauge", alive(view_.Servers())) +
-                     PrometheusMetric("tessera_scheduler_workers", "gauge", alive(view_.Workers())) +
-                     PrometheusMetric("tessera_scheduler_view_epoch", "gauge", view_.epoch());
-  text += "# TYPE tessera_scheduler_worker_clock gauge\n";
-  const std::vector<int64_t> clocks = clocks_.Clocks();
-  for (size_t i = 0; i < clocks.size(); ++i) {
-    absl::StrAppend(&text, "tessera_scheduler_worker_clock{worker=\"", i, "\"} ", clocks[i], "\n");
-  }
-  text += "# TYPE tessera_scheduler_worker_late_rounds counter\n";
-  const std::vector<int64_t> late = clocks_.LateRounds();
-  for (size_t i = 0; i < late.size(); ++i) {
-    absl::StrAppend(&text, "tessera_scheduler_worker_late_rounds{worker=\"", i, "\"} ", late[i], "\n");
-  }
-  text += "# TYPE tessera_scheduler_worker_batch_share gauge\n";
-  const std::vector<int> shares = balancer_.Shares();
-  for (size_t i = 0; i < shares.size(); ++i) {
-    absl::StrAppend(&text, "tessera_scheduler_worker_batch_share{worker=\"", i, "\"} ", shares[i], "\n");
-  }
-  text += PrometheusMetric("tessera_scheduler_job_finished", "gauge", finished() ? 1 : 0);
-  text += records_.MetricsText();
-  return text;
+  MetricsPage page;
+  page.Family("tessera_scheduler_servers", MetricsPage::kGauge, "Servers alive in the job.")
+      .Sample(alive(view_.Servers()));
+  page.Family("tessera_scheduler_workers", MetricsPage::kGauge, "Workers alive in the job.")
+      .Sample(alive(view_.Workers()));
+  page.Family("tessera_scheduler_view_epoch", MetricsPage::kGauge,
+              "Epoch of the cluster view (members and placement); it grows at every change.")
+      .Sample(view_.epoch());
+  auto per_worker = [&page](const auto& values) {
+    for (size_t i = 0; i < values.size(); ++i) page.Sample(values[i], {{"worker", absl::StrCat(i)}});
+  };
+  page.Family("tessera_scheduler_worker_clock", MetricsPage::kGauge, "Each worker's clock (steps completed).");
+  per_worker(clocks_.Clocks());
+  page.Family("tessera_scheduler_worker_late_rounds_total", MetricsPage::kCounter,
+              "Sync rounds that closed without each worker's gradient (backup workers).");
+  per_worker(clocks_.LateRounds());
+  page.Family("tessera_scheduler_worker_batch_share", MetricsPage::kGauge,
+              "Samples of each round's batch given to each worker (batch balancing).");
+  per_worker(balancer_.Shares());
+  page.Family("tessera_scheduler_job_finished", MetricsPage::kGauge, "1 once the job has ended, else 0.")
+      .Sample(finished() ? 1 : 0);
+  records_.AddMetrics(page);
+  return page.text();
 }
 
 nlohmann::json JobCoordinator::summary() const {

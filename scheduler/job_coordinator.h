@@ -87,8 +87,12 @@ class JobCoordinator {
   // One failure-detection pass at `now` (tests; the detector's thread calls it otherwise).
   void CheckLiveness(absl::Time now) { failure_detector_.Check(now); }
 
-  // Ends the job early: every clock gate opens with stop (no worker is left waiting). Never blocks.
-  void Abort(const std::string& reason) { clocks_.Stop(reason); }
+  // Ends the job early: every clock gate opens with stop (no worker is left waiting), and the job will count as
+  // not completed, `reason` being its stop reason. Never blocks; the job finishes as its workers report Done.
+  void Abort(const std::string& reason);
+  // Finishes the job now, whether or not every worker has reported (Abort first): writes the summary, shuts the
+  // servers down. Returns once the job has finished (at once if it had).
+  void FinishNow();
 
   // The scheduler's /status page: job, members, clocks, last evaluation, progress history, staleness histogram.
   nlohmann::json StatusJson() const;

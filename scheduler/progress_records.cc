@@ -166,11 +166,14 @@ void ProgressRecords::AddToStatus(nlohmann::json& status) const {
   }
 }
 
-std::string ProgressRecords::MetricsText() const {
+void ProgressRecords::AddMetrics(MetricsPage& page) const {
   absl::MutexLock lock(&mu_);
-  std::string text;
-  if (last_eval_) text += PrometheusMetric("tessera_scheduler_test_accuracy", "gauge", last_eval_->test_accuracy());
-  return text;
+  if (!last_eval_) return;
+  page.Family("tessera_scheduler_test_accuracy", MetricsPage::kGauge,
+              "Test accuracy (0..1) of the newest evaluation.")
+      .Sample(last_eval_->test_accuracy());
+  page.Family("tessera_scheduler_test_loss", MetricsPage::kGauge, "Test loss of the newest evaluation.")
+      .Sample(last_eval_->test_loss());
 }
 
 }  // namespace tessera

@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/run_recorder.h"
+#include "common/metrics_page.h"
 #include "nlohmann/json.hpp"
 #include "proto/cluster.pb.h"
 #include "proto/ps.pb.h"
@@ -65,7 +66,8 @@ class ProgressRecords {
 
   // Parts of /status and /metrics.
   void AddToStatus(nlohmann::json& status) const;
-  std::string MetricsText() const;
+  // The newest evaluation's families, for the scheduler's /metrics.
+  void AddMetrics(MetricsPage& page) const;
 
  private:
   // {"all": histogram, "workers": [histogram by worker id]} (StalenessHistogram::ToJson).

@@ -12,7 +12,8 @@
 namespace tessera {
 
 absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Start(const SchedulerOptions& options) {
-  std::unique_ptr<Scheduler> scheduler(new Scheduler());
+  TESSERA_RETURN_IF_ERROR(ValidateSchedulerOptions(options));
+  std::unique_ptr<Scheduler> scheduler(new Scheduler(options));
   Scheduler* self = scheduler.get();
   scheduler->server_control_ = std::make_unique<GrpcServerControl>(options.security);
   TESSERA_ASSIGN_OR_RETURN(
@@ -20,7 +21,7 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Start(const SchedulerOptio
       JobCoordinator::Create(options.job, options.run_dir, absl::Milliseconds(options.heartbeat_interval_ms),
                              absl::Milliseconds(options.heartbeat_timeout_ms), scheduler->server_control_.get(),
                              [self](const JobOutcome& outcome) {
-                               self->Stop(outcome.completed ? absl::OkStatus()
+                               self->JobEnded(outcome.completed ? absl::OkStatus()
                                                             : absl::AbortedError(absl::StrCat(
                                                                   "the job did not complete: ", outcome.stop_reason)));
                              },
@@ -57,8 +58,11 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Start(const SchedulerOptio
                                 return absl::StrCat("checkpoint ", taken->number, " at clock ", taken->state.clock(),
                                                     " in ", taken->folder, "\n");
                               }, /*post=*/true}}}));
-    LOG(INFO) << "dashboard at " << (options.security->tls() ? "https" : "http") << "://" << options.listen_host << ":" << scheduler->http_->port()
-              << "/ (JSON at /status; POST /checkpoint takes a checkpoint)";
+    const std::string& host = options.listen_host;
+    scheduler->dashboard_url_ = absl::StrCat(options.security->tls() ? "https" : "http", "://",
+                                             host.find(':') != std::string::npos ? absl::StrCat("[", host, "]") : host,
+                                             ":", scheduler->http_->port(), "/");
+    LOG(INFO) << "dashboard at " << scheduler->dashboard_url_ << " (JSON at /status; POST /checkpoint takes a checkpoint)";
   }
   scheduler->coordinator_->StartFailureDetection();
   const auto& job = options.job;
@@ -83,10 +87,47 @@ absl::Status Scheduler::Wait() {
         +[](std::optional<absl::Status>* r) { return r->has_value(); }, &stop_reason_));
     reason = *stop_reason_;
   }
-  if (!reason.ok() && !coordinator_->finished()) coordinator_->Abort(std::string(reason.message()));
+  const bool stopped_early = !reason.ok() && !coordinator_->finished();
+  if (stopped_early) EndJobEarly(reason);
+  // Whoever stopped the job early wants the scheduler gone; a job that ended by itself leaves its page up.
+  if (!stopped_early && options_.linger_s > 0 && http_ != nullptr) {
+    LOG(INFO) << "the job has ended; /status, the dashboard and /metrics stay up for " << options_.linger_s
+              << " s (--linger_s; a signal ends this)";
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(&interrupted_), absl::Seconds(options_.linger_s));
+  }
   // Let in-flight calls (workers' last Done, servers' last heartbeat) finish, then close.
   grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return reason;
+}
+
+void Scheduler::EndJobEarly(const absl::Status& reason) {
+  const std::string why(reason.message());
+  if (!options_.job.checkpoint().dir().empty()) {
+    absl::StatusOr<CheckpointInfo> taken = coordinator_->Checkpoint(absl::StrCat("before stopping: ", why));
+    if (taken.ok()) {
+      LOG(INFO) << "checkpoint " << taken->number << " at clock " << taken->state.clock() << " in " << taken->folder;
+    } else {
+      LOG(WARNING) << "no checkpoint before stopping: " << taken.status();
+    }
+  }
+  coordinator_->Abort(why);
+  LOG(INFO) << why << ": the workers stop after their step (up to " << options_.stop_grace_ms << " ms)";
+  if (!AwaitFinishedOrInterrupted(absl::Milliseconds(options_.stop_grace_ms))) {
+    LOG(WARNING) << "ending the job without the workers that have not reported";
+  }
+  coordinator_->FinishNow();
+}
+
+bool Scheduler::AwaitFinishedOrInterrupted(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!coordinator_->finished()) {
+    absl::MutexLock lock(&mu_);
+    if (interrupted_ || absl::Now() >= deadline) return false;
+    // The coordinator has no notification for its end; poll it, waking at once on a second Stop().
+    mu_.AwaitWithTimeout(absl::Condition(&interrupted_), std::min(absl::Milliseconds(20), deadline - absl::Now()));
+  }
+  return true;
 }
 
 bool Scheduler::WaitForStop(absl::Duration timeout) {
@@ -95,9 +136,18 @@ bool Scheduler::WaitForStop(absl::Duration timeout) {
       absl::Condition(+[](std::optional<absl::Status>* r) { return r->has_value(); }, &stop_reason_), timeout);
 }
 
+void Scheduler::JobEnded(absl::Status outcome) {
+  absl::MutexLock lock(&mu_);
+  if (!stop_reason_) stop_reason_ = std::move(outcome);
+}
+
 void Scheduler::Stop(absl::Status reason) {
   absl::MutexLock lock(&mu_);
-  if (!stop_reason_) stop_reason_ = std::move(reason);
+  if (!stop_reason_) {
+    stop_reason_ = std::move(reason);
+  } else {
+    interrupted_ = true;
+  }
 }
 
 }  // namespace tessera

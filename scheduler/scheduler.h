@@ -29,11 +29,14 @@ class Scheduler {
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Scheduler>> Start(const SchedulerOptions& options);
   ~Scheduler();
 
-  // Blocks until the job has finished or Stop() was called; then stops serving. OK when the job completed;
-  // ABORTED with the reason when it ended without reaching its stop condition (a member failed); Stop()'s
-  // reason otherwise.
+  // Blocks until the job has finished or Stop() was called. A Stop() before the job's end is graceful: a
+  // checkpoint first when the job takes them, then every worker is told to stop after its step and gets
+  // --stop_grace_ms to report, then the job ends (summary.json with the stop reason; servers shut down). After a
+  // job that ended by itself, with linger_s, /status, the dashboard and /metrics stay up that long (or until
+  // Stop() is called), and serving stops. OK when the job completed; ABORTED with the reason when it ended without reaching its stop
+  // condition (a member failed); Stop()'s reason otherwise.
   [[nodiscard]] absl::Status Wait();
-  // Never blocks; safe from any thread.
+  // Never blocks; safe from any thread. A second call cuts the graceful stop or the linger short.
   void Stop(absl::Status reason);
   // True once the job has finished or Stop() was called; waits at most `timeout`.
   bool WaitForStop(absl::Duration timeout);
@@ -41,12 +44,23 @@ class Scheduler {
   const std::string& address() const { return address_; }
   // The port of /healthz, /metrics and /status; 0 when off.
   int http_port() const { return http_ ? http_->port() : 0; }
+  // "http://HOST:PORT/" (https with TLS) of the dashboard; empty when HTTP is off.
+  const std::string& dashboard_url() const { return dashboard_url_; }
   JobCoordinator& coordinator() { return *coordinator_; }
 
  private:
-  Scheduler() = default;
+  explicit Scheduler(const SchedulerOptions& options) : options_(options) {}
 
+  // The job's end as the coordinator reports it: the stop reason, unless Stop() gave one first.
+  void JobEnded(absl::Status outcome);
+  // The graceful part of Wait() after a Stop() before the job's end.
+  void EndJobEarly(const absl::Status& reason);
+  // Waits up to `timeout` for the job to finish or for a second Stop(); true if the job finished.
+  bool AwaitFinishedOrInterrupted(absl::Duration timeout);
+
+  const SchedulerOptions options_;
   std::string address_;
+  std::string dashboard_url_;
   std::unique_ptr<GrpcServerControl> server_control_;
   std::unique_ptr<JobCoordinator> coordinator_;
   std::unique_ptr<SchedulerService> service_;
@@ -55,6 +69,7 @@ class Scheduler {
 
   absl::Mutex mu_;
   std::optional<absl::Status> stop_reason_ ABSL_GUARDED_BY(mu_);
+  bool interrupted_ ABSL_GUARDED_BY(mu_) = false;  // Stop() was called again
 };
 
 }  // namespace tessera

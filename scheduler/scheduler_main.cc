@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/daemon_init.h"
+#include "common/run_recorder.h"
 #include "common/security_flags.h"
 #include "common/signals.h"
 #include "gflags/gflags.h"
@@ -15,12 +16,19 @@ DEFINE_string(host, "127.0.0.1", "address to listen on (loopback by default; 0.0
 DEFINE_int32(port, 0, "port to listen on; 0 picks a free one (see --address_file)");
 DEFINE_string(address_file, "", "write HOST:PORT here once listening");
 DEFINE_string(run_dir, "", "directory for metrics.jsonl and summary.json; empty: print only");
+DEFINE_bool(overwrite, false, "replace the records of an earlier run in --run_dir (refused otherwise, unless --resume)");
 DEFINE_int32(num_servers, 0, "override the job's cluster.num_servers (0: keep)");
 DEFINE_int32(num_workers, 0, "override the job's cluster.num_workers (0: keep)");
 DEFINE_int32(http_port, 0, "port of /healthz, /metrics and /status on --host; 0 picks a free one (logged), -1: off");
 DEFINE_int32(heartbeat_timeout_ms, 10000,
              "a server or worker silent this long is lost (the other workers go on; a lost server stops the job)");
 DEFINE_int32(heartbeat_interval_ms, 500, "how often servers and workers heartbeat");
+DEFINE_int32(linger_s, 0,
+             "after the job ends, keep serving /status, the dashboard and /metrics this many seconds (0: exit at "
+             "once); a signal ends the wait");
+DEFINE_int32(stop_grace_ms, 10000,
+             "on SIGTERM or SIGINT: how long the workers get to finish their step and report before the job ends "
+             "without them (a checkpoint is taken first when the job takes them)");
 DEFINE_string(checkpoint_dir, "",
               "folder for checkpoints, reachable by every server too (overrides the job's checkpoint.dir)");
 DEFINE_string(resume, "",
@@ -36,6 +44,13 @@ int main(int argc, char** argv) {
     std::cerr << "tessera-scheduler: " << job.status() << std::endl;
     return 2;
   }
+  // A resumed job adds to its run's records.
+  if (absl::Status s = FLAGS_resume.empty() ? tessera::ClaimRunDirectory(FLAGS_run_dir, FLAGS_overwrite)
+                                            : absl::OkStatus();
+      !s.ok()) {
+    std::cerr << "tessera-scheduler: " << s.message() << std::endl;
+    return 2;
+  }
   tessera::SchedulerOptions options;
   options.job = *job;
   options.listen_host = FLAGS_host;
@@ -46,12 +61,18 @@ int main(int argc, char** argv) {
   options.heartbeat_timeout_ms = FLAGS_heartbeat_timeout_ms;
   options.http_port = FLAGS_http_port;
   options.resume_dir = FLAGS_resume;
+  options.linger_s = FLAGS_linger_s;
+  options.stop_grace_ms = FLAGS_stop_grace_ms;
   auto security = tessera::Security::Load(SecurityFlags());
   if (!security.ok()) {
     std::cerr << "tessera-scheduler: " << security.status() << std::endl;
     return 2;
   }
   options.security = *security;
+  if (absl::Status valid = tessera::ValidateSchedulerOptions(options); !valid.ok()) {
+    std::cerr << "tessera-scheduler: " << valid.message() << std::endl;
+    return 2;
+  }
 
   auto scheduler = tessera::Scheduler::Start(options);
   if (!scheduler.ok()) {
@@ -59,14 +80,18 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::cout << "scheduler listening on " << (*scheduler)->address() << std::endl;
+  if (!(*scheduler)->dashboard_url().empty()) std::cout << "dashboard at " << (*scheduler)->dashboard_url() << std::endl;
   tessera::Scheduler* daemon = scheduler->get();
   tessera::WatchTerminationSignals([daemon](int signal) {
-    daemon->Stop(absl::CancelledError(absl::StrCat("stopped by signal ", signal)));
+    daemon->Stop(absl::CancelledError(absl::StrCat("stopped by ", tessera::SignalName(signal))));
   });
   absl::Status status = (*scheduler)->Wait();
+  if (int signal = tessera::ReceivedTerminationSignal(); signal != 0 && status.code() == absl::StatusCode::kCancelled) {
+    LOG(INFO) << status.message();
+    return tessera::ExitStatusAfterSignal(signal);
+  }
   if (!status.ok()) {
     std::cerr << "tessera-scheduler: " << status << std::endl;
-    if (status.code() == absl::StatusCode::kCancelled) return 130;
     return status.code() == absl::StatusCode::kAborted ? 3 : 1;
   }
   return 0;

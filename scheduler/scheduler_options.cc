@@ -1,9 +1,30 @@
 #include "scheduler/scheduler_options.h"
 
+#include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
+#include "common/rpc.h"
 #include "common/status_macros.h"
 
 namespace tessera {
+
+absl::Status ValidateSchedulerOptions(const SchedulerOptions& options) {
+  TESSERA_RETURN_IF_ERROR(CheckPortOption("--port", options.port, /*off_allowed=*/false));
+  TESSERA_RETURN_IF_ERROR(CheckPortOption("--http_port", options.http_port, /*off_allowed=*/true));
+  if (options.heartbeat_interval_ms < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--heartbeat_interval_ms: expected >= 1, got ", options.heartbeat_interval_ms));
+  }
+  if (options.heartbeat_timeout_ms <= options.heartbeat_interval_ms) {
+    return absl::InvalidArgumentError(absl::StrCat("--heartbeat_timeout_ms: expected more than --heartbeat_interval_ms (",
+                                                   options.heartbeat_interval_ms, "), got ",
+                                                   options.heartbeat_timeout_ms));
+  }
+  if (options.linger_s < 0) return absl::InvalidArgumentError(absl::StrCat("--linger_s: expected >= 0, got ", options.linger_s));
+  if (options.stop_grace_ms < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--stop_grace_ms: expected >= 0, got ", options.stop_grace_ms));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<tessera::v1::JobSpec> LoadSchedulerJob(const std::string& job_path, int num_servers,
                                                       int num_workers, const std::string& checkpoint_dir) {

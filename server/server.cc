@@ -1,6 +1,7 @@
 #include "server/server.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/metrics_page.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
@@ -9,20 +10,38 @@ namespace tessera {
 
 Server::Server(const ServerOptions& options) : options_(options) {}
 
-std::string ServerMetricsText(const tessera::v1::ServerStats& stats) {
-  std::string text = PrometheusMetric("tessera_server_chunks", "gauge", stats.chunks()) +
-                     PrometheusMetric("tessera_server_bytes", "gauge", stats.bytes()) +
-                     PrometheusMetric("tessera_server_updates_applied_total", "counter", stats.updates_applied()) +
-                     PrometheusMetric("tessera_server_pushes_total", "counter", stats.pushes()) +
-                     PrometheusMetric("tessera_server_duplicate_pushes_total", "counter", stats.duplicate_pushes()) +
-                     PrometheusMetric("tessera_server_late_pushes_total", "counter", stats.late_pushes()) +
-                     PrometheusMetric("tessera_server_max_staleness", "gauge", stats.staleness().max());
-  text += "# TYPE tessera_server_staleness_updates gauge\n";
-  for (int i = 0; i < stats.staleness().bucket_size(); ++i) {
-    absl::StrAppend(&text, "tessera_server_staleness_updates{staleness=\"", i, "\"} ", stats.staleness().bucket(i),
-                    "\n");
+std::string ServerMetricsText(const tessera::v1::ServerStats& stats, int server_id) {
+  const MetricLabels server = {{"server", server_id >= 0 ? absl::StrCat(server_id) : ""}};
+  MetricsPage page;
+  page.Family("tessera_server_chunks", MetricsPage::kGauge, "Parameter chunks this server holds.")
+      .Sample(stats.chunks(), server);
+  page.Family("tessera_server_parameter_bytes", MetricsPage::kGauge, "Bytes of parameter values this server holds.")
+      .Sample(stats.bytes(), server);
+  page.Family("tessera_server_optimizer_state_bytes", MetricsPage::kGauge,
+              "Bytes of optimizer state (momentum, Adam moments) beside the values.")
+      .Sample(stats.optimizer_bytes(), server);
+  page.Family("tessera_server_updates_applied_total", MetricsPage::kCounter, "Chunk updates applied.")
+      .Sample(stats.updates_applied(), server);
+  page.Family("tessera_server_pushes_total", MetricsPage::kCounter, "Gradient pushes received.")
+      .Sample(stats.pushes(), server);
+  page.Family("tessera_server_duplicate_pushes_total", MetricsPage::kCounter,
+              "Pushes received again (a retry) and not applied twice.")
+      .Sample(stats.duplicate_pushes(), server);
+  page.Family("tessera_server_late_pushes_total", MetricsPage::kCounter,
+              "Pushes for a round that had closed (dropped).")
+      .Sample(stats.late_pushes(), server);
+  page.Family("tessera_server_update_staleness_clocks", MetricsPage::kHistogram,
+              "Staleness of each applied update: the pushing worker's clock minus the clock of the parameters it "
+              "read.")
+      .StalenessSeries(stats.staleness(), server);
+  for (int w = 0; w < stats.worker_staleness_size(); ++w) {
+    if (w == 0) {
+      page.Family("tessera_server_worker_update_staleness_clocks", MetricsPage::kHistogram,
+                  "Staleness of the updates of each worker.");
+    }
+    page.StalenessSeries(stats.worker_staleness(w), {server[0], {"worker", absl::StrCat(w)}});
   }
-  return text;
+  return page.text();
 }
 
 Server::~Server() {
@@ -51,8 +70,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     const ShardStore* store = server->store_.get();
     TESSERA_ASSIGN_OR_RETURN(
         server->http_, HttpEndpoint::Start(options.listen_host, options.http_port, *options.security,
-                                           {{"/metrics", {"text/plain; version=0.0.4", [store] {
-                                               return ServerMetricsText(store->Stats());
+                                           {{"/metrics", {"text/plain; version=0.0.4", [store, self] {
+                                               return ServerMetricsText(store->Stats(), self->id());
                                              }}}}));
   }
 
@@ -63,7 +82,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   request.set_control_key(control_key);
   if (options.id >= 0) request.set_requested_id(options.id);
   TESSERA_ASSIGN_OR_RETURN(tessera::v1::RegisterResponse registered,
-                           server->scheduler_->Register(request, options.connect_attempts));
+                           server->scheduler_->Register(request, absl::Seconds(options.connect_timeout_s)));
   server->id_ = registered.id();
   LOG(INFO) << "server " << server->id_ << " serving at " << server->address_ << " for job '"
             << registered.job().name() << "' of scheduler " << options.scheduler_address
@@ -72,7 +91,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                               : "");
 
   server->heartbeater_ = server->scheduler_->StartHeartbeats(
-      tessera::v1::SERVER, server->id_, registered.incarnation(), absl::Milliseconds(registered.heartbeat_interval_ms()),
+      tessera::v1::SERVER, server->id(), registered.incarnation(), absl::Milliseconds(registered.heartbeat_interval_ms()),
       [self] { self->Stop(); },
       [self](const absl::Status& why) {
         self->Stop(absl::UnavailableError(
@@ -91,7 +110,7 @@ absl::Status Server::Wait() {
         +[](std::optional<absl::Status>* reason) { return reason->has_value(); }, &stop_reason_));
   }
   if (heartbeater_) heartbeater_->Stop();
-  store_->CancelWaiters(absl::UnavailableError(absl::StrCat("server ", id_, " is shutting down")));
+  store_->CancelWaiters(absl::UnavailableError(absl::StrCat("server ", id(), " is shutting down")));
   grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   absl::MutexLock lock(&mu_);
   return *stop_reason_;

@@ -7,6 +7,7 @@
 #ifndef TESSERA_SERVER_SERVER_H_
 #define TESSERA_SERVER_SERVER_H_
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -24,8 +25,9 @@
 
 namespace tessera {
 
-// The server's statistics in Prometheus text format (its /metrics page).
-std::string ServerMetricsText(const tessera::v1::ServerStats& stats);
+// The server's statistics in Prometheus text format (its /metrics page), labelled with its id (empty before it
+// has one).
+std::string ServerMetricsText(const tessera::v1::ServerStats& stats, int server_id);
 
 // Thread-safe.
 class Server {
@@ -41,7 +43,7 @@ class Server {
   // Asks Wait() to return. Never blocks; safe from any thread, including RPC handlers and signal watchers.
   void Stop(absl::Status reason = absl::OkStatus());
 
-  int id() const { return id_; }
+  int id() const { return id_.load(); }
   // The port of /healthz and /metrics; 0 when off.
   int http_port() const { return http_ ? http_->port() : 0; }
   const std::string& address() const { return address_; }
@@ -51,7 +53,7 @@ class Server {
   explicit Server(const ServerOptions& options);
 
   const ServerOptions options_;
-  int id_ = -1;
+  std::atomic<int> id_{-1};  // set once registered (/metrics may be read before)
   std::string address_;
   std::unique_ptr<ShardStore> store_;
   std::unique_ptr<ThreadPool> updates_;  // large pushes are applied here

@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "common/cluster_environment.h"
 #include "common/daemon_init.h"
 #include "common/security_flags.h"
 #include "common/signals.h"
@@ -10,15 +11,20 @@
 #include "glog/logging.h"
 #include "server/server.h"
 
-DEFINE_string(scheduler, "", "HOST:PORT of the scheduler (required)");
+DEFINE_string(scheduler, "",
+              "HOST:PORT of the scheduler; under Slurm, default: the first host of SLURM_JOB_NODELIST with "
+              "--scheduler_port");
+DEFINE_int32(scheduler_port, 7070, "the scheduler's port when its host comes from SLURM_JOB_NODELIST");
 DEFINE_string(host, "127.0.0.1", "address to listen on (loopback by default; 0.0.0.0 for every interface)");
 DEFINE_int32(port, 0, "port to listen on; 0 picks a free one");
-DEFINE_string(advertise_host, "", "host name or address workers should dial; default: --host");
+DEFINE_string(advertise_host, "",
+              "host name or address workers should dial; default: POD_IP (Kubernetes), else SLURMD_NODENAME (Slurm), "
+              "else this machine's name when --host is 0.0.0.0 or ::, else --host");
 DEFINE_int32(id, -1,
              "the server id to take (0 .. num_servers-1), also when that id's previous process is still registered: "
              "a restarted server takes its place in the running job; -1: the first free id, or the first whose "
-             "server was lost");
-DEFINE_int32(connect_attempts, 20, "tries to reach the scheduler at start-up (exponential backoff up to 1 s)");
+             "server was lost. Default under Slurm: SLURM_PROCID; in a Kubernetes StatefulSet: the pod's ordinal");
+DEFINE_int32(connect_timeout_s, 120, "how long to wait for the scheduler at start-up (tried again every second)");
 DEFINE_int32(http_port, 0, "port of /healthz and /metrics on --host; 0 picks a free one (logged), -1 turns them off");
 DEFINE_int32(heartbeat_timeout_ms, 10000,
              "exit when the scheduler has not answered for this long (a scheduler that says its own timeout wins)");
@@ -30,13 +36,30 @@ TESSERA_DEFINE_SECURITY_FLAGS()
 int main(int argc, char** argv) {
   tessera::InitDaemon("tessera-server --scheduler=HOST:PORT [--host=ADDR --port=N]", &argc, &argv);
 
+  auto cluster = tessera::ReadClusterEnvironment();
+  if (!cluster.ok()) {
+    std::cerr << "tessera-server: " << cluster.status().message() << std::endl;
+    return 2;
+  }
   tessera::ServerOptions options;
-  options.scheduler_address = FLAGS_scheduler;
+  auto scheduler_address = tessera::SchedulerAddress(FLAGS_scheduler, FLAGS_scheduler_port, *cluster);
+  if (!scheduler_address.ok()) {
+    std::cerr << "tessera-server: " << scheduler_address.status().message() << std::endl;
+    return 2;
+  }
+  options.scheduler_address = *scheduler_address;
   options.listen_host = FLAGS_host;
   options.port = FLAGS_port;
-  options.advertise_host = FLAGS_advertise_host;
-  options.connect_attempts = FLAGS_connect_attempts;
+  options.advertise_host = FLAGS_advertise_host.empty() ? cluster->AdvertiseHost(FLAGS_host) : FLAGS_advertise_host;
+  options.connect_timeout_s = FLAGS_connect_timeout_s;
   options.id = FLAGS_id;
+  std::string id_source;
+  if (options.id == -1) {
+    if (std::optional<int> id = cluster->Rank(/*use_pod_ordinal=*/true, &id_source)) {
+      options.id = *id;
+      LOG(INFO) << "server id " << options.id << " from " << id_source;
+    }
+  }
   options.heartbeat_timeout_ms = FLAGS_heartbeat_timeout_ms;
   options.http_port = FLAGS_http_port;
   options.update_threads = FLAGS_update_threads;
@@ -47,6 +70,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.security = *security;
+  if (absl::Status valid = tessera::ValidateServerOptions(options); !valid.ok()) {
+    std::cerr << "tessera-server: " << valid.message() << std::endl;
+    return 2;
+  }
 
   auto server = tessera::Server::Start(options);
   if (!server.ok()) {
@@ -55,12 +82,16 @@ int main(int argc, char** argv) {
   }
   tessera::Server* daemon = server->get();
   tessera::WatchTerminationSignals([daemon](int signal) {
-    daemon->Stop(absl::CancelledError(absl::StrCat("stopped by signal ", signal)));
+    daemon->Stop(absl::CancelledError(absl::StrCat("stopped by ", tessera::SignalName(signal))));
   });
   absl::Status status = (*server)->Wait();
+  if (int signal = tessera::ReceivedTerminationSignal(); signal != 0 && status.code() == absl::StatusCode::kCancelled) {
+    LOG(INFO) << "server " << (*server)->id() << " stopped by " << tessera::SignalName(signal);
+    return tessera::ExitStatusAfterSignal(signal);
+  }
   if (!status.ok()) {
     std::cerr << "tessera-server: " << status << std::endl;
-    return status.code() == absl::StatusCode::kCancelled ? 130 : 1;
+    return 1;
   }
   LOG(INFO) << "server " << (*server)->id() << " finished";
   return 0;

@@ -12,13 +12,12 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
   if (absl::Status s = SplitHostPort(options.scheduler_address, &host, &port); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--scheduler: ", s.message()));
   }
-  if (options.port < 0 || options.port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("--port: expected 0 .. 65535, got ", options.port));
+  if (absl::Status s = CheckPortOption("--port", options.port, /*off_allowed=*/false); !s.ok()) return s;
+  if (absl::Status s = CheckPortOption("--http_port", options.http_port, /*off_allowed=*/true); !s.ok()) return s;
+  if (options.id < -1) return absl::InvalidArgumentError(absl::StrCat("--id: expected >= 0, or -1 (any), got ", options.id));
+  if (options.connect_timeout_s < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--connect_timeout_s: expected >= 1, got ", options.connect_timeout_s));
   }
-  if (options.http_port < -1 || options.http_port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("--http_port: expected -1 .. 65535, got ", options.http_port));
-  }
-  if (options.connect_attempts < 1) return absl::InvalidArgumentError("--connect_attempts: expected >= 1");
   if (options.heartbeat_timeout_ms < 100) return absl::InvalidArgumentError("--heartbeat_timeout_ms: expected >= 100");
   if (options.update_threads < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--update_threads: expected >= 1, got ", options.update_threads));

@@ -15,7 +15,7 @@ struct ServerOptions {
   std::string listen_host = "127.0.0.1";  // loopback unless told otherwise
   int port = 0;                          // 0: any free port
   std::string advertise_host;            // what workers dial; default: listen_host
-  int connect_attempts = 20;             // tries to reach the scheduler at start-up
+  int connect_timeout_s = 120;           // how long to wait for the scheduler at start-up
   int id = -1;                           // the server id to take (kept across restarts); -1: the first free one
   int heartbeat_timeout_ms = 10000;      // exit when the scheduler is silent this long
   int http_port = 0;                     // /healthz and /metrics on listen_host; 0: a free port; -1: off

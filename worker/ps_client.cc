@@ -233,7 +233,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(const Options& optio
   request.set_device(options.device);
   if (options.rank >= 0) request.set_requested_id(options.rank);
   TESSERA_ASSIGN_OR_RETURN(tessera::v1::RegisterResponse registered,
-                           client->scheduler_->Register(request, options.connect_attempts));
+                           client->scheduler_->Register(request, options.connect_timeout));
   client->worker_id_ = registered.id();
   client->incarnation_ = registered.incarnation();
   client->member_key_ = registered.member_key();

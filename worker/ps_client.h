@@ -83,7 +83,7 @@ class PsClient {
     std::string scheduler_address;                   // HOST:PORT (required)
     std::string device = "cpu";                      // reported to the scheduler
     int rank = -1;                                   // the rank to take (kept across restarts); -1: any free one
-    int connect_attempts = 20;                       // tries to reach the scheduler (backoff up to 1 s)
+    absl::Duration connect_timeout = absl::Seconds(120);  // how long to wait for the scheduler at start-up
     absl::Duration rpc_timeout = absl::Seconds(30);  // per data-plane RPC
     absl::Duration clock_wait_timeout = absl::Minutes(5);  // longest wait at the clock gate
     absl::Duration declare_timeout = absl::Minutes(2);     // waiting for servers to register

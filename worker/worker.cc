@@ -1,11 +1,30 @@
 #include "worker/worker.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/metrics_page.h"
 #include "common/job_spec.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 
 namespace tessera {
+
+std::string WorkerMetricsText(const TrainerProgress& p, int rank) {
+  const MetricLabels worker = {{"worker", absl::StrCat(rank)}};
+  MetricsPage page;
+  page.Family("tessera_worker_clock", MetricsPage::kGauge, "Steps this worker completed.").Sample(p.clock, worker);
+  page.Family("tessera_worker_samples_total", MetricsPage::kCounter,
+              "Training samples this worker computed gradients on.")
+      .Sample(p.samples, worker);
+  page.Family("tessera_worker_train_loss", MetricsPage::kGauge, "Mean training loss over the last reporting window.")
+      .Sample(p.train_loss, worker);
+  page.Family("tessera_worker_samples_per_second", MetricsPage::kGauge,
+              "Training throughput over the last reporting window.")
+      .Sample(p.samples_per_sec, worker);
+  page.Family("tessera_worker_test_accuracy", MetricsPage::kGauge,
+              "Test accuracy (0..1) of this worker's newest evaluation.")
+      .Sample(p.test_accuracy, worker);
+  return page.text();
+}
 
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& options) {
   TESSERA_RETURN_IF_ERROR(ValidateWorkerOptions(options));
@@ -19,7 +38,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
     client_options.device = options.device;
     client_options.rank = options.rank;
     client_options.on_scheduler_lost = [stop = worker->stop_](const absl::Status& why) { stop->Set(why); };
-    client_options.connect_attempts = options.connect_attempts;
+    client_options.connect_timeout = absl::Seconds(options.connect_timeout_s);
     client_options.clock_wait_timeout = absl::Milliseconds(options.clock_wait_timeout_ms);
     client_options.security = options.security;
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client, PsClient::Connect(client_options));
@@ -28,6 +47,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
   // The job (known only now, for a cluster worker) picks the GEMM precision.
   BackendOptions backend_options;
   backend_options.cpu_threads = options.cpu_threads;
+  backend_options.local_index = options.local_device_index;
   switch (worker->source_->job().compute().math()) {
     case tessera::v1::ComputeSpec::TF32:
       backend_options.math = BackendOptions::Math::kTf32;
@@ -49,14 +69,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
         worker->http_,
         HttpEndpoint::Start(options.listen_host, options.http_port, *security,
                             {{"/metrics", {"text/plain; version=0.0.4", [trainer, rank] {
-                                const TrainerProgress p = trainer->progress();
-                                const std::string label = absl::StrCat("worker=\"", rank, "\"");
-                                return PrometheusMetric("tessera_worker_clock", "gauge", p.clock, label) +
-                                       PrometheusMetric("tessera_worker_samples_total", "counter", p.samples, label) +
-                                       PrometheusMetric("tessera_worker_train_loss", "gauge", p.train_loss, label) +
-                                       PrometheusMetric("tessera_worker_samples_per_sec", "gauge", p.samples_per_sec,
-                                                        label) +
-                                       PrometheusMetric("tessera_worker_test_accuracy", "gauge", p.test_accuracy, label);
+                                return WorkerMetricsText(trainer->progress(), rank);
                               }}}}));
     LOG(INFO) << "worker " << rank << " on " << worker->backend_->name() << "; metrics at "
               << (security->tls() ? "https" : "http") << "://"

@@ -21,6 +21,9 @@
 
 namespace tessera {
 
+// A worker's /metrics page (Prometheus text format), labelled with its rank.
+std::string WorkerMetricsText(const TrainerProgress& progress, int rank);
+
 // Thread-safe.
 class Worker {
  public:

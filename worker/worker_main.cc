@@ -3,26 +3,38 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "common/cluster_environment.h"
 #include "common/daemon_init.h"
+#include "common/run_recorder.h"
 #include "common/security_flags.h"
 #include "common/signals.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "worker/worker.h"
 
-DEFINE_string(scheduler, "", "HOST:PORT of the scheduler (required unless --local)");
+DEFINE_string(scheduler, "",
+              "HOST:PORT of the scheduler (required unless --local); under Slurm, default: the first host of "
+              "SLURM_JOB_NODELIST with --scheduler_port");
+DEFINE_int32(scheduler_port, 7070, "the scheduler's port when its host comes from SLURM_JOB_NODELIST");
 DEFINE_bool(local, false, "train --job alone in this process, with no scheduler or servers (the baseline)");
 DEFINE_string(job, "", "--local only: the JobSpec file (text format or JSON)");
 DEFINE_string(run_dir, "", "--local only: directory for metrics.jsonl and summary.json");
-DEFINE_string(device, "auto", "auto (a GPU when one answers, else the CPU), cpu, or cuda:N");
+DEFINE_bool(overwrite, false, "--local only: replace the records of an earlier run in --run_dir (refused otherwise)");
+DEFINE_string(device, "auto",
+              "auto (a GPU when one answers, else the CPU; under Slurm the GPU of SLURM_LOCALID among the visible "
+              "ones), cpu, or cuda:N");
 DEFINE_int32(rank, -1,
              "the worker rank to take (0 .. num_workers-1), also when that rank's previous process is still "
              "registered: a restarted worker rejoins the running job with it; -1: the first free rank, or the "
-             "first whose worker was lost");
+             "first whose worker was lost. Default under Slurm: SLURM_PROCID; in a Kubernetes Indexed Job: "
+             "JOB_COMPLETION_INDEX (each plus --rank_offset)");
+DEFINE_int32(rank_offset, 0,
+             "added to a rank taken from SLURM_PROCID or JOB_COMPLETION_INDEX: the first rank of this group of "
+             "workers when several groups (a heterogeneous Slurm job's components, several Indexed Jobs) form one job");
 DEFINE_int32(cpu_threads, 1, "BLAS threads of the CPU backend (more than the free cores slows every process down)");
 DEFINE_string(host, "127.0.0.1", "address /healthz and /metrics listen on (loopback by default)");
 DEFINE_int32(http_port, 0, "port of /healthz and /metrics; 0 picks a free one (logged), -1 turns them off");
-DEFINE_int32(connect_attempts, 20, "tries to reach the scheduler at start-up (exponential backoff up to 1 s)");
+DEFINE_int32(connect_timeout_s, 120, "how long to wait for the scheduler at start-up (tried again every second)");
 DEFINE_int32(clock_wait_timeout_ms, 300000, "longest wait for slower workers at the clock gate");
 DEFINE_int32(inject_slowdown_ms, 0, "experiments: every step takes this many milliseconds longer (a straggler)");
 DEFINE_double(slow_factor, 1.0, "experiments: compute this many times slower than this device does (a slower GPU)");
@@ -40,17 +52,45 @@ int main(int argc, char** argv) {
   tessera::InitDaemon("tessera-worker --scheduler=HOST:PORT [--device=auto|cpu|cuda:N]\n"
                           "       tessera-worker --local --job=FILE [--run_dir=DIR]", &argc, &argv);
 
+  auto cluster = tessera::ReadClusterEnvironment();
+  if (!cluster.ok()) {
+    std::cerr << "tessera-worker: " << cluster.status().message() << std::endl;
+    return 2;
+  }
+  if (absl::Status s = tessera::ClaimRunDirectory(FLAGS_local ? FLAGS_run_dir : "", FLAGS_overwrite); !s.ok()) {
+    std::cerr << "tessera-worker: " << s.message() << std::endl;
+    return 2;
+  }
   tessera::WorkerOptions options;
-  options.scheduler_address = FLAGS_scheduler;
+  if (!FLAGS_local) {
+    auto scheduler_address = tessera::SchedulerAddress(FLAGS_scheduler, FLAGS_scheduler_port, *cluster);
+    if (!scheduler_address.ok()) {
+      std::cerr << "tessera-worker: " << scheduler_address.status().message() << std::endl;
+      return 2;
+    }
+    options.scheduler_address = *scheduler_address;
+  } else {
+    options.scheduler_address = FLAGS_scheduler;
+  }
   options.local = FLAGS_local;
   options.job_path = FLAGS_job;
   options.run_dir = FLAGS_run_dir;
   options.device = FLAGS_device;
   options.rank = FLAGS_rank;
+  std::string rank_source;
+  if (options.rank == -1 && !FLAGS_local) {
+    if (std::optional<int> rank = cluster->Rank(/*use_pod_ordinal=*/false, &rank_source)) {
+      options.rank = FLAGS_rank_offset + *rank;
+      LOG(INFO) << "rank " << options.rank << " from " << rank_source
+                << (FLAGS_rank_offset != 0 ? absl::StrCat(" + --rank_offset=", FLAGS_rank_offset) : "")
+                << (cluster->slurm_size ? absl::StrCat(" (SLURM_NTASKS=", *cluster->slurm_size, ")") : "");
+    }
+  }
+  options.local_device_index = cluster->slurm_local_rank.value_or(0);
   options.cpu_threads = FLAGS_cpu_threads;
   options.listen_host = FLAGS_host;
   options.http_port = FLAGS_http_port;
-  options.connect_attempts = FLAGS_connect_attempts;
+  options.connect_timeout_s = FLAGS_connect_timeout_s;
   options.clock_wait_timeout_ms = FLAGS_clock_wait_timeout_ms;
   options.trainer.straggler.delay_ms = FLAGS_inject_slowdown_ms;
   options.trainer.straggler.slow_factor = FLAGS_slow_factor;
@@ -61,6 +101,10 @@ int main(int argc, char** argv) {
   options.trainer.simulate_compute_ms = FLAGS_simulate_compute_ms;
   options.trainer.dump_params = FLAGS_dump_params;
   options.security = SecurityFlags();
+  if (absl::Status valid = tessera::ValidateWorkerOptions(options); !valid.ok()) {
+    std::cerr << "tessera-worker: " << valid.message() << std::endl;
+    return 2;
+  }
 
   auto worker = tessera::Worker::Start(options);
   if (!worker.ok()) {
@@ -69,14 +113,19 @@ int main(int argc, char** argv) {
   }
   tessera::Worker* daemon = worker->get();
   tessera::WatchTerminationSignals([daemon](int signal) {
-    LOG(WARNING) << "signal " << signal << ": stopping after this step";
+    LOG(WARNING) << tessera::SignalName(signal) << ": stopping after this step";
     daemon->Stop();
   });
   absl::StatusOr<tessera::TrainerResult> result = (*worker)->Wait();
+  const int signal = tessera::ReceivedTerminationSignal();
   if (!result.ok()) {
+    if (signal != 0 && result.status().code() == absl::StatusCode::kCancelled) {
+      LOG(INFO) << "stopped by " << tessera::SignalName(signal);
+      return tessera::ExitStatusAfterSignal(signal);
+    }
     std::cerr << "tessera-worker: " << result.status() << std::endl;
-    return result.status().code() == absl::StatusCode::kCancelled ? 130 : 1;
+    return 1;
   }
   LOG(INFO) << "done: " << result->steps << " steps, " << result->stop_reason;
-  return 0;
+  return signal != 0 ? tessera::ExitStatusAfterSignal(signal) : 0;
 }

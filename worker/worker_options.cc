@@ -25,20 +25,29 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& options) {
       return absl::InvalidArgumentError(absl::StrCat("--scheduler: ", s.message()));
     }
   }
-  if (options.http_port < -1 || options.http_port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("--http_port: expected -1 .. 65535, got ", options.http_port));
+  if (absl::Status s = CheckPortOption("--http_port", options.http_port, /*off_allowed=*/true); !s.ok()) return s;
+  if (options.rank < -1) {
+    return absl::InvalidArgumentError(absl::StrCat("--rank: expected >= 0, or -1 (any), got ", options.rank));
+  }
+  if (options.cpu_threads < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--cpu_threads: expected >= 1, got ", options.cpu_threads));
+  }
+  if (options.clock_wait_timeout_ms < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--clock_wait_timeout_ms: expected >= 1, got ", options.clock_wait_timeout_ms));
   }
   const bool cuda = options.device.rfind("cuda:", 0) == 0 && options.device.size() > 5 &&
                     options.device.find_first_not_of("0123456789", 5) == std::string::npos;
   if (options.device != "auto" && options.device != "cpu" && !cuda) {
     return absl::InvalidArgumentError(absl::StrCat("--device: expected auto, cpu or cuda:N, got '", options.device, "'"));
   }
-  if (options.connect_attempts < 1) return absl::InvalidArgumentError("--connect_attempts: expected >= 1");
+  if (options.connect_timeout_s < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--connect_timeout_s: expected >= 1, got ", options.connect_timeout_s));
+  }
   TESSERA_RETURN_IF_ERROR(options.trainer.straggler.Validate());
   if (options.trainer.simulate_compute_ms < 0) {
     return absl::InvalidArgumentError("--simulate_compute_ms: expected >= 0");
   }
-  if (options.clock_wait_timeout_ms < 1) return absl::InvalidArgumentError("--clock_wait_timeout_ms: expected >= 1");
   return absl::OkStatus();
 }
 

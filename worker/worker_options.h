@@ -18,10 +18,11 @@ struct WorkerOptions {
   std::string device = "auto";    // auto | cpu | cuda:N
   int rank = -1;                  // the rank to take, kept across restarts; -1: the first free one
   int cpu_threads = 1;            // BLAS threads of the CPU backend
+  int local_device_index = 0;     // --device=auto: which of the visible GPUs (SLURM_LOCALID)
   std::string listen_host = "127.0.0.1";  // where /healthz and /metrics listen
   int http_port = 0;              // 0: a free port; -1: off
   SecurityOptions security;       // TLS files and the job token (common/security.h)
-  int connect_attempts = 20;
+  int connect_timeout_s = 120;    // how long to wait for the scheduler at start-up
   int clock_wait_timeout_ms = 300000;
   TrainerOptions trainer;
 };

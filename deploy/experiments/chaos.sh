@@ -23,7 +23,7 @@ launch_flags=(--job="$out/job.pbtxt" --device=cpu --heartbeat_timeout_ms=2000)
 echo "== chaos run: $steps steps; a server killed every 20 s, a worker every 30 s"
 : >"$out/kills.tsv"
 start=$(now)
-"$bin/tessera-launch" "${launch_flags[@]}" --run_dir="$out/chaos" --checkpoint_every_s=5 \
+"$bin/tessera-launch" --linger_s=0 --overwrite "${launch_flags[@]}" --run_dir="$out/chaos" --checkpoint_every_s=5 \
   --restart_servers=1000 --restart_workers=1000 >"$out/chaos.out" 2>&1 &
 launcher=$!
 next_server=20
@@ -58,7 +58,7 @@ fi
 
 echo "== clean run of the same job"
 start=$(now)
-"$bin/tessera-launch" "${launch_flags[@]}" --run_dir="$out/clean" >"$out/clean.out" 2>&1
+"$bin/tessera-launch" --linger_s=0 --overwrite "${launch_flags[@]}" --run_dir="$out/clean" >"$out/clean.out" 2>&1
 clean_seconds=$(python3 -c "print(round($(now) - $start, 1))")
 
 python3 - "$out" "$chaos_seconds" "$clean_seconds" <<'EOF'

@@ -18,7 +18,7 @@ declare -A modes=([sync]="consistency { mode: SYNC }" [async]="consistency { mod
                   [ssp3]="consistency { mode: SSP staleness: 3 }")
 for mode in ${MODES:-sync async ssp3}; do
   echo "== $mode"
-  "$bin/tessera-launch" --job=deploy/jobs/fashion_mnist_mlp_sync.pbtxt --run_dir="$out/$mode" \
+  "$bin/tessera-launch" --linger_s=0 --overwrite --job=deploy/jobs/fashion_mnist_mlp_sync.pbtxt --run_dir="$out/$mode" \
     --job_override="$common ${modes[$mode]} $extra" | tail -1
 done
 python3 - "$out" <<'PY'

@@ -43,7 +43,7 @@ for scenario in ${SCENARIOS:-slow stalls}; do
   for mode in ${MODES:-sync balance backup async async_salr ssp1 ssp3}; do
     echo "== $scenario: $mode"
     # shellcheck disable=SC2086  # the straggler flags are several words
-    "$bin/tessera-launch" --job=deploy/jobs/fashion_mnist_mlp_sync.pbtxt --run_dir="$out/$scenario/$mode" \
+    "$bin/tessera-launch" --linger_s=0 --overwrite --job=deploy/jobs/fashion_mnist_mlp_sync.pbtxt --run_dir="$out/$scenario/$mode" \
       --device=cpu ${stragglers[$scenario]} --job_override="$common ${modes[$mode]}" | tail -1
   done
 done

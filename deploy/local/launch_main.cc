@@ -10,7 +10,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/command_line.h"
 #include "common/daemon_init.h"
+#include "common/run_recorder.h"
 #include "common/security_flags.h"
 #include "common/job_spec.h"
 #include "deploy/default_job.h"
@@ -40,7 +42,11 @@ DEFINE_uint64(stall_seed, 1, "experiments: seed of the stalls (the same seed sta
 DEFINE_int32(simulate_compute_ms, 0,
              "benchmarks: every worker replaces forward and backward by waiting this many milliseconds per step");
 DEFINE_string(dump_params, "", "worker rank 0 writes the final parameters to this file");
-DEFINE_int32(timeout_s, 3600, "stop the whole cluster after this many seconds");
+DEFINE_int32(timeout_s, 0, "stop the whole cluster after this many seconds; 0: no limit");
+DEFINE_int32(linger_s, 60,
+             "after the job ends, the dashboard, /status and /metrics stay up this many seconds (Ctrl-C ends the "
+             "wait; 0: exit at once)");
+DEFINE_bool(overwrite, false, "replace an earlier run in --run_dir (its logs, records and checkpoints)");
 DEFINE_int64(checkpoint_every_steps, 0, "checkpoint every this many clocks (sets the job's checkpoint.every_steps)");
 DEFINE_int32(checkpoint_every_s, 0, "checkpoint every this many seconds (sets the job's checkpoint.every_seconds)");
 DEFINE_string(checkpoint_dir, "",
@@ -63,14 +69,15 @@ TESSERA_DEFINE_SECURITY_FLAGS()
 
 int main(int argc, char** argv) {
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);  // see common/daemon_init.h
-  gflags::SetUsageMessage("tessera-launch [--job=FILE] [--servers=N --workers=M --run_dir=DIR]");
-  tessera::ShowHelpAndExitIfAsked(argc, argv);
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
-
-  if (FLAGS_servers < 0 || FLAGS_workers < 0) {
-    std::cerr << "tessera-launch: --servers and --workers must be >= 0 (0: the job's value)" << std::endl;
-    return 2;
-  }
+  tessera::ParseProgramFlags("tessera-launch [--job=FILE] [--servers=N --workers=M --run_dir=DIR]", "_main.cc", &argc,
+                             &argv);
+  tessera::CheckFlags({tessera::NonNegativeFlag("servers"), tessera::NonNegativeFlag("workers"),
+                       tessera::NonNegativeFlag("timeout_s"), tessera::NonNegativeFlag("linger_s"),
+                       tessera::AtLeastFlag("slow_worker", -1, "must be a worker rank, or -1 (none)"),
+                       tessera::NonNegativeFlag("inject_slowdown_ms"), tessera::NonNegativeFlag("stall_ms"),
+                       tessera::NonNegativeFlag("simulate_compute_ms"), tessera::NonNegativeFlag("checkpoint_every_steps"),
+                       tessera::NonNegativeFlag("checkpoint_every_s"), tessera::NonNegativeFlag("heartbeat_timeout_ms"),
+                       tessera::NonNegativeFlag("restart_servers"), tessera::NonNegativeFlag("restart_workers")});
   std::string job_text = tessera::kDefaultJobText;
   std::string origin = "the embedded default job";
   const std::string job_file = FLAGS_resume.empty() ? FLAGS_job : FLAGS_resume + "/job.pbtxt";
@@ -151,6 +158,7 @@ int main(int argc, char** argv) {
   options.simulate_compute_ms = FLAGS_simulate_compute_ms;
   options.dump_params = FLAGS_dump_params;
   options.timeout_s = FLAGS_timeout_s;
+  options.linger_s = FLAGS_linger_s;
   options.tls = FLAGS_tls;
   // Given credentials are used as they are; otherwise the launcher makes a fresh token (and with --tls, a CA).
   const tessera::SecurityOptions given = SecurityFlags();
@@ -165,6 +173,15 @@ int main(int argc, char** argv) {
   options.restart_servers = FLAGS_restart_servers;
   options.heartbeat_timeout_ms = FLAGS_heartbeat_timeout_ms;
 
+  // One run per run directory (a resumed run goes on in its own).
+  if (FLAGS_resume.empty()) {
+    if (absl::Status s = tessera::ClaimRunDirectory(options.run_dir, FLAGS_overwrite,
+                                                    {"job.pbtxt", "logs", "secrets", "checkpoints"});
+        !s.ok()) {
+      std::cerr << "tessera-launch: " << s.message() << std::endl;
+      return 2;
+    }
+  }
   // The run directory keeps the exact job that ran.
   std::filesystem::create_directories(options.run_dir, error);
   options.job_path = options.run_dir + "/job.pbtxt";

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -24,12 +25,17 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/process_report.h"
+#include "common/signals.h"
+#include "nlohmann/json.hpp"
 #include "deploy/local/credentials.h"
+
+extern char** environ;
 
 namespace tessera {
 namespace {
 
 constexpr char kListening[] = "scheduler listening on ";
+constexpr char kDashboard[] = "dashboard at ";
 constexpr absl::Duration kGrace = absl::Seconds(5);
 
 struct Child {
@@ -54,6 +60,16 @@ sigset_t LauncherSignals() {
   return set;
 }
 
+// The launcher's environment without TESSERA_* variables: those set the launcher's own flags, and each child gets
+// its settings as flags (a TESSERA_HTTP_PORT meant for one daemon must not reach every child).
+std::vector<std::string> ChildEnvironment() {
+  std::vector<std::string> environment;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    if (!absl::StartsWith(*entry, "TESSERA_")) environment.emplace_back(*entry);
+  }
+  return environment;
+}
+
 // Forks and execs `argv`; stdout goes to `stdout_fd` (or the log), stderr to the log (appended to when
 // `append`: a restarted child).
 absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const std::string& log, int stdout_fd,
@@ -61,6 +77,13 @@ absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const std::str
   const int log_fd = open(log.c_str(), O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC) | O_CLOEXEC, 0644);
   if (log_fd < 0) return absl::PermissionDeniedError(absl::StrCat("cannot write ", log, ": ", strerror(errno)));
   const pid_t launcher = getpid();
+  const std::vector<std::string> environment = ChildEnvironment();
+  std::vector<char*> envp;
+  for (const std::string& e : environment) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
   const pid_t pid = fork();
   if (pid < 0) {
     close(log_fd);
@@ -75,10 +98,7 @@ absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const std::str
     sigprocmask(SIG_SETMASK, &none, nullptr);
     dup2(stdout_fd >= 0 ? stdout_fd : log_fd, STDOUT_FILENO);
     dup2(log_fd, STDERR_FILENO);
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
+    execve(args[0], args.data(), envp.data());
     dprintf(log_fd, "cannot execute %s: %s\n", args[0], strerror(errno));
     _exit(127);
   }
@@ -111,10 +131,38 @@ class Cluster {
       if (!made.ok()) return made.status();
       options_.security = *made;
     }
+    const absl::Time start = absl::Now();
     absl::Status status = StartAll();
     if (status.ok()) status = Supervise();
     StopAll();
+    // A signal while the dashboard lingers after a completed job only cuts the linger short.
+    if (status.ok() && interrupted_ != 0 && !SummarySaysCompleted()) {
+      status = absl::CancelledError(absl::StrCat("stopped by ", SignalName(interrupted_)));
+    }
+    // Every run ends with a summary: the scheduler writes it; when it could not (it died, or never started), the
+    // launcher says why the run ended.
+    if (!std::filesystem::exists(options_.run_dir + "/summary.json")) {
+      WriteFallbackSummary(status, absl::Now() - start);
+    }
     return status;
+  }
+
+  bool SummarySaysCompleted() const {
+    std::ifstream in(options_.run_dir + "/summary.json");
+    const nlohmann::json summary = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    return summary.is_object() && summary.value("completed", false);
+  }
+
+  void WriteFallbackSummary(const absl::Status& status, absl::Duration wall) const {
+    nlohmann::json summary = {{"completed", false},
+                              {"stop_reason", status.ok() ? "the scheduler exited without a summary"
+                                                          : std::string(status.message())},
+                              {"written_by", "tessera-launch (the scheduler wrote no summary)"},
+                              {"servers", options_.servers},
+                              {"workers", options_.workers},
+                              {"wall_seconds", absl::ToDoubleSeconds(wall)}};
+    std::ofstream out(options_.run_dir + "/summary.json");
+    out << summary.dump(2) << "\n";
   }
 
  private:
@@ -122,7 +170,8 @@ class Cluster {
     int pipe_fds[2];
     if (pipe2(pipe_fds, O_CLOEXEC) != 0) return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
     std::vector<std::string> argv = {options_.bin_dir + "/tessera-scheduler", "--job=" + options_.job_path,
-                                     "--run_dir=" + options_.run_dir, "--port=0"};
+                                     "--run_dir=" + options_.run_dir, "--port=0",
+                                     absl::StrCat("--linger_s=", options_.linger_s)};
     if (!options_.resume_dir.empty()) argv.push_back("--resume=" + options_.resume_dir);
     if (options_.heartbeat_timeout_ms > 0) {
       argv.push_back(absl::StrCat("--heartbeat_timeout_ms=", options_.heartbeat_timeout_ms));
@@ -151,6 +200,10 @@ class Cluster {
         while ((newline = pending.find('\n')) != std::string::npos) {
           std::string line = pending.substr(0, newline);
           pending.erase(0, newline + 1);
+          if (absl::StartsWith(line, kDashboard)) {
+            std::cout << "tessera-launch: dashboard at " << line.substr(strlen(kDashboard)) << std::endl;
+            continue;
+          }
           if (absl::StartsWith(line, kListening)) {
             {
               std::lock_guard<std::mutex> lock(mu_);
@@ -159,6 +212,10 @@ class Cluster {
             kill(self, SIGUSR1);
           }
           std::cout << line << std::endl;
+          if (absl::StartsWith(line, "summary: ") && options_.linger_s > 0 && interrupted_ == 0) {
+            std::cout << "tessera-launch: the job has ended; the dashboard stays up for " << options_.linger_s
+                      << " s (--linger_s; Ctrl-C to leave now)" << std::endl;
+          }
         }
       }
       close(fd);
@@ -230,7 +287,17 @@ class Cluster {
     timespec timeout = absl::ToTimespec(std::min(left, absl::Seconds(1)));
     const int signal = sigtimedwait(&signals, nullptr, &timeout);
     if (signal == SIGINT || signal == SIGTERM) {
-      return absl::CancelledError(absl::StrCat("interrupted by signal ", signal, "; stopping the cluster"));
+      if (interrupted_ || scheduler_exited_) {
+        return absl::CancelledError(absl::StrCat("interrupted again by ", SignalName(signal), "; stopping every daemon"));
+      }
+      // The scheduler, given the same signal, stops the job gracefully (a checkpoint when the job takes them, the
+      // workers' last step, the summary naming the signal) and exits; the launcher goes on waiting for it.
+      interrupted_ = signal;
+      std::cout << "tessera-launch: " << SignalName(signal)
+                << ": stopping the job (the workers finish their step; again to stop at once)" << std::endl;
+      for (const Child& c : children_) {
+        if (c.role == Child::kScheduler && !c.exited) kill(c.pid, signal);
+      }
     }
     return Reap();
   }
@@ -248,6 +315,13 @@ class Cluster {
         child.exited = true;
         child.status = status;
         const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        // A scheduler stopped by the signal the launcher passed on exits as that signal asks (0 or 130).
+        const bool stopped_as_asked = interrupted_ != 0 && WIFEXITED(status) &&
+                                      WEXITSTATUS(status) == ExitStatusAfterSignal(interrupted_);
+        if (child.role == Child::kScheduler && stopped_as_asked) {
+          scheduler_exited_ = true;
+          continue;
+        }
         if (child.role == Child::kScheduler) {
           scheduler_exited_ = true;
           if (failed) {
@@ -289,9 +363,15 @@ class Cluster {
   // Until the scheduler has exited (the job is over), then until the others have (they exit when the job ends;
   // those still running after the grace period are stopped).
   absl::Status Supervise() {
-    const absl::Time deadline = absl::Now() + absl::Seconds(options_.timeout_s);
+    const absl::Time deadline =
+        options_.timeout_s > 0 ? absl::Now() + absl::Seconds(options_.timeout_s) : absl::InfiniteFuture();
     while (!scheduler_exited_) {
-      if (absl::Status s = WaitForEvent(deadline, "the job to finish"); !s.ok()) return s;
+      if (absl::Status s = WaitForEvent(deadline, "the job to finish"); !s.ok()) {
+        if (absl::IsDeadlineExceeded(s)) {
+          return absl::DeadlineExceededError(absl::StrCat("--timeout_s=", options_.timeout_s, " passed; stopping the cluster"));
+        }
+        return s;
+      }
     }
     const absl::Time grace = std::min(deadline, absl::Now() + kGrace);
     while (!AllExited() && absl::Now() < grace) {
@@ -332,6 +412,7 @@ class Cluster {
   LaunchOptions options_;  // its credentials are filled in by Run()
   std::vector<Child> children_;
   bool scheduler_exited_ = false;
+  std::atomic<int> interrupted_{0};  // the signal that asked the job to stop (read by the reader thread too)
   std::thread reader_;
   std::mutex mu_;
   std::string scheduler_address_;  // guarded by mu_

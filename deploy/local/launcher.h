@@ -5,8 +5,10 @@
 // <run_dir>/logs/. The scheduler decides the job's fate, as it does for daemons started by hand: a server or
 // worker that fails is reported (and a worker started again while it has restarts left), and the launcher
 // returns when the scheduler has exited and the others with it: OK when the scheduler says the job completed,
-// its reason otherwise. On SIGINT/SIGTERM or its own timeout it stops all children (SIGTERM, then SIGKILL
-// after a grace period).
+// its reason otherwise. On SIGINT/SIGTERM it asks the scheduler to stop the job gracefully and waits for it; a
+// second signal, or the timeout when one is set, stops all children (SIGTERM, then SIGKILL after a grace period).
+// Every run ends with a summary.json with a stop_reason: the scheduler's, or the launcher's when the scheduler
+// could not write one.
 // Children also die with the launcher (PR_SET_PDEATHSIG), so no daemon outlives it and no port stays bound.
 #ifndef TESSERA_DEPLOY_LOCAL_LAUNCHER_H_
 #define TESSERA_DEPLOY_LOCAL_LAUNCHER_H_
@@ -33,7 +35,8 @@ struct LaunchOptions {
   StragglerOptions stalls;   // every worker: transient stalls (experiments)
   int simulate_compute_ms = 0;  // every worker gets --simulate_compute_ms (benchmarks)
   std::string dump_params;   // handed to the workers; rank 0 writes its final parameters there
-  int timeout_s = 3600;      // stop everything after this long
+  int timeout_s = 0;         // stop everything after this long; 0: no limit
+  int linger_s = 60;         // the scheduler's --linger_s: its dashboard stays up this long after the job
   int restart_workers = 0;   // start a failed worker again, at most this many times per worker
   int restart_servers = 0;   // start a failed server again, at most this many times per server
   int heartbeat_timeout_ms = 0;  // the scheduler's failure detection; 0: its default

@@ -58,6 +58,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/command_line.h"
 #include "common/daemon_init.h"
 #include "common/job_spec.h"
 #include "common/security.h"
@@ -839,7 +840,7 @@ void EndToEndSection(const Context& ctx, Table& table) {
       std::vector<std::string> argv =
           c.local ? std::vector<std::string>{ctx.bin_dir + "/tessera-worker", "--local", "--job=" + *dir + "/job.pbtxt",
                                              "--run_dir=" + run_dir, "--device=" + FLAGS_device, "--http_port=-1"}
-                  : std::vector<std::string>{ctx.bin_dir + "/tessera-launch", "--job=" + *dir + "/job.pbtxt",
+                  : std::vector<std::string>{ctx.bin_dir + "/tessera-launch", "--linger_s=0", "--job=" + *dir + "/job.pbtxt",
                                              "--run_dir=" + run_dir, "--device=" + FLAGS_device};
       results.push_back(RunToSummary(c.label, argv, run_dir, *dir + "/run.log"));
     }
@@ -1017,18 +1018,12 @@ std::string CpuModel() {
 }
 
 int Main(int argc, char** argv) {
-  std::vector<std::string> args(argv + 1, argv + argc);
-  gflags::SetUsageMessage(
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  tessera::ParseProgramFlags(
       "tessera-bench [--sections=a,b,c,d,e,f] [--repeats=N] ...\n"
       "Data-plane benchmark: prints one Markdown table, every speed a ratio to a reference measured in the same run.\n"
-      "Run from the repository root (the job files of section d are relative paths), or use deploy/bench/data_plane.sh.");
-  for (const std::string& a : args) {
-    if (a == "--help" || a == "-h") {
-      gflags::ShowUsageWithFlagsRestrict(argv[0], "data_plane_bench");
-      return 0;
-    }
-  }
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+      "Run from the repository root (the job files of section d are relative paths), or use deploy/bench/data_plane.sh.",
+      "data_plane_bench", &argc, &argv);
   tessera::KeepTransientBuffersMapped();  // the bench's client is a worker: same malloc settings
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);  // see common/daemon_init.h
   google::InitGoogleLogging(argv[0]);

@@ -70,12 +70,12 @@ class AuthTest : public ::testing::Test {
     return cluster.ok() ? std::move(*cluster) : nullptr;
   }
 
-  // A client that gives up after two tries.
+  // A client that gives up after a second.
   absl::StatusOr<std::unique_ptr<PsClient>> Connect(MiniCluster& cluster, const SecurityOptions& security) {
     PsClient::Options options;
     options.scheduler_address = cluster.scheduler_address();
     options.heartbeat = false;
-    options.connect_attempts = 2;
+    options.connect_timeout = absl::Seconds(1);
     options.security = security;
     return PsClient::Connect(options);
   }

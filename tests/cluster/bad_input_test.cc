@@ -150,12 +150,12 @@ TEST(UnreachableSchedulerTest, ClientAndServerGiveUpNamingTheAddress) {
   const std::string address = absl::StrCat("127.0.0.1:", UnusedLoopbackPort());
   PsClient::Options options;
   options.scheduler_address = address;
-  options.connect_attempts = 3;
+  options.connect_timeout = absl::Seconds(2);
   options.heartbeat = false;
   EXPECT_THAT(PsClient::Connect(options), StatusIs(absl::StatusCode::kUnavailable, address));
   ServerOptions server_options;
   server_options.scheduler_address = address;
-  server_options.connect_attempts = 2;
+  server_options.connect_timeout_s = 1;
   EXPECT_THAT(Server::Start(server_options), StatusIs(absl::StatusCode::kUnavailable, address));
 }
 

@@ -45,7 +45,7 @@ std::string SyncJob(int batch, int workers) {
 TEST_F(DaemonsTest, SyncClusterOfProcessesMatchesTheLocalBaseline) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not installed (Debian package dataset-fashion-mnist)";
   const std::string run = (dir_ / "run").string();
-  Subprocess launch({kBin + "/tessera-launch", "--job=" + Write("sync.pbtxt", SyncJob(32, 2)), "--run_dir=" + run,
+  Subprocess launch({kBin + "/tessera-launch", "--linger_s=0", "--job=" + Write("sync.pbtxt", SyncJob(32, 2)), "--run_dir=" + run,
                      "--worker_devices=cpu,cpu", "--dump_params=" + (dir_ / "cluster.params").string(),
                      "--timeout_s=240"});
   ASSERT_TRUE(launch.ReadUntilExit(absl::Seconds(300))) << launch.output();
@@ -90,11 +90,11 @@ TEST_F(DaemonsTest, EveryBinaryDocumentsItsOwnFlags) {
 
 TEST_F(DaemonsTest, WorkerAndServerNameTheAddressWhereNoSchedulerAnswers) {
   const std::string address = absl::StrCat("127.0.0.1:", UnusedLoopbackPort());
-  Subprocess worker({kBin + "/tessera-worker", "--scheduler=" + address, "--device=cpu", "--connect_attempts=3"});
+  Subprocess worker({kBin + "/tessera-worker", "--scheduler=" + address, "--device=cpu", "--connect_timeout_s=2"});
   ASSERT_TRUE(worker.ReadUntilExit(absl::Seconds(60)));
   EXPECT_EQ(worker.exit_code(), 1);
   EXPECT_NE(worker.output().find("no scheduler answered at " + address), std::string::npos) << worker.output();
-  Subprocess server({kBin + "/tessera-server", "--scheduler=" + address, "--connect_attempts=3"});
+  Subprocess server({kBin + "/tessera-server", "--scheduler=" + address, "--connect_timeout_s=2"});
   ASSERT_TRUE(server.ReadUntilExit(absl::Seconds(60)));
   EXPECT_EQ(server.exit_code(), 1);
   EXPECT_NE(server.output().find(address), std::string::npos) << server.output();
@@ -122,7 +122,7 @@ data { format: IDX train_images: ")", kFashionMnistDir, R"(/missing-train-images
 stop { max_steps: 5 }
 cluster { num_servers: 1 num_workers: 2 }
 )"));
-  Subprocess launch({kBin + "/tessera-launch", "--job=" + job, "--run_dir=" + (dir_ / "run").string(), "--device=cpu"});
+  Subprocess launch({kBin + "/tessera-launch", "--linger_s=0", "--job=" + job, "--run_dir=" + (dir_ / "run").string(), "--device=cpu"});
   ASSERT_TRUE(launch.ReadUntilExit(absl::Seconds(120))) << launch.output();
   EXPECT_EQ(launch.exit_code(), 1);
   EXPECT_NE(launch.output().find("worker 0 failed"), std::string::npos) << launch.output();
@@ -146,7 +146,7 @@ stop { max_steps: 100000000 }
 eval_every_steps: 50
 cluster { num_servers: 2 num_workers: 2 }
 )");
-  Subprocess launch({kBin + "/tessera-launch", "--job=" + job, "--run_dir=" + (dir_ / "run").string(), "--device=cpu"});
+  Subprocess launch({kBin + "/tessera-launch", "--linger_s=0", "--job=" + job, "--run_dir=" + (dir_ / "run").string(), "--device=cpu"});
   ASSERT_TRUE(launch.ReadUntilLine("step     50 |", absl::Seconds(120))) << launch.output();
   const std::string address = SchedulerAddress(launch.output());
   ASSERT_FALSE(address.empty());

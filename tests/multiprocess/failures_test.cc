@@ -19,7 +19,7 @@ class FailuresTest : public DaemonTest {
  protected:
   // Runs `job` to its end with nothing killed; its final parameters go to dir_/full.params.
   void RunUndisturbed(const std::string& job) {
-    Subprocess full({kBin + "/tessera-launch", "--job=" + job, "--run_dir=" + (dir_ / "full").string(),
+    Subprocess full({kBin + "/tessera-launch", "--linger_s=0", "--job=" + job, "--run_dir=" + (dir_ / "full").string(),
                      "--device=cpu", "--dump_params=" + (dir_ / "full.params").string()});
     ASSERT_TRUE(full.ReadUntilExit(absl::Seconds(120))) << full.output();
     ASSERT_EQ(full.exit_code(), 0) << full.output();
@@ -87,7 +87,7 @@ TEST_P(WorkerRestartTest, AKilledWorkerRejoinsTheRunningJob) {
   const int steps = 1500;
   const std::string job = Write("job.pbtxt", Job(GetParam(), 2, 2, steps));
   const std::filesystem::path run = dir_ / "run";
-  Subprocess launch({kBin + "/tessera-launch", "--job=" + job, "--run_dir=" + run.string(), "--device=cpu",
+  Subprocess launch({kBin + "/tessera-launch", "--linger_s=0", "--job=" + job, "--run_dir=" + run.string(), "--device=cpu",
                      "--restart_workers=1"});
   ASSERT_TRUE(launch.ReadUntilLine("step    300 |", absl::Seconds(120))) << launch.output();
   const std::string address = SchedulerAddress(launch.output());
@@ -183,7 +183,7 @@ TEST_F(FailuresTest, ALostServerIsRecoveredFromTheLatestCheckpoint) {
 
   const std::filesystem::path run = dir_ / "run";
   const std::string dump = (dir_ / "run.params").string();
-  Subprocess launch({kBin + "/tessera-launch", "--job=" + job, "--run_dir=" + run.string(), "--device=cpu",
+  Subprocess launch({kBin + "/tessera-launch", "--linger_s=0", "--job=" + job, "--run_dir=" + run.string(), "--device=cpu",
                      "--checkpoint_every_steps=300", "--heartbeat_timeout_ms=1500", "--dump_params=" + dump});
   ASSERT_TRUE(launch.ReadUntilLine("step   1500 |", absl::Seconds(120))) << launch.output();
   const int server = OnlyProcess("tessera-server", SchedulerAddress(launch.output()), 1);
@@ -237,7 +237,7 @@ TEST_F(FailuresTest, AResumedSyncRunEndsWithTheParametersOfAnUninterruptedOne) {
   const std::filesystem::path run = dir_ / "cut";
   const std::string dump = (dir_ / "cut.params").string();
   {
-    Subprocess cut({kBin + "/tessera-launch", "--job=" + job, "--run_dir=" + run.string(), "--device=cpu",
+    Subprocess cut({kBin + "/tessera-launch", "--linger_s=0", "--job=" + job, "--run_dir=" + run.string(), "--device=cpu",
                     "--checkpoint_every_steps=300", "--dump_params=" + dump});
     ASSERT_TRUE(cut.ReadUntilLine("step   1500 |", absl::Seconds(120))) << cut.output();
     const int scheduler = OnlyProcess("tessera-scheduler", run.string());
@@ -254,7 +254,7 @@ TEST_F(FailuresTest, AResumedSyncRunEndsWithTheParametersOfAnUninterruptedOne) {
   const std::filesystem::path damaged = folders.back() / "server-1.shard";
   std::filesystem::resize_file(damaged, std::filesystem::file_size(damaged) - 3);
 
-  Subprocess resumed({kBin + "/tessera-launch", "--resume=" + run.string(), "--device=cpu", "--dump_params=" + dump});
+  Subprocess resumed({kBin + "/tessera-launch", "--linger_s=0", "--resume=" + run.string(), "--device=cpu", "--dump_params=" + dump});
   ASSERT_TRUE(resumed.ReadUntilExit(absl::Seconds(120))) << resumed.output();
   ASSERT_EQ(resumed.exit_code(), 0) << resumed.output();
   std::ifstream log(run / "logs/scheduler.log");

@@ -32,7 +32,7 @@ cluster { num_servers: 2 num_workers: )", workers, " }\n");
   // Runs tessera-launch on `job` with `flags`; the run's summary.json.
   nlohmann::json Launch(const std::string& name, const std::string& job, std::vector<std::string> flags) {
     const std::string run = (dir_ / name).string();
-    std::vector<std::string> argv = {kBin + "/tessera-launch", "--job=" + Write(name + ".pbtxt", job),
+    std::vector<std::string> argv = {kBin + "/tessera-launch", "--linger_s=0", "--job=" + Write(name + ".pbtxt", job),
                                      "--run_dir=" + run, "--device=cpu"};
     argv.insert(argv.end(), flags.begin(), flags.end());
     Subprocess launch(argv);

@@ -50,7 +50,9 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& device
   if (device == "cpu") return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(options.cpu_threads));
   if (device == "auto") {
 #if TESSERA_HAVE_CUDA
-    absl::StatusOr<std::unique_ptr<Backend>> gpu = CreateCudaBackend(0, CudaOptions(options));
+    const int visible = CudaDeviceCount();
+    const int ordinal = visible > 0 ? options.local_index % visible : 0;
+    absl::StatusOr<std::unique_ptr<Backend>> gpu = CreateCudaBackend(ordinal, CudaOptions(options));
     if (gpu.ok()) {
       LOG(INFO) << "device auto: using " << (*gpu)->name();
       return gpu;

@@ -94,10 +94,13 @@ struct BackendOptions {
   int cpu_threads = 1;  // CPU: BLAS threads (process-wide); 0 leaves the process's setting as it is
   enum class Math { kFp32, kTf32, kBf16 };
   Math math = Math::kFp32;  // CUDA: GEMM precision (the CPU always computes in float32)
+  // "auto" takes GPU local_index modulo the GPUs this process sees: a node's workers (SLURM_LOCALID 0, 1, ...)
+  // spread over its GPUs when each sees them all, and take their own when each sees one.
+  int local_index = 0;
 };
 
-// Picks a backend for `device`: "cpu", "cuda:N", or "auto" (the first GPU that answers, else the CPU, with one
-// log line saying why). INVALID_ARGUMENT for anything else; FAILED_PRECONDITION for "cuda:N" when that GPU
+// Picks a backend for `device`: "cpu", "cuda:N", or "auto" (GPU local_index modulo the visible GPUs when that one
+// answers, else the CPU, with one log line saying why). INVALID_ARGUMENT for anything else; FAILED_PRECONDITION for "cuda:N" when that GPU
 // cannot be used (or this build has no CUDA), with the reason.
 [[nodiscard]] absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& device,
                                                                      const BackendOptions& options = {});

@@ -789,6 +789,11 @@ absl::StatusOr<LossSums> CudaBackend::SoftmaxCrossEntropy(const Buffer& logits, 
 
 }  // namespace
 
+int CudaDeviceCount() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device_ordinal, const CudaBackendOptions& options) {
   if (device_ordinal < 0) {
     return absl::InvalidArgumentError(absl::StrCat("CUDA device ordinal must be >= 0, got ", device_ordinal));

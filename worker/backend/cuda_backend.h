@@ -69,6 +69,9 @@ struct CudaBackendOptions {
 [[nodiscard]] absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device_ordinal,
                                                                          const CudaBackendOptions& options);
 
+// How many GPUs this process sees (under CUDA_VISIBLE_DEVICES); 0 when the driver answers with an error.
+int CudaDeviceCount();
+
 // The stream on which a backend from CreateCudaBackend issues all of its work (a cudaStream_t), for tools that
 // time that work with CUDA events or order their own work after it; nullptr when `backend` is not a CUDA
 // backend. Borrowed: valid while the backend lives; do not destroy it.

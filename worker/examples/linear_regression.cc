@@ -1,9 +1,9 @@
 // A training loop of your own against the Tessera client library: least-squares linear regression on
 // synthetic data, with the weights held by the parameter servers.
 //
-//   tessera-scheduler --job=deploy/jobs/custom_loop.pbtxt --port=7000 &
-//   tessera-server --scheduler=127.0.0.1:7000 &
-//   tessera-example-linear-regression --scheduler=127.0.0.1:7000
+//   tessera-scheduler --job=deploy/jobs/custom_loop.pbtxt --port=7000 --token_file=TOKEN &
+//   tessera-server --scheduler=127.0.0.1:7000 --token_file=TOKEN &
+//   tessera-example-linear-regression --scheduler=127.0.0.1:7000 --token_file=TOKEN
 //
 // Every worker of the job may run it; each fits the same hidden weights from its own samples.
 #include <cmath>
@@ -12,21 +12,31 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "common/command_line.h"
+#include "common/security_flags.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "worker/ps_client.h"
 
-DEFINE_string(scheduler, "127.0.0.1:7000", "HOST:PORT of the scheduler");
+DEFINE_string(scheduler, "", "HOST:PORT of the scheduler (required)");
 DEFINE_int32(features, 64, "number of weights to fit");
 DEFINE_int32(batch_size, 32, "samples per step");
+TESSERA_DEFINE_SECURITY_FLAGS()
 
 int main(int argc, char** argv) {
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);  // see common/daemon_init.h
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  tessera::ParseProgramFlags("tessera-example-linear-regression --scheduler=HOST:PORT [--token_file=FILE]",
+                             "linear_regression.cc", &argc, &argv);
+  tessera::CheckFlags({tessera::PositiveFlag("features"), tessera::PositiveFlag("batch_size")});
+  if (FLAGS_scheduler.empty()) {
+    std::cerr << "tessera-example-linear-regression: --scheduler=HOST:PORT is required" << std::endl;
+    return 2;
+  }
   google::InitGoogleLogging(argv[0]);
 
   tessera::PsClient::Options options;
   options.scheduler_address = FLAGS_scheduler;
+  options.security = SecurityFlags();
   absl::StatusOr<std::unique_ptr<tessera::PsClient>> client = tessera::PsClient::Connect(options);
   if (!client.ok()) {
     std::cerr << client.status() << std::endl;
