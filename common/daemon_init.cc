@@ -26,7 +26,8 @@ void InitDaemon(const char* usage, int* argc, char*** argv) {
   ParseProgramFlags(usage, "_main.cc", argc, argv);
   google::InitGoogleLogging((*argv)[0]);
   FLAGS_logtostderr = true;
-  BlockTerminationSignals();
+  CatchTerminationSignals();
+  WatchTerminationSignals(nullptr);  // until the daemon has started, a signal ends it at once
 }
 
 }  // namespace tessera

@@ -5,9 +5,10 @@
 namespace tessera {
 
 // Parses the program's flags (ParseProgramFlags in common/command_line.h: --help, --version, TESSERA_* variables,
-// own flags being those of the binary's *_main.cc), logs to stderr, blocks SIGINT/SIGTERM in every thread (take them with
-// WatchTerminationSignals), and turns off Abseil's mutex deadlock detection: Debian's Abseil is built with it on,
-// and its lock graph grows with every short-lived mutex, slowing a long run down step after step.
+// own flags being those of the binary's *_main.cc), logs to stderr, catches SIGINT/SIGTERM (a signal exits at
+// once until the daemon gives WatchTerminationSignals its stop handler), and turns off Abseil's mutex deadlock
+// detection: Debian's Abseil is built with it on, and its lock graph grows with every short-lived mutex, slowing
+// a long run down step after step.
 // Also calls KeepTransientBuffersMapped. Call first in main, before any thread starts.
 void InitDaemon(const char* usage, int* argc, char*** argv);
 

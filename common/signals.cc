@@ -1,39 +1,86 @@
 #include "common/signals.h"
 
-#include <pthread.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <atomic>
+#include <iostream>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "glog/logging.h"
 
 namespace tessera {
 namespace {
+
 std::atomic<int> received_signal{0};
 
-sigset_t TerminationSignals() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  return set;
+struct Watcher {
+  std::mutex mu;
+  std::function<void(int)> handler;  // guarded by mu
+  bool started = false;              // guarded by mu
+};
+
+Watcher& TheWatcher() {
+  static auto* watcher = new Watcher();
+  return *watcher;
 }
+
+// The handler only passes the signal's number to the watcher thread through this pipe (async-signal-safe);
+// whichever thread the kernel picks runs it, including threads libraries started before main (OpenBLAS's).
+int signal_pipe[2] = {-1, -1};
+
+void OnTerminationSignal(int signal) {
+  const int saved_errno = errno;
+  const char number = static_cast<char>(signal);
+  [[maybe_unused]] ssize_t written = write(signal_pipe[1], &number, 1);
+  errno = saved_errno;
+}
+
 }  // namespace
 
-void BlockTerminationSignals() {
-  sigset_t set = TerminationSignals();
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+void CatchTerminationSignals() {
+  if (signal_pipe[0] >= 0) return;
+  if (pipe2(signal_pipe, O_CLOEXEC) != 0) return;
+  struct sigaction action = {};
+  action.sa_handler = OnTerminationSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
 }
 
 void WatchTerminationSignals(std::function<void(int)> on_signal) {
-  std::thread([on_signal = std::move(on_signal)] {
-    sigset_t set = TerminationSignals();
-    int signal = 0;
-    while (sigwait(&set, &signal) == 0) {
+  Watcher& watcher = TheWatcher();
+  std::lock_guard<std::mutex> lock(watcher.mu);
+  watcher.handler = std::move(on_signal);
+  if (watcher.started) return;
+  watcher.started = true;
+  CatchTerminationSignals();
+  std::thread([&watcher] {
+    char number = 0;
+    while (read(signal_pipe[0], &number, 1) == 1 || errno == EINTR) {
+      const int signal = number;
+      if (signal == 0) continue;
       int none = 0;
       received_signal.compare_exchange_strong(none, signal);  // the first one decides the exit status
-      on_signal(signal);
+      std::function<void(int)> handler;
+      {
+        std::lock_guard<std::mutex> lock(watcher.mu);
+        handler = watcher.handler;
+      }
+      if (handler) {
+        handler(signal);
+        continue;
+      }
+      // Nothing to stop gracefully yet (a daemon still starting, e.g. waiting for its scheduler): leave now.
+      std::cerr << "stopped by " << SignalName(signal) << " while starting" << std::endl;
+      google::FlushLogFiles(google::GLOG_INFO);
+      _exit(ExitStatusAfterSignal(signal));
     }
   }).detach();
 }

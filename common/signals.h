@@ -1,8 +1,9 @@
-// SIGINT/SIGTERM handling for daemons: block the signals in every thread, and take them on one watcher thread
-// that runs ordinary code (no async-signal-safety constraints).
+// SIGINT/SIGTERM handling for daemons: a handler passes each signal to one watcher thread that runs ordinary code
+// (no async-signal-safety constraints). Blocking the signals would not do: libraries start threads before main.
 //
-//   BlockTerminationSignals();            // first thing in main, before any thread starts
-//   WatchTerminationSignals([&](int sig) { daemon->Stop(...); });
+//   CatchTerminationSignals();            // first thing in main
+//   WatchTerminationSignals(nullptr);     // a signal while starting exits at once
+//   WatchTerminationSignals([&](int sig) { daemon->Stop(...); });  // once there is a daemon to stop
 #ifndef TESSERA_COMMON_SIGNALS_H_
 #define TESSERA_COMMON_SIGNALS_H_
 
@@ -11,10 +12,12 @@
 
 namespace tessera {
 
-void BlockTerminationSignals();
+// Installs the handler (idempotent); signals wait in a pipe until the watcher thread starts.
+void CatchTerminationSignals();
 
-// Starts a detached thread that waits for SIGINT and SIGTERM and calls `on_signal` for each (a second one may
-// cut a graceful stop short).
+// Makes `on_signal` the handler of SIGINT and SIGTERM, called on a watcher thread for each (a second one may cut
+// a graceful stop short), and starts that thread on the first call. With no handler (nullptr) a signal ends the
+// process at once with ExitStatusAfterSignal: what a daemon wants while it is still starting.
 void WatchTerminationSignals(std::function<void(int)> on_signal);
 
 // The first signal the watcher took; 0 while none came.

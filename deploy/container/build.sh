@@ -168,6 +168,6 @@ docker run --rm --network none "$image" sh -ec \
 
 if ((train)); then
   phase "training the default job in a container (--network none)"
-  docker run --rm --network none "$image" tessera-launch --run_dir=/tmp/run --timeout_s=600 --device=cpu
+  docker run --rm --network none "$image" tessera-launch --run_dir=/tmp/run --timeout_s=600 --linger_s=0 --device=cpu
 fi
 phase "done: $image"

@@ -1060,7 +1060,6 @@ int Main(int argc, char** argv) {
     std::filesystem::create_directories(ctx.work_dir, error);
   }
   Progress(absl::StrCat("binaries in ", ctx.bin_dir, "; logs in ", ctx.work_dir));
-  BlockTerminationSignals();
   const std::string remove_on_signal = temporary && !FLAGS_keep_work_dir ? ctx.work_dir : "";
   WatchTerminationSignals([remove_on_signal](int signal) {
     std::cerr << "tessera-bench: signal " << signal << "; stopping every daemon" << std::endl;

@@ -136,7 +136,8 @@ cluster { num_servers: 1 num_workers: 2 }
   EXPECT_TRUE(ProcessesMentioning(address).empty()) << "daemons outlived the launcher";
 }
 
-// Ctrl-C (SIGINT) on a running cluster: every daemon stops and the launcher exits 130.
+// Ctrl-C (SIGINT) on a running cluster: the job stops gracefully, the summary names the interrupt, every daemon
+// stops and the launcher exits 130.
 TEST_F(DaemonsTest, InterruptStopsEveryDaemon) {
   const std::string job = Write("long.pbtxt", R"(
 model { mlp { hidden_sizes: 16 } }
@@ -155,6 +156,10 @@ cluster { num_servers: 2 num_workers: 2 }
   ASSERT_TRUE(launch.ReadUntilExit(absl::Seconds(60))) << launch.output();
   EXPECT_EQ(launch.exit_code(), 130) << launch.output();
   EXPECT_TRUE(ProcessesMentioning(address).empty()) << "daemons outlived the launcher";
+  std::ifstream summary_file((dir_ / "run" / "summary.json").string());
+  const nlohmann::json summary = nlohmann::json::parse(summary_file, nullptr, /*allow_exceptions=*/false);
+  EXPECT_EQ(summary["stop_reason"], "stopped by SIGINT") << launch.output();
+  EXPECT_EQ(summary["completed"], false);
 }
 
 // The README's three-terminal recipe, with the example program as the worker: a training loop written against
