@@ -105,12 +105,12 @@ absl::StatusOr<ClusterEnvironment> ReadClusterEnvironment(const std::function<co
 }
 
 std::string ClusterEnvironment::AdvertiseHost(const std::string& listen_host) const {
+  // A specific address is what peers must dial; only a wildcard leaves the name open.
+  if (listen_host != "0.0.0.0" && listen_host != "::" && listen_host != "[::]") return listen_host;
   if (!pod_ip.empty()) return pod_ip;
   if (!slurm_node_name.empty()) return slurm_node_name;
-  if (listen_host == "0.0.0.0" || listen_host == "::" || listen_host == "[::]") {
-    char name[256] = {0};
-    if (gethostname(name, sizeof(name) - 1) == 0 && name[0] != '\0') return name;
-  }
+  char name[256] = {0};
+  if (gethostname(name, sizeof(name) - 1) == 0 && name[0] != '\0') return name;
   return listen_host;
 }
 

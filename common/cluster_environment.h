@@ -34,9 +34,9 @@ struct ClusterEnvironment {
   // pod's ordinal (when `use_pod_ordinal`); `source` says which ("SLURM_PROCID=3").
   std::optional<int> Rank(bool use_pod_ordinal, std::string* source) const;
 
-  // The name peers should dial for a daemon listening on `listen_host` when no --advertise_host is given: the
-  // pod's IP, else the Slurm node's name, else the machine's host name when `listen_host` is a wildcard
-  // (0.0.0.0, ::), else `listen_host` itself.
+  // The name peers should dial for a daemon listening on `listen_host` when no --advertise_host is given:
+  // `listen_host` itself, unless it is a wildcard (0.0.0.0, ::); then the pod's IP, else the Slurm node's name,
+  // else the machine's host name.
   std::string AdvertiseHost(const std::string& listen_host) const;
 };
 

@@ -136,8 +136,13 @@ void ParseProgramFlags(const char* usage, const char* own_flags_file, int* argc,
   for (int i = 1; i < *argc; ++i) args.emplace_back((*argv)[i]);
   for (const std::string& arg : args) {
     if (arg == "--") break;
-    if (arg == "--help" || arg == "-help" || arg == "-h") {
-      // Only this program's own flags, not every library's.
+    if (arg == "--helpfull" || arg == "-helpfull") {
+      gflags::ShowUsageWithFlags((*argv)[0]);
+      std::exit(0);
+    }
+    // --help, and gflags' other help flags (--helpshort, --helpxml, --helpmatch=S, ...), which this parser does
+    // not implement: only this program's own flags, not every library's.
+    if (arg == "-h" || absl::StartsWith(arg, "--help") || absl::StartsWith(arg, "-help")) {
       gflags::ShowUsageWithFlagsRestrict((*argv)[0], own_flags_file);
       std::cout << "\nEvery flag may also be set by an environment variable: TESSERA_ and its name in upper case "
                    "(--port: TESSERA_PORT); a flag on the command line wins.\n";

@@ -4,6 +4,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "glog/logging.h"
 
@@ -17,7 +18,11 @@ std::string EscapeLabelValue(const std::string& value) {
 std::string FormatValue(double value) {
   if (std::isnan(value)) return "NaN";
   if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
-  return absl::StrCat(value);
+  // Counts and byte sizes exactly (absl::StrCat keeps 6 digits: 1234567 -> 1.23457e+06), the rest to the last bit.
+  if (value == std::trunc(value) && std::fabs(value) < 9007199254740992.0) {
+    return absl::StrCat(static_cast<int64_t>(value));
+  }
+  return absl::StrFormat("%.17g", value);
 }
 
 }  // namespace

@@ -8,6 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace tessera {
 
@@ -25,11 +27,16 @@ absl::Status ClaimRunDirectory(const std::string& run_dir, bool overwrite, const
                                                       absl::StrJoin(found, ", "),
                                                       "); pick another, or give --overwrite to replace it"));
   }
+  const std::filesystem::path aside =
+      std::filesystem::path(run_dir) /
+      absl::StrCat("replaced-", absl::FormatTime("%Y%m%d-%H%M%E3S", absl::Now(), absl::UTCTimeZone()));
+  std::error_code error;
+  std::filesystem::create_directories(aside, error);
   for (const std::string& name : found) {
-    std::error_code error;
-    std::filesystem::remove_all(std::filesystem::path(run_dir) / name, error);
-    if (error) return absl::PermissionDeniedError(absl::StrCat("cannot remove ", run_dir, "/", name, ": ", error.message()));
+    if (!error) std::filesystem::rename(std::filesystem::path(run_dir) / name, aside / name, error);
   }
+  if (error) return absl::PermissionDeniedError(absl::StrCat("cannot move the earlier run to ", aside.string(), ": ", error.message()));
+  std::cerr << "the earlier run in " << run_dir << " moved to " << aside.string() << std::endl;
   return absl::OkStatus();
 }
 

@@ -77,8 +77,9 @@ class RunRecorder {
 };
 
 // A run directory must not mix two runs' records. OK when `run_dir` is empty, absent, or holds none of `records`
-// (besides metrics.jsonl and summary.json, which every run writes); with `overwrite` those are removed first.
-// FAILED_PRECONDITION naming what is there otherwise.
+// (besides metrics.jsonl and summary.json, which every run writes). With `overwrite` the new run replaces the
+// earlier one, whose files move to <run_dir>/replaced-<UTC time>/ (nothing is deleted: a restarted daemon must
+// not destroy the records of the run before it). FAILED_PRECONDITION naming what is there otherwise.
 [[nodiscard]] absl::Status ClaimRunDirectory(const std::string& run_dir, bool overwrite,
                                              const std::vector<std::string>& records = {});
 

@@ -62,20 +62,21 @@ void WatchTerminationSignals(std::function<void(int)> on_signal) {
   watcher.started = true;
   CatchTerminationSignals();
   std::thread([&watcher] {
-    char number = 0;
-    while (read(signal_pipe[0], &number, 1) == 1 || errno == EINTR) {
+    while (true) {
+      char number = 0;
+      const ssize_t n = read(signal_pipe[0], &number, 1);
+      if (n < 0 && errno == EINTR) continue;
+      if (n != 1) break;
       const int signal = number;
-      if (signal == 0) continue;
       int none = 0;
       received_signal.compare_exchange_strong(none, signal);  // the first one decides the exit status
-      std::function<void(int)> handler;
       {
+        // Under the lock, so that a daemon replacing the handler (before it is destroyed) waits for this call.
         std::lock_guard<std::mutex> lock(watcher.mu);
-        handler = watcher.handler;
-      }
-      if (handler) {
-        handler(signal);
-        continue;
+        if (watcher.handler) {
+          watcher.handler(signal);
+          continue;
+        }
       }
       // Nothing to stop gracefully yet (a daemon still starting, e.g. waiting for its scheduler): leave now.
       std::cerr << "stopped by " << SignalName(signal) << " while starting" << std::endl;

@@ -17,7 +17,9 @@ void CatchTerminationSignals();
 
 // Makes `on_signal` the handler of SIGINT and SIGTERM, called on a watcher thread for each (a second one may cut
 // a graceful stop short), and starts that thread on the first call. With no handler (nullptr) a signal ends the
-// process at once with ExitStatusAfterSignal: what a daemon wants while it is still starting.
+// process at once with ExitStatusAfterSignal: what a daemon wants while it is still starting, and once its
+// Wait() has returned (set nullptr again before the daemon is destroyed). `on_signal` runs under a lock that
+// this call takes too: it must return quickly and must not call WatchTerminationSignals.
 void WatchTerminationSignals(std::function<void(int)> on_signal);
 
 // The first signal the watcher took; 0 while none came.

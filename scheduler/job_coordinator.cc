@@ -616,14 +616,13 @@ void JobCoordinator::Abort(const std::string& reason) {
 }
 
 void JobCoordinator::FinishNow() {
-  bool finish = false;
   {
     absl::MutexLock lock(&mu_);
-    if (!finishing_) finish = finishing_ = true;
-  }
-  if (finish) {
-    FinishJob();
-    return;
+    if (!finishing_) {
+      finishing_ = true;
+      // On the executor, like every end of the job: never beside a recovery or a view change it runs.
+      executor_.Submit([this] { FinishJob(); });
+    }
   }
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(&finished_));

@@ -87,10 +87,14 @@ absl::Status Scheduler::Wait() {
         +[](std::optional<absl::Status>* r) { return r->has_value(); }, &stop_reason_));
     reason = *stop_reason_;
   }
-  const bool stopped_early = !reason.ok() && !coordinator_->finished();
-  if (stopped_early) EndJobEarly(reason);
-  // Whoever stopped the job early wants the scheduler gone; a job that ended by itself leaves its page up.
-  if (!stopped_early && options_.linger_s > 0 && http_ != nullptr) {
+  bool stop_asked = false;
+  {
+    absl::MutexLock lock(&mu_);
+    stop_asked = stop_asked_;
+  }
+  if (!reason.ok() && !coordinator_->finished()) EndJobEarly(reason);
+  // Whoever called Stop() wants the scheduler gone; a job that ended by itself leaves its page up.
+  if (!stop_asked && options_.linger_s > 0 && http_ != nullptr) {
     LOG(INFO) << "the job has ended; /status, the dashboard and /metrics stay up for " << options_.linger_s
               << " s (--linger_s; a signal ends this)";
     absl::MutexLock lock(&mu_);
@@ -143,6 +147,7 @@ void Scheduler::JobEnded(absl::Status outcome) {
 
 void Scheduler::Stop(absl::Status reason) {
   absl::MutexLock lock(&mu_);
+  stop_asked_ = true;
   if (!stop_reason_) {
     stop_reason_ = std::move(reason);
   } else {

@@ -69,6 +69,7 @@ class Scheduler {
 
   absl::Mutex mu_;
   std::optional<absl::Status> stop_reason_ ABSL_GUARDED_BY(mu_);
+  bool stop_asked_ ABSL_GUARDED_BY(mu_) = false;   // Stop() was called
   bool interrupted_ ABSL_GUARDED_BY(mu_) = false;  // Stop() was called again
 };
 

@@ -16,7 +16,9 @@ DEFINE_string(host, "127.0.0.1", "address to listen on (loopback by default; 0.0
 DEFINE_int32(port, 0, "port to listen on; 0 picks a free one (see --address_file)");
 DEFINE_string(address_file, "", "write HOST:PORT here once listening");
 DEFINE_string(run_dir, "", "directory for metrics.jsonl and summary.json; empty: print only");
-DEFINE_bool(overwrite, false, "replace the records of an earlier run in --run_dir (refused otherwise, unless --resume)");
+DEFINE_bool(overwrite, false,
+            "start afresh in a --run_dir that holds an earlier run, whose records move to RUN_DIR/replaced-<time>/ "
+            "(refused otherwise, unless --resume)");
 DEFINE_int32(num_servers, 0, "override the job's cluster.num_servers (0: keep)");
 DEFINE_int32(num_workers, 0, "override the job's cluster.num_workers (0: keep)");
 DEFINE_int32(http_port, 0, "port of /healthz, /metrics and /status on --host; 0 picks a free one (logged), -1: off");
@@ -44,13 +46,6 @@ int main(int argc, char** argv) {
     std::cerr << "tessera-scheduler: " << job.status() << std::endl;
     return 2;
   }
-  // A resumed job adds to its run's records.
-  if (absl::Status s = FLAGS_resume.empty() ? tessera::ClaimRunDirectory(FLAGS_run_dir, FLAGS_overwrite)
-                                            : absl::OkStatus();
-      !s.ok()) {
-    std::cerr << "tessera-scheduler: " << s.message() << std::endl;
-    return 2;
-  }
   tessera::SchedulerOptions options;
   options.job = *job;
   options.listen_host = FLAGS_host;
@@ -73,6 +68,13 @@ int main(int argc, char** argv) {
     std::cerr << "tessera-scheduler: " << valid.message() << std::endl;
     return 2;
   }
+  // A resumed job adds to its run's records.
+  if (absl::Status s = FLAGS_resume.empty() ? tessera::ClaimRunDirectory(FLAGS_run_dir, FLAGS_overwrite)
+                                            : absl::OkStatus();
+      !s.ok()) {
+    std::cerr << "tessera-scheduler: " << s.message() << std::endl;
+    return 2;
+  }
 
   auto scheduler = tessera::Scheduler::Start(options);
   if (!scheduler.ok()) {
@@ -86,6 +88,7 @@ int main(int argc, char** argv) {
     daemon->Stop(absl::CancelledError(absl::StrCat("stopped by ", tessera::SignalName(signal))));
   });
   absl::Status status = (*scheduler)->Wait();
+  tessera::WatchTerminationSignals(nullptr);  // the daemon is about to go; a signal now exits at once
   if (int signal = tessera::ReceivedTerminationSignal(); signal != 0 && status.code() == absl::StatusCode::kCancelled) {
     LOG(INFO) << status.message();
     return tessera::ExitStatusAfterSignal(signal);

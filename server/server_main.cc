@@ -18,8 +18,8 @@ DEFINE_int32(scheduler_port, 7070, "the scheduler's port when its host comes fro
 DEFINE_string(host, "127.0.0.1", "address to listen on (loopback by default; 0.0.0.0 for every interface)");
 DEFINE_int32(port, 0, "port to listen on; 0 picks a free one");
 DEFINE_string(advertise_host, "",
-              "host name or address workers should dial; default: POD_IP (Kubernetes), else SLURMD_NODENAME (Slurm), "
-              "else this machine's name when --host is 0.0.0.0 or ::, else --host");
+              "host name or address workers should dial; default: --host, or when that is 0.0.0.0 or ::, POD_IP "
+              "(Kubernetes), else SLURMD_NODENAME (Slurm), else this machine's name");
 DEFINE_int32(id, -1,
              "the server id to take (0 .. num_servers-1), also when that id's previous process is still registered: "
              "a restarted server takes its place in the running job; -1: the first free id, or the first whose "
@@ -85,6 +85,7 @@ int main(int argc, char** argv) {
     daemon->Stop(absl::CancelledError(absl::StrCat("stopped by ", tessera::SignalName(signal))));
   });
   absl::Status status = (*server)->Wait();
+  tessera::WatchTerminationSignals(nullptr);  // the daemon is about to go; a signal now exits at once
   if (int signal = tessera::ReceivedTerminationSignal(); signal != 0 && status.code() == absl::StatusCode::kCancelled) {
     LOG(INFO) << "server " << (*server)->id() << " stopped by " << tessera::SignalName(signal);
     return tessera::ExitStatusAfterSignal(signal);

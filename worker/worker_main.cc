@@ -19,7 +19,9 @@ DEFINE_int32(scheduler_port, 7070, "the scheduler's port when its host comes fro
 DEFINE_bool(local, false, "train --job alone in this process, with no scheduler or servers (the baseline)");
 DEFINE_string(job, "", "--local only: the JobSpec file (text format or JSON)");
 DEFINE_string(run_dir, "", "--local only: directory for metrics.jsonl and summary.json");
-DEFINE_bool(overwrite, false, "--local only: replace the records of an earlier run in --run_dir (refused otherwise)");
+DEFINE_bool(overwrite, false,
+            "--local only: start afresh in a --run_dir that holds an earlier run, whose records move to "
+            "RUN_DIR/replaced-<time>/ (refused otherwise)");
 DEFINE_string(device, "auto",
               "auto (a GPU when one answers, else the CPU; under Slurm the GPU of SLURM_LOCALID among the visible "
               "ones), cpu, or cuda:N");
@@ -117,6 +119,7 @@ int main(int argc, char** argv) {
     daemon->Stop();
   });
   absl::StatusOr<tessera::TrainerResult> result = (*worker)->Wait();
+  tessera::WatchTerminationSignals(nullptr);  // the daemon is about to go; a signal now exits at once
   const int signal = tessera::ReceivedTerminationSignal();
   if (!result.ok()) {
     if (signal != 0 && result.status().code() == absl::StatusCode::kCancelled) {

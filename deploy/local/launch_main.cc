@@ -13,6 +13,7 @@
 #include "common/command_line.h"
 #include "common/daemon_init.h"
 #include "common/run_recorder.h"
+#include "common/signals.h"
 #include "common/security_flags.h"
 #include "common/job_spec.h"
 #include "deploy/default_job.h"
@@ -46,7 +47,9 @@ DEFINE_int32(timeout_s, 0, "stop the whole cluster after this many seconds; 0: n
 DEFINE_int32(linger_s, 60,
              "after the job ends, the dashboard, /status and /metrics stay up this many seconds (Ctrl-C ends the "
              "wait; 0: exit at once)");
-DEFINE_bool(overwrite, false, "replace an earlier run in --run_dir (its logs, records and checkpoints)");
+DEFINE_bool(overwrite, false,
+            "start afresh in a --run_dir that holds an earlier run; its logs, records and checkpoints move to "
+            "RUN_DIR/replaced-<time>/");
 DEFINE_int64(checkpoint_every_steps, 0, "checkpoint every this many clocks (sets the job's checkpoint.every_steps)");
 DEFINE_int32(checkpoint_every_s, 0, "checkpoint every this many seconds (sets the job's checkpoint.every_seconds)");
 DEFINE_string(checkpoint_dir, "",
@@ -196,9 +199,11 @@ int main(int argc, char** argv) {
   std::cout << "tessera-launch: job '" << job->name() << "' (" << tessera::ModeName(job->consistency()) << "), "
             << options.servers << " servers, " << options.workers << " workers; run directory " << options.run_dir
             << std::endl;
-  absl::Status status = tessera::RunLocalCluster(options);
+  int signal = 0;
+  absl::Status status = tessera::RunLocalCluster(options, &signal);
   if (!status.ok()) {
     std::cerr << "tessera-launch: " << status.message() << std::endl;
+    if (status.code() == absl::StatusCode::kCancelled && signal != 0) return tessera::ExitStatusAfterSignal(signal);
     return status.code() == absl::StatusCode::kCancelled ? 130 : 1;
   }
   std::cout << "tessera-launch: done; metrics in " << options.run_dir << "/metrics.jsonl, summary in "

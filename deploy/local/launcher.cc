@@ -132,6 +132,11 @@ class Cluster {
       options_.security = *made;
     }
     const absl::Time start = absl::Now();
+    if (!options_.resume_dir.empty()) {
+      // The run being resumed ended with a summary; the resumed run writes its own.
+      std::filesystem::rename(options_.run_dir + "/summary.json", options_.run_dir + "/summary-before-resume.json",
+                              error);
+    }
     absl::Status status = StartAll();
     if (status.ok()) status = Supervise();
     StopAll();
@@ -147,6 +152,9 @@ class Cluster {
     return status;
   }
 
+  int interrupted() const { return interrupted_; }
+
+ private:
   bool SummarySaysCompleted() const {
     std::ifstream in(options_.run_dir + "/summary.json");
     const nlohmann::json summary = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
@@ -165,7 +173,6 @@ class Cluster {
     out << summary.dump(2) << "\n";
   }
 
- private:
   absl::Status StartScheduler() {
     int pipe_fds[2];
     if (pipe2(pipe_fds, O_CLOEXEC) != 0) return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
@@ -236,6 +243,10 @@ class Cluster {
         if (!scheduler_address_.empty()) break;
       }
       if (absl::Status s = WaitForEvent(deadline, "the scheduler to listen"); !s.ok()) return s;
+      if (scheduler_exited_) {
+        return interrupted_ != 0 ? absl::CancelledError(absl::StrCat("stopped by ", SignalName(interrupted_)))
+                                 : absl::AbortedError("the scheduler exited before it listened");
+      }
     }
     std::string address;
     {
@@ -420,6 +431,11 @@ class Cluster {
 
 }  // namespace
 
-absl::Status RunLocalCluster(const LaunchOptions& options) { return Cluster(options).Run(); }
+absl::Status RunLocalCluster(const LaunchOptions& options, int* stopped_by_signal) {
+  Cluster cluster(options);
+  absl::Status status = cluster.Run();
+  if (stopped_by_signal != nullptr) *stopped_by_signal = cluster.interrupted();
+  return status;
+}
 
 }  // namespace tessera

@@ -48,7 +48,8 @@ struct LaunchOptions {
 };
 
 // Runs the cluster to completion. OK when the scheduler says the job completed; otherwise why it did not.
-[[nodiscard]] absl::Status RunLocalCluster(const LaunchOptions& options);
+// `stopped_by_signal`, when given, gets the signal that asked the job to stop (0: none).
+[[nodiscard]] absl::Status RunLocalCluster(const LaunchOptions& options, int* stopped_by_signal = nullptr);
 
 }  // namespace tessera
 

@@ -56,6 +56,7 @@ TEST(ClusterEnvironmentTest, AHeterogeneousJobsSchedulerIsOnComponentZerosFirstN
 TEST(ClusterEnvironmentTest, AdvertisedHostPrefersThePodThenTheNodeThenTheMachine) {
   auto pod = Read({{"POD_IP", "10.1.2.3"}, {"SLURMD_NODENAME", "n1"}});
   EXPECT_EQ(pod->AdvertiseHost("0.0.0.0"), "10.1.2.3");
+  EXPECT_EQ(pod->AdvertiseHost("127.0.0.1"), "127.0.0.1");  // a specific address is what peers must dial
   auto plain = Read({});
   EXPECT_EQ(plain->AdvertiseHost("127.0.0.1"), "127.0.0.1");
   EXPECT_NE(plain->AdvertiseHost("0.0.0.0"), "0.0.0.0");

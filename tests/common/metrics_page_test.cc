@@ -35,6 +35,13 @@ TEST(MetricsPageTest, StalenessBecomesACumulativeHistogram) {
   }
 }
 
+TEST(MetricsPageTest, LargeCountsAndFractionsKeepEveryDigit) {
+  MetricsPage page;
+  page.Family("n_total", MetricsPage::kCounter, "Many.").Sample(1234567891.0).Sample(0.1);
+  EXPECT_NE(page.text().find("n_total 1234567891\n"), std::string::npos) << page.text();
+  EXPECT_NE(page.text().find("n_total 0.10000000000000001\n"), std::string::npos) << page.text();
+}
+
 TEST(MetricsPageTest, AnEmptyHistogramIsAllZeros) {
   MetricsPage page;
   page.Family("s_clocks", MetricsPage::kHistogram, "Staleness.").StalenessSeries({});

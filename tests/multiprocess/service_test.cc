@@ -123,8 +123,11 @@ TEST_F(ServiceTest, BadFlagsAndStrayArgumentsExitTwoNamingTheFlag) {
 }
 
 TEST_F(ServiceTest, EveryProgramPrintsItsVersionAndCommitAndItsOwnHelp) {
-  for (const char* program : {"tessera-scheduler", "tessera-server", "tessera-worker", "tessera-launch",
-                              "tessera-example-linear-regression", "tessera-bench"}) {
+  const std::vector<std::pair<std::string, std::string>> programs = {
+      {"tessera-scheduler", "-linger_s"}, {"tessera-server", "-connect_timeout_s"}, {"tessera-worker", "-rank_offset"},
+      {"tessera-launch", "-overwrite"}, {"tessera-example-linear-regression", "-features"},
+      {"tessera-bench", "-sections"}};
+  for (const auto& [program, own_flag] : programs) {
     Subprocess version({kBin + "/" + program, "--version"});
     ASSERT_TRUE(version.ReadUntilExit(absl::Seconds(30))) << program;
     EXPECT_EQ(version.exit_code(), 0) << program;
@@ -133,7 +136,12 @@ TEST_F(ServiceTest, EveryProgramPrintsItsVersionAndCommitAndItsOwnHelp) {
     Subprocess help({kBin + "/" + program, "--help"});
     ASSERT_TRUE(help.ReadUntilExit(absl::Seconds(30))) << program;
     EXPECT_EQ(help.exit_code(), 0) << program;
+    EXPECT_NE(help.output().find(own_flag), std::string::npos) << help.output();
     EXPECT_NE(help.output().find("TESSERA_"), std::string::npos) << help.output();
+    Subprocess helpshort({kBin + "/" + program, "--helpshort"});  // gflags' other help flags: the same page
+    ASSERT_TRUE(helpshort.ReadUntilExit(absl::Seconds(30))) << program;
+    EXPECT_EQ(helpshort.exit_code(), 0) << program;
+    EXPECT_NE(helpshort.output().find(own_flag), std::string::npos) << helpshort.output();
     EXPECT_EQ(help.output().find("-logtostderr"), std::string::npos) << program << " lists library flags";
   }
 }
