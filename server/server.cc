@@ -12,24 +12,28 @@ Server::Server(const ServerOptions& options) : options_(options) {}
 
 std::string ServerMetricsText(const tessera::v1::ServerStats& stats, int server_id) {
   const MetricLabels server = {{"server", server_id >= 0 ? absl::StrCat(server_id) : ""}};
+  struct Single {
+    const char* name;
+    MetricsPage::Type type;
+    const char* help;
+    int64_t value;
+  };
+  const Single singles[] = {
+      {"tessera_server_chunks", MetricsPage::kGauge, "Parameter chunks this server holds.", stats.chunks()},
+      {"tessera_server_parameter_bytes", MetricsPage::kGauge, "Bytes of parameter values this server holds.",
+       stats.bytes()},
+      {"tessera_server_optimizer_state_bytes", MetricsPage::kGauge,
+       "Bytes of optimizer state (momentum, Adam moments) beside the values.", stats.optimizer_bytes()},
+      {"tessera_server_updates_applied_total", MetricsPage::kCounter, "Chunk updates applied.",
+       stats.updates_applied()},
+      {"tessera_server_pushes_total", MetricsPage::kCounter, "Gradient pushes received.", stats.pushes()},
+      {"tessera_server_duplicate_pushes_total", MetricsPage::kCounter,
+       "Pushes received again (a retry) and not applied twice.", stats.duplicate_pushes()},
+      {"tessera_server_late_pushes_total", MetricsPage::kCounter, "Pushes for a round that had closed (dropped).",
+       stats.late_pushes()},
+  };
   MetricsPage page;
-  page.Family("tessera_server_chunks", MetricsPage::kGauge, "Parameter chunks this server holds.")
-      .Sample(stats.chunks(), server);
-  page.Family("tessera_server_parameter_bytes", MetricsPage::kGauge, "Bytes of parameter values this server holds.")
-      .Sample(stats.bytes(), server);
-  page.Family("tessera_server_optimizer_state_bytes", MetricsPage::kGauge,
-              "Bytes of optimizer state (momentum, Adam moments) beside the values.")
-      .Sample(stats.optimizer_bytes(), server);
-  page.Family("tessera_server_updates_applied_total", MetricsPage::kCounter, "Chunk updates applied.")
-      .Sample(stats.updates_applied(), server);
-  page.Family("tessera_server_pushes_total", MetricsPage::kCounter, "Gradient pushes received.")
-      .Sample(stats.pushes(), server);
-  page.Family("tessera_server_duplicate_pushes_total", MetricsPage::kCounter,
-              "Pushes received again (a retry) and not applied twice.")
-      .Sample(stats.duplicate_pushes(), server);
-  page.Family("tessera_server_late_pushes_total", MetricsPage::kCounter,
-              "Pushes for a round that had closed (dropped).")
-      .Sample(stats.late_pushes(), server);
+  for (const Single& m : singles) page.Family(m.name, m.type, m.help).Sample(static_cast<double>(m.value), server);
   page.Family("tessera_server_update_staleness_clocks", MetricsPage::kHistogram,
               "Staleness of each applied update: the pushing worker's clock minus the clock of the parameters it "
               "read.")

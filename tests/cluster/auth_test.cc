@@ -26,14 +26,6 @@ using tessera::v1::ConsistencySpec;
 
 constexpr char kToken[] = "tessera-test-token-0123456789abcdef";
 
-tessera::v1::ParameterSpec Param(const std::string& name, int64_t n) {
-  tessera::v1::ParameterSpec p;
-  p.set_name(name);
-  p.set_dtype(tessera::v1::DT_FLOAT32);
-  p.add_shape(n);
-  return p;
-}
-
 class AuthTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -91,7 +83,7 @@ TEST_F(AuthTest, EveryRpcRefusesAMissingOrWrongTokenAndChangesNothing) {
   ASSERT_NE(cluster, nullptr);
   auto client = cluster->ConnectClient();
   ASSERT_THAT(client, IsOk());
-  ASSERT_THAT((*client)->Declare({Param("w", 64)}), IsOk());
+  ASSERT_THAT((*client)->Declare({FloatParam("w", 64)}), IsOk());
   std::vector<float> before(64);
   ASSERT_THAT((*client)->Pull({"w"}, {absl::MakeSpan(before)}), IsOk());
   const tessera::v1::ShardMap map = *(*client)->shard_map();
@@ -104,7 +96,7 @@ TEST_F(AuthTest, EveryRpcRefusesAMissingOrWrongTokenAndChangesNothing) {
   tessera::v1::HeartbeatRequest beat;
   beat.set_role(tessera::v1::WORKER);
   tessera::v1::DeclareRequest declare;
-  *declare.add_params() = Param("other", 8);
+  *declare.add_params() = FloatParam("other", 8);
   tessera::v1::AdvanceClockRequest clock;
   clock.set_clock(1);
   tessera::v1::ReportRequest report;
@@ -173,7 +165,7 @@ TEST_F(AuthTest, MutualTlsWithTheJobsCertificatesTrainsAndAWrongCaFailsTheHandsh
   ASSERT_NE(cluster, nullptr);
   auto client = Connect(*cluster, Tls(job));
   ASSERT_THAT(client, IsOk());
-  ASSERT_THAT((*client)->Declare({Param("w", 64)}), IsOk());
+  ASSERT_THAT((*client)->Declare({FloatParam("w", 64)}), IsOk());
   std::vector<float> grad(64, 1.0f);
   EXPECT_THAT((*client)->Push({"w"}, {absl::MakeConstSpan(grad)}, 1), IsOk());
 

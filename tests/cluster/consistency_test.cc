@@ -117,14 +117,6 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, SyncEquivalenceTest,
                          ::testing::Values(tessera::v1::OptimizerSpec::SGD, tessera::v1::OptimizerSpec::ADAM),
                          [](const auto& info) { return tessera::v1::OptimizerSpec::Kind_Name(info.param); });
 
-tessera::v1::ParameterSpec ZerosParam(const std::string& name, int64_t n) {
-  tessera::v1::ParameterSpec p;
-  p.set_name(name);
-  p.set_dtype(tessera::v1::DT_FLOAT32);
-  p.add_shape(n);
-  return p;
-}
-
 // Four clients push known gradients concurrently, straight over gRPC, and send some pushes twice (one retry
 // after the answer, one racing the original) with the same worker id and seq. With SGD (lr 1, no momentum) the
 // result is order-independent, and the values are exact in float: nothing lost, nothing applied twice.
@@ -138,7 +130,7 @@ TEST(AsyncConsistencyTest, ConcurrentPushesWithRetriesAreAppliedExactlyOnce) {
   for (int w = 0; w < kWorkers; ++w) {
     auto client = (*cluster)->ConnectClient();
     ASSERT_THAT(client, IsOk());
-    ASSERT_THAT((*client)->Declare({ZerosParam("w", kSize)}), IsOk());
+    ASSERT_THAT((*client)->Declare({FloatParam("w", kSize)}), IsOk());
     clients.push_back(std::move(*client));
   }
   // The newest view (each registration after placement is one).
@@ -229,7 +221,7 @@ TEST_P(StalenessBoundTest, FastWorkerStaysWithinTheBound) {
     auto client = (*cluster)->ConnectClient();
     ASSERT_THAT(client, IsOk());
     PsClient& c = **client;
-    ASSERT_THAT(c.Declare({ZerosParam("w", 200)}), IsOk());
+    ASSERT_THAT(c.Declare({FloatParam("w", 200)}), IsOk());
     std::vector<float> values(200), grad(200, 0.001f);
     for (int step = 0; step < kSteps; ++step) {
       if (!slow) max_gap = std::max<int64_t>(max_gap, c.clock() - slow_clock.load());

@@ -11,14 +11,6 @@ namespace {
 
 using tessera::v1::ConsistencySpec;
 
-tessera::v1::ParameterSpec Param() {
-  tessera::v1::ParameterSpec p;
-  p.set_name("w");
-  p.set_dtype(tessera::v1::DT_FLOAT32);
-  p.add_shape(64);
-  return p;
-}
-
 // One step of a client: pull, push a constant gradient, clock.
 absl::StatusOr<ClockResult> Step(PsClient& client) {
   std::vector<float> values(64), grad(64, 0.01f);
@@ -41,8 +33,8 @@ struct TwoWorkers {
     doomed = (*cluster)->ConnectClient(/*heartbeat=*/true);
     ASSERT_THAT(survivor, IsOk());
     ASSERT_THAT(doomed, IsOk());
-    ASSERT_THAT((*survivor)->Declare({Param()}), IsOk());
-    ASSERT_THAT((*doomed)->Declare({Param()}), IsOk());
+    ASSERT_THAT((*survivor)->Declare({FloatParam("w", 64)}), IsOk());
+    ASSERT_THAT((*doomed)->Declare({FloatParam("w", 64)}), IsOk());
   }
 };
 

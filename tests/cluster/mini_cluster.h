@@ -57,6 +57,9 @@ void ActAs(const PsClient& client, grpc::ClientContext& context);
 // span servers.
 tessera::v1::JobSpec TestJob(tessera::v1::ConsistencySpec::Mode mode, int servers, int workers);
 
+// A float32 parameter of `elements` zeros.
+tessera::v1::ParameterSpec FloatParam(const std::string& name, int64_t elements);
+
 }  // namespace tessera::testing
 
 #endif  // TESSERA_TESTS_CLUSTER_MINI_CLUSTER_H_

@@ -29,11 +29,7 @@ TEST(ObservabilityTest, DaemonsServeHealthMetricsAndStatus) {
   ASSERT_THAT(cluster, IsOk());
   auto client = (*cluster)->ConnectClient();
   ASSERT_THAT(client, IsOk());
-  tessera::v1::ParameterSpec p;
-  p.set_name("w");
-  p.set_dtype(tessera::v1::DT_FLOAT32);
-  p.add_shape(10);  // 40 bytes: one chunk, on server 0
-  ASSERT_THAT((*client)->Declare({p}), IsOk());
+  ASSERT_THAT((*client)->Declare({FloatParam("w", 10)}), IsOk());  // 40 bytes: one chunk, on server 0
   std::vector<float> grad(10, 1.0f);
   ASSERT_THAT((*client)->Push({"w"}, {absl::MakeConstSpan(grad)}, 1), IsOk());
 
@@ -74,11 +70,7 @@ TEST(ObservabilityTest, EveryMetricsPagePassesPromtool) {
   ASSERT_THAT(cluster, IsOk());
   auto client = (*cluster)->ConnectClient();
   ASSERT_THAT(client, IsOk());
-  tessera::v1::ParameterSpec p;
-  p.set_name("w");
-  p.set_dtype(tessera::v1::DT_FLOAT32);
-  p.add_shape(10);
-  ASSERT_THAT((*client)->Declare({p}), IsOk());
+  ASSERT_THAT((*client)->Declare({FloatParam("w", 10)}), IsOk());
   std::vector<float> grad(10, 1.0f);
   ASSERT_THAT((*client)->Push({"w"}, {absl::MakeConstSpan(grad)}, 1), IsOk());
 

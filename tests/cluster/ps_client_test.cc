@@ -50,22 +50,10 @@ TEST(PsClientTest, PushPullReturnsTheValuesAfterTheUpdate) {
   ASSERT_THAT(cluster, IsOk());
   auto client = (*cluster)->ConnectClient();
   ASSERT_THAT(client, IsOk());
-  tessera::v1::ParameterSpec p;
-  p.set_name("w");
-  p.set_dtype(tessera::v1::DT_FLOAT32);
-  p.add_shape(500);  // zeros, chunks on both servers
-  ASSERT_THAT((*client)->Declare({p}), IsOk());
+  ASSERT_THAT((*client)->Declare({FloatParam("w", 500)}), IsOk());  // zeros, chunks on both servers
   std::vector<float> grad(500, 2.0f), values(500, 7.0f);
   ASSERT_THAT((*client)->PushPull({"w"}, {absl::MakeConstSpan(grad)}, 1, {absl::MakeSpan(values)}), IsOk());
   for (float v : values) ASSERT_FLOAT_EQ(v, -0.2f);  // 0 - lr 0.1 * 2
-}
-
-tessera::v1::ParameterSpec Param(const std::string& name, int64_t n) {
-  tessera::v1::ParameterSpec p;
-  p.set_name(name);
-  p.set_dtype(tessera::v1::DT_FLOAT32);
-  p.add_shape(n);  // zeros; 256-byte chunks spread over both servers
-  return p;
 }
 
 // Two workers of a SYNC job each run steps whose gradients are sent parameter by parameter, last first (as
@@ -84,7 +72,7 @@ TEST(PsClientTest, SyncStepExchangeAnswersBothWorkersWithTheClosedRoundsValues) 
   std::vector<absl::Status> errors(2);
   auto run = [&](int w) {
     PsClient& c = *clients[w];
-    absl::Status declared = c.Declare({Param("a", 300), Param("b", 200)});
+    absl::Status declared = c.Declare({FloatParam("a", 300), FloatParam("b", 200)});
     if (!declared.ok()) {
       errors[w] = declared;
       return;
@@ -130,7 +118,7 @@ TEST(PsClientTest, StepExchangeRejectsANonFiniteGradientBeforeSendingIt) {
   ASSERT_THAT(cluster, IsOk());
   auto client = (*cluster)->ConnectClient();
   ASSERT_THAT(client, IsOk());
-  ASSERT_THAT((*client)->Declare({Param("a", 300)}), IsOk());
+  ASSERT_THAT((*client)->Declare({FloatParam("a", 300)}), IsOk());
   const std::vector<std::string> names = {"a"};
   std::vector<float> grad(300, 1.0f), out(300);
   grad[299] = std::numeric_limits<float>::infinity();
@@ -163,7 +151,7 @@ TEST(PsClientTest, ConcurrentExchangesFromSeveralWorkersNeverMixTheirReplies) {
       // Each worker owns one parameter, so the values after its push are known exactly.
       const std::string name = absl::StrCat("p", w);
       std::vector<tessera::v1::ParameterSpec> all;
-      for (int k = 0; k < 4; ++k) all.push_back(Param(absl::StrCat("p", k), 1000));
+      for (int k = 0; k < 4; ++k) all.push_back(FloatParam(absl::StrCat("p", k), 1000));
       if (auto s = c.Declare(all); !s.ok()) {
         errors[w] = s;
         return;
