@@ -68,6 +68,10 @@ chaos = json.load(open(f"{out}/chaos/summary.json"))
 clean = json.load(open(f"{out}/clean/summary.json"))
 kills = [line.rstrip("\n").split("\t") for line in open(f"{out}/kills.tsv")]
 steps_per_s = clean["steps"] / clean["wall_seconds"]
+# Kill times count from this script's start, event times from the scheduler's, which starts a little later; a
+# restarted server can be recovered within that difference, so an event up to SKEW seconds "before" a kill is
+# still its own.
+SKEW = 1.0
 print(f"\n| run | steps | test accuracy | wall s |\n|---|---|---|---|")
 print(f"| clean | {clean['steps']} | {clean['test_accuracy']:.4f} | {clean_s} |")
 print(f"| chaos | {chaos['steps']} | {chaos['test_accuracy']:.4f} | {chaos_s} |")
@@ -79,20 +83,20 @@ print("\n| kill at s | killed | what it cost |\n|---|---|---|")
 for at, role, name in kills:
     at = float(at)
     if role == "server":
-        # The first recovery after the kill (event times are since the scheduler started, about the same instant).
-        r = next((e for e in recoveries if e["wall_seconds"] >= at), None)
+        r = next((e for e in recoveries if e["wall_seconds"] >= at - SKEW), None)
         if r is None:
             print(f"| {at} | server {name} | no recovery recorded |")
             continue
         recoveries.remove(r)
         redo = r["clocks_lost"] / steps_per_s
-        print(f"| {at} | server {name} | training again {r['wall_seconds'] - at:.1f} s after the kill; "
-              f"{r['clocks_lost']} steps redone from the checkpoint (~{redo:.1f} s): ~{r['wall_seconds'] - at + redo:.1f} s lost |")
+        back = max(0.0, r["wall_seconds"] - at)
+        print(f"| {at} | server {name} | training again {back:.1f} s after the kill; "
+              f"{r['clocks_lost']} steps redone from the checkpoint (~{redo:.1f} s): ~{back + redo:.1f} s lost |")
     else:
-        r = next((e for e in rejoins if e["wall_seconds"] >= at), None)
+        r = next((e for e in rejoins if e["wall_seconds"] >= at - SKEW), None)
         if r is not None:
             rejoins.remove(r)
-        back = f"rejoined {r['wall_seconds'] - at:.1f} s later at clock {r['clock']}" if r else "did not rejoin"
+        back = f"rejoined {max(0.0, r['wall_seconds'] - at):.1f} s later at clock {r['clock']}" if r else "did not rejoin"
         print(f"| {at} | worker {name} | {back}; the other worker's rounds went on meanwhile |")
 gap = abs(chaos["test_accuracy"] - clean["test_accuracy"]) * 100
 print(f"\ntest accuracy: chaos {chaos['test_accuracy']:.4f}, clean {clean['test_accuracy']:.4f}: "
