@@ -13,7 +13,8 @@ cd "$(dirname "$0")/.."
 if [[ "${1:-}" == container ]]; then
   exec bash deploy/container/build.sh --train
 fi
-bash deploy/install_deps.sh clang libclang-rt-14-dev
+# clang and its runtimes for the build; prometheus for promtool (the /metrics lint test).
+bash deploy/install_deps.sh clang libclang-rt-14-dev prometheus
 for tool in clang++ clang; do
   command -v "$tool" >/dev/null || { echo "needs clang and libclang-rt-14-dev (apt-get install clang)" >&2; exit 2; }
 done
