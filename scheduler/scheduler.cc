@@ -124,14 +124,9 @@ void Scheduler::EndJobEarly(const absl::Status& reason) {
 }
 
 bool Scheduler::AwaitFinishedOrInterrupted(absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (!coordinator_->finished()) {
-    absl::MutexLock lock(&mu_);
-    if (interrupted_ || absl::Now() >= deadline) return false;
-    // The coordinator has no notification for its end; poll it, waking at once on a second Stop().
-    mu_.AwaitWithTimeout(absl::Condition(&interrupted_), std::min(absl::Milliseconds(20), deadline - absl::Now()));
-  }
-  return true;
+  absl::MutexLock lock(&mu_);
+  mu_.AwaitWithTimeout(absl::Condition(this, &Scheduler::JobEndedOrInterrupted), timeout);
+  return job_ended_;
 }
 
 bool Scheduler::WaitForStop(absl::Duration timeout) {
@@ -142,6 +137,7 @@ bool Scheduler::WaitForStop(absl::Duration timeout) {
 
 void Scheduler::JobEnded(absl::Status outcome) {
   absl::MutexLock lock(&mu_);
+  job_ended_ = true;
   if (!stop_reason_) stop_reason_ = std::move(outcome);
 }
 

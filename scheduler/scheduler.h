@@ -57,6 +57,7 @@ class Scheduler {
   void EndJobEarly(const absl::Status& reason);
   // Waits up to `timeout` for the job to finish or for a second Stop(); true if the job finished.
   bool AwaitFinishedOrInterrupted(absl::Duration timeout);
+  bool JobEndedOrInterrupted() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return job_ended_ || interrupted_; }
 
   const SchedulerOptions options_;
   std::string address_;
@@ -70,6 +71,7 @@ class Scheduler {
   absl::Mutex mu_;
   std::optional<absl::Status> stop_reason_ ABSL_GUARDED_BY(mu_);
   bool stop_asked_ ABSL_GUARDED_BY(mu_) = false;   // Stop() was called
+  bool job_ended_ ABSL_GUARDED_BY(mu_) = false;    // the coordinator reported the job's end
   bool interrupted_ ABSL_GUARDED_BY(mu_) = false;  // Stop() was called again
 };
 

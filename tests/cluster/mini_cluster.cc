@@ -53,14 +53,6 @@ absl::StatusOr<nlohmann::json> MiniCluster::WaitForSummary(absl::Duration timeou
   return scheduler_->coordinator().summary();
 }
 
-tessera::v1::ParameterSpec FloatParam(const std::string& name, int64_t elements) {
-  tessera::v1::ParameterSpec p;
-  p.set_name(name);
-  p.set_dtype(tessera::v1::DT_FLOAT32);
-  p.add_shape(elements);
-  return p;
-}
-
 tessera::v1::JobSpec TestJob(tessera::v1::ConsistencySpec::Mode mode, int servers, int workers) {
   tessera::v1::JobSpec job;
   job.set_name("test");

@@ -16,6 +16,7 @@
 #include "nlohmann/json.hpp"
 #include "scheduler/scheduler.h"
 #include "server/server.h"
+#include "tests/testing/param_spec.h"
 #include "worker/ps_client.h"
 
 namespace tessera::testing {
@@ -56,9 +57,6 @@ void ActAs(const PsClient& client, grpc::ClientContext& context);
 // A job for cluster tests: synthetic data, the given mode, `servers` and `workers`, tiny chunks so parameters
 // span servers.
 tessera::v1::JobSpec TestJob(tessera::v1::ConsistencySpec::Mode mode, int servers, int workers);
-
-// A float32 parameter of `elements` zeros.
-tessera::v1::ParameterSpec FloatParam(const std::string& name, int64_t elements);
 
 }  // namespace tessera::testing
 

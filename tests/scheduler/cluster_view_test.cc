@@ -1,11 +1,13 @@
 #include "scheduler/cluster_view.h"
 
 #include "gtest/gtest.h"
+#include "tests/testing/param_spec.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tessera {
 namespace {
 
+using ::tessera::testing::FloatParam;
 using ::tessera::testing::IsOk;
 using ::tessera::testing::StatusIs;
 
@@ -26,14 +28,6 @@ tessera::v1::RegisterRequest Worker(const std::string& host, int rank = -1) {
 }
 
 int64_t AtZero(const Member&) { return 0; }
-
-tessera::v1::ParameterSpec Param(const std::string& name, int64_t n) {
-  tessera::v1::ParameterSpec p;
-  p.set_name(name);
-  p.set_dtype(tessera::v1::DT_FLOAT32);
-  p.add_shape(n);
-  return p;
-}
 
 TEST(ClusterViewTest, WaitingSummaryNamesWhoIsMissingAndWhenEachMemberWasLastHeard) {
   ClusterView view(/*num_servers=*/2, /*num_workers=*/2);
@@ -68,7 +62,7 @@ TEST(ClusterViewTest, AReplacementTakesTheLostServersPlace) {
             std::string::npos);
   EXPECT_THAT(view.Touch(tessera::v1::SERVER, 0, 1, t0 + absl::Seconds(22)),
               StatusIs(absl::StatusCode::kFailedPrecondition, "declared lost"));
-  EXPECT_THAT(view.Place({Param("w", 10)}, 16).status(), StatusIs(absl::StatusCode::kUnavailable, "server 0 at a:1 (lost)"));
+  EXPECT_THAT(view.Place({FloatParam("w", 10)}, 16).status(), StatusIs(absl::StatusCode::kUnavailable, "server 0 at a:1 (lost)"));
 
   absl::StatusOr<ClusterView::Joined> replacement = view.Join(Server("c:1"), t0 + absl::Seconds(23), AtZero);
   ASSERT_THAT(replacement, IsOk());
@@ -76,7 +70,7 @@ TEST(ClusterViewTest, AReplacementTakesTheLostServersPlace) {
   EXPECT_EQ(replacement->member.incarnation, 2u);
   EXPECT_EQ(replacement->was, MemberState::kLost);
   EXPECT_THAT(view.Join(Server("d:1"), t0, AtZero).status(), StatusIs(absl::StatusCode::kResourceExhausted, "all its"));
-  absl::StatusOr<ClusterView::Placed> placed = view.Place({Param("w", 10)}, 16);
+  absl::StatusOr<ClusterView::Placed> placed = view.Place({FloatParam("w", 10)}, 16);
   ASSERT_THAT(placed, IsOk());
   ASSERT_EQ(placed->map.servers_size(), 2);
   EXPECT_EQ(placed->map.servers(0).address(), "c:1");
@@ -91,7 +85,7 @@ TEST(ClusterViewTest, WorkersRejoinWithANewIncarnation) {
   ASSERT_THAT(view.Join(Server("a:1"), t0, AtZero).status(), IsOk());
   ASSERT_THAT(view.Join(Worker("h0"), t0, AtZero).status(), IsOk());
   ASSERT_THAT(view.Join(Worker("h1"), t0 + absl::Seconds(30), AtZero).status(), IsOk());
-  ASSERT_THAT(view.Place({Param("w", 10)}, 16).status(), IsOk());
+  ASSERT_THAT(view.Place({FloatParam("w", 10)}, 16).status(), IsOk());
   const uint64_t placed_epoch = view.epoch();
   ASSERT_EQ(view.MarkSilentLost(t0 + absl::Seconds(31), absl::Seconds(10)).size(), 2u) << "server 0 and worker 0";
   EXPECT_GT(view.epoch(), placed_epoch);
@@ -129,7 +123,7 @@ TEST(ClusterViewTest, ALostServersChunksMoveToTheLeastLoadedSurvivors) {
   ClusterView view(3, 1);
   const absl::Time t0 = absl::FromUnixSeconds(1000);
   for (const char* a : {"a:1", "b:1", "c:1"}) ASSERT_THAT(view.Join(Server(a), t0, AtZero).status(), IsOk());
-  ASSERT_THAT(view.Place({Param("w", 60), Param("b", 6)}, 40).status(), IsOk());
+  ASSERT_THAT(view.Place({FloatParam("w", 60), FloatParam("b", 6)}, 40).status(), IsOk());
   ASSERT_THAT(view.Touch(tessera::v1::SERVER, 0, 1, t0 + absl::Seconds(20)), IsOk());
   ASSERT_THAT(view.Touch(tessera::v1::SERVER, 2, 1, t0 + absl::Seconds(20)), IsOk());
   ASSERT_EQ(view.MarkSilentLost(t0 + absl::Seconds(20), absl::Seconds(10)).size(), 1u);
