@@ -72,9 +72,14 @@ absl::Status RunRecorder::Append(const EvalRecord& r) {
 }
 
 absl::Status RunRecorder::WriteSummary(const nlohmann::json& summary) {
-  absl::MutexLock lock(&mu_);
-  std::cout << "summary: " << summary.dump() << std::endl;
+  absl::Status saved = SaveSummary(summary);
+  PrintSummary(summary);
+  return saved;
+}
+
+absl::Status RunRecorder::SaveSummary(const nlohmann::json& summary) {
   if (run_dir_.empty()) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
   const std::string path = run_dir_ + "/summary.json";
   const std::string tmp = path + ".tmp";
   {
@@ -84,6 +89,11 @@ absl::Status RunRecorder::WriteSummary(const nlohmann::json& summary) {
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) return absl::DataLossError("cannot rename " + tmp + " to " + path);
   return absl::OkStatus();
+}
+
+void RunRecorder::PrintSummary(const nlohmann::json& summary) {
+  absl::MutexLock lock(&mu_);
+  std::cout << "summary: " << summary.dump() << std::endl;
 }
 
 void RunSummary::SetLastEval(double e, double accuracy, double loss) {

@@ -63,8 +63,12 @@ class RunRecorder {
   // Appends one record and prints its progress line.
   [[nodiscard]] absl::Status Append(const EvalRecord& record);
 
-  // Writes summary.json (through a temporary file and a rename) and prints it.
+  // Writes summary.json (through a temporary file and a rename), then prints the "summary: " line: the line
+  // that tells whoever reads the output that the run's records are complete.
   [[nodiscard]] absl::Status WriteSummary(const nlohmann::json& summary);
+  // The two halves of WriteSummary, for a caller that must change state between them.
+  [[nodiscard]] absl::Status SaveSummary(const nlohmann::json& summary);
+  void PrintSummary(const nlohmann::json& summary);
 
   const std::string& run_dir() const { return run_dir_; }
 

@@ -671,13 +671,15 @@ void JobCoordinator::FinishJob() {
   for (const Member& w : view_.Workers()) {
     if (w.state != MemberState::kLost) stayed.push_back(clocks[w.id]);
   }
-  nlohmann::json summary = records_.WriteSummary(outcome, clocks, stayed.empty() ? clocks : stayed, lost,
-                                                 {{"balance", balancer_.ToJson()}, {"rounds", RoundsJson()}});
+  nlohmann::json summary = records_.SaveSummary(outcome, clocks, stayed.empty() ? clocks : stayed, lost,
+                                                {{"balance", balancer_.ToJson()}, {"rounds", RoundsJson()}});
   {
     absl::MutexLock lock(&mu_);
     summary_ = summary;
     finished_ = true;
   }
+  // The printed line is what a launcher or a log reader takes for the job's end: /status agrees from here on.
+  records_.PrintSummary(summary);
   if (map) {
     if (absl::Status s = servers_->Shutdown(*map); !s.ok()) LOG(WARNING) << s;
   }

@@ -100,9 +100,9 @@ void ProgressRecords::AddEvent(nlohmann::json event) {
   if (events_.size() > kEventLimit) events_.erase(events_.begin());
 }
 
-nlohmann::json ProgressRecords::WriteSummary(const JobOutcome& outcome, const std::vector<int64_t>& worker_clocks,
-                                             const std::vector<int64_t>& counted_clocks,
-                                             const std::vector<int>& lost_workers, const nlohmann::json& extra) {
+nlohmann::json ProgressRecords::SaveSummary(const JobOutcome& outcome, const std::vector<int64_t>& worker_clocks,
+                                            const std::vector<int64_t>& counted_clocks,
+                                            const std::vector<int>& lost_workers, const nlohmann::json& extra) {
   const ClusterStats sum = ServerTotals();
   nlohmann::json summary;
   {
@@ -136,7 +136,7 @@ nlohmann::json ProgressRecords::WriteSummary(const JobOutcome& outcome, const st
     summary["staleness"] = StalenessJson(sum);
     summary.update(extra);
   }
-  if (absl::Status s = recorder_->WriteSummary(summary); !s.ok()) LOG(ERROR) << s;
+  if (absl::Status s = recorder_->SaveSummary(summary); !s.ok()) LOG(ERROR) << s;
   return summary;
 }
 

@@ -58,11 +58,13 @@ class ProgressRecords {
   // Notes a recovery or a loss for the summary (a JSON object: what, who, when, ...).
   void AddEvent(nlohmann::json event);
 
-  // Writes summary.json. `steps` is the smallest of `counted_clocks` (the workers that stayed in the job);
-  // the fields of `extra` are added.
-  nlohmann::json WriteSummary(const JobOutcome& outcome, const std::vector<int64_t>& worker_clocks,
-                              const std::vector<int64_t>& counted_clocks, const std::vector<int>& lost_workers,
-                              const nlohmann::json& extra = nlohmann::json::object());
+  // Makes the summary and writes summary.json. `steps` is the smallest of `counted_clocks` (the workers that
+  // stayed in the job); the fields of `extra` are added. PrintSummary then announces it ("summary: ...") once
+  // /status says the job has finished.
+  nlohmann::json SaveSummary(const JobOutcome& outcome, const std::vector<int64_t>& worker_clocks,
+                             const std::vector<int64_t>& counted_clocks, const std::vector<int>& lost_workers,
+                             const nlohmann::json& extra = nlohmann::json::object());
+  void PrintSummary(const nlohmann::json& summary) { recorder_->PrintSummary(summary); }
 
   // Parts of /status and /metrics.
   void AddToStatus(nlohmann::json& status) const;
