@@ -7,10 +7,12 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/rpc.h"
+#include "common/wire_limits.h"
 
 namespace tessera {
 namespace {
 constexpr absl::Duration kControlTimeout = absl::Seconds(10);
+constexpr absl::Duration kFarewellTimeout = absl::Seconds(2);
 }  // namespace
 
 SchedulerClient::SchedulerClient(std::string address, std::shared_ptr<const Security> security)
@@ -148,12 +150,23 @@ absl::StatusOr<tessera::v1::ReportResponse> SchedulerClient::Report(const tesser
   return response;
 }
 
-absl::Status SchedulerClient::Done(int worker_id, int64_t clock) {
+absl::Status SchedulerClient::Done(int worker_id, int64_t clock, const absl::Status& failure) {
   tessera::v1::DoneRequest request;
   request.set_worker_id(worker_id);
   request.set_clock(clock);
+  if (!failure.ok()) {
+    // Cut at a character boundary within the limit the scheduler accepts.
+    std::string text = failure.ToString();
+    if (text.size() > kMaxErrorBytes) {
+      size_t cut = kMaxErrorBytes;
+      while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+      text.resize(cut);
+    }
+    request.set_failure(text);
+  }
   grpc::ClientContext context;
-  Prepare(context, kControlTimeout);
+  // A failing worker is on its way out: it does not wait long for a scheduler that does not answer.
+  Prepare(context, failure.ok() ? kControlTimeout : kFarewellTimeout);
   tessera::v1::DoneResponse response;
   return FromGrpcStatus(stub_->Done(&context, request, &response), context, absl::StrCat("Done to scheduler ", address_));
 }

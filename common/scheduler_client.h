@@ -53,7 +53,9 @@ class SchedulerClient {
                                                                                int step_samples = 0,
                                                                                double step_busy_seconds = 0);
   [[nodiscard]] absl::StatusOr<tessera::v1::ReportResponse> Report(const tessera::v1::ReportRequest& request);
-  [[nodiscard]] absl::Status Done(int worker_id, int64_t clock);
+  // The worker leaves the job: at its end, or, with a `failure`, because of that error (sent as its text, cut
+  // to common/wire_limits.h's kMaxErrorBytes; waits at most 2 s for the answer).
+  [[nodiscard]] absl::Status Done(int worker_id, int64_t clock, const absl::Status& failure = absl::OkStatus());
 
   // The key from the last registration; empty before.
   std::string member_key() const;

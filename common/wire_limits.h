@@ -19,6 +19,8 @@ inline constexpr size_t kMaxNameBytes = 256;
 // HOST:PORT addresses and file paths.
 inline constexpr size_t kMaxAddressBytes = 1024;
 inline constexpr size_t kMaxPathBytes = 4096;
+// Error messages a member sends (a worker's failure).
+inline constexpr size_t kMaxErrorBytes = 4096;
 // One parameter: at most 8 dimensions and 2^32 elements (16 GiB of float32).
 inline constexpr int kMaxDimensions = 8;
 inline constexpr int64_t kMaxParameterElements = int64_t{1} << 32;

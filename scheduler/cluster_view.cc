@@ -178,6 +178,16 @@ bool ClusterView::MarkDone(int worker) {
   return true;
 }
 
+std::optional<Member> ClusterView::MarkFailed(int worker) {
+  absl::MutexLock lock(&mu_);
+  if (worker < 0 || worker >= static_cast<int>(workers_.size()) || workers_[worker].state != MemberState::kAlive) {
+    return std::nullopt;
+  }
+  workers_[worker].state = MemberState::kLost;
+  ChangedLocked();
+  return workers_[worker];
+}
+
 void ClusterView::SetWorkerDevice(int id, const std::string& device) {
   absl::MutexLock lock(&mu_);
   if (id >= 0 && id < static_cast<int>(workers_.size())) workers_[id].device = device;

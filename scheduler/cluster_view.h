@@ -89,6 +89,9 @@ class ClusterView {
 
   // A worker finished. False when the rank is not alive.
   bool MarkDone(int worker);
+  // A worker left on an error: lost at once, as if it had fallen silent (it may register again). Returns it as
+  // it is now; nullopt when the rank is not alive. Advances the epoch once parameters are placed.
+  std::optional<Member> MarkFailed(int worker);
 
   // Records the device a worker computes on (known to the worker only after it registered).
   void SetWorkerDevice(int id, const std::string& device);

@@ -99,13 +99,18 @@ JobCoordinator::~JobCoordinator() {
 void JobCoordinator::StartFailureDetection() {
   failure_detector_.Start(heartbeat_interval_);
   const int max_seconds = job_.stop().max_seconds();
-  if (!checkpointer_.enabled() && max_seconds <= 0) return;
   ticker_ = std::make_unique<Heartbeater>(
       std::min(heartbeat_interval_, absl::Milliseconds(200)),
       [this, max_seconds] {
         if (max_seconds > 0 && !clocks_.stopped() && absl::Now() - start_ >= absl::Seconds(max_seconds)) {
           clocks_.Stop(absl::StrCat("ran for stop.max_seconds (", max_seconds, " s)"));
         }
+        bool held;
+        {
+          absl::MutexLock lock(&mu_);
+          held = end_held_;
+        }
+        if (held) MaybeFinish();
         if (!checkpointer_.enabled()) return absl::OkStatus();
         const std::vector<int64_t> active = clocks_.ActiveClocks();
         if (active.empty() || clocks_.stopped() || !view_.placed()) return absl::OkStatus();
@@ -487,27 +492,46 @@ absl::Status JobCoordinator::Done(const tessera::v1::DoneRequest& request) {
   if (request.worker_id() < 0 || request.worker_id() >= job_.cluster().num_workers()) {
     return absl::InvalidArgumentError(absl::StrCat("done from unknown worker ", request.worker_id()));
   }
-  if (!view_.MarkDone(request.worker_id())) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("done from worker ", request.worker_id(), ", which is not in the job (lost, or done before)"));
+  TESSERA_RETURN_IF_ERROR(CheckLength("done: failure", request.failure(), kMaxErrorBytes));
+  const std::string not_in_job =
+      absl::StrCat("done from worker ", request.worker_id(), ", which is not in the job (lost, or done before)");
+  if (!request.failure().empty()) {
+    std::optional<Member> failed = view_.MarkFailed(request.worker_id());
+    if (!failed) return absl::FailedPreconditionError(not_in_job);
+    OnLost(*failed, request.failure());
+    return absl::OkStatus();
   }
+  if (!view_.MarkDone(request.worker_id())) return absl::FailedPreconditionError(not_in_job);
   clocks_.Done(request.worker_id());
   LOG(INFO) << "worker " << request.worker_id() << " done at clock " << request.clock();
   MaybeFinish();
   return absl::OkStatus();
 }
 
-void JobCoordinator::OnLost(const Member& m) {
+void JobCoordinator::OnLost(const Member& m, const std::string& failure) {
   const std::string what = absl::StrCat(m.Describe(), " lost: no heartbeat for ",
                                         absl::FormatDuration(failure_detector_.timeout()));
   if (m.role == tessera::v1::WORKER) {
     const int64_t clock = clocks_.Clocks()[m.id];
-    LOG(WARNING) << what << " at clock " << clock << "; the others go on without it (it may rejoin)";
+    LOG(WARNING) << (failure.empty() ? absl::StrCat(what, " at clock ", clock)
+                                     : absl::StrCat(m.Describe(), " failed at clock ", clock, ": ", failure))
+                 << "; the others go on without it (it may rejoin)";
     {
       absl::MutexLock lock(&mu_);
       lost_workers_.push_back(m.id);
+      if (failure.empty()) {
+        worker_failures_.erase(m.id);
+      } else {
+        worker_failures_[m.id] = failure;
+        last_failure_report_ = absl::Now();
+      }
     }
-    records_.AddEvent({{"event", "worker lost"}, {"worker", m.id}, {"incarnation", m.incarnation}, {"clock", clock}});
+    nlohmann::json event = {{"event", failure.empty() ? "worker lost" : "worker failed"},
+                            {"worker", m.id},
+                            {"incarnation", m.incarnation},
+                            {"clock", clock}};
+    if (!failure.empty()) event["error"] = failure;
+    records_.AddEvent(std::move(event));
     clocks_.Done(m.id);
     executor_.Submit([this, why = absl::StrCat("worker ", m.id, " left")] { PublishView(why); });
     MaybeFinish();
@@ -635,14 +659,26 @@ void JobCoordinator::MaybeFinish() {
     any_vacant |= w.state == MemberState::kVacant;
     any_done |= w.state == MemberState::kDone;
   }
-  if (any_alive || any_vacant) return;
   absl::MutexLock lock(&mu_);
-  if (finishing_) return;
+  end_held_ = false;
+  if (any_alive || any_vacant || finishing_) return;
   if (!any_done && failure_.empty()) {
+    // A worker that stopped on an error may be started again (a launcher's restart, a pod's): the job waits for
+    // it as long as for one that fell silent. The ticker asks again.
+    if (absl::Now() < last_failure_report_ + failure_detector_.timeout()) {
+      end_held_ = true;
+      return;
+    }
     std::vector<std::string> lost;
     const std::vector<int64_t> clocks = clocks_.Clocks();
-    for (const Member& w : view_.Workers()) lost.push_back(absl::StrCat("worker ", w.id, " at clock ", clocks[w.id]));
-    failure_ = absl::StrCat("every worker was lost (", absl::StrJoin(lost, ", "), ")");
+    for (const Member& w : view_.Workers()) {
+      lost.push_back(absl::StrCat("worker ", w.id, " at clock ", clocks[w.id]));
+      if (auto failed = worker_failures_.find(w.id); failed != worker_failures_.end()) {
+        absl::StrAppend(&lost.back(), ", which failed: ", failed->second);
+      }
+    }
+    // Errors may hold commas: the workers are parted by semicolons when any failed.
+    failure_ = absl::StrCat("every worker was lost (", absl::StrJoin(lost, worker_failures_.empty() ? ", " : "; "), ")");
   }
   finishing_ = true;
   executor_.Submit([this] { FinishJob(); });

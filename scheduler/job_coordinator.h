@@ -20,6 +20,7 @@
 #define TESSERA_SCHEDULER_JOB_COORDINATOR_H_
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -126,7 +127,8 @@ class JobCoordinator {
   // SYNC with backup workers: the clock table decided a round; its members go to the servers.
   void OnRoundDecided(const RoundMembers& round);
   // Reacts to a member the failure detector declared lost.
-  void OnLost(const Member& member);
+  // `failure`: the error the worker said it stopped on; empty when it fell silent.
+  void OnLost(const Member& member, const std::string& failure = "");
   // Executor task: the lost server's chunks move to the survivors, restored from the latest checkpoint; in
   // SYNC every chunk and every worker goes back to that checkpoint. Stops the job when that cannot be done.
   void RecoverServer(const Member& lost, const CheckpointInfo& checkpoint, absl::Time lost_at);
@@ -155,15 +157,20 @@ class JobCoordinator {
   ProgressRecords records_;
   FailureDetector failure_detector_;
   Checkpointer checkpointer_;
-  std::unique_ptr<Heartbeater> ticker_;  // checks the checkpoint cadence and stop.max_seconds
+  // Checks the checkpoint cadence, stop.max_seconds and a job end held back for a failed worker's return.
+  std::unique_ptr<Heartbeater> ticker_;
 
   mutable absl::Mutex mu_;
   std::vector<int> lost_workers_ ABSL_GUARDED_BY(mu_);  // every rank ever lost, in order
+  std::map<int, std::string> worker_failures_ ABSL_GUARDED_BY(mu_);  // why each rank last left, when it said
   std::string failure_ ABSL_GUARDED_BY(mu_);            // why the job cannot complete; empty: it can
   bool checkpoint_queued_ ABSL_GUARDED_BY(mu_) = false;
   // A resumed job: the checkpoint the servers restore from once they are all in (at the first Declare).
   std::optional<CheckpointInfo> resume_ ABSL_GUARDED_BY(mu_);
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;
+  // When a worker last said it stopped on an error; the job's end waits a heartbeat timeout past it.
+  absl::Time last_failure_report_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  bool end_held_ ABSL_GUARDED_BY(mu_) = false;  // every worker is lost, but one may still come back
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   nlohmann::json summary_ ABSL_GUARDED_BY(mu_);
   bool rounds_queued_ ABSL_GUARDED_BY(mu_) = false;  // a DecideRounds send is waiting in round_sender_

@@ -53,6 +53,8 @@ class ParameterSource {
   [[nodiscard]] virtual absl::StatusOr<tessera::v1::ReportResponse> Report(
       const tessera::v1::ReportRequest& report) = 0;
   [[nodiscard]] virtual absl::Status Done() = 0;
+  // The worker stops on `why`: says so, at once and best effort, to whoever tracks the job.
+  virtual void Fail(const absl::Status& why) {}
 };
 
 // Parameters on the servers. `client` is owned.
@@ -84,6 +86,7 @@ class RemoteSource final : public ParameterSource {
     return client_->Report(report);
   }
   absl::Status Done() override { return client_->Done(); }
+  void Fail(const absl::Status& why) override { client_->Fail(why); }
   std::optional<int64_t> TakeRollback() override { return client_->TakeRollback(); }
   BatchSlice batch_slice() const override { return client_->batch_slice(); }
   void NoteStep(int samples, absl::Duration busy) override { client_->NoteStep(samples, busy); }

@@ -531,6 +531,13 @@ absl::Status PsClient::Done() {
   return scheduler_->Done(worker_id_, clock_);
 }
 
+void PsClient::Fail(const absl::Status& why) {
+  if (heartbeater_) heartbeater_->Stop();
+  if (absl::Status told = scheduler_->Done(worker_id_, clock_, why); !told.ok()) {
+    LOG(INFO) << "could not tell the scheduler that this worker stops: " << told;
+  }
+}
+
 // SYNC and ASYNC: one exchange per chunk, started as each gradient is sent; in SYNC the clock is advanced on
 // the client's clock executor at the same time. The values arrive while the caller goes on (WaitValues).
 // SSP: push, clock gate and pull, all in Finish().

@@ -181,6 +181,9 @@ class PsClient {
 
   // This worker is finished; it no longer holds others back.
   [[nodiscard]] absl::Status Done();
+  // This worker stops on `why`: it leaves the job now (the scheduler need not wait for its heartbeats to stop)
+  // and the job's records name the error. Best effort: a scheduler that does not answer within 2 s is left.
+  void Fail(const absl::Status& why);
 
   // Value bytes received by pulls and exchanges so far (unchanged chunks cost none).
   int64_t bytes_pulled() const;

@@ -74,7 +74,7 @@ class Trainer {
   [[nodiscard]] absl::StatusOr<TrainerResult> Run();
 
   // Makes Run() return CANCELLED after the current step (or while waiting for values). Thread-safe.
-  void Cancel() { stop_->Set(absl::CancelledError("cancelled")); }
+  void Cancel(const std::string& why = "cancelled") { stop_->Set(absl::CancelledError(why)); }
 
   // Thread-safe.
   TrainerProgress progress() const {

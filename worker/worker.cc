@@ -44,11 +44,20 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client, PsClient::Connect(client_options));
     worker->source_ = std::make_unique<RemoteSource>(std::move(client));
   }
+  // From here on the worker holds a place in the job: a failure to start tells the scheduler at once.
+  if (absl::Status started = worker->StartTraining(options); !started.ok()) {
+    worker->source_->Fail(started);
+    return started;
+  }
+  return worker;
+}
+
+absl::Status Worker::StartTraining(const WorkerOptions& options) {
   // The job (known only now, for a cluster worker) picks the GEMM precision.
   BackendOptions backend_options;
   backend_options.cpu_threads = options.cpu_threads;
   backend_options.local_index = options.local_device_index;
-  switch (worker->source_->job().compute().math()) {
+  switch (source_->job().compute().math()) {
     case tessera::v1::ComputeSpec::TF32:
       backend_options.math = BackendOptions::Math::kTf32;
       break;
@@ -58,29 +67,29 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
     default:
       break;
   }
-  TESSERA_ASSIGN_OR_RETURN(worker->backend_, CreateBackend(options.device, backend_options));
-  worker->trainer_ =
-      std::make_unique<Trainer>(worker->source_.get(), worker->backend_.get(), options.trainer, worker->stop_);
+  TESSERA_ASSIGN_OR_RETURN(backend_, CreateBackend(options.device, backend_options));
+  trainer_ =
+      std::make_unique<Trainer>(source_.get(), backend_.get(), options.trainer, stop_);
   if (options.http_port >= 0) {
     TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<const Security> security, Security::Load(options.security));
-    const Trainer* trainer = worker->trainer_.get();
-    const int rank = worker->source_->rank();
+    const Trainer* trainer = trainer_.get();
+    const int rank = source_->rank();
     TESSERA_ASSIGN_OR_RETURN(
-        worker->http_,
+        http_,
         HttpEndpoint::Start(options.listen_host, options.http_port, *security,
                             {{"/metrics", {"text/plain; version=0.0.4", [trainer, rank] {
                                 return WorkerMetricsText(trainer->progress(), rank);
                               }}}}));
-    LOG(INFO) << "worker " << rank << " on " << worker->backend_->name() << "; metrics at "
+    LOG(INFO) << "worker " << rank << " on " << backend_->name() << "; metrics at "
               << (security->tls() ? "https" : "http") << "://"
-              << options.listen_host << ":" << worker->http_->port() << "/metrics";
+              << options.listen_host << ":" << http_->port() << "/metrics";
   }
-  Worker* self = worker.get();
-  worker->thread_ = std::thread([self] {
-    self->result_ = self->trainer_->Run();
-    self->finished_.Notify();
+  thread_ = std::thread([this] {
+    result_ = trainer_->Run();
+    if (!result_.ok()) source_->Fail(result_.status());
+    finished_.Notify();
   });
-  return worker;
+  return absl::OkStatus();
 }
 
 Worker::~Worker() {
@@ -94,8 +103,8 @@ absl::StatusOr<TrainerResult> Worker::Wait() {
   return result_;
 }
 
-void Worker::Stop() {
-  if (trainer_) trainer_->Cancel();
+void Worker::Stop(const std::string& why) {
+  if (trainer_) trainer_->Cancel(why);
 }
 
 }  // namespace tessera

@@ -37,13 +37,15 @@ class Worker {
   [[nodiscard]] absl::StatusOr<TrainerResult> Wait();
   // The port of /healthz and /metrics; 0 when off.
   int http_port() const { return http_ ? http_->port() : 0; }
-  // Asks training to stop after the current step (Wait then returns CANCELLED). Never blocks. A worker that
-  // loses the scheduler (no answer for its heartbeat timeout, or told it was replaced) stops the same way, with
-  // UNAVAILABLE naming the scheduler's address.
-  void Stop();
+  // Asks training to stop after the current step (Wait then returns CANCELLED with `why`, which the scheduler
+  // is told too). Never blocks. A worker that loses the scheduler (no answer for its heartbeat timeout, or told
+  // it was replaced) stops the same way, with UNAVAILABLE naming the scheduler's address.
+  void Stop(const std::string& why = "cancelled");
 
  private:
   Worker() = default;
+  // With source_ set: the backend, the trainer, the metrics page and the training thread.
+  [[nodiscard]] absl::Status StartTraining(const WorkerOptions& options);
 
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<ParameterSource> source_;

@@ -116,7 +116,7 @@ int main(int argc, char** argv) {
   tessera::Worker* daemon = worker->get();
   tessera::WatchTerminationSignals([daemon](int signal) {
     LOG(WARNING) << tessera::SignalName(signal) << ": stopping after this step";
-    daemon->Stop();
+    daemon->Stop(absl::StrCat("stopped by ", tessera::SignalName(signal)));
   });
   absl::StatusOr<tessera::TrainerResult> result = (*worker)->Wait();
   tessera::WatchTerminationSignals(nullptr);  // the daemon is about to go; a signal now exits at once

@@ -25,9 +25,8 @@ struct TwoWorkers {
   absl::StatusOr<std::unique_ptr<PsClient>> survivor;
   absl::StatusOr<std::unique_ptr<PsClient>> doomed;
 
-  void Start(ConsistencySpec::Mode mode) {
-    cluster = MiniCluster::Start(TestJob(mode, /*servers=*/1, /*workers=*/2),
-                                 /*heartbeat_timeout=*/absl::Milliseconds(500));
+  void Start(ConsistencySpec::Mode mode, absl::Duration heartbeat_timeout = absl::Milliseconds(500)) {
+    cluster = MiniCluster::Start(TestJob(mode, /*servers=*/1, /*workers=*/2), heartbeat_timeout);
     ASSERT_THAT(cluster, IsOk());
     survivor = (*cluster)->ConnectClient(/*heartbeat=*/true);
     doomed = (*cluster)->ConnectClient(/*heartbeat=*/true);
@@ -107,6 +106,59 @@ TEST(FailureTest, SyncRoundClosesWithoutAWorkerLostInIt) {
   ASSERT_THAT(summary, IsOk());
   EXPECT_TRUE((*summary)["completed"].get<bool>()) << summary->dump();
   EXPECT_EQ((*summary)["late_pushes"], 0);
+}
+
+// A worker that stops on an error says so: it leaves the gate at once (long before its heartbeat timeout), the
+// others go on, and the records name the error.
+TEST_P(FailureTest, AWorkerThatFailsLeavesAtOnceAndTheRecordsNameItsError) {
+  TwoWorkers w;
+  ASSERT_NO_FATAL_FAILURE(w.Start(GetParam(), /*heartbeat_timeout=*/absl::Minutes(2)));
+  const int failed = (*w.doomed)->worker_id();
+  std::thread doomed_step([&] { EXPECT_THAT(Step(**w.doomed), IsOk()); });
+  ASSERT_THAT(Step(**w.survivor), IsOk());
+  doomed_step.join();
+  (*w.doomed)->Fail(absl::InternalError("CUDA error: an illegal memory access was encountered"));
+
+  const absl::Time start = absl::Now();
+  for (int steps = 1; steps < 5; ++steps) ASSERT_THAT(Step(**w.survivor), IsOk());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(60)) << "the gate waited for the heartbeat timeout (2 min)";
+  ASSERT_THAT((*w.survivor)->Done(), IsOk());
+  absl::StatusOr<nlohmann::json> summary = (*w.cluster)->WaitForSummary(absl::Seconds(30));
+  ASSERT_THAT(summary, IsOk());
+  EXPECT_TRUE((*summary)["completed"].get<bool>()) << summary->dump();
+  EXPECT_EQ((*summary)["lost_workers"], nlohmann::json::array({failed}));
+  ASSERT_FALSE((*summary)["events"].empty());
+  EXPECT_EQ((*summary)["events"][0]["event"], "worker failed");
+  EXPECT_EQ((*summary)["events"][0]["error"], "INTERNAL: CUDA error: an illegal memory access was encountered");
+}
+
+// When the last worker fails, the job waits one heartbeat timeout for it (a launcher or a pod may start it
+// again), takes it back if it comes, and otherwise ends naming the error.
+TEST(FailureTest, TheJobWaitsForAFailedLastWorkerThenEndsNamingItsError) {
+  const absl::Duration timeout = absl::Seconds(2);
+  absl::StatusOr<std::unique_ptr<MiniCluster>> cluster =
+      MiniCluster::Start(TestJob(ConsistencySpec::SYNC, /*servers=*/1, /*workers=*/1), timeout);
+  ASSERT_THAT(cluster, IsOk());
+  {
+    absl::StatusOr<std::unique_ptr<PsClient>> first = (*cluster)->ConnectClient(/*heartbeat=*/true);
+    ASSERT_THAT(first, IsOk());
+    ASSERT_THAT((*first)->Declare({FloatParam("w", 64)}), IsOk());
+    ASSERT_THAT(Step(**first), IsOk());
+    (*first)->Fail(absl::UnavailableError("lost the GPU"));
+  }
+  EXPECT_FALSE((*cluster)->scheduler().coordinator().finished()) << "no time was left for a restart";
+  absl::StatusOr<std::unique_ptr<PsClient>> again = (*cluster)->ConnectClient(/*heartbeat=*/true);
+  ASSERT_THAT(again, IsOk()) << "a restarted worker takes the failed one's place";
+  ASSERT_THAT((*again)->Declare({FloatParam("w", 64)}), IsOk());
+  absl::SleepFor(timeout + absl::Milliseconds(500));
+  EXPECT_FALSE((*cluster)->scheduler().coordinator().finished()) << "the job ended although its worker came back";
+  ASSERT_THAT(Step(**again), IsOk());
+  (*again)->Fail(absl::DataLossError("disk full"));
+
+  absl::StatusOr<nlohmann::json> summary = (*cluster)->WaitForSummary(absl::Seconds(30));
+  ASSERT_THAT(summary, IsOk());
+  EXPECT_FALSE((*summary)["completed"].get<bool>());
+  EXPECT_EQ((*summary)["stop_reason"], "every worker was lost (worker 0 at clock 2, which failed: DATA_LOSS: disk full)");
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, FailureTest, ::testing::Values(ConsistencySpec::SSP, ConsistencySpec::SYNC),

@@ -325,6 +325,15 @@ TEST_F(HostileInputTest, ADoneOrHeartbeatInAnotherRanksNameIsRefusedAndTheJobGoe
   done.set_worker_id(1);
   EXPECT_THAT(RawUnary(scheduler_, "/tessera.v1.Scheduler/Done", done, Credentials(clients_[0].get())),
               StatusIs(absl::StatusCode::kUnauthenticated, "wrong key"));
+  done.set_failure("failed");  // a failure in another's name, too
+  EXPECT_THAT(RawUnary(scheduler_, "/tessera.v1.Scheduler/Done", done, Credentials(clients_[0].get())),
+              StatusIs(absl::StatusCode::kUnauthenticated, "wrong key"));
+  // Its own failure, but a megabyte of it: refused, and worker 0 stays in the job.
+  done.set_worker_id(0);
+  done.set_failure(std::string(1 << 20, 'x'));
+  EXPECT_THAT(RawUnary(scheduler_, "/tessera.v1.Scheduler/Done", done, Credentials(clients_[0].get())),
+              StatusIs(absl::StatusCode::kInvalidArgument, "failure"));
+  EXPECT_EQ(cluster_->scheduler().coordinator().StatusJson()["workers"][0]["state"], "alive");
   tessera::v1::HeartbeatRequest beat;
   beat.set_role(tessera::v1::SERVER);
   beat.set_id(0);
