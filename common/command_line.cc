@@ -89,6 +89,13 @@ absl::Status ParseArguments(const std::vector<std::string>& args) {
   return absl::OkStatus();
 }
 
+// Empty when `port` is one; otherwise what it must be.
+std::string PortProblem(int64_t port, bool off_allowed) {
+  if ((port >= 0 && port <= 65535) || (off_allowed && port == -1)) return "";
+  return off_allowed ? "must be a port, 0..65535 (0 picks a free one), or -1 (off)"
+                     : "must be a port, 0..65535 (0 picks a free one)";
+}
+
 }  // namespace
 
 std::string VersionString() { return absl::StrCat(TESSERA_VERSION, " (commit ", TESSERA_COMMIT, ")"); }
@@ -170,12 +177,13 @@ FlagRule AtLeastFlag(const std::string& name, int64_t minimum, const std::string
 }
 
 FlagRule PortFlag(const std::string& name, bool off_allowed) {
-  return {name, [off_allowed](int64_t value) {
-            const bool ok = (value >= 0 && value <= 65535) || (off_allowed && value == -1);
-            return ok ? std::string()
-                      : std::string(off_allowed ? "must be a port, 0..65535 (0 picks a free one), or -1 (off)"
-                                                : "must be a port, 0..65535 (0 picks a free one)");
-          }};
+  return {name, [off_allowed](int64_t value) { return PortProblem(value, off_allowed); }};
+}
+
+absl::Status CheckPortOption(std::string_view flag, int64_t port, bool off_allowed) {
+  const std::string problem = PortProblem(port, off_allowed);
+  if (problem.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(std::string(flag), "=", port, ": ", problem));
 }
 
 FlagRule PositiveFlag(const std::string& name) { return AtLeastFlag(name, 1, "must be > 0"); }

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -48,6 +49,10 @@ FlagRule PortFlag(const std::string& name, bool off_allowed = false);  // 0..655
 FlagRule PositiveFlag(const std::string& name);                        // > 0 (intervals, timeouts, sizes)
 FlagRule NonNegativeFlag(const std::string& name);                     // >= 0 (counts; 0: none or the default)
 FlagRule AtLeastFlag(const std::string& name, int64_t minimum, const std::string& meaning);
+
+// The port rule for an option already read (e.g. a daemon's options struct): INVALID_ARGUMENT
+// "<flag>=<port>: must be a port, ..." unless 0 <= port <= 65535 (or -1 when `off_allowed`).
+[[nodiscard]] absl::Status CheckPortOption(std::string_view flag, int64_t port, bool off_allowed);
 
 // Checks every rule against the parsed flags: OK, or INVALID_ARGUMENT "--port=99999 (from TESSERA_PORT): must be
 // a port: ..." for the first flag that breaks its rule.

@@ -78,12 +78,6 @@ absl::Status RetryWhileUnavailable(const RetryPolicy& policy, std::string_view w
                                              ": ", std::string(status.message())));
 }
 
-absl::Status CheckPortOption(std::string_view flag, int port, bool off_allowed) {
-  if ((port >= 0 && port <= 65535) || (off_allowed && port == -1)) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(std::string(flag), ": expected a port, 0 .. 65535 (0 picks a free one)",
-                                                 off_allowed ? " or -1 (off)" : "", ", got ", port));
-}
-
 absl::Status SplitHostPort(const std::string& address, std::string* host, int* port) {
   const size_t colon = address.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {

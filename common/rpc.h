@@ -58,9 +58,6 @@ struct RetryPolicy {
 [[nodiscard]] absl::Status RetryWhileUnavailable(const RetryPolicy& policy, std::string_view what,
                                                  const std::function<absl::Status()>& attempt);
 
-// INVALID_ARGUMENT "<flag>: expected a port ..." unless 0 <= port <= 65535 (or -1 when `off_allowed`).
-[[nodiscard]] absl::Status CheckPortOption(std::string_view flag, int port, bool off_allowed);
-
 // Splits "HOST:PORT" (or "[v6]:PORT"); INVALID_ARGUMENT naming the text otherwise.
 [[nodiscard]] absl::Status SplitHostPort(const std::string& address, std::string* host, int* port);
 

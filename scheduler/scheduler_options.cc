@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
+#include "common/command_line.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
 

@@ -1,6 +1,7 @@
 #include "server/server_options.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/command_line.h"
 #include "common/rpc.h"
 
 namespace tessera {

@@ -68,8 +68,7 @@ absl::Status Worker::StartTraining(const WorkerOptions& options) {
       break;
   }
   TESSERA_ASSIGN_OR_RETURN(backend_, CreateBackend(options.device, backend_options));
-  trainer_ =
-      std::make_unique<Trainer>(source_.get(), backend_.get(), options.trainer, stop_);
+  trainer_ = std::make_unique<Trainer>(source_.get(), backend_.get(), options.trainer, stop_);
   if (options.http_port >= 0) {
     TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<const Security> security, Security::Load(options.security));
     const Trainer* trainer = trainer_.get();

@@ -1,6 +1,7 @@
 #include "worker/worker_options.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/command_line.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
 

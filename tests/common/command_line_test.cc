@@ -89,6 +89,16 @@ TEST_F(CommandLineTest, RulesNameTheFlagItsValueAndWhereItCameFrom) {
   EXPECT_THAT(CheckFlagRules({PortFlag("http_port")}), StatusIs(absl::StatusCode::kInvalidArgument, ""));
 }
 
+TEST(PortOptionTest, TheSameRuleForAnOptionAlreadyRead) {
+  EXPECT_THAT(CheckPortOption("--http_port", -2, /*off_allowed=*/true),
+              StatusIs(absl::StatusCode::kInvalidArgument, "--http_port=-2: must be a port"));
+  EXPECT_THAT(CheckPortOption("--port", 65536, /*off_allowed=*/false), StatusIs(absl::StatusCode::kInvalidArgument, ""));
+  EXPECT_THAT(CheckPortOption("--port", -1, /*off_allowed=*/false), StatusIs(absl::StatusCode::kInvalidArgument, ""));
+  EXPECT_THAT(CheckPortOption("--http_port", -1, /*off_allowed=*/true), IsOk());
+  EXPECT_THAT(CheckPortOption("--port", 0, /*off_allowed=*/false), IsOk());
+  EXPECT_THAT(CheckPortOption("--port", 65535, /*off_allowed=*/false), IsOk());
+}
+
 TEST(VersionTest, NamesTheVersionAndTheCommit) {
   EXPECT_THAT(VersionString(), ::testing::MatchesRegex("[0-9]+\\.[0-9]+\\.[0-9]+ \\(commit [0-9a-z-]+\\)"));
 }
