@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -108,7 +109,7 @@ void JobCoordinator::StartFailureDetection() {
         bool held;
         {
           absl::MutexLock lock(&mu_);
-          held = end_held_;
+          held = std::exchange(end_held_, false);  // MaybeFinish holds it again if it must
         }
         if (held) MaybeFinish();
         if (!checkpointer_.enabled()) return absl::OkStatus();
@@ -660,7 +661,6 @@ void JobCoordinator::MaybeFinish() {
     any_done |= w.state == MemberState::kDone;
   }
   absl::MutexLock lock(&mu_);
-  end_held_ = false;
   if (any_alive || any_vacant || finishing_) return;
   if (!any_done && failure_.empty()) {
     // A worker that stopped on an error may be started again (a launcher's restart, a pod's): the job waits for

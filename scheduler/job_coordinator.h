@@ -170,7 +170,9 @@ class JobCoordinator {
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;
   // When a worker last said it stopped on an error; the job's end waits a heartbeat timeout past it.
   absl::Time last_failure_report_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  bool end_held_ ABSL_GUARDED_BY(mu_) = false;  // every worker is lost, but one may still come back
+  // Every worker is lost, but one may still come back: the ticker asks MaybeFinish again. Only the ticker clears
+  // it (a MaybeFinish that read the view before a later change must not undo a later call's hold).
+  bool end_held_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   nlohmann::json summary_ ABSL_GUARDED_BY(mu_);
   bool rounds_queued_ ABSL_GUARDED_BY(mu_) = false;  // a DecideRounds send is waiting in round_sender_
