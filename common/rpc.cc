@@ -38,8 +38,7 @@ absl::StatusOr<StartedServer> StartGrpcServer(const std::string& host, int port,
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   StartedServer started;
-  const std::string address = host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", port)
-                                                                    : absl::StrCat(host, ":", port);
+  const std::string address = JoinHostPort(host, port);
   builder.AddListeningPort(address, security.ServerCredentials(), &started.port);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
@@ -76,6 +75,10 @@ absl::Status RetryWhileUnavailable(const RetryPolicy& policy, std::string_view w
   return absl::UnavailableError(absl::StrCat(std::string(what), ": gave up after ",
                                              absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Seconds(1))),
                                              ": ", std::string(status.message())));
+}
+
+std::string JoinHostPort(const std::string& host, int port) {
+  return host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", port) : absl::StrCat(host, ":", port);
 }
 
 absl::Status SplitHostPort(const std::string& address, std::string* host, int* port) {

@@ -59,6 +59,9 @@ struct RetryPolicy {
                                                  const std::function<absl::Status()>& attempt);
 
 // Splits "HOST:PORT" (or "[v6]:PORT"); INVALID_ARGUMENT naming the text otherwise.
+// "host:port", with the host in brackets when it is an IPv6 address ("[::1]:80").
+std::string JoinHostPort(const std::string& host, int port);
+
 [[nodiscard]] absl::Status SplitHostPort(const std::string& address, std::string* host, int* port);
 
 }  // namespace tessera

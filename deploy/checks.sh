@@ -13,8 +13,8 @@ cd "$(dirname "$0")/.."
 if [[ "${1:-}" == container ]]; then
   exec bash deploy/container/build.sh --train
 fi
-# clang and its runtimes for the build; prometheus for promtool (the /metrics lint test).
-bash deploy/install_deps.sh clang libclang-rt-14-dev prometheus
+# clang and its runtimes for the build.
+bash deploy/install_deps.sh clang libclang-rt-14-dev
 for tool in clang++ clang; do
   command -v "$tool" >/dev/null || { echo "needs clang and libclang-rt-14-dev (apt-get install clang)" >&2; exit 2; }
 done
@@ -51,6 +51,8 @@ fuzz() {
 
 case "${1:-}" in
   sanitizers)
+    # promtool, for the /metrics lint test among those run here.
+    bash deploy/install_deps.sh prometheus
     flags="-O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined"
     flags+=" -fsanitize=fuzzer-no-link -Wthread-safety -Werror=thread-safety"
     fresh_if_not_clang "$dir"

@@ -169,22 +169,13 @@ std::vector<Member> ClusterView::MarkSilentLost(absl::Time now, absl::Duration t
   return lost;
 }
 
-bool ClusterView::MarkDone(int worker) {
-  absl::MutexLock lock(&mu_);
-  if (worker < 0 || worker >= static_cast<int>(workers_.size()) || workers_[worker].state != MemberState::kAlive) {
-    return false;
-  }
-  workers_[worker].state = MemberState::kDone;
-  return true;
-}
-
-std::optional<Member> ClusterView::MarkFailed(int worker) {
+std::optional<Member> ClusterView::Leave(int worker, MemberState state) {
   absl::MutexLock lock(&mu_);
   if (worker < 0 || worker >= static_cast<int>(workers_.size()) || workers_[worker].state != MemberState::kAlive) {
     return std::nullopt;
   }
-  workers_[worker].state = MemberState::kLost;
-  ChangedLocked();
+  workers_[worker].state = state;
+  if (state == MemberState::kLost) ChangedLocked();
   return workers_[worker];
 }
 

@@ -87,11 +87,10 @@ class ClusterView {
   // role or an id outside the job; UNAUTHENTICATED for a missing or wrong key, or a slot nobody holds.
   [[nodiscard]] absl::Status CheckMemberKey(tessera::v1::Role role, int id, absl::string_view key) const;
 
-  // A worker finished. False when the rank is not alive.
-  bool MarkDone(int worker);
-  // A worker left on an error: lost at once, as if it had fallen silent (it may register again). Returns it as
-  // it is now; nullopt when the rank is not alive. Advances the epoch once parameters are placed.
-  std::optional<Member> MarkFailed(int worker);
+  // An alive worker leaves: kDone (it finished) or kLost (it stopped on an error: lost at once, as if it had
+  // fallen silent; it may register again, and the epoch advances once parameters are placed). Returns it as it is
+  // now; nullopt when the rank is not alive.
+  std::optional<Member> Leave(int worker, MemberState state);
 
   // Records the device a worker computes on (known to the worker only after it registered).
   void SetWorkerDevice(int id, const std::string& device);

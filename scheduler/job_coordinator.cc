@@ -106,12 +106,12 @@ void JobCoordinator::StartFailureDetection() {
         if (max_seconds > 0 && !clocks_.stopped() && absl::Now() - start_ >= absl::Seconds(max_seconds)) {
           clocks_.Stop(absl::StrCat("ran for stop.max_seconds (", max_seconds, " s)"));
         }
-        bool held;
+        bool failure_reported;
         {
           absl::MutexLock lock(&mu_);
-          held = std::exchange(end_held_, false);  // MaybeFinish holds it again if it must
+          failure_reported = last_failure_report_ != absl::InfinitePast() && !finishing_;
         }
-        if (held) MaybeFinish();
+        if (failure_reported) MaybeFinish();  // a job end held for a failed worker's return
         if (!checkpointer_.enabled()) return absl::OkStatus();
         const std::vector<int64_t> active = clocks_.ActiveClocks();
         if (active.empty() || clocks_.stopped() || !view_.placed()) return absl::OkStatus();
@@ -497,12 +497,12 @@ absl::Status JobCoordinator::Done(const tessera::v1::DoneRequest& request) {
   const std::string not_in_job =
       absl::StrCat("done from worker ", request.worker_id(), ", which is not in the job (lost, or done before)");
   if (!request.failure().empty()) {
-    std::optional<Member> failed = view_.MarkFailed(request.worker_id());
+    std::optional<Member> failed = view_.Leave(request.worker_id(), MemberState::kLost);
     if (!failed) return absl::FailedPreconditionError(not_in_job);
     OnLost(*failed, request.failure());
     return absl::OkStatus();
   }
-  if (!view_.MarkDone(request.worker_id())) return absl::FailedPreconditionError(not_in_job);
+  if (!view_.Leave(request.worker_id(), MemberState::kDone)) return absl::FailedPreconditionError(not_in_job);
   clocks_.Done(request.worker_id());
   LOG(INFO) << "worker " << request.worker_id() << " done at clock " << request.clock();
   MaybeFinish();
@@ -665,10 +665,7 @@ void JobCoordinator::MaybeFinish() {
   if (!any_done && failure_.empty()) {
     // A worker that stopped on an error may be started again (a launcher's restart, a pod's): the job waits for
     // it as long as for one that fell silent. The ticker asks again.
-    if (absl::Now() < last_failure_report_ + failure_detector_.timeout()) {
-      end_held_ = true;
-      return;
-    }
+    if (absl::Now() < last_failure_report_ + failure_detector_.timeout()) return;
     std::vector<std::string> lost;
     const std::vector<int64_t> clocks = clocks_.Clocks();
     for (const Member& w : view_.Workers()) {

@@ -168,11 +168,9 @@ class JobCoordinator {
   // A resumed job: the checkpoint the servers restore from once they are all in (at the first Declare).
   std::optional<CheckpointInfo> resume_ ABSL_GUARDED_BY(mu_);
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;
-  // When a worker last said it stopped on an error; the job's end waits a heartbeat timeout past it.
+  // When a worker last said it stopped on an error; the job's end waits a heartbeat timeout past it (the ticker
+  // asks MaybeFinish again).
   absl::Time last_failure_report_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  // Every worker is lost, but one may still come back: the ticker asks MaybeFinish again. Only the ticker clears
-  // it (a MaybeFinish that read the view before a later change must not undo a later call's hold).
-  bool end_held_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   nlohmann::json summary_ ABSL_GUARDED_BY(mu_);
   bool rounds_queued_ ABSL_GUARDED_BY(mu_) = false;  // a DecideRounds send is waiting in round_sender_

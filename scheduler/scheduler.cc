@@ -30,9 +30,7 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Start(const SchedulerOptio
   TESSERA_ASSIGN_OR_RETURN(StartedServer started, StartGrpcServer(options.listen_host, options.port,
                                                                   {scheduler->service_.get()}, *options.security));
   scheduler->grpc_server_ = std::move(started.server);
-  scheduler->address_ = options.listen_host.find(':') != std::string::npos
-                            ? absl::StrCat("[", options.listen_host, "]:", started.port)
-                            : absl::StrCat(options.listen_host, ":", started.port);
+  scheduler->address_ = JoinHostPort(options.listen_host, started.port);
   if (!options.address_file.empty()) {
     const std::string tmp = options.address_file + ".tmp";
     {
@@ -58,10 +56,8 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Start(const SchedulerOptio
                                 return absl::StrCat("checkpoint ", taken->number, " at clock ", taken->state.clock(),
                                                     " in ", taken->folder, "\n");
                               }, /*post=*/true}}}));
-    const std::string& host = options.listen_host;
     scheduler->dashboard_url_ = absl::StrCat(options.security->tls() ? "https" : "http", "://",
-                                             host.find(':') != std::string::npos ? absl::StrCat("[", host, "]") : host,
-                                             ":", scheduler->http_->port(), "/");
+                                             JoinHostPort(options.listen_host, scheduler->http_->port()), "/");
     LOG(INFO) << "dashboard at " << scheduler->dashboard_url_ << " (JSON at /status; POST /checkpoint takes a checkpoint)";
   }
   scheduler->coordinator_->StartFailureDetection();

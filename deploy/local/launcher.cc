@@ -329,13 +329,9 @@ class Cluster {
         // A scheduler stopped by the signal the launcher passed on exits as that signal asks (0 or 130).
         const bool stopped_as_asked = interrupted_ != 0 && WIFEXITED(status) &&
                                       WEXITSTATUS(status) == ExitStatusAfterSignal(interrupted_);
-        if (child.role == Child::kScheduler && stopped_as_asked) {
-          scheduler_exited_ = true;
-          continue;
-        }
         if (child.role == Child::kScheduler) {
           scheduler_exited_ = true;
-          if (failed) {
+          if (failed && !stopped_as_asked) {
             return absl::AbortedError(absl::StrCat("the scheduler ended the job without completing it (",
                                                    ExitStatusText(status), "); end of ", child.log, ":\n",
                                                    TailOfFile(child.log, 15)));

@@ -70,6 +70,7 @@
 #include "nlohmann/json.hpp"
 #include "common/update_rule.h"
 #include "tests/bench/bench_process.h"
+#include "tests/testing/param_spec.h"
 #include "tests/testing/ports.h"
 #include "worker/ps_client.h"
 
@@ -101,6 +102,7 @@ DEFINE_bool(keep_work_dir, false, "keep the work directory (logs of every daemon
 namespace tessera::bench {
 namespace {
 
+using tessera::testing::FloatParam;
 using tessera::v1::JobSpec;
 using Clock = std::chrono::steady_clock;
 
@@ -380,14 +382,6 @@ absl::StatusOr<std::unique_ptr<PsClient>> ConnectClient(const Cluster& cluster,
   options.device = "cpu";
   options.security = security;
   return PsClient::Connect(options);
-}
-
-tessera::v1::ParameterSpec FloatParam(const std::string& name, int64_t elements) {
-  tessera::v1::ParameterSpec p;
-  p.set_name(name);
-  p.set_dtype(tessera::v1::DT_FLOAT32);
-  p.add_shape(elements);
-  return p;  // zeros
 }
 
 // ---------------------------------------------------------------------------------------------------------------

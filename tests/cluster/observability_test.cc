@@ -1,7 +1,6 @@
 // What a person or Prometheus sees of a running cluster: /healthz, /metrics, /status over HTTP.
 #include <httplib.h>
 
-#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 
@@ -10,6 +9,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/cluster/mini_cluster.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/subprocess.h"
 #include "worker/worker.h"
 
 namespace tessera::testing {
@@ -85,13 +85,10 @@ TEST(ObservabilityTest, EveryMetricsPagePassesPromtool) {
     ASSERT_FALSE(page.empty()) << who;
     const std::string file = ::testing::TempDir() + "/metrics.txt";
     std::ofstream(file) << page;
-    FILE* lint = popen(("promtool check metrics < " + file + " 2>&1").c_str(), "r");
-    ASSERT_NE(lint, nullptr);
-    std::string output;
-    char buffer[512];
-    while (fgets(buffer, sizeof(buffer), lint) != nullptr) output += buffer;
-    EXPECT_EQ(pclose(lint), 0) << who << ": " << output << "\n" << page;
-    EXPECT_EQ(output, "") << who << ": " << page;
+    Subprocess lint({"/bin/sh", "-c", "exec promtool check metrics < " + file});
+    ASSERT_TRUE(lint.ReadUntilExit(absl::Seconds(60))) << who << ": promtool did not finish";
+    EXPECT_EQ(lint.exit_code(), 0) << who << ": " << lint.output() << "\n" << page;
+    EXPECT_EQ(lint.output(), "") << who << ": " << page;
   }
 }
 

@@ -10,7 +10,6 @@ namespace {
 
 using ::tessera::testing::IsOk;
 using ::tessera::testing::StatusIs;
-using ::testing::HasSubstr;
 
 absl::StatusOr<ClusterEnvironment> Read(const std::map<std::string, std::string>& variables) {
   return ReadClusterEnvironment([&variables](const char* name) -> const char* {

@@ -75,19 +75,6 @@ TEST_F(DaemonsTest, SyncClusterOfProcessesMatchesTheLocalBaseline) {
   EXPECT_NE(launch.output().find("step     10 |"), std::string::npos) << launch.output();
 }
 
-TEST_F(DaemonsTest, EveryBinaryDocumentsItsOwnFlags) {
-  const std::vector<std::pair<std::string, std::string>> expected = {
-      {"tessera-scheduler", "-job"}, {"tessera-server", "-scheduler"}, {"tessera-worker", "-device"},
-      {"tessera-launch", "-workers"}};
-  for (const auto& [binary, flag] : expected) {
-    Subprocess help({kBin + "/" + binary, "--help"});
-    ASSERT_TRUE(help.ReadUntilExit(absl::Seconds(30))) << binary;
-    EXPECT_EQ(help.exit_code(), 0) << binary;
-    EXPECT_NE(help.output().find(flag), std::string::npos) << binary << ": " << help.output();
-    EXPECT_EQ(help.output().find("-logtostderr"), std::string::npos) << binary << " lists library flags";
-  }
-}
-
 TEST_F(DaemonsTest, WorkerAndServerNameTheAddressWhereNoSchedulerAnswers) {
   const std::string address = absl::StrCat("127.0.0.1:", UnusedLoopbackPort());
   Subprocess worker({kBin + "/tessera-worker", "--scheduler=" + address, "--device=cpu", "--connect_timeout_s=2"});
@@ -157,8 +144,7 @@ cluster { num_servers: 2 num_workers: 2 }
   ASSERT_TRUE(launch.ReadUntilExit(absl::Seconds(60))) << launch.output();
   EXPECT_EQ(launch.exit_code(), 130) << launch.output();
   EXPECT_TRUE(ProcessesMentioning(address).empty()) << "daemons outlived the launcher";
-  std::ifstream summary_file((dir_ / "run" / "summary.json").string());
-  const nlohmann::json summary = nlohmann::json::parse(summary_file, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json summary = ReadJson(dir_ / "run" / "summary.json");
   EXPECT_EQ(summary["stop_reason"], "stopped by SIGINT") << launch.output();
   EXPECT_EQ(summary["completed"], false);
 }

@@ -46,11 +46,6 @@ chunk_bytes: 4096
 cluster { num_servers: )", servers, " num_workers: ", workers, " }\n");
 }
 
-nlohmann::json ReadJson(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  return nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-}
-
 // The processes whose command line has both `a` and `b`, oldest first.
 std::vector<int> ProcessesMentioningBoth(const std::string& a, const std::string& b) {
   std::vector<int> both;

@@ -33,11 +33,6 @@ eval_every_steps: 50
 cluster { num_servers: 1 num_workers: 2 }
 )";
 
-nlohmann::json ReadJson(const std::string& path) {
-  std::ifstream in(path);
-  return nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-}
-
 // SIGTERM to the scheduler of a running job: a checkpoint, the workers' last step, a summary naming the signal,
 // and every daemon exits 0.
 TEST_F(ServiceTest, SigtermStopsTheJobGracefullyAndEveryDaemonExitsZero) {

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/testing/subprocess.h"
 #include "worker/param_file.h"
 
@@ -75,6 +76,12 @@ inline std::vector<int> ProcessesMentioning(const std::string& text) {
     if (std::stoi(name) != getpid() && cmdline.find(text) != std::string::npos) found.push_back(std::stoi(name));
   }
   return found;
+}
+
+// A JSON file (a summary); discarded (is_discarded()) when missing or unparsable.
+inline nlohmann::json ReadJson(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
 }
 
 inline std::string SchedulerAddress(const std::string& output) {
