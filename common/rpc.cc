@@ -68,8 +68,14 @@ absl::Status RetryWhileUnavailable(const RetryPolicy& policy, std::string_view w
     if (now >= deadline) break;
     if (i == 1 && !policy.waiting_line.empty()) LOG(WARNING) << policy.waiting_line;
     VLOG(1) << what << ": attempt " << i << " unavailable, retrying in " << backoff << ": " << status;
-    // A backoff between attempts of a remote call, not a synchronisation point.
-    std::this_thread::sleep_for(absl::ToChronoMilliseconds(std::min(backoff, deadline - now)));
+    const absl::Duration pause = std::min(backoff, deadline - now);
+    if (policy.channel != nullptr) {
+      // Polls the channel's connection attempt (see RetryPolicy::channel); returns early once it is connected.
+      policy.channel->WaitForConnected(absl::ToChronoTime(now + pause));
+    } else {
+      // A backoff between attempts of a remote call, not a synchronisation point.
+      std::this_thread::sleep_for(absl::ToChronoMilliseconds(pause));
+    }
     backoff = std::min(backoff * 2, policy.max_backoff);
   }
   return absl::UnavailableError(absl::StrCat(std::string(what), ": gave up after ",

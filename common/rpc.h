@@ -51,6 +51,11 @@ struct RetryPolicy {
   absl::Duration max_backoff = absl::Seconds(1);
   // Printed once (to the log, as a warning) at the first UNAVAILABLE, when not empty: "waiting for X".
   std::string waiting_line;
+  // The channel the attempts use, when they use one. Between attempts the wait then watches the channel connect
+  // (and retries as soon as it has) instead of sleeping: gRPC advances a connection only while some thread polls,
+  // and a process with no gRPC server of its own polls only inside calls, which fail at once while the channel is
+  // down. A TLS handshake, which needs several reads, then never finished within its connect deadline.
+  std::shared_ptr<grpc::Channel> channel;
 };
 
 // Calls `attempt` until it returns anything but UNAVAILABLE or `policy.give_up_after` has passed. The last

@@ -18,7 +18,8 @@ constexpr absl::Duration kFarewellTimeout = absl::Seconds(2);
 SchedulerClient::SchedulerClient(std::string address, std::shared_ptr<const Security> security)
     : address_(std::move(address)),
       security_(std::move(security)),
-      stub_(tessera::v1::Scheduler::NewStub(MakeChannel(address_, *security_))) {}
+      channel_(MakeChannel(address_, *security_)),
+      stub_(tessera::v1::Scheduler::NewStub(channel_)) {}
 
 void SchedulerClient::Prepare(grpc::ClientContext& context, absl::Duration timeout) const {
   SetTimeout(context, timeout);
@@ -42,6 +43,7 @@ absl::StatusOr<tessera::v1::RegisterResponse> SchedulerClient::Register(tessera:
   tessera::v1::RegisterResponse response;
   RetryPolicy policy;
   policy.give_up_after = give_up_after;
+  policy.channel = channel_;
   policy.waiting_line = absl::StrCat("waiting for the scheduler at ", address_, " (up to ",
                                      absl::FormatDuration(give_up_after), ", --connect_timeout_s)");
   absl::Status status = RetryWhileUnavailable(
@@ -99,6 +101,7 @@ absl::StatusOr<tessera::v1::ShardMap> SchedulerClient::Declare(const tessera::v1
   tessera::v1::DeclareResponse response;
   RetryPolicy policy;
   policy.give_up_after = timeout + absl::Seconds(6);
+  policy.channel = channel_;
   absl::Status status = RetryWhileUnavailable(policy, "Declare", [&]() -> absl::Status {
     grpc::ClientContext context;
     Prepare(context, kControlTimeout);

@@ -69,6 +69,7 @@ class SchedulerClient {
   const std::shared_ptr<const Security> security_;
   mutable absl::Mutex mu_;
   std::string member_key_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<tessera::v1::Scheduler::Stub> stub_;
 };
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/security.h"
+#include "deploy/local/credentials.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/daemon_test.h"
@@ -76,23 +77,57 @@ TEST_F(ServiceTest, SigtermToAServerOrWorkerExitsZeroEvenWhileWaitingForTheSched
   }
 }
 
-// A server started seconds before its scheduler says once that it waits, and registers within about a second of
-// the scheduler coming up (not after gRPC's own reconnect backoff, which grows to minutes).
-TEST_F(ServiceTest, ADaemonStartedBeforeTheSchedulerJoinsWithinSecondsOfIt) {
+// Every daemon kind started seconds before its scheduler, over plaintext and over mutual TLS, says once that it
+// waits and registers within a few seconds of the scheduler coming up (not after gRPC's own reconnect backoff,
+// which grows to minutes, and not never: a worker, which serves no gRPC of its own, once polled its connection
+// only inside calls that failed at once, so a TLS handshake never finished).
+struct EarlyStart {
+  std::string daemon;  // "server" or "worker"
+  bool tls;
+};
+
+class EarlyStartTest : public DaemonTest, public ::testing::WithParamInterface<EarlyStart> {};
+
+TEST_P(EarlyStartTest, ADaemonStartedBeforeTheSchedulerRegistersWithinSecondsOfIt) {
+  const EarlyStart& param = GetParam();
+  std::vector<std::string> security = {"--token_file=" + Write("token", "an-early-start-token-of-this-test\n")};
+  if (param.tls) {
+    absl::StatusOr<CertificatePaths> ca = MakeCertificateAuthority(dir_.string(), "early");
+    ASSERT_TRUE(ca.ok()) << ca.status();
+    CertificatePaths node;
+    ASSERT_TRUE(SignCertificate(*ca, dir_.string(), "early-node", {"127.0.0.1", "localhost"}, 1, &node).ok());
+    security.insert(security.end(), {"--tls_cert=" + node.cert, "--tls_key=" + node.key, "--tls_ca=" + ca->ca});
+  }
+  auto with_security = [&](std::vector<std::string> argv) {
+    argv.insert(argv.end(), security.begin(), security.end());
+    return argv;
+  };
   const int port = UnusedLoopbackPort();
-  Subprocess server({kBin + "/tessera-server", absl::StrCat("--scheduler=127.0.0.1:", port), "--connect_timeout_s=60"});
-  ASSERT_TRUE(server.ReadUntil("waiting for the scheduler", absl::Seconds(30))) << server.output();
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+  std::vector<std::string> daemon_argv = {kBin + "/tessera-" + param.daemon, "--scheduler=" + address,
+                                          "--connect_timeout_s=60"};
+  if (param.daemon == "worker") daemon_argv.push_back("--device=cpu");
+  Subprocess daemon(with_security(daemon_argv));
+  ASSERT_TRUE(daemon.ReadUntil("waiting for the scheduler", absl::Seconds(30))) << daemon.output();
   absl::SleepFor(absl::Seconds(6));  // long enough for an unbounded backoff to have grown past several seconds
-  Subprocess scheduler({kBin + "/tessera-scheduler", "--job=" + Write("long.pbtxt", kLongJob),
-                        absl::StrCat("--port=", port), "--run_dir=" + (dir_ / "run").string()});
+  Subprocess scheduler(with_security({kBin + "/tessera-scheduler", "--job=" + Write("long.pbtxt", kLongJob),
+                                      absl::StrCat("--port=", port), "--run_dir=" + (dir_ / "run").string()}));
   ASSERT_TRUE(scheduler.ReadUntilLine("scheduler listening on ", absl::Seconds(30))) << scheduler.output();
   const absl::Time up = absl::Now();
-  ASSERT_TRUE(server.ReadUntil("serving at", absl::Seconds(30))) << server.output();
-  EXPECT_LT(absl::Now() - up, absl::Seconds(3)) << server.output();
-  const std::string& out = server.output();
+  ASSERT_TRUE(scheduler.ReadUntil(param.daemon + " 0 ", absl::Seconds(30))) << scheduler.output() << daemon.output();
+  ASSERT_TRUE(scheduler.ReadUntil("registered", absl::Seconds(30))) << scheduler.output() << daemon.output();
+  EXPECT_LT(absl::Now() - up, absl::Seconds(3)) << daemon.output();
+  const std::string& out = daemon.output();
   const size_t first = out.find("waiting for the scheduler");
   EXPECT_EQ(out.find("waiting for the scheduler", first + 1), std::string::npos) << "one waiting line:\n" << out;
 }
+
+INSTANTIATE_TEST_SUITE_P(EveryDaemonKind, EarlyStartTest,
+                         ::testing::Values(EarlyStart{"server", false}, EarlyStart{"server", true},
+                                           EarlyStart{"worker", false}, EarlyStart{"worker", true}),
+                         [](const ::testing::TestParamInfo<EarlyStart>& info) {
+                           return info.param.daemon + (info.param.tls ? "OverTls" : "OverPlaintext");
+                         });
 
 TEST_F(ServiceTest, BadFlagsAndStrayArgumentsExitTwoNamingTheFlag) {
   const std::string job = Write("long.pbtxt", kLongJob);
