@@ -2,11 +2,13 @@
 
 #include "absl/synchronization/mutex.h"
 #include "common/command_line.h"
+#include "common/connection_acceptor.h"
 #include "common/signals.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 
 #include <malloc.h>
+#include <signal.h>
 
 namespace tessera {
 
@@ -26,6 +28,11 @@ void InitDaemon(const char* usage, int* argc, char*** argv) {
   ParseProgramFlags(usage, "_main.cc", argc, argv);
   google::InitGoogleLogging((*argv)[0]);
   FLAGS_logtostderr = true;
+  // A daemon holds a descriptor per connection: the soft limit (often 1024) is raised to the hard one, and the
+  // listeners keep a share of it free (common/connection_acceptor.h).
+  const int64_t descriptors = ConnectionAcceptor::RaiseDescriptorLimit();
+  VLOG(1) << "open-descriptor limit " << descriptors;
+  signal(SIGPIPE, SIG_IGN);  // a peer that hangs up mid-answer is an error on that connection, not a signal
   CatchTerminationSignals();
   WatchTerminationSignals(nullptr);  // until the daemon has started, a signal ends it at once
 }

@@ -9,7 +9,7 @@ namespace tessera {
 // once until the daemon gives WatchTerminationSignals its stop handler), and turns off Abseil's mutex deadlock
 // detection: Debian's Abseil is built with it on, and its lock graph grows with every short-lived mutex, slowing
 // a long run down step after step.
-// Also calls KeepTransientBuffersMapped. Call first in main, before any thread starts.
+// Raises the open-descriptor limit to its hard limit, ignores SIGPIPE, and calls KeepTransientBuffersMapped. Call first in main, before any thread starts.
 void InitDaemon(const char* usage, int* argc, char*** argv);
 
 // Process-wide malloc settings for the data plane: freed message buffers stay mapped for reuse (up to 64 MiB)

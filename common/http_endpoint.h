@@ -11,14 +11,14 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <thread>
+#include <atomic>
 
 #include "absl/status/statusor.h"
+#include "common/connection_acceptor.h"
 #include "common/security.h"
+#include "common/thread_pool.h"
 
-namespace httplib {
-class Server;
-}  // namespace httplib
+struct ssl_ctx_st;
 
 namespace tessera {
 
@@ -33,25 +33,34 @@ class HttpEndpoint {
 
   // Binds host:port (0: a free port) and serves `routes` plus /healthz ("ok"), over HTTPS when `security` has
   // TLS (its certificate; clients are not asked for one, so that probes and Prometheus can read). GET routes
-  // are open; a POST needs "Authorization: Bearer TOKEN" when the job has a token (401 otherwise). Requests are
-  // served by kThreads threads; a connection idle for a second is closed, so idle clients cannot starve
-  // /healthz. UNAVAILABLE when the bind fails; FAILED_PRECONDITION for plaintext beyond loopback without
-  // --insecure.
+  // are open; a POST needs "Authorization: Bearer TOKEN" when the job has a token (401 otherwise). One request
+  // per connection. Connections are accepted by a ConnectionAcceptor (common/connection_acceptor.h) and reach
+  // one of kThreads threads only once the client has sent something, so idle connections, however many, hold
+  // no thread and never delay /healthz; a client that then stalls is cut off after a second. UNAVAILABLE when
+  // the bind fails; FAILED_PRECONDITION for plaintext beyond loopback without --insecure.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<HttpEndpoint>> Start(const std::string& host, int port,
                                                                            const Security& security,
                                                                            std::map<std::string, Route> routes);
-  static constexpr int kThreads = 32;
+  static constexpr int kThreads = 8;
+  // Connections that spoke and wait for a thread, at most; more are closed.
+  static constexpr int kMaxQueued = 256;
   // Stops serving and joins.
   ~HttpEndpoint();
 
-  int port() const { return port_; }
+  int port() const { return acceptor_->port(); }
 
  private:
+  class Routes;
   HttpEndpoint() = default;
+  // Serves the one request of connection `fd` (blocking, with timeouts), then closes it.
+  void ServeConnection(int fd);
 
-  std::unique_ptr<httplib::Server> server_;
-  std::thread thread_;
-  int port_ = 0;
+  std::unique_ptr<Routes> routes_;
+  std::shared_ptr<ssl_ctx_st> tls_;  // null without TLS
+  std::atomic<int> queued_{0};
+  std::atomic<bool> stopping_{false};
+  std::unique_ptr<ThreadPool> threads_;
+  std::unique_ptr<ConnectionAcceptor> acceptor_;  // last: stopped first
 };
 
 }  // namespace tessera

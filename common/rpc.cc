@@ -38,21 +38,39 @@ absl::StatusOr<StartedServer> StartGrpcServer(const std::string& host, int port,
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   StartedServer started;
-  const std::string address = JoinHostPort(host, port);
-  builder.AddListeningPort(address, security.ServerCredentials(), &started.port);
+  std::shared_ptr<grpc::experimental::ExternalConnectionAcceptor> handed_to_grpc =
+      builder.experimental().AddExternalConnectionAcceptor(
+          grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD, security.ServerCredentials());
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kFlowControlWindowBytes);
-  // gRPC sets SO_REUSEPORT by default, so a second daemon on a port already in use would start and share it
-  // (a second scheduler splitting the cluster in two). A port in use must be an error.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // A connection that spoke but never finishes its handshake (default: two minutes) holds a descriptor.
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                             static_cast<int>(absl::ToInt64Milliseconds(kHandshakeTimeout)));
   for (grpc::Service* service : services) builder.RegisterService(service);
   started.server = builder.BuildAndStart();
-  if (started.server == nullptr || started.port == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", address, ": port ", port, " is in use, or the host is not local"));
+  if (started.server == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot start a gRPC server for ", JoinHostPort(host, port)));
   }
+  // Accepting starts only now that the server runs: gRPC closes a connection handed to a server not yet started.
+  absl::StatusOr<std::unique_ptr<ConnectionAcceptor>> acceptor = ConnectionAcceptor::Listen(
+      host, port, {}, [handed_to_grpc](int fd) {
+        grpc::experimental::ExternalConnectionAcceptor::NewConnectionParameters connection;
+        connection.fd = fd;
+        handed_to_grpc->HandleNewConnection(&connection);
+      });
+  if (!acceptor.ok()) {
+    started.server->Shutdown();
+    return acceptor.status();
+  }
+  started.acceptor = std::move(*acceptor);
+  started.port = started.acceptor->port();
   return started;
+}
+
+void StartedServer::Shutdown(absl::Duration grace) {
+  acceptor.reset();
+  if (server) server->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(grace));
 }
 
 absl::Status RetryWhileUnavailable(const RetryPolicy& policy, std::string_view what,

@@ -13,12 +13,16 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/connection_acceptor.h"
 #include "common/security.h"
 
 namespace tessera {
 
 // Largest message any Tessera endpoint sends or accepts (a chunk is at most 64 MiB plus its header).
 inline constexpr int kMaxMessageBytes = (64 << 20) + (1 << 20);
+
+// A connection must finish its HTTP/2 (and TLS) handshake within this long of its first bytes.
+inline constexpr absl::Duration kHandshakeTimeout = absl::Seconds(10);
 
 // Initial HTTP/2 stream window of every Tessera channel and server.
 inline constexpr int kFlowControlWindowBytes = 8 << 20;
@@ -29,15 +33,22 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Sec
 // Sets `context`'s deadline `timeout` from now.
 void SetTimeout(grpc::ClientContext& context, absl::Duration timeout);
 
-// A started gRPC server and the port it bound.
+// A started gRPC server, the port it listens on, and the acceptor in front of it (common/connection_acceptor.h:
+// gRPC's own listener stops for good when the process runs out of descriptors, so Tessera accepts connections
+// itself and hands gRPC only those that have spoken).
 struct StartedServer {
   std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<ConnectionAcceptor> acceptor;  // hands connections to `server`
   int port = 0;
+
+  // Stops accepting, then shuts the server down, letting calls in flight finish for up to `grace`.
+  void Shutdown(absl::Duration grace);
 };
 
 // Binds `host:port` (port 0: any free port) and starts serving `services` (not owned; must outlive the server),
 // over TLS when `security` has it. UNAVAILABLE naming the address and port when the bind fails; a port already
 // in use fails (no SO_REUSEPORT). FAILED_PRECONDITION for plaintext on a non-loopback host without --insecure.
+// A connection that does not finish its handshake within kHandshakeTimeout is closed.
 [[nodiscard]] absl::StatusOr<StartedServer> StartGrpcServer(const std::string& host, int port,
                                                             const std::vector<grpc::Service*>& services,
                                                             const Security& security);

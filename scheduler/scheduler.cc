@@ -29,8 +29,8 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Start(const SchedulerOptio
   scheduler->service_ = std::make_unique<SchedulerService>(scheduler->coordinator_.get(), options.security);
   TESSERA_ASSIGN_OR_RETURN(StartedServer started, StartGrpcServer(options.listen_host, options.port,
                                                                   {scheduler->service_.get()}, *options.security));
-  scheduler->grpc_server_ = std::move(started.server);
-  scheduler->address_ = JoinHostPort(options.listen_host, started.port);
+  scheduler->grpc_ = std::move(started);
+  scheduler->address_ = JoinHostPort(options.listen_host, scheduler->grpc_.port);
   if (!options.address_file.empty()) {
     const std::string tmp = options.address_file + ".tmp";
     {
@@ -71,7 +71,7 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Start(const SchedulerOptio
 Scheduler::~Scheduler() {
   http_.reset();
   if (coordinator_) coordinator_->Abort("scheduler shutting down");
-  if (grpc_server_) grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  grpc_.Shutdown(absl::Seconds(1));
   coordinator_.reset();  // drains its executor while the server pool is still alive
 }
 
@@ -97,7 +97,7 @@ absl::Status Scheduler::Wait() {
     mu_.AwaitWithTimeout(absl::Condition(&interrupted_), absl::Seconds(options_.linger_s));
   }
   // Let in-flight calls (workers' last Done, servers' last heartbeat) finish, then close.
-  grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  grpc_.Shutdown(absl::Seconds(2));
   return reason;
 }
 

@@ -16,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/heartbeater.h"
 #include "common/http_endpoint.h"
+#include "common/rpc.h"
 #include "scheduler/job_coordinator.h"
 #include "scheduler/scheduler_options.h"
 #include "scheduler/scheduler_service.h"
@@ -65,7 +66,7 @@ class Scheduler {
   std::unique_ptr<GrpcServerControl> server_control_;
   std::unique_ptr<JobCoordinator> coordinator_;
   std::unique_ptr<SchedulerService> service_;
-  std::unique_ptr<grpc::Server> grpc_server_;
+  StartedServer grpc_;
   std::unique_ptr<HttpEndpoint> http_;
 
   absl::Mutex mu_;

@@ -50,7 +50,7 @@ std::string ServerMetricsText(const tessera::v1::ServerStats& stats, int server_
 
 Server::~Server() {
   if (heartbeater_) heartbeater_->Stop();
-  if (grpc_server_) grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  grpc_.Shutdown(absl::Seconds(1));
 }
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
@@ -66,9 +66,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                                      options.security, control_key);
   TESSERA_ASSIGN_OR_RETURN(StartedServer started, StartGrpcServer(options.listen_host, options.port,
                                                                   {server->service_.get()}, *options.security));
-  server->grpc_server_ = std::move(started.server);
+  server->grpc_ = std::move(started);
   const std::string host = options.advertise_host.empty() ? options.listen_host : options.advertise_host;
-  server->address_ = absl::StrCat(host, ":", started.port);
+  server->address_ = absl::StrCat(host, ":", server->grpc_.port);
 
   if (options.http_port >= 0) {
     const ShardStore* store = server->store_.get();
@@ -115,7 +115,7 @@ absl::Status Server::Wait() {
   }
   if (heartbeater_) heartbeater_->Stop();
   store_->CancelWaiters(absl::UnavailableError(absl::StrCat("server ", id(), " is shutting down")));
-  grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  grpc_.Shutdown(absl::Seconds(2));
   absl::MutexLock lock(&mu_);
   return *stop_reason_;
 }

@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/heartbeater.h"
 #include "common/http_endpoint.h"
+#include "common/rpc.h"
 #include "common/scheduler_client.h"
 #include "common/thread_pool.h"
 #include "server/server_options.h"
@@ -58,7 +59,7 @@ class Server {
   std::unique_ptr<ShardStore> store_;
   std::unique_ptr<ThreadPool> updates_;  // large pushes are applied here
   std::unique_ptr<ServerService> service_;
-  std::unique_ptr<grpc::Server> grpc_server_;
+  StartedServer grpc_;
   std::unique_ptr<SchedulerClient> scheduler_;
   std::unique_ptr<Heartbeater> heartbeater_;
   std::unique_ptr<HttpEndpoint> http_;
