@@ -14,7 +14,8 @@ ClockTable::ClockTable(int num_workers, int bound, int backups,
       on_round_decided_(std::move(on_round_decided)),
       clocks_(num_workers, 0),
       active_(num_workers, true),
-      late_rounds_(num_workers, 0) {
+      late_rounds_(num_workers, 0),
+      owes_rollback_(num_workers, false) {
   deadline_thread_ = std::thread([this] { RunDeadlines(); });
 }
 
@@ -120,11 +121,16 @@ void ClockTable::Advance(int worker, int64_t clock, absl::Time deadline, Callbac
     if (worker < 0 || worker >= static_cast<int>(clocks_.size())) {
       ready.emplace_back(std::move(done), absl::InvalidArgumentError(absl::StrCat(
                                               "worker id ", worker, " out of range 0..", clocks_.size() - 1)));
-    } else if (clock < clocks_[worker] && clock != rolled_back_to_ + 1) {  // after a rollback it may go back
+    } else if (owes_rollback_[worker] && clock != rolled_back_to_ + 1) {
+      // Advanced from before the last rollback, which it had not heard of yet: told now, nothing changes.
+      GateResult told{MinActiveLocked(), stopped_, stop_reason_, rolled_back_to_};
+      told.rollback_generation = rollback_generation_;
+      ready.emplace_back(std::move(done), told);
+    } else if (clock < clocks_[worker]) {
       ready.emplace_back(std::move(done),
                          absl::InvalidArgumentError(absl::StrCat("worker ", worker, " clock went back from ",
                                                                  clocks_[worker], " to ", clock)));
-    } else if (clock > clocks_[worker] + 1 && clock != rolled_back_to_ + 1) {
+    } else if (clock > clocks_[worker] + 1) {
       ready.emplace_back(std::move(done), absl::InvalidArgumentError(absl::StrCat(
                                               "worker ", worker, " clock jumped from ", clocks_[worker], " to ",
                                               clock, ": a worker advances one step at a time")));
@@ -150,6 +156,7 @@ void ClockTable::Advance(int worker, int64_t clock, absl::Time deadline, Callbac
         it = waiters_.erase(it);
       }
       clocks_[worker] = clock;
+      owes_rollback_[worker] = false;
       DecideRoundsLocked(decided);
       waiters_.push_back(Waiter{worker, clock, deadline, std::move(done), std::move(cancelled)});
       ++waiters_added_;
@@ -194,23 +201,23 @@ void ClockTable::Release() {
   for (auto& [callback, result] : ready) callback(std::move(result));
 }
 
-void ClockTable::ExpectRollback(int64_t clock) {
-  absl::MutexLock lock(&mu_);
-  rolled_back_to_ = clock;
-}
-
-void ClockTable::RollBack(int64_t clock) {
+void ClockTable::RollBack(int64_t clock, uint64_t generation) {
   Ready ready;
   {
     absl::MutexLock lock(&mu_);
     for (size_t i = 0; i < clocks_.size(); ++i) {
-      if (active_[i]) clocks_[i] = clock;
+      if (!active_[i]) continue;
+      clocks_[i] = clock;
+      owes_rollback_[i] = true;
     }
     rolled_back_to_ = clock;
+    rollback_generation_ = generation;
+    hold_at_ = clock + 1;
     newest_decided_ = clock - 1;  // rounds from the checkpoint's on are decided again
     rounds_.clear();
     for (Waiter& w : waiters_) {
       GateResult result{clock, false, "", clock};
+      result.rollback_generation = generation;
       ready.emplace_back(std::move(w.done), result);
     }
     waiters_.clear();
@@ -225,6 +232,7 @@ void ClockTable::Rejoin(int worker, int64_t clock) {
     if (worker < 0 || worker >= static_cast<int>(clocks_.size())) return;
     active_[worker] = true;
     clocks_[worker] = clock;
+    owes_rollback_[worker] = false;
     CollectLocked(absl::Now(), ready);
   }
   for (auto& [callback, result] : ready) callback(std::move(result));

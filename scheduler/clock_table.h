@@ -35,9 +35,11 @@ struct GateResult {
   int64_t min_clock = 0;  // slowest active worker when the gate opened
   bool stop = false;
   std::string stop_reason;
-  std::optional<int64_t> rolled_back_to;  // the job went back to this clock while the worker waited
+  std::optional<int64_t> rolled_back_to;  // the job went back to this clock (before the worker knew)
   // SYNC with backup workers: the worker's round was decided without it; it goes on at this clock.
   std::optional<int64_t> late_next_clock;
+  // With rolled_back_to: the rollback's number (the cluster view's rollback_generation).
+  uint64_t rollback_generation = 0;
 };
 
 // SYNC with backup workers: the workers whose gradients make one round.
@@ -84,11 +86,12 @@ class ClockTable {
   int64_t Hold();
   void Release();
 
-  // Every active worker's clock goes back to `clock`; every waiting gate opens with rolled_back_to = clock.
-  void RollBack(int64_t clock);
-  // A rollback to `clock` is coming: a worker that learns of it first (from the cluster view) may already
-  // advance from there.
-  void ExpectRollback(int64_t clock);
+  // Rollback number `generation` of the job, to `clock`: every active worker's clock goes back to `clock`, and
+  // every gate holds at clock + 1 until Release() (the servers are restored meanwhile). A worker that waits is
+  // answered with rolled_back_to = clock at once; one that advances before it knows of the rollback (any clock
+  // but clock + 1) gets the same answer instead of an error, until it advances to clock + 1. Call before the
+  // rollback is published anywhere else (the cluster view), so no worker can act on it before the table does.
+  void RollBack(int64_t clock, uint64_t generation);
 
   // Opens every gate, now and later, with stop = true.
   void Stop(const std::string& reason);
@@ -140,6 +143,8 @@ class ClockTable {
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   int64_t hold_at_ ABSL_GUARDED_BY(mu_) = -1;  // -1: no hold
   int64_t rolled_back_to_ ABSL_GUARDED_BY(mu_) = -2;  // the last rollback's clock
+  uint64_t rollback_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<bool> owes_rollback_ ABSL_GUARDED_BY(mu_);  // has not advanced since the last rollback
   std::deque<RoundMembers> rounds_ ABSL_GUARDED_BY(mu_);   // decided rounds, oldest first
   int64_t newest_decided_ ABSL_GUARDED_BY(mu_) = -1;
   std::vector<int64_t> late_rounds_ ABSL_GUARDED_BY(mu_);

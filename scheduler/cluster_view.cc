@@ -318,6 +318,11 @@ absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> ClusterView::GiveShareT
   return moved;
 }
 
+uint64_t ClusterView::rollback_generation() const {
+  absl::MutexLock lock(&mu_);
+  return rollback_generation_;
+}
+
 void ClusterView::RollBack(int64_t clock) {
   absl::MutexLock lock(&mu_);
   ++rollback_generation_;

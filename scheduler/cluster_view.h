@@ -121,6 +121,8 @@ class ClusterView {
 
   // SYNC recovery: every worker goes on from `clock` (the view's rollback generation grows). Advances the epoch.
   void RollBack(int64_t clock);
+  // How many rollbacks the job has had.
+  uint64_t rollback_generation() const;
 
   // The view as servers and clients see it; nullopt before parameters are placed.
   std::optional<tessera::v1::ShardMap> Map() const;

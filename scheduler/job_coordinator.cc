@@ -382,6 +382,7 @@ void JobCoordinator::AdvanceClock(const tessera::v1::AdvanceClockRequest& reques
                     if (gate->rolled_back_to) {
                       response.set_rolled_back(true);
                       response.set_rollback_clock(*gate->rolled_back_to);
+                      response.set_rollback_generation(gate->rollback_generation);
                     }
                     if (gate->late_next_clock) {
                       response.set_late(true);
@@ -580,7 +581,10 @@ void JobCoordinator::RecoverServer(const Member& lost, const CheckpointInfo& che
   const int64_t clock = checkpoint.state.clock();
   const std::vector<int64_t> before = clocks_.Clocks();
   if (sync) {
-    clocks_.ExpectRollback(clock);
+    // The clock table first, holding every worker at clock + 1: once the view says "rolled back", a worker that
+    // reads it may advance from `clock` at once, and the table must already be there (a worker whose clock the
+    // table set back after it had advanced was refused as a jump and died).
+    clocks_.RollBack(clock, view_.rollback_generation() + 1);
     view_.RollBack(clock);
   }
   std::optional<tessera::v1::ShardMap> map = view_.Map();
@@ -589,7 +593,7 @@ void JobCoordinator::RecoverServer(const Member& lost, const CheckpointInfo& che
   if (absl::Status s = servers_->Assign(*map, job_, checkpoint.shard_files, /*restore_all=*/sync); !s.ok()) {
     return fail(s);
   }
-  if (sync) clocks_.RollBack(clock);
+  if (sync) clocks_.Release();  // the servers hold the checkpoint's values: on from `clock`
   const int64_t newest = before.empty() ? 0 : *std::max_element(before.begin(), before.end());
   const double seconds_lost = absl::ToDoubleSeconds(absl::Now() - lost_at);
   LOG(WARNING) << "recovered from the loss of " << lost.Describe() << ": " << moved->size()

@@ -487,7 +487,11 @@ ClockResult PsClient::Advanced(const tessera::v1::AdvanceClockResponse& gate) {
   ++clock_;
   if (gate.late() && gate.next_clock() > clock_) clock_ = gate.next_clock();  // on to the others' round
   slice_ = {gate.batch_offset(), gate.batch_count()};
-  if (gate.rolled_back()) NoteRollback(rollback_generation_ + 1, gate.rollback_clock());
+  if (gate.rolled_back()) {
+    // Numbered, so that a rollback heard of both here and from the map is taken once.
+    NoteRollback(gate.rollback_generation() > 0 ? gate.rollback_generation() : rollback_generation_ + 1,
+                 gate.rollback_clock());
+  }
   ClockResult result;
   result.clock = clock_;
   result.min_clock = gate.min_clock();

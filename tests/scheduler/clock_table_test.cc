@@ -158,5 +158,48 @@ TEST(ClockTableTest, BackupWorkersAWorkerLateInEveryRoundNeverHoldsTheOthers) {
   for (const RoundMembers& r : table.RecentRounds()) EXPECT_EQ(r.members, (std::vector<int>{0, 1}));
 }
 
+// A rollback while workers are anywhere in their step: one waiting is told at once, one that advances from
+// before it (any clock, as far ahead as it got) is told instead of refused, and each goes on from the rollback's
+// clock once the servers are restored (Release). Afterwards the one-step rule holds again.
+TEST(ClockTableTest, ARollbackNeverFailsAWorkerThatHadNotHeardOfIt) {
+  ClockTable table(3, /*bound=*/0);
+  for (int64_t c = 1; c <= 5; ++c) {
+    std::vector<Gate> gates(3);
+    for (int w = 0; w < 3; ++w) table.Advance(w, c, Far(), gates[w].callback());
+    for (Gate& g : gates) ASSERT_TRUE(g.answered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  }
+  Gate waiting;  // worker 0 waits at the gate of step 6
+  table.Advance(0, 6, Far(), waiting.callback());
+  table.RollBack(2, /*generation=*/1);
+  ASSERT_TRUE(waiting.answered.HasBeenNotified());
+  ASSERT_TRUE(waiting.result.ok()) << waiting.result.status();
+  EXPECT_EQ(waiting.result->rolled_back_to, 2);
+  EXPECT_EQ(waiting.result->rollback_generation, 1u);
+
+  // Workers 1 and 2 were mid-step: they advance from where they were, 6 (one ahead) and 5 (the same clock again).
+  for (const auto& [worker, clock] : std::vector<std::pair<int, int64_t>>{{1, 6}, {2, 5}}) {
+    Gate stale;
+    table.Advance(worker, clock, Far(), stale.callback());
+    ASSERT_TRUE(stale.answered.HasBeenNotified());
+    ASSERT_TRUE(stale.result.ok()) << "worker " << worker << " refused: " << stale.result.status();
+    EXPECT_EQ(stale.result->rolled_back_to, 2);
+    EXPECT_EQ(stale.result->rollback_generation, 1u);
+  }
+  // Every worker goes on from the rollback's clock; held until the servers are restored.
+  std::vector<Gate> after(3);
+  for (int w = 0; w < 3; ++w) table.Advance(w, 3, Far(), after[w].callback());
+  for (Gate& g : after) EXPECT_FALSE(g.answered.HasBeenNotified()) << "gate opened before the restore";
+  table.Release();
+  for (Gate& g : after) {
+    ASSERT_TRUE(g.answered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    ASSERT_TRUE(g.result.ok()) << g.result.status();
+    EXPECT_FALSE(g.result->rolled_back_to.has_value());
+  }
+  Gate jump;
+  table.Advance(1, 9, Far(), jump.callback());
+  ASSERT_TRUE(jump.answered.HasBeenNotified());
+  EXPECT_THAT(jump.result.status(), StatusIs(absl::StatusCode::kInvalidArgument, "jumped"));
+}
+
 }  // namespace
 }  // namespace tessera
