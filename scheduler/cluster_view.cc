@@ -237,14 +237,36 @@ absl::StatusOr<ClusterView::Placed> ClusterView::Place(const std::vector<tessera
   if (absl::Status s = PlaceParameters(params, chunk_bytes, map); !s.ok()) return s;
   Placed placed;
   placed.changed = !placement_ || map.params_size() != placed_params;
-  if (placed.changed) {
-    map.clear_servers();  // the view's members are filled in by MapLocked
-    map.clear_workers();
-    placement_ = std::move(map);
-    ChangedLocked();
+  placed.base_changes = changes_;
+  if (!placed.changed) {
+    placed.map = MapLocked();
+    return placed;
   }
+  map.clear_servers();  // the view's members are filled in by MapLocked
+  map.clear_workers();
+  // The view as it would be, under an epoch newer than any handed out before: a server that took an earlier plan
+  // that was never committed (another server failed to take it) never mistakes this one for it.
+  std::optional<tessera::v1::ShardMap> current = std::move(placement_);
+  placement_ = map;
+  const uint64_t current_epoch = epoch_;
+  epoch_ = std::max(epoch_, planned_epoch_) + 1;
+  planned_epoch_ = epoch_;
   placed.map = MapLocked();
+  placed.placement = std::move(map);
+  placement_ = std::move(current);
+  epoch_ = current_epoch;
   return placed;
+}
+
+absl::Status ClusterView::Commit(const Placed& placed) {
+  absl::MutexLock lock(&mu_);
+  if (!placed.changed) return absl::OkStatus();
+  if (changes_ != placed.base_changes) {
+    return absl::AbortedError("the cluster changed while the servers took the placement; placing again");
+  }
+  placement_ = placed.placement;
+  epoch_ = placed.map.epoch();
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> ClusterView::MoveChunksOf(int server) {
@@ -259,6 +281,7 @@ absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> ClusterView::MoveChunks
 }
 
 void ClusterView::ChangedLocked() {
+  ++changes_;
   if (placement_) ++epoch_;  // before placement nobody holds a view to compare with
 }
 

@@ -102,13 +102,20 @@ class ClusterView {
   std::string WaitingSummary(absl::Time now, absl::Duration timeout) const;
 
   // Places `params` (every server must be alive; UNAVAILABLE naming whom it waits for otherwise) or checks them
-  // against those already placed. Returns the view, and whether it changed.
+  // against those already placed. Returns the view with them, and whether that is a change. A change is only a
+  // plan, with an epoch no server has seen: the view stays as it was until Commit(placed), which the caller
+  // calls once every server holds the plan. Until then the job has no placement (or the previous one).
   struct Placed {
     tessera::v1::ShardMap map;
     bool changed = false;
+    uint64_t base_changes = 0;          // the view's change count the plan was made from
+    tessera::v1::ShardMap placement;    // with `changed`: the placement to commit
   };
   [[nodiscard]] absl::StatusOr<Placed> Place(const std::vector<tessera::v1::ParameterSpec>& params,
                                              int64_t chunk_bytes);
+  // Makes a plan from Place the view. ABORTED when the view changed since the plan (a member came or went):
+  // place again.
+  [[nodiscard]] absl::Status Commit(const Placed& placed);
 
   // Moves the chunks of the lost `server` to the alive servers, least-loaded bytes first, and advances the
   // epoch. Returns the chunks moved. FAILED_PRECONDITION when no server is alive.
@@ -148,6 +155,8 @@ class ClusterView {
   std::vector<Member> workers_ ABSL_GUARDED_BY(mu_);
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t rollback_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t planned_epoch_ ABSL_GUARDED_BY(mu_) = 0;  // the newest epoch a plan handed out
+  uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;  // every change, also before placement (when the epoch stays)
   int64_t rollback_clock_ ABSL_GUARDED_BY(mu_) = 0;
   // Parameters and chunk placement; set once parameters are declared.
   std::optional<tessera::v1::ShardMap> placement_ ABSL_GUARDED_BY(mu_);

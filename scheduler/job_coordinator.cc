@@ -314,8 +314,17 @@ void JobCoordinator::Declare(const tessera::v1::DeclareRequest& request,
       resume_.reset();
     }
     if (placed->changed) {
-      if (absl::Status assigned = servers_->Assign(placed->map, job_); !assigned.ok()) {
-        done(Annotate(assigned, "cannot hand shards to the servers"));
+      // The placement exists only once every server holds it: a failed hand-over leaves the job unplaced (a
+      // lost server then waits for its replacement), and the worker's retry places again.
+      absl::Status assigned = servers_->Assign(placed->map, job_);
+      if (assigned.ok()) assigned = view_.Commit(*placed);
+      if (!assigned.ok()) {
+        const bool retry = assigned.code() != absl::StatusCode::kInvalidArgument &&
+                           assigned.code() != absl::StatusCode::kResourceExhausted;
+        LOG(WARNING) << "cluster view epoch " << placed->map.epoch() << " not placed: " << assigned;
+        done(retry ? absl::UnavailableError(absl::StrCat("cannot hand shards to the servers yet (retrying): ",
+                                                          assigned.message()))
+                   : Annotate(assigned, "cannot hand shards to the servers"));
         return;
       }
       LOG(INFO) << "cluster view epoch " << placed->map.epoch() << ": " << placed->map.params_size()

@@ -142,6 +142,31 @@ TEST_F(FailuresTest, AReplacementCompletesAJobWhoseServerDiedBeforeItStarted) {
   EXPECT_EQ(worker.exit_code(), 0) << worker.output();
 }
 
+// A server killed just before the workers declare, while the scheduler still counts it alive: the hand-over of
+// the placement fails, so nothing is placed; the worker's retries wait, the replacement (started as an operator
+// would, with the lost server's --id) takes its place, and the job completes on a placement both servers hold.
+TEST_F(FailuresTest, APlacementTheServersNeverReceivedIsNeverRecorded) {
+  const std::string job = Write("job.pbtxt", Job("SYNC", 2, 1, 200));
+  Subprocess scheduler({kBin + "/tessera-scheduler", "--job=" + job, "--run_dir=" + (dir_ / "run").string(),
+                        "--heartbeat_interval_ms=200", "--heartbeat_timeout_ms=20000"});
+  ASSERT_TRUE(scheduler.ReadUntilLine("scheduler listening on ", absl::Seconds(30))) << scheduler.output();
+  const std::string address = SchedulerAddress(scheduler.output());
+  Subprocess first({kBin + "/tessera-server", "--scheduler=" + address, "--id=0"});
+  {
+    Subprocess doomed({kBin + "/tessera-server", "--scheduler=" + address, "--id=1"});
+    ASSERT_TRUE(scheduler.ReadUntilLine("server 1 at ", absl::Seconds(30))) << scheduler.output();
+    ASSERT_TRUE(scheduler.ReadUntilLine("server 0 at ", absl::Seconds(30))) << scheduler.output();
+    kill(doomed.pid(), SIGKILL);
+  }
+  Subprocess worker({kBin + "/tessera-worker", "--scheduler=" + address, "--device=cpu"});
+  ASSERT_TRUE(scheduler.ReadUntilLine("not placed", absl::Seconds(30))) << scheduler.output();
+  Subprocess replacement({kBin + "/tessera-server", "--scheduler=" + address, "--id=1"});
+  ASSERT_TRUE(scheduler.ReadUntilExit(absl::Seconds(120))) << scheduler.output();
+  EXPECT_EQ(scheduler.exit_code(), 0) << scheduler.output();
+  ASSERT_TRUE(worker.ReadUntilExit(absl::Seconds(60))) << worker.output();
+  EXPECT_EQ(worker.exit_code(), 0) << worker.output();
+}
+
 // A server killed during a job with no checkpoint to restore its chunks from: the job stops at once with a reason
 // naming the server, and the scheduler exits non-zero. Nobody hangs.
 TEST_F(FailuresTest, AServerLostWithoutACheckpointStopsTheJobNamingIt) {

@@ -11,9 +11,10 @@ using ::tessera::testing::FloatParam;
 using ::tessera::testing::IsOk;
 using ::tessera::testing::StatusIs;
 
-tessera::v1::RegisterRequest Server(const std::string& address) {
+tessera::v1::RegisterRequest Server(const std::string& address, int id = -1) {
   tessera::v1::RegisterRequest r;
   r.set_role(tessera::v1::SERVER);
+  if (id >= 0) r.set_requested_id(id);
   r.set_address(address);
   r.set_control_key("control-key-of-" + address);
   return r;
@@ -28,6 +29,14 @@ tessera::v1::RegisterRequest Worker(const std::string& host, int rank = -1) {
 }
 
 int64_t AtZero(const Member&) { return 0; }
+
+// Places `params` and commits the plan, as the coordinator does once every server holds it.
+absl::Status PlaceAndCommit(ClusterView& view, const std::vector<tessera::v1::ParameterSpec>& params,
+                            int64_t chunk_bytes) {
+  absl::StatusOr<ClusterView::Placed> placed = view.Place(params, chunk_bytes);
+  if (!placed.ok()) return placed.status();
+  return view.Commit(*placed);
+}
 
 TEST(ClusterViewTest, WaitingSummaryNamesWhoIsMissingAndWhenEachMemberWasLastHeard) {
   ClusterView view(/*num_servers=*/2, /*num_workers=*/2);
@@ -85,7 +94,7 @@ TEST(ClusterViewTest, WorkersRejoinWithANewIncarnation) {
   ASSERT_THAT(view.Join(Server("a:1"), t0, AtZero).status(), IsOk());
   ASSERT_THAT(view.Join(Worker("h0"), t0, AtZero).status(), IsOk());
   ASSERT_THAT(view.Join(Worker("h1"), t0 + absl::Seconds(30), AtZero).status(), IsOk());
-  ASSERT_THAT(view.Place({FloatParam("w", 10)}, 16).status(), IsOk());
+  ASSERT_THAT(PlaceAndCommit(view, {FloatParam("w", 10)}, 16), IsOk());
   const uint64_t placed_epoch = view.epoch();
   ASSERT_EQ(view.MarkSilentLost(t0 + absl::Seconds(31), absl::Seconds(10)).size(), 2u) << "server 0 and worker 0";
   EXPECT_GT(view.epoch(), placed_epoch);
@@ -123,7 +132,7 @@ TEST(ClusterViewTest, ALostServersChunksMoveToTheLeastLoadedSurvivors) {
   ClusterView view(3, 1);
   const absl::Time t0 = absl::FromUnixSeconds(1000);
   for (const char* a : {"a:1", "b:1", "c:1"}) ASSERT_THAT(view.Join(Server(a), t0, AtZero).status(), IsOk());
-  ASSERT_THAT(view.Place({FloatParam("w", 60), FloatParam("b", 6)}, 40).status(), IsOk());
+  ASSERT_THAT(PlaceAndCommit(view, {FloatParam("w", 60), FloatParam("b", 6)}, 40), IsOk());
   ASSERT_THAT(view.Touch(tessera::v1::SERVER, 0, 1, t0 + absl::Seconds(20)), IsOk());
   ASSERT_THAT(view.Touch(tessera::v1::SERVER, 2, 1, t0 + absl::Seconds(20)), IsOk());
   ASSERT_EQ(view.MarkSilentLost(t0 + absl::Seconds(20), absl::Seconds(10)).size(), 1u);
@@ -137,6 +146,39 @@ TEST(ClusterViewTest, ALostServersChunksMoveToTheLeastLoadedSurvivors) {
   int64_t bytes0 = 0, bytes2 = 0;
   for (const auto& c : map->chunks()) (c.server_id() == 0 ? bytes0 : bytes2) += c.length() * 4;
   EXPECT_LE(std::abs(bytes0 - bytes2), 40) << "within one chunk of each other";
+}
+
+// A placement is a plan until the servers hold it: until Commit the job stays unplaced (so a lost server waits
+// for its replacement), a new plan never reuses a plan's epoch, and a plan made before the members changed is
+// refused at commit.
+TEST(ClusterViewTest, APlacementExistsOnlyOnceCommitted) {
+  ClusterView view(2, 1);
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  for (const char* a : {"a:1", "b:1"}) ASSERT_THAT(view.Join(Server(a), t0, AtZero).status(), IsOk());
+  absl::StatusOr<ClusterView::Placed> first = view.Place({FloatParam("w", 10)}, 16);
+  ASSERT_THAT(first, IsOk());
+  EXPECT_TRUE(first->changed);
+  EXPECT_FALSE(view.placed()) << "a plan the servers may not hold is not a placement";
+  EXPECT_FALSE(view.Map().has_value());
+  // The hand-over failed; the worker declares again: a new plan, with a newer epoch.
+  absl::StatusOr<ClusterView::Placed> second = view.Place({FloatParam("w", 10)}, 16);
+  ASSERT_THAT(second, IsOk());
+  EXPECT_TRUE(second->changed);
+  EXPECT_GT(second->map.epoch(), first->map.epoch());
+  // A member changed meanwhile (server 1 replaced): the plan is refused, and placing again works.
+  ASSERT_THAT(view.Join(Server("c:1", 1), t0 + absl::Seconds(1), AtZero).status(), IsOk());
+  EXPECT_THAT(view.Commit(*second), StatusIs(absl::StatusCode::kAborted, "placing again"));
+  EXPECT_FALSE(view.placed());
+  absl::StatusOr<ClusterView::Placed> third = view.Place({FloatParam("w", 10)}, 16);
+  ASSERT_THAT(third, IsOk());
+  ASSERT_THAT(view.Commit(*third), IsOk());
+  EXPECT_TRUE(view.placed());
+  ASSERT_TRUE(view.Map().has_value());
+  EXPECT_EQ(view.Map()->epoch(), third->map.epoch());
+  EXPECT_EQ(view.Map()->servers(1).address(), "c:1");
+  absl::StatusOr<ClusterView::Placed> again = view.Place({FloatParam("w", 10)}, 16);
+  ASSERT_THAT(again, IsOk());
+  EXPECT_FALSE(again->changed) << "the same parameters again: the committed placement";
 }
 
 }  // namespace
