@@ -84,7 +84,7 @@ absl::Status RetryWhileUnavailable(const RetryPolicy& policy, std::string_view w
     if (status.code() != absl::StatusCode::kUnavailable) return status;
     const absl::Time now = absl::Now();
     if (now >= deadline) break;
-    if (i == 1 && !policy.waiting_line.empty()) LOG(WARNING) << policy.waiting_line;
+    if (i == 1 && !policy.waiting_line.empty()) LOG(WARNING) << policy.waiting_line << ": " << status.message();
     VLOG(1) << what << ": attempt " << i << " unavailable, retrying in " << backoff << ": " << status;
     const absl::Duration pause = std::min(backoff, deadline - now);
     if (policy.channel != nullptr) {

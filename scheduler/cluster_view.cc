@@ -46,7 +46,8 @@ ClusterView::ClusterView(int num_servers, int num_workers)
 }
 
 absl::StatusOr<ClusterView::Joined> ClusterView::Join(const tessera::v1::RegisterRequest& request, absl::Time now,
-                                                      const std::function<int64_t(const Member&)>& start_clock) {
+                                                      const std::function<int64_t(const Member&)>& start_clock,
+                                                      absl::Duration suspect_after) {
   const bool server = request.role() == tessera::v1::SERVER;
   if (!server && request.role() != tessera::v1::WORKER) {
     return absl::InvalidArgumentError("register: role must be SERVER or WORKER");
@@ -79,9 +80,28 @@ absl::StatusOr<ClusterView::Joined> ClusterView::Join(const tessera::v1::Registe
     }
   }
   if (slot == nullptr) {
+    const char* flag = server ? "--id" : "--rank";
+    // The member heard from longest ago among those silent too long or on the registrant's host: most likely
+    // the registrant's own earlier self, killed and restarted before it is declared lost.
+    const Member* suspect = nullptr;
+    for (const Member& m : slots) {
+      const bool same_host = !request.hostname().empty() && m.hostname == request.hostname();
+      if ((same_host || now - m.last_seen > suspect_after) &&
+          (suspect == nullptr || m.last_seen < suspect->last_seen)) {
+        suspect = &m;
+      }
+    }
+    if (suspect != nullptr) {
+      return absl::UnavailableError(absl::StrCat(
+          "all ", slots.size(), " ", role, "s are registered; ", suspect->Describe(), " was last heard ",
+          absl::FormatDuration(absl::Trunc(now - suspect->last_seen, absl::Milliseconds(100))),
+          " ago: waiting to take its place once it is declared lost (", flag, "=", suspect->id,
+          " takes it at once)"));
+    }
     const std::string who = server ? request.address() : request.hostname();
     return absl::ResourceExhaustedError(absl::StrCat("the job has all its ", slots.size(), " ", role,
-                                                     "s alive; no place for the ", role, " at ", who));
+                                                     "s alive and answering; no place for the ", role, " at ", who,
+                                                     " (a restarted ", role, " takes its place with ", flag, ")"));
   }
   const MemberState was = slot->state;
   const std::string previous_address = slot->address;

@@ -67,8 +67,13 @@ class ClusterView {
     MemberState was;            // the slot's state before: kVacant for a first join, kLost or kAlive for a return
     std::string previous_address;  // of the slot's previous holder
   };
+  // When every slot is taken by a member that looks alive, and one of them has not been heard from for longer
+  // than `suspect_after` or is on the registrant's host (a process restarted without its --rank or --id, before
+  // its old self is declared lost): UNAVAILABLE naming that member, so the registrant retries and takes the slot
+  // once it is declared lost. RESOURCE_EXHAUSTED, naming the flag, when every member answers from another host.
   [[nodiscard]] absl::StatusOr<Joined> Join(const tessera::v1::RegisterRequest& request, absl::Time now,
-                                            const std::function<int64_t(const Member&)>& start_clock);
+                                            const std::function<int64_t(const Member&)>& start_clock,
+                                            absl::Duration suspect_after = absl::InfiniteDuration());
 
   // A resumed job: placement, parameters and every slot's incarnation from a checkpoint's view, every slot
   // vacant, the epoch past the checkpoint's. Call before anyone joins.

@@ -214,7 +214,8 @@ void JobCoordinator::Register(const tessera::v1::RegisterRequest& request,
       return;
     }
     absl::StatusOr<ClusterView::Joined> joined =
-        view_.Join(request, absl::Now(), [this](const Member& slot) { return StartClock(slot); });
+        view_.Join(request, absl::Now(), [this](const Member& slot) { return StartClock(slot); },
+                   /*suspect_after=*/2 * heartbeat_interval_);
     if (!joined.ok()) {
       done(joined.status());
       return;

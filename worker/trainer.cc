@@ -164,7 +164,6 @@ absl::StatusOr<TrainerResult> Trainer::Run() {
   absl::Time last_offer = absl::Now();
   int64_t last_offer_clock = -1;
 
-  TESSERA_RETURN_IF_ERROR(PullInto(*source_, host, *model));
   // The last step's exchange, whose values may still be arriving: the next forward takes them layer by layer
   // as they come (first layer first), so communication overlaps compute.
   std::unique_ptr<StepExchange> previous;
@@ -192,7 +191,7 @@ absl::StatusOr<TrainerResult> Trainer::Run() {
   bool stopped = false;  // the scheduler ended the job (gate or report) before this worker's last step
   // SYNC: when the job went back to a checkpoint (a server was lost), every step since is void: take the
   // checkpoint's values and go on from its clock (also this worker's data position). True when it did.
-  auto rolled_back = [&]() -> absl::StatusOr<bool> {
+  auto take_rollback = [&]() -> bool {
     std::optional<int64_t> to = source_->TakeRollback();
     if (!to) return false;
     LOG(WARNING) << "worker " << rank << ": the job went back to clock " << *to << " (from " << clock
@@ -200,11 +199,24 @@ absl::StatusOr<TrainerResult> Trainer::Run() {
     step.reset();
     previous.reset();
     clock = *to;
-    TESSERA_RETURN_IF_ERROR(PullInto(*source_, host, *model));
     absl::MutexLock lock(&progress_mu_);
     progress_.clock = clock;
     return true;
   };
+  // Every value from the servers; a rollback that comes meanwhile (the pull is then void) is taken, and the
+  // pull made again.
+  auto pull_all = [&]() -> absl::Status {
+    for (;;) {
+      absl::Status pulled = PullInto(*source_, host, *model);
+      if (pulled.ok() || !take_rollback()) return pulled;
+    }
+  };
+  auto rolled_back = [&]() -> absl::StatusOr<bool> {
+    if (!take_rollback()) return false;
+    TESSERA_RETURN_IF_ERROR(pull_all());
+    return true;
+  };
+  TESSERA_RETURN_IF_ERROR(pull_all());
   while (clock < stop_clock) {
     if (absl::Status why = stop_->Get(); !why.ok()) {
       return Annotate(why, absl::StrCat("worker ", rank, " stopped at clock ", clock));

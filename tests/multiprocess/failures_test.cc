@@ -167,6 +167,47 @@ TEST_F(FailuresTest, APlacementTheServersNeverReceivedIsNeverRecorded) {
   EXPECT_EQ(worker.exit_code(), 0) << worker.output();
 }
 
+// A server and then a worker killed with SIGKILL and started again a second later with the same command (no
+// --rank, no --id, as an operator or a process supervisor does), before their old selves are declared lost: each
+// waits for its old slot instead of giving up, takes it with a new incarnation, and the job completes.
+TEST_F(FailuresTest, AMemberRestartedWithoutItsRankOrIdTakesBackItsPlace) {
+  const std::string job = Write("job.pbtxt", Job("SYNC", 2, 2, 2500) + absl::StrCat(
+      "checkpoint { dir: \"", (dir_ / "checkpoints").string(), "\" every_steps: 100 }\n"));
+  const std::filesystem::path run = dir_ / "run";
+  Subprocess scheduler({kBin + "/tessera-scheduler", "--job=" + job, "--run_dir=" + run.string(),
+                        "--heartbeat_interval_ms=200", "--heartbeat_timeout_ms=4000"});
+  ASSERT_TRUE(scheduler.ReadUntilLine("scheduler listening on ", absl::Seconds(30))) << scheduler.output();
+  const std::string address = SchedulerAddress(scheduler.output());
+  const std::vector<std::string> server_argv = {kBin + "/tessera-server", "--scheduler=" + address};
+  const std::vector<std::string> worker_argv = {kBin + "/tessera-worker", "--scheduler=" + address, "--device=cpu"};
+  Subprocess server0(server_argv);
+  auto server1 = std::make_unique<Subprocess>(server_argv);
+  Subprocess worker0(worker_argv);
+  auto worker1 = std::make_unique<Subprocess>(worker_argv);
+  ASSERT_TRUE(scheduler.ReadUntilLine("step    300 |", absl::Seconds(120))) << scheduler.output();
+
+  for (auto* victim : {&server1, &worker1}) {
+    kill((*victim)->pid(), SIGKILL);
+    victim->reset();
+    absl::SleepFor(absl::Seconds(1));
+    *victim = std::make_unique<Subprocess>(victim == &worker1 ? worker_argv : server_argv);
+    // "worker N on HOST registered (incarnation 2) on cpu, ...", "server N at ADDRESS registered (incarnation 2)"
+    const std::string back = victim == &worker1 ? "registered (incarnation 2) on cpu" : "registered (incarnation 2)\n";
+    ASSERT_TRUE(scheduler.ReadUntil(back, absl::Seconds(30)))
+        << "the restarted member never took its place:\n" << scheduler.output() << (*victim)->output();
+    EXPECT_EQ((*victim)->output().find("no place for"), std::string::npos) << (*victim)->output();
+  }
+  ASSERT_TRUE(scheduler.ReadUntilExit(absl::Seconds(240))) << scheduler.output();
+  EXPECT_EQ(scheduler.exit_code(), 0) << scheduler.output();
+  const nlohmann::json summary = ReadJson(run / "summary.json");
+  ASSERT_TRUE(summary.is_object()) << scheduler.output();
+  EXPECT_TRUE(summary["completed"].get<bool>()) << summary.dump();
+  for (Subprocess* member : {&worker0, worker1.get()}) {
+    ASSERT_TRUE(member->ReadUntilExit(absl::Seconds(60))) << member->output();
+    EXPECT_EQ(member->exit_code(), 0) << member->output();
+  }
+}
+
 // A server killed during a job with no checkpoint to restore its chunks from: the job stops at once with a reason
 // naming the server, and the scheduler exits non-zero. Nobody hangs.
 TEST_F(FailuresTest, AServerLostWithoutACheckpointStopsTheJobNamingIt) {

@@ -1,5 +1,6 @@
 #include "scheduler/cluster_view.h"
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/testing/param_spec.h"
 #include "tests/testing/status_matchers.h"
@@ -179,6 +180,38 @@ TEST(ClusterViewTest, APlacementExistsOnlyOnceCommitted) {
   absl::StatusOr<ClusterView::Placed> again = view.Place({FloatParam("w", 10)}, 16);
   ASSERT_THAT(again, IsOk());
   EXPECT_FALSE(again->changed) << "the same parameters again: the committed placement";
+}
+
+// Every slot taken: a registrant without an id waits (UNAVAILABLE, naming whom) while a member has been silent
+// past `suspect_after` or sits on its own host, and takes that slot once it is declared lost; with every member
+// answering from elsewhere it is told at once there is no place, and which flag takes one.
+TEST(ClusterViewTest, ARestartedMemberWithoutItsIdWaitsForTheSlotOfOneThatStoppedAnswering) {
+  for (const bool server : {false, true}) {
+    ClusterView view(2, 2);
+    const absl::Time t0 = absl::FromUnixSeconds(1000);
+    auto member = [&](const std::string& host) {
+      tessera::v1::RegisterRequest r = server ? Server(host + ":1") : Worker(host);
+      r.set_hostname(host);
+      return r;
+    };
+    for (const char* h : {"h0", "h1"}) ASSERT_THAT(view.Join(member(h), t0, AtZero).status(), IsOk());
+    const absl::Duration suspect_after = absl::Seconds(1);
+    EXPECT_THAT(view.Join(member("h9"), t0 + absl::Milliseconds(500), AtZero, suspect_after).status(),
+                StatusIs(absl::StatusCode::kResourceExhausted, server ? "--id" : "--rank"));
+    // Restarted on its own host: waits at once.
+    EXPECT_THAT(view.Join(member("h1"), t0 + absl::Milliseconds(500), AtZero, suspect_after).status(),
+                StatusIs(absl::StatusCode::kUnavailable, "was last heard"));
+    // From elsewhere: waits once a member has been silent past suspect_after.
+    ASSERT_THAT(view.Touch(server ? tessera::v1::SERVER : tessera::v1::WORKER, 0, 1, t0 + absl::Seconds(2)),
+                IsOk());
+    EXPECT_THAT(view.Join(member("h9"), t0 + absl::Seconds(2), AtZero, suspect_after).status(),
+                StatusIs(absl::StatusCode::kUnavailable, absl::StrCat(server ? "--id" : "--rank", "=1")));
+    ASSERT_EQ(view.MarkSilentLost(t0 + absl::Seconds(11), absl::Seconds(10)).size(), 1u);
+    absl::StatusOr<ClusterView::Joined> back = view.Join(member("h1"), t0 + absl::Seconds(11), AtZero, suspect_after);
+    ASSERT_THAT(back, IsOk());
+    EXPECT_EQ(back->member.id, 1);
+    EXPECT_EQ(back->member.incarnation, 2u);
+  }
 }
 
 }  // namespace
