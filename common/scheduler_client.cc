@@ -88,10 +88,15 @@ std::unique_ptr<Heartbeater> SchedulerClient::StartHeartbeats(tessera::v1::Role 
         beat.set_incarnation(incarnation);
         absl::StatusOr<tessera::v1::HeartbeatResponse> response = Heartbeat(beat);
         if (!response.ok()) return response.status();
+        if (response->stopping() || response->job_finished()) stopping_ = true;
         if (response->job_finished()) on_job_finished();
         return absl::OkStatus();
       },
-      std::move(on_lost), give_up_after);
+      [this, on_lost = std::move(on_lost)](const absl::Status& why) {
+        stopping_ = true;  // no scheduler, no job: whatever waits on it may stop waiting
+        if (on_lost) on_lost(why);
+      },
+      give_up_after);
   heartbeater->Start();
   return heartbeater;
 }

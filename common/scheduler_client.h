@@ -2,6 +2,7 @@
 #ifndef TESSERA_COMMON_SCHEDULER_CLIENT_H_
 #define TESSERA_COMMON_SCHEDULER_CLIENT_H_
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -59,6 +60,8 @@ class SchedulerClient {
 
   // The key from the last registration; empty before.
   std::string member_key() const;
+  // A heartbeat answered that the job is stopping or over. Thread-safe, without a call.
+  bool stopping() const { return stopping_.load(); }
   const std::shared_ptr<const Security>& security() const { return security_; }
 
  private:
@@ -69,6 +72,7 @@ class SchedulerClient {
   const std::shared_ptr<const Security> security_;
   mutable absl::Mutex mu_;
   std::string member_key_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> stopping_{false};
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<tessera::v1::Scheduler::Stub> stub_;
 };

@@ -121,6 +121,10 @@ void ClockTable::Advance(int worker, int64_t clock, absl::Time deadline, Callbac
     if (worker < 0 || worker >= static_cast<int>(clocks_.size())) {
       ready.emplace_back(std::move(done), absl::InvalidArgumentError(absl::StrCat(
                                               "worker id ", worker, " out of range 0..", clocks_.size() - 1)));
+    } else if (stopped_) {
+      // The job is over: whatever clock the worker is at (it may be one ahead of the table, or from before a
+      // rollback), the answer is stop, at once.
+      ready.emplace_back(std::move(done), GateResult{MinActiveLocked(), true, stop_reason_});
     } else if (owes_rollback_[worker] && clock != rolled_back_to_ + 1) {
       // Advanced from before the last rollback, which it had not heard of yet: told now, nothing changes.
       GateResult told{MinActiveLocked(), stopped_, stop_reason_, rolled_back_to_};

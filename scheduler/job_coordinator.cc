@@ -112,6 +112,7 @@ void JobCoordinator::StartFailureDetection() {
           failure_reported = last_failure_report_ != absl::InfinitePast() && !finishing_;
         }
         if (failure_reported) MaybeFinish();  // a job end held for a failed worker's return
+        EndAStopNobodyFinishes();
         if (!checkpointer_.enabled()) return absl::OkStatus();
         const std::vector<int64_t> active = clocks_.ActiveClocks();
         if (active.empty() || clocks_.stopped() || !view_.placed()) return absl::OkStatus();
@@ -652,6 +653,29 @@ void JobCoordinator::Abort(const std::string& reason) {
     if (failure_.empty() && !finishing_) failure_ = reason;
   }
   clocks_.Stop(reason);
+}
+
+void JobCoordinator::EndAStopNobodyFinishes() {
+  if (!clocks_.stopped()) return;
+  const absl::Time now = absl::Now();
+  {
+    absl::MutexLock lock(&mu_);
+    // Only a failed job: a stop asked for (a signal, stop.max_seconds) lets the workers finish their step, for
+    // as long as the scheduler's --stop_grace_ms says.
+    if (finishing_ || failure_.empty()) return;
+    if (stopped_seen_at_ == absl::InfiniteFuture()) stopped_seen_at_ = now;
+    // Workers hear of the stop from their next heartbeat or gate and finish their step; one that has not within
+    // a heartbeat timeout is stuck (waiting on a server that is gone) and the job ends without it.
+    if (now - stopped_seen_at_ < failure_detector_.timeout()) return;
+    finishing_ = true;
+  }
+  std::vector<std::string> running;
+  for (const Member& w : view_.Workers()) {
+    if (w.state == MemberState::kAlive) running.push_back(absl::StrCat("worker ", w.id));
+  }
+  LOG(WARNING) << "the job stopped (" << clocks_.stop_reason() << ") " << absl::FormatDuration(now - stopped_seen_at_)
+               << " ago and " << absl::StrJoin(running, ", ") << " did not finish: ending it without them";
+  executor_.Submit([this] { FinishJob(); });
 }
 
 void JobCoordinator::FinishNow() {

@@ -134,6 +134,10 @@ class JobCoordinator {
   void RecoverServer(const Member& lost, const CheckpointInfo& checkpoint, absl::Time lost_at);
   // Queues the end of the job once no worker is alive any more (all done or lost).
   void MaybeFinish();
+  // Once the job has failed (a server lost for good), the workers get a heartbeat timeout to hear of it and
+  // report; after that the job ends without those still running (stuck on a server that is gone). Called by
+  // the ticker.
+  void EndAStopNobodyFinishes();
 
   // Executor tasks.
   // Hands the current view to every server.
@@ -168,6 +172,7 @@ class JobCoordinator {
   // A resumed job: the checkpoint the servers restore from once they are all in (at the first Declare).
   std::optional<CheckpointInfo> resume_ ABSL_GUARDED_BY(mu_);
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time stopped_seen_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();  // when the ticker saw the stop
   // When a worker last said it stopped on an error; the job's end waits a heartbeat timeout past it (the ticker
   // asks MaybeFinish again).
   absl::Time last_failure_report_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

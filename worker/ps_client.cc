@@ -101,8 +101,21 @@ class ChunkBatch {
     }
   }
 
-  // Waits until every added call completed (each has a deadline of its own).
-  void WaitAll() {
+  // Waits until every added call completed (each has a deadline of its own). When `give_up` (asked at least
+  // every 100 ms, without the batch's lock held) returns true, the calls still running are cancelled first.
+  void WaitAll(const std::function<bool()>& give_up = nullptr) {
+    while (give_up) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (pending_ == 0) return;
+        call_done_.WaitWithTimeout(&mu_, absl::Milliseconds(100));
+        if (pending_ == 0) return;
+      }
+      if (give_up()) {
+        CancelAll();
+        break;
+      }
+    }
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(+[](size_t* p) { return *p == 0; }, &pending_));
   }
@@ -422,7 +435,8 @@ absl::Status PsClient::RunChunks(int op, const std::vector<std::string>& names,
       if (!calls.ok()) return calls.status();
       for (auto& c : *calls) batch.Add(std::move(c));
     }
-    batch.WaitAll();
+    // A call to a server that froze waits out its deadline: once the job is stopping nothing will answer it.
+    batch.WaitAll([this] { return scheduler_->stopping(); });
     std::vector<ChunkCall*> done;
     for (const auto& c : batch.calls()) done.push_back(c.get());
     TESSERA_ASSIGN_OR_RETURN(Absorbed absorbed, Absorb(done));
@@ -439,6 +453,11 @@ absl::Status PsClient::RunChunks(int op, const std::vector<std::string>& names,
       backoff = std::min(backoff * 2, absl::Seconds(1));
       // The server may be gone and its chunks elsewhere by now.
       TESSERA_RETURN_IF_ERROR(RefreshMap(0));
+    }
+    if (scheduler_->stopping()) {
+      // Nothing will move or come back once the job is stopping (a server lost without a checkpoint): the step
+      // ends here and the gate says stop.
+      return absl::AbortedError(absl::StrCat("the job is stopping: ", last.message()));
     }
     if (rollback_) {
       return absl::AbortedError(absl::StrCat("the job was rolled back to clock ", *rollback_,
@@ -518,6 +537,7 @@ std::optional<int64_t> PsClient::TakeRollback() {
 }
 
 bool PsClient::JobStopped() {
+  if (scheduler_->stopping()) return true;  // a heartbeat said so already
   // Re-advancing to the clock the scheduler already holds returns at once, with `stop` once the job is over.
   absl::StatusOr<tessera::v1::AdvanceClockResponse> gate =
       scheduler_->AdvanceClock(worker_id_, clock_, absl::Milliseconds(1));
@@ -664,7 +684,7 @@ class StepExchangeImpl final : public StepExchange {
     return absl::OkStatus();
   }
 
-  bool stopped() const override { return clock_state_ && ClockStopped(); }
+  bool stopped() const override { return (clock_state_ && ClockStopped()) || client_->scheduler_->stopping(); }
 
  private:
   struct ClockState {

@@ -208,6 +208,39 @@ TEST_F(FailuresTest, AMemberRestartedWithoutItsRankOrIdTakesBackItsPlace) {
   }
 }
 
+// A server frozen (SIGSTOP) in a job without a checkpoint: the stop decided at the heartbeat timeout is carried
+// out within seconds: the scheduler ends the job naming the server and every worker exits, in every mode (not
+// after the workers' own minute of retries against a server that cannot come back).
+TEST_F(FailuresTest, AStopDecidedIsCarriedOutWithinSeconds) {
+  for (const char* mode : {"SYNC", "ASYNC"}) {
+    SCOPED_TRACE(mode);
+    const std::string job = Write("job.pbtxt", Job(mode, 2, 2, 100000000));
+    Subprocess scheduler(Concat({kBin + "/tessera-scheduler", "--job=" + job, "--run_dir=" + (dir_ / mode).string()},
+                                kFastHeartbeats));
+    ASSERT_TRUE(scheduler.ReadUntilLine("scheduler listening on ", absl::Seconds(30))) << scheduler.output();
+    const std::string address = SchedulerAddress(scheduler.output());
+    Subprocess server0({kBin + "/tessera-server", "--scheduler=" + address});
+    Subprocess server1({kBin + "/tessera-server", "--scheduler=" + address});
+    Subprocess worker0({kBin + "/tessera-worker", "--scheduler=" + address, "--device=cpu"});
+    Subprocess worker1({kBin + "/tessera-worker", "--scheduler=" + address, "--device=cpu"});
+    ASSERT_TRUE(scheduler.ReadUntilLine("step    200 |", absl::Seconds(120))) << scheduler.output();
+    ASSERT_EQ(kill(server1.pid(), SIGSTOP), 0);
+    const absl::Time frozen = absl::Now();
+    ASSERT_TRUE(scheduler.ReadUntilExit(absl::Seconds(60))) << scheduler.output();
+    const absl::Duration ended = absl::Now() - frozen;
+    // Detection (1.5 s) + the workers' chance to report (1.5 s) + shutting down, with room for a slow machine.
+    EXPECT_LT(ended, absl::Seconds(12)) << scheduler.output();
+    EXPECT_EQ(scheduler.exit_code(), 3) << scheduler.output();
+    EXPECT_NE(scheduler.output().find("cannot be restored without a checkpoint"), std::string::npos)
+        << scheduler.output();
+    for (Subprocess* worker : {&worker0, &worker1}) {
+      ASSERT_TRUE(worker->ReadUntilExit(absl::Seconds(15))) << worker->output();
+    }
+    EXPECT_LT(absl::Now() - frozen, absl::Seconds(20)) << worker0.output() << worker1.output();
+    kill(server1.pid(), SIGCONT);
+  }
+}
+
 // A server killed during a job with no checkpoint to restore its chunks from: the job stops at once with a reason
 // naming the server, and the scheduler exits non-zero. Nobody hangs.
 TEST_F(FailuresTest, AServerLostWithoutACheckpointStopsTheJobNamingIt) {
