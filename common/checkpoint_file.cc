@@ -45,8 +45,10 @@ class Reader {
   size_t at_ = 0;
 };
 
-absl::Status Errno(const std::string& what, const std::string& path) {
-  return absl::DataLossError(absl::StrCat("cannot ", what, " checkpoint file ", path, ": ", strerror(errno)));
+// The code follows errno (a full disk is RESOURCE_EXHAUSTED, a folder that cannot be written PERMISSION_DENIED).
+absl::Status Errno(const std::string& what, const std::string& path, int error = errno) {
+  return absl::Status(absl::ErrnoToStatusCode(error),
+                      absl::StrCat("cannot ", what, " checkpoint file ", path, ": ", strerror(error)));
 }
 
 }  // namespace
@@ -76,24 +78,30 @@ absl::Status WriteCheckpointFile(const std::string& path, const CheckpointHeader
   const std::string tmp = path + ".tmp";
   const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Errno("create", tmp);
+  // Every failure from here on leaves nothing behind.
+  auto failed = [&](const char* what, int error) {
+    close(fd);
+    unlink(tmp.c_str());
+    return Errno(what, tmp, error);
+  };
   size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      absl::Status s = Errno("write", tmp);
-      close(fd);
-      return s;
-    }
+    if (n <= 0) return failed("write", n == 0 ? EIO : errno);
     done += static_cast<size_t>(n);
   }
-  if (fsync(fd) != 0) {
-    absl::Status s = Errno("fsync", tmp);
-    close(fd);
-    return s;
+  if (fsync(fd) != 0) return failed("fsync", errno);
+  if (close(fd) != 0) {  // a network file system or a quota may report a full disk only here
+    const int error = errno;
+    unlink(tmp.c_str());
+    return Errno("close", tmp, error);
   }
-  close(fd);
-  if (rename(tmp.c_str(), path.c_str()) != 0) return Errno("rename to", path);
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    unlink(tmp.c_str());
+    return Errno("rename to", path, error);
+  }
   // The rename is durable once the folder is.
   const std::string dir = std::filesystem::path(path).parent_path().string();
   const int dir_fd = open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);

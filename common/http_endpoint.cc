@@ -112,6 +112,23 @@ class ConnectionStream : public httplib::Stream {
   SSL* const tls_;  // not owned; null for plaintext
 };
 
+int HttpStatusOf(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kInvalidArgument:
+      return 400;
+    case absl::StatusCode::kFailedPrecondition:
+      return 409;
+    case absl::StatusCode::kResourceExhausted:
+      return 507;  // Insufficient Storage: a full disk, the usual cause here
+    case absl::StatusCode::kUnavailable:
+      return 503;
+    case absl::StatusCode::kDeadlineExceeded:
+      return 504;
+    default:
+      return 500;
+  }
+}
+
 }  // namespace
 
 // httplib's router, fed one request at a time from connections Tessera accepted itself.
@@ -151,7 +168,17 @@ absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(const std::str
           return;
         }
       }
-      response.set_content(route.body(), route.content_type.c_str());
+      if (!route.action) {
+        response.set_content(route.body(), route.content_type.c_str());
+        return;
+      }
+      absl::StatusOr<std::string> done = route.action();
+      if (done.ok()) {
+        response.set_content(*done, route.content_type.c_str());
+        return;
+      }
+      response.status = HttpStatusOf(done.status().code());
+      response.set_content(absl::StrCat(done.status().ToString(), "\n"), "text/plain");
     };
     if (route.post) {
       endpoint->routes_->Post(entry.first, handler);

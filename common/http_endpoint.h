@@ -29,6 +29,10 @@ class HttpEndpoint {
     std::string content_type;
     std::function<std::string()> body;
     bool post = false;  // served to POST (an action) instead of GET; needs the job token when there is one
+    // Instead of `body`, for an action that can fail: an error is answered with the HTTP status its code
+    // stands for (FAILED_PRECONDITION 409, RESOURCE_EXHAUSTED 507, UNAVAILABLE 503, DEADLINE_EXCEEDED 504,
+    // INVALID_ARGUMENT 400, others 500) and its message.
+    std::function<absl::StatusOr<std::string>()> action;
   };
 
   // Binds host:port (0: a free port) and serves `routes` plus /healthz ("ok"), over HTTPS when `security` has

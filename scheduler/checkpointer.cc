@@ -1,6 +1,10 @@
 #include "scheduler/checkpointer.h"
 
+#include <stdlib.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 
 #include "absl/strings/numbers.h"
@@ -41,6 +45,7 @@ Checkpointer::Checkpointer(const tessera::v1::JobSpec& job, ServerControl* serve
 bool Checkpointer::Due(int64_t clock, absl::Time now) const {
   if (!enabled()) return false;
   absl::MutexLock lock(&mu_);
+  if (now < retry_at_) return false;
   const int64_t last_clock = latest_ ? latest_->state.clock() : 0;
   if (every_steps_ > 0 && clock >= last_clock + every_steps_) return true;
   return every_ > absl::ZeroDuration() && now - last_time_ >= every_ && clock > last_clock;
@@ -51,13 +56,48 @@ absl::StatusOr<CheckpointInfo> Checkpointer::Take(const tessera::v1::ShardMap& v
   if (!enabled()) return absl::FailedPreconditionError("no checkpoint.dir: checkpoints are off for this job");
   CheckpointInfo info;
   {
-    std::vector<std::pair<int64_t, fs::path>> existing = Folders(dir_);
-    info.number = existing.empty() ? 1 : existing.front().first + 1;
+    absl::MutexLock lock(&mu_);
+    if (next_number_ == 0) {
+      std::vector<std::pair<int64_t, fs::path>> existing = Folders(dir_);
+      next_number_ = existing.empty() ? 1 : existing.front().first + 1;
+    }
+    info.number = next_number_++;
   }
   info.folder = absl::StrFormat("%s/ckpt-%06d", dir_, info.number);
+  absl::Status written = Write(view, clock, at_version, worker_clocks, timeout, info);
+  if (!written.ok()) {
+    // Nothing of a failed checkpoint stays: the servers' files, their temporary files, the folder.
+    std::error_code error;
+    fs::remove_all(info.folder, error);
+    absl::MutexLock lock(&mu_);
+    ++stats_.failed;
+    ++stats_.consecutive_failures;
+    stats_.last_error = written.ToString();
+    const int doublings = static_cast<int>(std::min<int64_t>(stats_.consecutive_failures - 1, 6));
+    retry_at_ = absl::Now() + std::min(absl::Seconds(1) * (int64_t{1} << doublings), absl::Minutes(1));
+    return written;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    latest_ = info;
+    last_time_ = absl::Now();
+    ++stats_.taken;
+    stats_.consecutive_failures = 0;
+    retry_at_ = absl::InfinitePast();
+  }
+  Prune();
+  return info;
+}
+
+absl::Status Checkpointer::Write(const tessera::v1::ShardMap& view, int64_t clock, bool at_version,
+                                 const std::vector<int64_t>& worker_clocks, absl::Duration timeout,
+                                 CheckpointInfo& info) {
   std::error_code error;
   fs::create_directories(info.folder, error);
-  if (error) return absl::PermissionDeniedError(absl::StrCat("cannot create ", info.folder, ": ", error.message()));
+  if (error) {
+    return absl::Status(absl::ErrnoToStatusCode(error.value()),
+                        absl::StrCat("cannot create ", info.folder, ": ", error.message()));
+  }
   absl::StatusOr<std::vector<std::string>> files =
       servers_->Checkpoint(view, info.folder, clock, at_version, timeout);
   if (!files.ok()) return files.status();
@@ -67,14 +107,33 @@ absl::StatusOr<CheckpointInfo> Checkpointer::Take(const tessera::v1::ShardMap& v
   info.state.set_clock(clock);
   for (const std::string& f : info.shard_files) info.state.add_shard_files(fs::path(f).filename().string());
   CheckpointHeader header{job_, view.epoch(), clock};
-  if (absl::Status s = WriteCheckpointFile(info.folder + "/" + kSchedulerFile, header, info.state); !s.ok()) return s;
-  {
-    absl::MutexLock lock(&mu_);
-    latest_ = info;
-    last_time_ = absl::Now();
+  return WriteCheckpointFile(info.folder + "/" + kSchedulerFile, header, info.state);
+}
+
+CheckpointStats Checkpointer::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+absl::Status Checkpointer::CheckFolder(const std::string& dir) {
+  std::error_code error;
+  if (fs::exists(dir, error) && !fs::is_directory(dir, error)) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint folder ", dir, " exists and is not a folder"));
   }
-  Prune();
-  return info;
+  fs::create_directories(dir, error);
+  if (error) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint folder ", dir, " cannot be created: ", error.message()));
+  }
+  // A file made and removed: the only sure test (a read-only mount, an ACL, root's bypass of permissions).
+  std::string probe = dir + "/.tessera-probe-XXXXXX";
+  const int fd = mkstemp(probe.data());
+  if (fd < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint folder ", dir, " is not writable: ", strerror(errno)));
+  }
+  close(fd);
+  unlink(probe.c_str());
+  return absl::OkStatus();
 }
 
 void Checkpointer::Prune() {

@@ -22,6 +22,14 @@
 
 namespace tessera {
 
+// What the checkpoints of a run came to: for the summary, /status and /metrics.
+struct CheckpointStats {
+  int64_t taken = 0;
+  int64_t failed = 0;
+  int64_t consecutive_failures = 0;
+  std::string last_error;  // empty when none failed
+};
+
 struct CheckpointInfo {
   int64_t number = 0;
   std::string folder;
@@ -38,16 +46,24 @@ class Checkpointer {
   bool enabled() const { return !dir_.empty(); }
   const std::string& dir() const { return dir_; }
 
-  // Whether the job's cadence calls for a checkpoint now that the slowest worker is at `clock`.
+  // Whether the job's cadence calls for a checkpoint now that the slowest worker is at `clock`. After a failed
+  // checkpoint, not before its backoff has passed (1 s, doubling with each failure in a row, at most a minute).
   bool Due(int64_t clock, absl::Time now) const;
 
   // Takes a checkpoint at `clock` of `view`: every server writes its file (SYNC, `at_version`: each chunk as
   // its version reaches `clock`, waiting at most `timeout`), then the scheduler's file with `worker_clocks`; old checkpoints are pruned
-  // to the job's checkpoint.keep. An error names the server or file that failed; the previous checkpoint
-  // stays the latest.
+  // to the job's checkpoint.keep. An error names the server or file that failed (RESOURCE_EXHAUSTED for a full
+  // disk); the failed checkpoint's folder is removed, the failure counted, and the previous checkpoint stays
+  // the latest. Folder numbers are never reused within a run.
   [[nodiscard]] absl::StatusOr<CheckpointInfo> Take(const tessera::v1::ShardMap& view, int64_t clock, bool at_version,
                                                     const std::vector<int64_t>& worker_clocks,
                                                     absl::Duration timeout);
+
+  CheckpointStats stats() const;
+
+  // A checkpoint folder the scheduler can use: `dir` is a folder (created when missing) in which files can be
+  // made. INVALID_ARGUMENT naming `dir` and why otherwise. For the start, before the job runs.
+  [[nodiscard]] static absl::Status CheckFolder(const std::string& dir);
 
   // The newest complete checkpoint taken (or resumed from); nullopt before any.
   std::optional<CheckpointInfo> latest() const;
@@ -62,6 +78,10 @@ class Checkpointer {
 
  private:
   void Prune();
+  // Takes the checkpoint into `info.folder` (numbered by Take), filling in `info`.
+  [[nodiscard]] absl::Status Write(const tessera::v1::ShardMap& view, int64_t clock, bool at_version,
+                                   const std::vector<int64_t>& worker_clocks, absl::Duration timeout,
+                                   CheckpointInfo& info);
 
   const std::string dir_;
   const std::string job_;
@@ -73,6 +93,9 @@ class Checkpointer {
   mutable absl::Mutex mu_;
   std::optional<CheckpointInfo> latest_ ABSL_GUARDED_BY(mu_);
   absl::Time last_time_ ABSL_GUARDED_BY(mu_);
+  int64_t next_number_ ABSL_GUARDED_BY(mu_) = 0;  // 0: from the folders on disk
+  absl::Time retry_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  CheckpointStats stats_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tessera

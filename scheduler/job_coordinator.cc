@@ -124,7 +124,10 @@ void JobCoordinator::StartFailureDetection() {
         }
         executor_.Submit([this] {
           absl::StatusOr<CheckpointInfo> taken = TakeCheckpoint("cadence");
-          if (!taken.ok()) LOG(WARNING) << "checkpoint failed: " << taken.status();
+          if (!taken.ok()) {
+            LOG(WARNING) << "checkpoint failed (tried again after a backoff): " << taken.status();
+            records_.AddEvent({{"event", "checkpoint failed"}, {"error", taken.status().ToString()}});
+          }
           absl::MutexLock lock(&mu_);
           checkpoint_queued_ = false;
         });
@@ -743,7 +746,9 @@ void JobCoordinator::FinishJob() {
     if (w.state != MemberState::kLost) stayed.push_back(clocks[w.id]);
   }
   nlohmann::json summary = records_.SaveSummary(outcome, clocks, stayed.empty() ? clocks : stayed, lost,
-                                                {{"balance", balancer_.ToJson()}, {"rounds", RoundsJson()}});
+                                                {{"balance", balancer_.ToJson()},
+                                                 {"rounds", RoundsJson()},
+                                                 {"checkpoints", CheckpointsJson()}});
   {
     absl::MutexLock lock(&mu_);
     summary_ = summary;
@@ -791,6 +796,7 @@ nlohmann::json JobCoordinator::StatusJson() const {
   }
   status["balance"] = balancer_.ToJson();
   status["rounds"] = RoundsJson();
+  status["checkpoints"] = CheckpointsJson();
   {
     const std::vector<int64_t> late = clocks_.LateRounds();
     for (size_t w = 0; w < status["workers"].size() && w < late.size(); ++w) status["workers"][w]["late_rounds"] = late[w];
@@ -806,6 +812,19 @@ nlohmann::json JobCoordinator::StatusJson() const {
   return status;
 }
 
+nlohmann::json JobCoordinator::CheckpointsJson() const {
+  const CheckpointStats stats = checkpointer_.stats();
+  nlohmann::json json = {{"enabled", checkpointer_.enabled()},
+                         {"taken", stats.taken},
+                         {"failed", stats.failed},
+                         {"consecutive_failures", stats.consecutive_failures}};
+  if (!stats.last_error.empty()) json["last_error"] = stats.last_error;
+  if (std::optional<CheckpointInfo> latest = checkpointer_.latest()) {
+    json["latest"] = {{"number", latest->number}, {"clock", latest->state.clock()}, {"folder", latest->folder}};
+  }
+  return json;
+}
+
 std::string JobCoordinator::MetricsText() const {
   auto alive = [](const std::vector<Member>& list) {
     return std::count_if(list.begin(), list.end(), [](const Member& m) { return m.state == MemberState::kAlive; });
@@ -815,6 +834,15 @@ std::string JobCoordinator::MetricsText() const {
       .Sample(alive(view_.Servers()));
   page.Family("tessera_scheduler_workers", MetricsPage::kGauge, "Workers alive in the job.")
       .Sample(alive(view_.Workers()));
+  const CheckpointStats checkpoints = checkpointer_.stats();
+  page.Family("tessera_scheduler_checkpoints_total", MetricsPage::kCounter, "Checkpoints taken (complete).")
+      .Sample(checkpoints.taken);
+  page.Family("tessera_scheduler_checkpoint_failures_total", MetricsPage::kCounter,
+              "Checkpoints that failed (their files removed; the previous one stays the latest).")
+      .Sample(checkpoints.failed);
+  page.Family("tessera_scheduler_checkpoint_consecutive_failures", MetricsPage::kGauge,
+              "Checkpoints that failed since the last one taken.")
+      .Sample(checkpoints.consecutive_failures);
   page.Family("tessera_scheduler_view_epoch", MetricsPage::kGauge,
               "Epoch of the cluster view (members and placement); it grows at every change.")
       .Sample(view_.epoch());

@@ -134,6 +134,8 @@ class JobCoordinator {
   void RecoverServer(const Member& lost, const CheckpointInfo& checkpoint, absl::Time lost_at);
   // Queues the end of the job once no worker is alive any more (all done or lost).
   void MaybeFinish();
+  // The run's checkpoints, for the summary and /status.
+  nlohmann::json CheckpointsJson() const;
   // Once the job has failed (a server lost for good), the workers get a heartbeat timeout to hear of it and
   // report; after that the job ends without those still running (stuck on a server that is gone). Called by
   // the ticker.

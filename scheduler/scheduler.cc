@@ -50,12 +50,13 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Start(const SchedulerOptio
                             {{"/", {"text/html; charset=utf-8", [] { return std::string(kDashboardPage); }}},
                              {"/metrics", {"text/plain; version=0.0.4", [coordinator] { return coordinator->MetricsText(); }}},
                              {"/status", {"application/json", [coordinator] { return coordinator->StatusJson().dump(2); }}},
-                             {"/checkpoint", {"text/plain", [self] {
+                             {"/checkpoint", {"text/plain", nullptr, /*post=*/true,
+                                              [self]() -> absl::StatusOr<std::string> {
                                 absl::StatusOr<CheckpointInfo> taken = self->coordinator_->Checkpoint("asked over HTTP");
-                                if (!taken.ok()) return absl::StrCat("no checkpoint: ", taken.status().message(), "\n");
+                                if (!taken.ok()) return Annotate(taken.status(), "no checkpoint");
                                 return absl::StrCat("checkpoint ", taken->number, " at clock ", taken->state.clock(),
                                                     " in ", taken->folder, "\n");
-                              }, /*post=*/true}}}));
+                              }}}}));
     scheduler->dashboard_url_ = absl::StrCat(options.security->tls() ? "https" : "http", "://",
                                              JoinHostPort(options.listen_host, scheduler->http_->port()), "/");
     LOG(INFO) << "dashboard at " << scheduler->dashboard_url_ << " (JSON at /status; POST /checkpoint takes a checkpoint)";

@@ -5,6 +5,7 @@
 #include "common/command_line.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
+#include "scheduler/checkpointer.h"
 
 namespace tessera {
 
@@ -35,6 +36,8 @@ absl::StatusOr<tessera::v1::JobSpec> LoadSchedulerJob(const std::string& job_pat
   if (num_workers > 0) job.mutable_cluster()->set_num_workers(num_workers);
   if (!checkpoint_dir.empty()) job.mutable_checkpoint()->set_dir(checkpoint_dir);
   TESSERA_RETURN_IF_ERROR(ValidateJobSpec(job));
+  // A folder every checkpoint would fail in is refused now, not found out at the first checkpoint.
+  if (!job.checkpoint().dir().empty()) TESSERA_RETURN_IF_ERROR(Checkpointer::CheckFolder(job.checkpoint().dir()));
   return job;
 }
 

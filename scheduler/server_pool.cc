@@ -126,7 +126,8 @@ absl::StatusOr<std::vector<std::string>> GrpcServerControl::Checkpoint(const tes
     absl::Status status = FromGrpcStatus(calls[i]->status, calls[i]->context,
                                          absl::StrCat("Checkpoint of server ", map.servers(i).id(), " at ",
                                                       map.servers(i).address()));
-    if (first.ok()) first = status;
+    // The cause, not the calls cancelled because of it.
+    if (first.ok() || (absl::IsCancelled(first) && !status.ok() && !absl::IsCancelled(status))) first = status;
   }
   if (!first.ok()) return first;
   return paths;

@@ -1,5 +1,8 @@
 #include "common/checkpoint_file.h"
 
+#include <signal.h>
+#include <sys/resource.h>
+
 #include <filesystem>
 #include <fstream>
 
@@ -88,6 +91,32 @@ TEST_F(CheckpointFileTest, EveryDamageIsRefusedNamingTheFileAndTheCheck) {
   }
   EXPECT_THAT(ReadCheckpointFile(path_ + ".missing", &read).status(),
               StatusIs(absl::StatusCode::kNotFound, "does not exist"));
+}
+
+// A write that fails leaves nothing behind, and its code says what the caller should do (a full disk or a file
+// size limit is not DATA_LOSS): here a file-size limit the process may not pass, as a full disk does.
+TEST_F(CheckpointFileTest, AFailedWriteLeavesNoFileAndSaysWhy) {
+  const std::string dir = ::testing::TempDir() + "/checkpoint-failed-write";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  tessera::v1::ShardCheckpoint big;
+  big.add_chunks()->set_values(std::string(1 << 20, 'x'));
+  rlimit saved{};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &saved), 0);
+  rlimit small = saved;
+  small.rlim_cur = 64 << 10;
+  void (*previous)(int) = signal(SIGXFSZ, SIG_IGN);
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  const absl::Status written = WriteCheckpointFile(dir + "/server-0.shard", {"job", 1, 2}, big);
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &saved), 0);
+  signal(SIGXFSZ, previous);
+  EXPECT_FALSE(written.ok());
+  EXPECT_NE(written.code(), absl::StatusCode::kDataLoss) << written;
+  EXPECT_NE(written.message().find("server-0.shard"), std::string::npos) << written;
+  EXPECT_TRUE(std::filesystem::is_empty(dir)) << "a temporary file stayed";
+  // A folder that is not there: NOT_FOUND, naming the file.
+  const absl::Status missing = WriteCheckpointFile(dir + "/no/such/server-0.shard", {"job", 1, 2}, big);
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound) << missing;
 }
 
 }  // namespace

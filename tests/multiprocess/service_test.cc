@@ -136,6 +136,8 @@ TEST_F(ServiceTest, BadFlagsAndStrayArgumentsExitTwoNamingTheFlag) {
       {{kBin + "/tessera-scheduler", "--job=" + job, "--heartbeat_interval_ms=0"}, "--heartbeat_interval_ms"},
       {{kBin + "/tessera-scheduler", "--job=" + job, "--http_port=-2"}, "--http_port"},
       {{kBin + "/tessera-scheduler", "--job=" + job, "extra"}, "'extra'"},
+      {{kBin + "/tessera-scheduler", "--job=" + job, "--checkpoint_dir=" + job}, "is not a folder"},
+      {{kBin + "/tessera-scheduler", "--job=" + job, "--checkpoint_dir=" + job + "/sub"}, "cannot be created"},
       {{"/usr/bin/env", "TESSERA_PORT=abc", kBin + "/tessera-scheduler", "--job=" + job}, "TESSERA_PORT"},
       {{kBin + "/tessera-server", "--scheduler=127.0.0.1:1", "--update_threads=0"}, "--update_threads"},
       {{kBin + "/tessera-server", "--scheduler=127.0.0.1:1", "--connect_timeout_s=0"}, "--connect_timeout_s"},
