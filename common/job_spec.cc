@@ -1,8 +1,11 @@
 #include "common/job_spec.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -147,6 +150,35 @@ void ApplyJobDefaults(JobSpec& job) {
   if (job.cluster().num_workers() == 0) job.mutable_cluster()->set_num_workers(1);
 }
 
+absl::Status CheckModelSize(const JobSpec& job, int64_t inputs, int64_t classes) {
+  // Each layer's width and the field that sets it; the ends only where known.
+  std::vector<std::pair<int64_t, std::string>> widths;
+  if (inputs > 0) widths.emplace_back(inputs, "the input width (data)");
+  for (int i = 0; i < job.model().mlp().hidden_sizes_size(); ++i) {
+    widths.emplace_back(job.model().mlp().hidden_sizes(i), absl::StrCat("model.mlp.hidden_sizes[", i, "]"));
+  }
+  if (classes > 0) widths.emplace_back(classes, "the number of classes (data)");
+  // A worker's batches: a balanced SYNC job may give one worker the whole global batch; evaluation uses 1000.
+  const int64_t batch =
+      std::max<int64_t>(int64_t{std::max(1, job.batch_size())} * std::max(1, job.cluster().num_workers()), 1000);
+  int64_t parameters = 0, activations = 0;
+  for (size_t i = 0; i < widths.size(); ++i) {
+    activations += batch * widths[i].first;  // widths <= 2^20 and batch <= 2^20: no overflow
+    if (activations > kMaxActivationElements) {
+      return FieldError(widths[i].second, absl::StrCat("a batch of ", batch, " through layers this wide needs more than ",
+                                                       kMaxActivationElements, " activations per worker"));
+    }
+    if (i + 1 == widths.size()) break;
+    parameters += widths[i].first * widths[i + 1].first + widths[i + 1].first;  // weight and bias
+    if (parameters > kMaxModelElements) {
+      return FieldError(widths[i + 1].second,
+                        absl::StrCat("the model would have more than ", kMaxModelElements, " parameters (",
+                                     kMaxModelElements * 4 >> 30, " GiB of float32 per copy)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateJobSpec(const JobSpec& job) {
   TESSERA_RETURN_IF_ERROR(CheckKnownEnums(job));
   TESSERA_RETURN_IF_ERROR(CheckLength("name", job.name(), kMaxNameBytes));
@@ -157,7 +189,7 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
     return FieldError("model", "not set; choose softmax_regression {} or mlp { hidden_sizes: ... }");
   }
   for (int i = 0; i < job.model().mlp().hidden_sizes_size(); ++i) {
-    if (job.model().mlp().hidden_sizes(i) <= 0 || job.model().mlp().hidden_sizes(i) > (1 << 20)) {
+    if (job.model().mlp().hidden_sizes(i) <= 0 || job.model().mlp().hidden_sizes(i) > kMaxLayerWidth) {
       return FieldError(absl::StrCat("model.mlp.hidden_sizes[", i, "]"),
                         absl::StrCat("expected a layer width of 1 .. 1048576, got ", job.model().mlp().hidden_sizes(i)));
     }
@@ -170,6 +202,17 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
     if (data.synthetic_train_examples() < 0 || data.synthetic_test_examples() < 0 || data.synthetic_features() < 0 ||
         data.synthetic_classes() < 2) {
       return FieldError("data.synthetic_*", "expected positive sizes and at least 2 classes");
+    }
+    if (data.synthetic_classes() > kMaxLayerWidth || data.synthetic_features() > kMaxLayerWidth) {
+      return FieldError(data.synthetic_classes() > kMaxLayerWidth ? "data.synthetic_classes" : "data.synthetic_features",
+                        absl::StrCat("expected at most ", kMaxLayerWidth, ", got ",
+                                     std::max<int64_t>(data.synthetic_classes(), data.synthetic_features())));
+    }
+    const int64_t examples = std::max<int64_t>(data.synthetic_train_examples(), data.synthetic_test_examples());
+    if (examples * std::max<int64_t>(1, data.synthetic_features()) > kMaxDatasetElements) {
+      return FieldError("data.synthetic_train_examples",
+                        absl::StrCat(examples, " examples of ", data.synthetic_features(), " features exceed ",
+                                     kMaxDatasetElements, " values, more than a worker should hold"));
     }
   } else if (data.synthetic_train_examples() != 0 || data.synthetic_features() != 0) {
     return FieldError("data.synthetic_train_examples", "synthetic sizes contradict format IDX; remove one of them");
@@ -190,6 +233,14 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
     return FieldError("optimizer.beta1/beta2/epsilon", "expected betas in [0, 1) and epsilon > 0");
   }
   if (job.batch_size() <= 0) return FieldError("batch_size", absl::StrCat("expected > 0, got ", job.batch_size()));
+  if (int64_t{job.batch_size()} * std::max(1, job.cluster().num_workers()) > kMaxGlobalBatch) {
+    return FieldError("batch_size", absl::StrCat(job.batch_size(), " per worker x ", job.cluster().num_workers(),
+                                                 " workers exceed a global batch of ", kMaxGlobalBatch));
+  }
+  // Synthetic data: the widths are known now; IDX: the worker checks again once it has read its files.
+  const bool synthetic = data.format() == DataSpec::SYNTHETIC;
+  TESSERA_RETURN_IF_ERROR(CheckModelSize(job, synthetic ? data.synthetic_features() : 0,
+                                         synthetic ? data.synthetic_classes() : 0));
   const ConsistencySpec& c = job.consistency();
   if (c.staleness() < 0) return FieldError("consistency.staleness", absl::StrCat("expected >= 0, got ", c.staleness()));
   if (c.mode() != ConsistencySpec::SSP && c.staleness() != 0) {

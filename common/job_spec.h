@@ -43,6 +43,11 @@ void ApplyJobDefaults(tessera::v1::JobSpec& job);
 // contradict each other. Call after ApplyJobDefaults.
 [[nodiscard]] absl::Status ValidateJobSpec(const tessera::v1::JobSpec& job);
 
+// What the job's model asks every worker to allocate, with `inputs` features and `classes` classes (0: not
+// known yet, as for IDX data before the worker reads it), within common/wire_limits.h: INVALID_ARGUMENT naming
+// the field otherwise. ValidateJobSpec calls it with what the job says; a worker again with its data's sizes.
+[[nodiscard]] absl::Status CheckModelSize(const tessera::v1::JobSpec& job, int64_t inputs, int64_t classes);
+
 // "sync", "async" or "ssp(3)".
 std::string ModeName(const tessera::v1::ConsistencySpec& consistency);
 

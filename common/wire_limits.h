@@ -26,6 +26,14 @@ inline constexpr int kMaxDimensions = 8;
 inline constexpr int64_t kMaxParameterElements = int64_t{1} << 32;
 // One job: at most 4096 parameters and 2^20 chunks.
 inline constexpr int kMaxParameters = 4096;
+// What one job may ask every worker to allocate: the widest layer, the whole model (float32 elements of all
+// parameters: 4 GiB per copy, and a worker holds several), one step's activations (batch x width summed over
+// the layers), the global batch, and a synthetic data set (examples x features).
+inline constexpr int64_t kMaxLayerWidth = int64_t{1} << 20;
+inline constexpr int64_t kMaxModelElements = int64_t{1} << 30;
+inline constexpr int64_t kMaxActivationElements = int64_t{1} << 29;
+inline constexpr int64_t kMaxGlobalBatch = int64_t{1} << 20;
+inline constexpr int64_t kMaxDatasetElements = int64_t{1} << 30;
 inline constexpr int64_t kMaxChunks = int64_t{1} << 20;
 // Clocks (steps) and shard-map epochs far beyond any job's; a larger one is a forgery or a bug.
 inline constexpr int64_t kMaxClock = int64_t{1} << 40;

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/job_spec.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
 #include "glog/logging.h"
@@ -84,6 +85,8 @@ absl::StatusOr<TrainerResult> Trainer::Run() {
   const bool evaluates = rank == 0;
 
   TESSERA_ASSIGN_OR_RETURN(Dataset train, LoadSplit(job.data(), /*train=*/true, job.seed()));
+  // The data's own widths (an IDX file's, known only now) within what a worker may be asked to allocate.
+  TESSERA_RETURN_IF_ERROR(CheckModelSize(job, train.features, train.classes));
   std::unique_ptr<Evaluator> evaluator;
   if (evaluates) {
     TESSERA_ASSIGN_OR_RETURN(Dataset test, LoadSplit(job.data(), /*train=*/false, job.seed()));

@@ -84,7 +84,16 @@ absl::Status Worker::StartTraining(const WorkerOptions& options) {
               << options.listen_host << ":" << http_->port() << "/metrics";
   }
   thread_ = std::thread([this] {
-    result_ = trainer_->Run();
+    // Validation bounds what a job asks a worker to allocate, but this machine may still not have it: an
+    // allocation that fails anywhere in training is an error the scheduler hears of and the summary names.
+    try {
+      result_ = trainer_->Run();
+    } catch (const std::bad_alloc&) {
+      result_ = absl::ResourceExhaustedError(
+          "out of host memory while training: the model, batch or data set is too large for this machine");
+    } catch (const std::length_error& e) {
+      result_ = absl::ResourceExhaustedError(absl::StrCat("an allocation too large while training: ", e.what()));
+    }
     if (!result_.ok()) source_->Fail(result_.status());
     finished_.Notify();
   });

@@ -110,5 +110,42 @@ TEST(JobSpecTest, LoadReportsAMissingFile) {
   EXPECT_THAT(LoadJobSpec("/nonexistent/job.pbtxt"), StatusIs(absl::StatusCode::kNotFound, "/nonexistent/job.pbtxt"));
 }
 
+// A job is refused at validation when what it asks every worker to allocate is beyond the limits, naming the
+// field: a model too large, layers too wide for the batch, too many classes, too large a global batch or data set.
+TEST(JobSpecTest, WhatNoWorkerCouldAllocateIsRefusedNamingTheField) {
+  const std::string base = "name: \"big\" ";
+  const std::string data = "data { format: SYNTHETIC synthetic_features: 64 synthetic_classes: 10 } ";
+  const std::string batch = "batch_size: 32 ";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {batch + data + "model { mlp { hidden_sizes: [1048576, 1048576] } }", "model.mlp.hidden_sizes"},
+      {batch + data + "model { mlp { hidden_sizes: [65536, 65536] } }", "model.mlp.hidden_sizes[1]"},
+      {batch + "model { mlp { hidden_sizes: 16 } } data { format: SYNTHETIC synthetic_classes: 2147483647 }",
+       "data.synthetic_classes"},
+      {batch + "model { mlp { hidden_sizes: 16 } } data { format: SYNTHETIC synthetic_features: 1048576 "
+       "synthetic_classes: 10 synthetic_train_examples: 1048576 }",
+       "data.synthetic_train_examples"},
+      {data + "model { mlp { hidden_sizes: 16 } } cluster { num_workers: 64 } batch_size: 65536", "batch_size"},
+  };
+  for (const auto& [extra, field] : cases) {
+    absl::StatusOr<tessera::v1::JobSpec> job = ParseJobSpec(absl::StrCat(base, extra), "test");
+    ASSERT_TRUE(job.ok()) << job.status();
+    ApplyJobDefaults(*job);
+    const absl::Status valid = ValidateJobSpec(*job);
+    EXPECT_EQ(valid.code(), absl::StatusCode::kInvalidArgument) << extra << ": " << valid;
+    EXPECT_NE(valid.message().find(field), std::string::npos) << extra << ": " << valid;
+  }
+  // The worker's own data (IDX: the input width is known only there) is checked the same way.
+  absl::StatusOr<tessera::v1::JobSpec> idx = ParseJobSpec(R"(
+name: "idx"
+model { mlp { hidden_sizes: [1024, 1024] } }
+data { format: IDX }
+batch_size: 32
+)", "test");
+  ASSERT_TRUE(idx.ok()) << idx.status();
+  EXPECT_TRUE(CheckModelSize(*idx, 0, 0).ok());
+  EXPECT_TRUE(CheckModelSize(*idx, 784, 10).ok());
+  EXPECT_EQ(CheckModelSize(*idx, 1 << 20, 10).code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace tessera

@@ -298,6 +298,41 @@ TEST_F(FailuresTest, CheckpointsThatFailAreReportedCleanedUpAndRetriedWithBackof
   EXPECT_GT(summary["steps"].get<int64_t>(), 100) << "training stopped";
 }
 
+// A job within the limits that this worker's machine still cannot hold (here: a worker whose address space is
+// capped at 2 GiB, asked for a 1 GiB model it keeps several copies of): the worker fails with an error, not an
+// abort, and the job's records name its allocation failure.
+TEST_F(FailuresTest, AWorkerThatCannotAllocateTheModelFailsNamingIt) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer reserves more address space than the cap this test sets";
+#else
+  const std::string job = Write("job.pbtxt", R"(
+name: "too-big-for-this-worker"
+model { mlp { hidden_sizes: [16384, 16384] } }
+data { format: SYNTHETIC synthetic_train_examples: 1024 synthetic_features: 64 synthetic_classes: 8 }
+batch_size: 16
+consistency { mode: ASYNC }
+stop { max_steps: 10 }
+cluster { num_servers: 1 num_workers: 1 }
+)");
+  const std::filesystem::path run = dir_ / "run";
+  Subprocess scheduler({kBin + "/tessera-scheduler", "--job=" + job, "--run_dir=" + run.string(),
+                        "--heartbeat_interval_ms=100", "--heartbeat_timeout_ms=1500"});
+  ASSERT_TRUE(scheduler.ReadUntilLine("scheduler listening on ", absl::Seconds(30))) << scheduler.output();
+  const std::string address = SchedulerAddress(scheduler.output());
+  Subprocess server({kBin + "/tessera-server", "--scheduler=" + address});
+  Subprocess worker({"/bin/sh", "-c", "ulimit -v 2097152; exec \"$0\" \"$@\"", kBin + "/tessera-worker",
+                     "--scheduler=" + address, "--device=cpu"});
+  ASSERT_TRUE(worker.ReadUntilExit(absl::Seconds(60))) << worker.output();
+  EXPECT_EQ(worker.exit_code(), 1) << "an allocation failure is an error, not an abort:\n" << worker.output();
+  EXPECT_NE(worker.output().find("RESOURCE_EXHAUSTED"), std::string::npos) << worker.output();
+  ASSERT_TRUE(scheduler.ReadUntilExit(absl::Seconds(60))) << scheduler.output();
+  const nlohmann::json summary = ReadJson(run / "summary.json");
+  ASSERT_TRUE(summary.is_object()) << scheduler.output();
+  EXPECT_NE(summary["stop_reason"].get<std::string>().find("RESOURCE_EXHAUSTED"), std::string::npos)
+      << summary.dump();
+#endif
+}
+
 // A server killed during a job with no checkpoint to restore its chunks from: the job stops at once with a reason
 // naming the server, and the scheduler exits non-zero. Nobody hangs.
 TEST_F(FailuresTest, AServerLostWithoutACheckpointStopsTheJobNamingIt) {

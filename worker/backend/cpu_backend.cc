@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <new>
+#include <stdexcept>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -43,7 +45,16 @@ CpuBackend::CpuBackend(int threads) {
   if (threads > 0) openblas_set_num_threads(threads);
 }
 
-absl::StatusOr<std::unique_ptr<Buffer>> CpuBackend::Allocate(size_t n) { return std::make_unique<HostBuffer>(n); }
+absl::StatusOr<std::unique_ptr<Buffer>> CpuBackend::Allocate(size_t n) {
+  try {
+    return std::unique_ptr<Buffer>(std::make_unique<HostBuffer>(n));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", n, " floats (", (n * sizeof(float)) >> 20, " MiB) of host memory"));
+  } catch (const std::length_error&) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", n, " floats: larger than any vector"));
+  }
+}
 
 absl::Status CpuBackend::Upload(absl::Span<const float> src, Buffer& dst) {
   if (absl::Status s = CheckSize(dst, src.size(), "Upload"); !s.ok()) return s;
