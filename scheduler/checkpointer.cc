@@ -11,6 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/checkpoint_file.h"
+#include "common/status_macros.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "glog/logging.h"
 
 namespace tessera {
@@ -36,6 +38,7 @@ std::vector<std::pair<int64_t, fs::path>> Folders(const std::string& dir) {
 Checkpointer::Checkpointer(const tessera::v1::JobSpec& job, ServerControl* servers, absl::Time start)
     : dir_(job.checkpoint().dir()),
       job_(job.name()),
+      spec_(job),
       every_steps_(job.checkpoint().every_steps()),
       every_(absl::Seconds(job.checkpoint().every_seconds())),
       keep_(std::max(1, job.checkpoint().keep())),
@@ -105,9 +108,57 @@ absl::Status Checkpointer::Write(const tessera::v1::ShardMap& view, int64_t cloc
   *info.state.mutable_view() = view;
   for (int64_t c : worker_clocks) info.state.add_worker_clocks(c);
   info.state.set_clock(clock);
+  *info.state.mutable_job() = spec_;
   for (const std::string& f : info.shard_files) info.state.add_shard_files(fs::path(f).filename().string());
   CheckpointHeader header{job_, view.epoch(), clock};
   return WriteCheckpointFile(info.folder + "/" + kSchedulerFile, header, info.state);
+}
+
+absl::Status Checkpointer::CheckResumable(const tessera::v1::JobSpec& job, const CheckpointInfo& checkpoint) {
+  const tessera::v1::ShardMap& view = checkpoint.state.view();
+  const std::string from = absl::StrCat("cannot resume from ", checkpoint.folder, ": ");
+  if (view.workers_size() != job.cluster().num_workers() ||
+      checkpoint.state.worker_clocks_size() != job.cluster().num_workers() || checkpoint.shard_files.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        from, "it has ", view.workers_size(), " workers and ", checkpoint.shard_files.size(),
+        " server files; the job asks for ", job.cluster().num_workers(), " workers and ",
+        job.cluster().num_servers(), " servers"));
+  }
+  for (const auto& c : view.chunks()) {
+    if (c.server_id() >= job.cluster().num_servers()) {
+      return absl::FailedPreconditionError(absl::StrCat(from, "its chunks are on server ", c.server_id(),
+                                                        "; the job has ", job.cluster().num_servers(), " servers"));
+    }
+  }
+  if (!checkpoint.state.has_job()) return absl::OkStatus();  // older checkpoints: checked as workers declare
+  const tessera::v1::JobSpec& was = checkpoint.state.job();
+  // What shapes the parameters, their optimizer state and their values: it must be what the checkpoint holds.
+  auto differs = [&](const std::string& field, const google::protobuf::Message& then,
+                     const google::protobuf::Message& now) -> absl::Status {
+    if (google::protobuf::util::MessageDifferencer::Equals(then, now)) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(from, "job field ", field, " differs: the checkpoint has { ",
+                                                      then.ShortDebugString(), " }, this job { ",
+                                                      now.ShortDebugString(), " }"));
+  };
+  TESSERA_RETURN_IF_ERROR(differs("model", was.model(), job.model()));
+  tessera::v1::DataSpec data_then, data_now;  // the widths of the data, not where its files are
+  for (auto [from_spec, to] : {std::pair{&was.data(), &data_then}, std::pair{&job.data(), &data_now}}) {
+    to->set_format(from_spec->format());
+    to->set_synthetic_features(from_spec->synthetic_features());
+    to->set_synthetic_classes(from_spec->synthetic_classes());
+  }
+  TESSERA_RETURN_IF_ERROR(differs("data (format and widths)", data_then, data_now));
+  if (was.optimizer().kind() != job.optimizer().kind()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        from, "job field optimizer.kind differs: the checkpoint has ",
+        tessera::v1::OptimizerSpec::Kind_Name(was.optimizer().kind()), ", this job ",
+        tessera::v1::OptimizerSpec::Kind_Name(job.optimizer().kind())));
+  }
+  if (was.seed() != job.seed()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(from, "job field seed differs: the checkpoint has ", was.seed(), ", this job ", job.seed()));
+  }
+  return absl::OkStatus();
 }
 
 CheckpointStats Checkpointer::stats() const {

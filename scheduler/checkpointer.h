@@ -74,6 +74,11 @@ class Checkpointer {
   // when none is usable.
   [[nodiscard]] static absl::StatusOr<CheckpointInfo> LoadLatest(const std::string& dir, const std::string& job);
 
+  // Whether `job` can go on from `checkpoint`: the same model, data widths, optimizer kind and seed as the job
+  // that wrote it, and the same workers and servers (what may change on a resume: the stop condition, the
+  // learning rate, cadences, folders). FAILED_PRECONDITION naming the first field that differs and both values.
+  [[nodiscard]] static absl::Status CheckResumable(const tessera::v1::JobSpec& job, const CheckpointInfo& checkpoint);
+
   static constexpr char kSchedulerFile[] = "scheduler.state";
 
  private:
@@ -85,6 +90,7 @@ class Checkpointer {
 
   const std::string dir_;
   const std::string job_;
+  const tessera::v1::JobSpec spec_;  // recorded in every checkpoint
   const int64_t every_steps_;
   const absl::Duration every_;
   const int keep_;

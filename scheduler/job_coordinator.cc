@@ -40,22 +40,7 @@ absl::StatusOr<std::unique_ptr<JobCoordinator>> JobCoordinator::Create(
   if (!resume_dir.empty()) {
     absl::StatusOr<CheckpointInfo> latest = Checkpointer::LoadLatest(resume_dir, job.name());
     if (!latest.ok()) return Annotate(latest.status(), "cannot resume");
-    const tessera::v1::ShardMap& view = latest->state.view();
-    if (view.workers_size() != job.cluster().num_workers() ||
-        latest->state.worker_clocks_size() != job.cluster().num_workers() ||
-        latest->shard_files.empty()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "cannot resume from ", latest->folder, ": it has ", view.workers_size(), " workers and ",
-          latest->shard_files.size(), " server files; the job asks for ", job.cluster().num_workers(),
-          " workers and ", job.cluster().num_servers(), " servers"));
-    }
-    for (const auto& c : view.chunks()) {
-      if (c.server_id() >= job.cluster().num_servers()) {
-        return absl::FailedPreconditionError(absl::StrCat("cannot resume from ", latest->folder,
-                                                          ": its chunks are on server ", c.server_id(),
-                                                          "; the job has ", job.cluster().num_servers(), " servers"));
-      }
-    }
+    TESSERA_RETURN_IF_ERROR(Checkpointer::CheckResumable(job, *latest));
     resume = std::move(latest).value();
   }
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<RunRecorder> recorder,

@@ -79,7 +79,13 @@ int main(int argc, char** argv) {
   auto scheduler = tessera::Scheduler::Start(options);
   if (!scheduler.ok()) {
     std::cerr << "tessera-scheduler: " << scheduler.status() << std::endl;
-    return 1;
+    // A job, checkpoint or flag to fix (exit 2, as for bad flags: a service manager does not restart it) or a
+    // failure that may pass (a port in use, ...).
+    const absl::StatusCode code = scheduler.status().code();
+    return code == absl::StatusCode::kInvalidArgument || code == absl::StatusCode::kFailedPrecondition ||
+                   code == absl::StatusCode::kNotFound
+               ? 2
+               : 1;
   }
   std::cout << "scheduler listening on " << (*scheduler)->address() << std::endl;
   if (!(*scheduler)->dashboard_url().empty()) std::cout << "dashboard at " << (*scheduler)->dashboard_url() << std::endl;

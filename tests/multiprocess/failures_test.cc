@@ -81,7 +81,8 @@ class WorkerRestartTest : public FailuresTest, public ::testing::WithParamInterf
 // kill -9 of a worker mid-run: the launcher starts it again with its rank, it rejoins the running job with a new
 // incarnation at the clock the others are at, and the job completes. In SYNC every round is applied exactly once.
 TEST_P(WorkerRestartTest, AKilledWorkerRejoinsTheRunningJob) {
-  const int steps = 1500;
+  // Enough that in ASYNC, where nothing holds the victim back, it is still mid-run when rank 0 reports step 300.
+  const int steps = 4000;
   const std::string job = Write("job.pbtxt", Job(GetParam(), 2, 2, steps));
   const std::filesystem::path run = dir_ / "run";
   Subprocess launch({kBin + "/tessera-launch", "--linger_s=0", "--job=" + job, "--run_dir=" + run.string(), "--device=cpu",
@@ -331,6 +332,36 @@ cluster { num_servers: 1 num_workers: 1 }
   EXPECT_NE(summary["stop_reason"].get<std::string>().find("RESOURCE_EXHAUSTED"), std::string::npos)
       << summary.dump();
 #endif
+}
+
+// --resume of a checkpoint written by a job of the same name but another model (or optimizer, or seed) is
+// refused at start, naming the field, before anything listens or any worker joins; a resume that changes only
+// what may change (here: the stop condition) starts.
+TEST_F(FailuresTest, AResumeOfAnotherModelsCheckpointIsRefusedAtStart) {
+  const std::filesystem::path checkpoints = dir_ / "checkpoints";
+  const std::string ran = Job("SYNC", 1, 1, 3000) + absl::StrCat("checkpoint { dir: \"", checkpoints.string(),
+                                                                "\" every_steps: 200 }\n");
+  {
+    Subprocess launch({kBin + "/tessera-launch", "--linger_s=0", "--job=" + Write("ran.pbtxt", ran),
+                       "--run_dir=" + (dir_ / "first").string(), "--device=cpu"});
+    ASSERT_TRUE(launch.ReadUntilExit(absl::Seconds(120))) << launch.output();
+    ASSERT_EQ(launch.exit_code(), 0) << launch.output();
+  }
+  std::string other = ran;
+  other.replace(other.find("hidden_sizes: 32"), 16, "hidden_sizes: 48");
+  Subprocess refused({kBin + "/tessera-scheduler", "--job=" + Write("other.pbtxt", other),
+                      "--resume=" + checkpoints.string(), "--run_dir=" + (dir_ / "first").string()});
+  ASSERT_TRUE(refused.ReadUntilExit(absl::Seconds(30))) << refused.output();
+  EXPECT_EQ(refused.exit_code(), 2) << refused.output();
+  EXPECT_NE(refused.output().find("job field model differs"), std::string::npos) << refused.output();
+  EXPECT_NE(refused.output().find("hidden_sizes: 48"), std::string::npos) << refused.output();
+  EXPECT_EQ(refused.output().find("listening"), std::string::npos) << refused.output();
+
+  std::string longer = ran;
+  longer.replace(longer.find("max_steps: 3000"), 15, "max_steps: 4000");
+  Subprocess resumed({kBin + "/tessera-scheduler", "--job=" + Write("longer.pbtxt", longer),
+                      "--resume=" + checkpoints.string(), "--run_dir=" + (dir_ / "first").string()});
+  EXPECT_TRUE(resumed.ReadUntilLine("scheduler listening on ", absl::Seconds(30))) << resumed.output();
 }
 
 // A server killed during a job with no checkpoint to restore its chunks from: the job stops at once with a reason
