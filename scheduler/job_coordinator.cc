@@ -646,6 +646,7 @@ void JobCoordinator::Abort(const std::string& reason) {
 void JobCoordinator::EndAStopNobodyFinishes() {
   if (!clocks_.stopped()) return;
   const absl::Time now = absl::Now();
+  absl::Time stopped_at;
   {
     absl::MutexLock lock(&mu_);
     // Only a failed job: a stop asked for (a signal, stop.max_seconds) lets the workers finish their step, for
@@ -654,14 +655,15 @@ void JobCoordinator::EndAStopNobodyFinishes() {
     if (stopped_seen_at_ == absl::InfiniteFuture()) stopped_seen_at_ = now;
     // Workers hear of the stop from their next heartbeat or gate and finish their step; one that has not within
     // a heartbeat timeout is stuck (waiting on a server that is gone) and the job ends without it.
-    if (now - stopped_seen_at_ < failure_detector_.timeout()) return;
+    stopped_at = stopped_seen_at_;
+    if (now - stopped_at < failure_detector_.timeout()) return;
     finishing_ = true;
   }
   std::vector<std::string> running;
   for (const Member& w : view_.Workers()) {
     if (w.state == MemberState::kAlive) running.push_back(absl::StrCat("worker ", w.id));
   }
-  LOG(WARNING) << "the job stopped (" << clocks_.stop_reason() << ") " << absl::FormatDuration(now - stopped_seen_at_)
+  LOG(WARNING) << "the job stopped (" << clocks_.stop_reason() << ") " << absl::FormatDuration(now - stopped_at)
                << " ago and " << absl::StrJoin(running, ", ") << " did not finish: ending it without them";
   executor_.Submit([this] { FinishJob(); });
 }
