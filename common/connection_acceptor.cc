@@ -248,9 +248,10 @@ bool ConnectionAcceptor::HaveDescriptorsToSpare() {
 }
 
 void ConnectionAcceptor::NoteRefused() {
-  ++refused_for_descriptors_;
-  LOG_EVERY_N(WARNING, 1000) << "port " << port_ << ": " << open_estimate_ << " of " << DescriptorLimit()
-                             << " descriptors open; refusing new connections until some close";
+  // The first refusal and every 1000th after it are logged (a flood refuses many).
+  if (refused_for_descriptors_++ % 1000 != 0) return;
+  LOG(WARNING) << "port " << port_ << ": " << open_estimate_ << " of " << DescriptorLimit()
+               << " descriptors open; refusing new connections until some close";
 }
 
 }  // namespace tessera

@@ -11,18 +11,9 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/daemon_test.h"
+#include "tests/testing/sanitizers.h"
 #include "tests/testing/subprocess.h"
 #include "worker/param_file.h"
-
-// GCC says __SANITIZE_ADDRESS__; clang answers __has_feature(address_sanitizer).
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define TESSERA_HAS_ADDRESS_SANITIZER 1
-#endif
-#endif
-#ifndef TESSERA_HAS_ADDRESS_SANITIZER
-#define TESSERA_HAS_ADDRESS_SANITIZER 0
-#endif
 
 namespace tessera::testing {
 namespace {
@@ -313,7 +304,7 @@ TEST_F(FailuresTest, CheckpointsThatFailAreReportedCleanedUpAndRetriedWithBackof
 // capped at 2 GiB, asked for a 1 GiB model it keeps several copies of): the worker fails with an error, not an
 // abort, and the job's records name its allocation failure.
 TEST_F(FailuresTest, AWorkerThatCannotAllocateTheModelFailsNamingIt) {
-#if defined(__SANITIZE_ADDRESS__) || TESSERA_HAS_ADDRESS_SANITIZER
+#if TESSERA_HAS_ADDRESS_SANITIZER
   GTEST_SKIP() << "AddressSanitizer reserves more address space than the cap this test sets";
 #else
   const std::string job = Write("job.pbtxt", R"(
