@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -93,7 +94,37 @@ absl::Status RunRecorder::SaveSummary(const nlohmann::json& summary) {
 
 void RunRecorder::PrintSummary(const nlohmann::json& summary) {
   absl::MutexLock lock(&mu_);
-  std::cout << "summary: " << summary.dump() << std::endl;
+  std::cout << SummaryLine(summary) << std::endl;
+}
+
+namespace {
+// A field of the summary as a number, or nullopt when it is absent or null (a run that never evaluated).
+std::optional<double> NumberField(const nlohmann::json& summary, const char* key) {
+  auto it = summary.find(key);
+  if (it == summary.end() || !it->is_number()) return std::nullopt;
+  return it->get<double>();
+}
+}  // namespace
+
+std::string SummaryLine(const nlohmann::json& summary) {
+  std::string line = "summary: ";
+  auto completed = summary.find("completed");
+  const bool known = completed != summary.end() && completed->is_boolean();
+  absl::StrAppend(&line, !known ? "ended" : completed->get<bool>() ? "completed" : "not completed");
+  if (auto wall = NumberField(summary, "wall_seconds")) absl::StrAppendFormat(&line, " in %.1f s", *wall);
+  if (auto steps = NumberField(summary, "steps")) absl::StrAppendFormat(&line, ", %.0f steps", *steps);
+  if (auto epochs = NumberField(summary, "epochs")) absl::StrAppendFormat(&line, " (%.2f epochs)", *epochs);
+  if (auto accuracy = NumberField(summary, "test_accuracy")) {
+    absl::StrAppendFormat(&line, ", test accuracy %.4f", *accuracy);
+    auto target = NumberField(summary, "target_accuracy");
+    auto reached = NumberField(summary, "seconds_to_target");
+    if (target && *target > 0 && reached) absl::StrAppendFormat(&line, " (%g reached after %.2f s)", *target, *reached);
+  }
+  auto reason = summary.find("stop_reason");
+  if (reason != summary.end() && reason->is_string() && !reason->get<std::string>().empty()) {
+    absl::StrAppend(&line, "; stop: ", reason->get<std::string>());
+  }
+  return line;
 }
 
 void RunSummary::SetLastEval(double e, double accuracy, double loss) {

@@ -52,6 +52,10 @@ struct RunSummary {
   nlohmann::json ToJson() const;
 };
 
+// The one line a run ends with: "summary: " and the outcome in words (completed or not, steps, epochs, time, test
+// accuracy, the target, the stop reason). The whole record is summary.json.
+std::string SummaryLine(const nlohmann::json& summary);
+
 // Appends records to <run_dir>/metrics.jsonl and writes <run_dir>/summary.json. Thread-safe.
 class RunRecorder {
  public:

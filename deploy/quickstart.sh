@@ -4,5 +4,6 @@
 # tessera-launch (try --help), e.g. --job=deploy/jobs/fashion_mnist_mlp_async.pbtxt --run_dir=runs/async.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash deploy/build.sh
+# Only what the run needs: the launcher and the three daemons it starts (deploy/test.sh builds everything).
+bash deploy/build.sh tessera-launch tessera-scheduler tessera-server tessera-worker
 exec "${TESSERA_BUILD_DIR:-build}/bin/tessera-launch" "$@"

@@ -1,6 +1,7 @@
 // Every worker's clock, and the gate that holds a worker back until the consistency mode lets it go on.
 //
-// A worker's clock is the number of steps it has completed (all pushes answered). Before step c it calls
+// A worker's clock is the number of steps it has completed (its gradients of them sent; in SYNC a step's exchange
+// may still be answering when the next clock is asked for). Before step c it calls
 // Advance(worker, c). The gate opens when
 //   SYNC    the slowest active worker has clock >= c        (lockstep)
 //   SSP(s)  the slowest active worker has clock >= c - s    (at most s clocks apart)

@@ -3,16 +3,20 @@
 //
 // Every change once the parameters are placed (a member lost, a member back, chunks moved) advances the epoch.
 // The view is handed to the servers as a ShardMap (AssignShards); they check every data-plane request against
-// it, and clients holding an older epoch refresh it as they refresh a stale shard map. Membership, round and
-// placement rules live here and nowhere else:
+// it, and clients holding an older epoch refresh it as they refresh a stale shard map. The membership rules
+// live here; for rounds and placement the view holds the state, and part of the rules lives elsewhere:
 //   - a job has num_servers server ids and num_workers worker ranks, each a slot that is vacant, alive, lost or
 //     (workers) done;
 //   - a member that registers takes the id it asks for (even from a holder still registered: a restarted
 //     process), otherwise the first vacant slot, otherwise the first lost one (a replacement takes the lost
-//     member's place), with the slot's incarnation + 1;
-//   - a sync round r waits for the workers that are alive and joined at a clock <= r;
-//   - chunks are placed, largest first, on the server holding the fewest bytes (common/shard_map.h); a lost
-//     server's chunks move the same way to the survivors.
+//     member's place), with the slot's incarnation + 1; the clock a worker starts at is the caller's
+//     (`start_clock`: JobCoordinator::StartClock);
+//   - a sync round r waits for the workers that are alive and joined at a clock <= r: the view records each
+//     worker's state and joined clock, and the servers apply the rule (ShardStore's Roster::InRound); the clock
+//     table gates the clocks (clock_table.h) and, with backup workers, decides each round's members;
+//   - chunks are placed, largest first, on the server holding the fewest bytes, and a lost server's chunks move
+//     the same way to the survivors: common/shard_map.h cuts and places them (this class calls it); a
+//     replacement's share is chosen here (GiveShareTo).
 #ifndef TESSERA_SCHEDULER_CLUSTER_VIEW_H_
 #define TESSERA_SCHEDULER_CLUSTER_VIEW_H_
 

@@ -15,7 +15,9 @@
 //
 // Failures: a lost worker leaves the clock gate and, through a new view, the sync rounds at once; the others go
 // on (in every mode), and the rank may rejoin with a new incarnation (Register again). A lost server before
-// the parameters are placed leaves its slot to a replacement; after, the job stops with a reason naming it.
+// the parameters are placed leaves its slot to a replacement; after, its chunks move to the servers left and
+// are restored from the latest checkpoint (SYNC: every chunk and every worker go back to it), or, when the job
+// has no checkpoint yet, the job stops with a reason naming it.
 #ifndef TESSERA_SCHEDULER_JOB_COORDINATOR_H_
 #define TESSERA_SCHEDULER_JOB_COORDINATOR_H_
 

@@ -1,7 +1,6 @@
 #include "deploy/local/credentials.h"
 
 #include <fcntl.h>
-#include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,33 +12,27 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-
-extern char** environ;
+#include "common/child_process.h"
 
 namespace tessera {
 namespace {
 
 // Runs `openssl args...` with its output in `log`; FAILED_PRECONDITION naming the command when it fails.
 absl::Status RunOpenssl(const std::vector<std::string>& args, const std::string& log) {
-  std::vector<std::string> argv = {"openssl"};
-  argv.insert(argv.end(), args.begin(), args.end());
-  std::vector<char*> raw;
-  for (std::string& a : argv) raw.push_back(a.data());
-  raw.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
-  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-  pid_t pid = 0;
-  const int spawned = posix_spawnp(&pid, "openssl", &actions, nullptr, raw.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (spawned != 0) {
-    return absl::FailedPreconditionError(absl::StrCat("cannot run openssl (", strerror(spawned),
+  const int log_fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  if (log_fd < 0) return absl::PermissionDeniedError(absl::StrCat("cannot write ", log, ": ", strerror(errno)));
+  ChildOptions child;
+  child.argv = {"openssl"};
+  child.argv.insert(child.argv.end(), args.begin(), args.end());
+  child.stdout_fd = child.stderr_fd = log_fd;
+  child.own_process_group = false;  // a Ctrl-C at the terminal stops it with the launcher
+  absl::StatusOr<int> ended = RunChild(child);
+  close(log_fd);
+  if (!ended.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot run openssl (", ended.status().message(),
                                                       "); install Debian's openssl package"));
   }
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
+  const int status = *ended;
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     return absl::FailedPreconditionError(absl::StrCat("openssl ", absl::StrJoin(args, " "), " failed; see ", log));
   }

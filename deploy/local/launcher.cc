@@ -24,7 +24,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "common/process_report.h"
+#include "common/child_process.h"
 #include "common/signals.h"
 #include "nlohmann/json.hpp"
 #include "deploy/local/credentials.h"
@@ -76,32 +76,13 @@ absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const std::str
                             bool append = false) {
   const int log_fd = open(log.c_str(), O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC) | O_CLOEXEC, 0644);
   if (log_fd < 0) return absl::PermissionDeniedError(absl::StrCat("cannot write ", log, ": ", strerror(errno)));
-  const pid_t launcher = getpid();
-  const std::vector<std::string> environment = ChildEnvironment();
-  std::vector<char*> envp;
-  for (const std::string& e : environment) envp.push_back(const_cast<char*>(e.c_str()));
-  envp.push_back(nullptr);
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  const pid_t pid = fork();
-  if (pid < 0) {
-    close(log_fd);
-    return absl::ResourceExhaustedError(absl::StrCat("fork: ", strerror(errno)));
-  }
-  if (pid == 0) {
-    setpgid(0, 0);                      // Ctrl-C reaches the launcher only; it stops the children in order
-    prctl(PR_SET_PDEATHSIG, SIGTERM);   // never outlive the launcher
-    if (getppid() != launcher) _exit(1);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    dup2(stdout_fd >= 0 ? stdout_fd : log_fd, STDOUT_FILENO);
-    dup2(log_fd, STDERR_FILENO);
-    execve(args[0], args.data(), envp.data());
-    dprintf(log_fd, "cannot execute %s: %s\n", args[0], strerror(errno));
-    _exit(127);
-  }
+  ChildOptions child;
+  child.argv = argv;
+  child.environment = ChildEnvironment();
+  child.stdout_fd = stdout_fd >= 0 ? stdout_fd : log_fd;
+  child.stderr_fd = log_fd;
+  child.parent_death_signal = SIGTERM;  // never outlive the launcher; its own group: Ctrl-C reaches only the launcher
+  absl::StatusOr<pid_t> pid = StartChild(child);
   close(log_fd);
   return pid;
 }

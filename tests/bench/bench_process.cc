@@ -18,7 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "common/process_report.h"
+#include "common/child_process.h"
 
 namespace tessera::bench {
 namespace {
@@ -35,53 +35,20 @@ std::set<pid_t>& Registry() {
 
 }  // namespace
 
-std::string FindInPath(const std::string& program) {
-  const char* path = std::getenv("PATH");
-  for (absl::string_view dir : absl::StrSplit(path ? path : "/usr/bin:/bin", ':', absl::SkipEmpty())) {
-    const std::string candidate = absl::StrCat(dir, "/", program);
-    if (access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return "";
-}
-
 absl::StatusOr<std::unique_ptr<Process>> Process::Start(std::string name, const std::vector<std::string>& argv,
                                                         std::string log_path) {
-  if (argv.empty()) return absl::InvalidArgumentError("empty command");
-  const std::string program = argv[0].find('/') == std::string::npos ? FindInPath(argv[0]) : argv[0];
-  if (program.empty() || access(program.c_str(), X_OK) != 0) {
-    return absl::NotFoundError(absl::StrCat("cannot execute ", argv[0]));
-  }
   const int log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (log_fd < 0) return absl::PermissionDeniedError(absl::StrCat("cannot write ", log_path, ": ", strerror(errno)));
-  // Everything the child needs is prepared before fork: only async-signal-safe calls after it.
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args[0] = const_cast<char*>(program.c_str());
-  args.push_back(nullptr);
-  const pid_t parent = getpid();
-
+  ChildOptions child;
+  child.argv = argv;
+  child.stdin_fd = ChildOptions::kDevNull;
+  child.stdout_fd = child.stderr_fd = log_fd;
+  child.parent_death_signal = SIGKILL;  // never outlive the benchmark
   std::lock_guard<std::mutex> lock(RegistryMutex());
-  const pid_t pid = fork();
-  if (pid < 0) {
-    close(log_fd);
-    return absl::ResourceExhaustedError(absl::StrCat("fork: ", strerror(errno)));
-  }
-  if (pid == 0) {
-    setpgid(0, 0);                     // its own group: stopping it stops whatever it started in that group
-    prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the benchmark
-    if (getppid() != parent) _exit(1);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);  // the benchmark blocks SIGINT/SIGTERM; the child must not
-    const int null_fd = open("/dev/null", O_RDONLY);
-    if (null_fd >= 0) dup2(null_fd, STDIN_FILENO);
-    dup2(log_fd, STDOUT_FILENO);
-    dup2(log_fd, STDERR_FILENO);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  setpgid(pid, pid);  // also from the parent, so a kill(-pid) right away finds the group
+  absl::StatusOr<pid_t> started = StartChild(child);
   close(log_fd);
+  if (!started.ok()) return started.status();
+  const pid_t pid = *started;
   Registry().insert(pid);
   return std::unique_ptr<Process>(new Process(std::move(name), std::move(log_path), pid));
 }

@@ -63,9 +63,6 @@ class Process {
 // watcher thread while the main thread is running.
 void KillAllProcesses();
 
-// Path of `program` found in PATH; "" when absent.
-std::string FindInPath(const std::string& program);
-
 }  // namespace tessera::bench
 
 #endif  // TESSERA_TESTS_BENCH_BENCH_PROCESS_H_

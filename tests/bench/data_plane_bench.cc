@@ -58,6 +58,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/child_process.h"
 #include "common/command_line.h"
 #include "common/daemon_init.h"
 #include "common/job_spec.h"

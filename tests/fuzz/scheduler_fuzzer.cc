@@ -1,32 +1,14 @@
-// Fuzzes the scheduler's request handling: a JobCoordinator (with servers that accept everything) takes a
+// Fuzzes the scheduler's request handling: a JobCoordinator (with fake servers that accept everything) takes a
 // sequence of requests from the wire (tests/fuzz/fuzz_input.h): Register, Heartbeat, Declare, GetShardMap,
 // AdvanceClock, Report, Done, member-key checks and failure detection passes. Nothing may crash or hang.
 #include "common/wire_limits.h"
 #include "scheduler/job_coordinator.h"
 #include "tests/fuzz/fuzz_input.h"
 #include "tests/fuzz/fuzz_jobs.h"
+#include "tests/testing/fake_server_control.h"
 
 namespace tessera::fuzz {
 namespace {
-
-// Servers that take every call.
-class AcceptingServers final : public ServerControl {
- public:
-  void SetControlKey(const std::string&, const std::string&) override {}
-  absl::Status Assign(const tessera::v1::ShardMap&, const tessera::v1::JobSpec&, const std::vector<std::string>&,
-                      bool) override {
-    return absl::OkStatus();
-  }
-  absl::StatusOr<std::vector<std::string>> Checkpoint(const tessera::v1::ShardMap& map, const std::string& folder,
-                                                      int64_t, bool, absl::Duration) override {
-    return std::vector<std::string>(map.servers_size(), folder + "/server.shard");
-  }
-  std::vector<ServerStatsAnswer> Stats(const tessera::v1::ShardMap&) override { return {}; }
-  absl::Status Shutdown(const tessera::v1::ShardMap&) override { return absl::OkStatus(); }
-  absl::Status DecideRounds(const tessera::v1::ShardMap&, const tessera::v1::DecideRoundsRequest&) override {
-    return absl::OkStatus();
-  }
-};
 
 enum Operation : uint8_t {
   kRegister, kHeartbeat, kDeclare, kGetShardMap, kAdvanceClock, kReport, kDone, kCheckKey, kLiveness, kOperations
@@ -39,7 +21,7 @@ bool Parse(std::string_view bytes, T* message) {
 
 void Run(const uint8_t* data, size_t size) {
   if (size == 0) return;
-  AcceptingServers servers;
+  testing::FakeServerControl servers;
   absl::StatusOr<std::unique_ptr<JobCoordinator>> created = JobCoordinator::Create(
       FuzzJob(data[0]), /*run_dir=*/"", absl::Milliseconds(100), absl::Seconds(10), &servers, [](const JobOutcome&) {});
   if (!created.ok()) __builtin_trap();

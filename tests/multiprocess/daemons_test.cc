@@ -149,7 +149,7 @@ cluster { num_servers: 2 num_workers: 2 }
   EXPECT_EQ(summary["completed"], false);
 }
 
-// The README's three-terminal recipe, with the example program as the worker: a training loop written against
+// The three-terminal recipe of worker/README.md, with the example program as the worker: a training loop written against
 // the client library learns its weights through real daemons.
 TEST_F(DaemonsTest, ExampleClientProgramTrainsAgainstHandStartedDaemons) {
   Subprocess scheduler({kBin + "/tessera-scheduler", "--job=" + std::string(TESSERA_SOURCE_DIR) + "/deploy/jobs/custom_loop.pbtxt",

@@ -16,8 +16,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/child_process.h"
 
 namespace tessera::testing {
 
@@ -27,18 +29,20 @@ class Subprocess {
   explicit Subprocess(const std::vector<std::string>& argv) {
     int fds[2];
     if (pipe2(fds, O_CLOEXEC) != 0) return;
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(fds[1], STDOUT_FILENO);
-      dup2(fds[1], STDERR_FILENO);
-      std::vector<char*> args;
-      for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      execv(args[0], args.data());
-      _exit(127);
-    }
+    ChildOptions child;
+    child.argv = argv;
+    child.stdout_fd = child.stderr_fd = fds[1];
+    child.own_process_group = false;
+    absl::StatusOr<pid_t> pid = StartChild(child);
     close(fds[1]);
     fd_ = fds[0];
+    if (!pid.ok()) {  // as a shell says it: the output names the cause, the exit code is 127
+      output_ = std::string(pid.status().message()) + "\n";
+      status_ = 127 << 8;
+      closed_ = reaped_ = true;
+      return;
+    }
+    pid_ = *pid;
   }
 
   ~Subprocess() {
@@ -74,6 +78,7 @@ class Subprocess {
   // Reads to the end of the output, then reaps the process. False if that takes longer than `timeout` (the
   // process is then killed).
   bool ReadUntilExit(absl::Duration timeout) {
+    if (reaped_) return true;
     const absl::Time deadline = absl::Now() + timeout;
     while (ReadSome(deadline)) {
     }

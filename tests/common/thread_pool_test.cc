@@ -1,0 +1,86 @@
+#include "common/thread_pool.h"
+
+#include <atomic>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+
+namespace tessera {
+namespace {
+
+TEST(SerialExecutorTest, RunsTasksOneAtATimeInTheOrderSubmitted) {
+  std::vector<int> order;  // written only by the executor's thread, read after it has joined
+  std::atomic<int> running{0};
+  std::atomic<int> most_at_once{0};
+  {
+    SerialExecutor executor;
+    for (int i = 0; i < 200; ++i) {
+      executor.Submit([&, i] {
+        const int now = ++running;
+        int seen = most_at_once.load();
+        while (now > seen && !most_at_once.compare_exchange_weak(seen, now)) {
+        }
+        if (i % 50 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        order.push_back(i);
+        --running;
+      });
+    }
+  }  // the destructor runs what was submitted, then joins
+  ASSERT_EQ(order.size(), 200u);
+  for (int i = 0; i < 200; ++i) EXPECT_EQ(order[i], i);
+  EXPECT_EQ(most_at_once.load(), 1);
+}
+
+TEST(ThreadPoolTest, SubmitNeverWaitsForABusyPoolAndEveryThreadWorks) {
+  ThreadPool pool(2);
+  absl::Notification release;
+  absl::Notification both_started;
+  std::atomic<int> started{0};
+  for (int i = 0; i < 2; ++i) {
+    pool.Submit([&] {
+      if (++started == 2) both_started.Notify();
+      release.WaitForNotification();
+    });
+  }
+  // Two tasks hold both threads at once: the pool has two threads of its own.
+  ASSERT_TRUE(both_started.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  // Submitting to a pool whose threads are all busy returns at once; the task runs once a thread is free.
+  std::atomic<bool> third_ran{false};
+  pool.Submit([&] { third_ran = true; });
+  EXPECT_FALSE(third_ran.load());
+  release.Notify();
+}
+
+TEST(ThreadPoolTest, TheDestructorRunsEverythingSubmittedBeforeIt) {
+  std::atomic<int> done{0};
+  {
+    ThreadPool pool(3);
+    for (int i = 0; i < 1000; ++i) pool.Submit([&] { ++done; });
+  }
+  EXPECT_EQ(done.load(), 1000);
+}
+
+TEST(ThreadPoolTest, ATaskMaySubmitMoreWork) {
+  std::atomic<int> done{0};
+  absl::Notification last;
+  {
+    SerialExecutor executor;
+    executor.Submit([&] {
+      ++done;
+      executor.Submit([&] {
+        ++done;
+        last.Notify();
+      });
+    });
+    ASSERT_TRUE(last.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  }
+  EXPECT_EQ(done.load(), 2);
+}
+
+}  // namespace
+}  // namespace tessera
