@@ -1,5 +1,7 @@
 #include "common/daemon_init.h"
 
+#include <iostream>
+
 #include "absl/synchronization/mutex.h"
 #include "common/command_line.h"
 #include "common/connection_acceptor.h"
@@ -35,6 +37,29 @@ void InitDaemon(const char* usage, int* argc, char*** argv) {
   signal(SIGPIPE, SIG_IGN);  // a peer that hangs up mid-answer is an error on that connection, not a signal
   CatchTerminationSignals();
   WatchTerminationSignals(nullptr);  // until the daemon has started, a signal ends it at once
+}
+
+int RunUntilStopped(const char* program, const DaemonRun& run) {
+  WatchTerminationSignals(run.stop);
+  const absl::Status status = run.wait();
+  WatchTerminationSignals(nullptr);  // the daemon is about to go; a signal now exits at once
+  const int signal = ReceivedTerminationSignal();
+  if (signal != 0 && (status.code() == absl::StatusCode::kCancelled || (status.ok() && run.signal_status_when_ok))) {
+    LOG(INFO) << program << " stopped by " << SignalName(signal);
+    return ExitStatusAfterSignal(signal);
+  }
+  if (status.ok()) return 0;
+  std::cerr << program << ": " << status << std::endl;
+  return run.failure_exit ? run.failure_exit(status) : 1;
+}
+
+int StartFailed(const char* program, const absl::Status& status) {
+  std::cerr << program << ": " << status << std::endl;
+  const absl::StatusCode code = status.code();
+  return code == absl::StatusCode::kInvalidArgument || code == absl::StatusCode::kFailedPrecondition ||
+                 code == absl::StatusCode::kNotFound
+             ? 2
+             : 1;
 }
 
 }  // namespace tessera

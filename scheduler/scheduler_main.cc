@@ -77,31 +77,18 @@ int main(int argc, char** argv) {
   }
 
   auto scheduler = tessera::Scheduler::Start(options);
-  if (!scheduler.ok()) {
-    std::cerr << "tessera-scheduler: " << scheduler.status() << std::endl;
-    // A job, checkpoint or flag to fix (exit 2, as for bad flags: a service manager does not restart it) or a
-    // failure that may pass (a port in use, ...).
-    const absl::StatusCode code = scheduler.status().code();
-    return code == absl::StatusCode::kInvalidArgument || code == absl::StatusCode::kFailedPrecondition ||
-                   code == absl::StatusCode::kNotFound
-               ? 2
-               : 1;
-  }
+  // A job, checkpoint or flag to fix exits 2, as for bad flags (a service manager does not restart it); a
+  // failure that may pass (a port in use, ...) exits 1.
+  if (!scheduler.ok()) return tessera::StartFailed("tessera-scheduler", scheduler.status());
   std::cout << "scheduler listening on " << (*scheduler)->address() << std::endl;
   if (!(*scheduler)->dashboard_url().empty()) std::cout << "dashboard at " << (*scheduler)->dashboard_url() << std::endl;
   tessera::Scheduler* daemon = scheduler->get();
-  tessera::WatchTerminationSignals([daemon](int signal) {
+  tessera::DaemonRun run;
+  run.stop = [daemon](int signal) {
     daemon->Stop(absl::CancelledError(absl::StrCat("stopped by ", tessera::SignalName(signal))));
-  });
-  absl::Status status = (*scheduler)->Wait();
-  tessera::WatchTerminationSignals(nullptr);  // the daemon is about to go; a signal now exits at once
-  if (int signal = tessera::ReceivedTerminationSignal(); signal != 0 && status.code() == absl::StatusCode::kCancelled) {
-    LOG(INFO) << status.message();
-    return tessera::ExitStatusAfterSignal(signal);
-  }
-  if (!status.ok()) {
-    std::cerr << "tessera-scheduler: " << status << std::endl;
-    return status.code() == absl::StatusCode::kAborted ? 3 : 1;
-  }
-  return 0;
+  };
+  run.wait = [daemon] { return daemon->Wait(); };
+  // A job that ended without completing (ABORTED) exits 3.
+  run.failure_exit = [](const absl::Status& status) { return status.code() == absl::StatusCode::kAborted ? 3 : 1; };
+  return tessera::RunUntilStopped("tessera-scheduler", run);
 }

@@ -81,19 +81,14 @@ int main(int argc, char** argv) {
     return 1;
   }
   tessera::Server* daemon = server->get();
-  tessera::WatchTerminationSignals([daemon](int signal) {
+  tessera::DaemonRun run;
+  run.stop = [daemon](int signal) {
     daemon->Stop(absl::CancelledError(absl::StrCat("stopped by ", tessera::SignalName(signal))));
-  });
-  absl::Status status = (*server)->Wait();
-  tessera::WatchTerminationSignals(nullptr);  // the daemon is about to go; a signal now exits at once
-  if (int signal = tessera::ReceivedTerminationSignal(); signal != 0 && status.code() == absl::StatusCode::kCancelled) {
-    LOG(INFO) << "server " << (*server)->id() << " stopped by " << tessera::SignalName(signal);
-    return tessera::ExitStatusAfterSignal(signal);
-  }
-  if (!status.ok()) {
-    std::cerr << "tessera-server: " << status << std::endl;
-    return 1;
-  }
-  LOG(INFO) << "server " << (*server)->id() << " finished";
-  return 0;
+  };
+  run.wait = [daemon] {
+    absl::Status status = daemon->Wait();
+    if (status.ok()) LOG(INFO) << "server " << daemon->id() << " finished";
+    return status;
+  };
+  return tessera::RunUntilStopped("tessera-server", run);
 }

@@ -114,21 +114,17 @@ int main(int argc, char** argv) {
     return 1;
   }
   tessera::Worker* daemon = worker->get();
-  tessera::WatchTerminationSignals([daemon](int signal) {
+  tessera::DaemonRun run;
+  run.stop = [daemon](int signal) {
     LOG(WARNING) << tessera::SignalName(signal) << ": stopping after this step";
     daemon->Stop(absl::StrCat("stopped by ", tessera::SignalName(signal)));
-  });
-  absl::StatusOr<tessera::TrainerResult> result = (*worker)->Wait();
-  tessera::WatchTerminationSignals(nullptr);  // the daemon is about to go; a signal now exits at once
-  const int signal = tessera::ReceivedTerminationSignal();
-  if (!result.ok()) {
-    if (signal != 0 && result.status().code() == absl::StatusCode::kCancelled) {
-      LOG(INFO) << "stopped by " << tessera::SignalName(signal);
-      return tessera::ExitStatusAfterSignal(signal);
-    }
-    std::cerr << "tessera-worker: " << result.status() << std::endl;
-    return 1;
-  }
-  LOG(INFO) << "done: " << result->steps << " steps, " << result->stop_reason;
-  return signal != 0 ? tessera::ExitStatusAfterSignal(signal) : 0;
+  };
+  run.wait = [daemon] {
+    absl::StatusOr<tessera::TrainerResult> result = daemon->Wait();
+    if (!result.ok()) return result.status();
+    LOG(INFO) << "done: " << result->steps << " steps, " << result->stop_reason;
+    return absl::OkStatus();
+  };
+  run.signal_status_when_ok = true;  // it finished its step after the signal: the signal's exit status
+  return tessera::RunUntilStopped("tessera-worker", run);
 }
