@@ -4,6 +4,7 @@
 #include "common/command_line.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
+#include "worker/backend/backend.h"
 
 namespace tessera {
 
@@ -37,11 +38,7 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("--clock_wait_timeout_ms: expected >= 1, got ", options.clock_wait_timeout_ms));
   }
-  const bool cuda = options.device.rfind("cuda:", 0) == 0 && options.device.size() > 5 &&
-                    options.device.find_first_not_of("0123456789", 5) == std::string::npos;
-  if (options.device != "auto" && options.device != "cpu" && !cuda) {
-    return absl::InvalidArgumentError(absl::StrCat("--device: expected auto, cpu or cuda:N, got '", options.device, "'"));
-  }
+  TESSERA_RETURN_IF_ERROR(ParseDevice(options.device).status());
   if (options.connect_timeout_s < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--connect_timeout_s: expected >= 1, got ", options.connect_timeout_s));
   }

@@ -46,7 +46,18 @@ CudaBackendOptions CudaOptions(const BackendOptions& options) {
 }  // namespace
 #endif
 
+absl::StatusOr<int> ParseDevice(const std::string& device) {
+  if (device == "auto" || device == "cpu") return -1;
+  int ordinal = -1;
+  if (!absl::StartsWith(device, "cuda:") || device.size() == 5 ||
+      device.find_first_not_of("0123456789", 5) != std::string::npos || !absl::SimpleAtoi(device.substr(5), &ordinal)) {
+    return absl::InvalidArgumentError(absl::StrCat("--device: expected auto, cpu or cuda:N, got '", device, "'"));
+  }
+  return ordinal;
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& device, const BackendOptions& options) {
+  TESSERA_ASSIGN_OR_RETURN(const int ordinal, ParseDevice(device));
   if (device == "cpu") return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(options.cpu_threads));
   if (device == "auto") {
 #if TESSERA_HAVE_CUDA
@@ -63,19 +74,14 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& device
 #endif
     return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(options.cpu_threads));
   }
-  if (absl::StartsWith(device, "cuda:")) {
-    int ordinal = -1;
-    if (!absl::SimpleAtoi(device.substr(5), &ordinal) || ordinal < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("--device: bad GPU number in '", device, "'"));
-    }
+  // cuda:N
 #if TESSERA_HAVE_CUDA
-    return CreateCudaBackend(ordinal, CudaOptions(options));
+  return CreateCudaBackend(ordinal, CudaOptions(options));
 #else
-    return absl::FailedPreconditionError(
-        absl::StrCat("--device=", device, ": this build has no CUDA backend (nvcc was not found at configure time)"));
+  (void)ordinal;
+  return absl::FailedPreconditionError(
+      absl::StrCat("--device=", device, ": this build has no CUDA backend (nvcc was not found at configure time)"));
 #endif
-  }
-  return absl::InvalidArgumentError(absl::StrCat("--device: expected auto, cpu or cuda:N, got '", device, "'"));
 }
 
 }  // namespace tessera

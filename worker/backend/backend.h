@@ -99,6 +99,10 @@ struct BackendOptions {
   int local_index = 0;
 };
 
+// A device name, as --device takes it: "auto", "cpu" or "cuda:N" (N >= 0). Its GPU number for cuda:N, -1 for
+// auto and cpu; INVALID_ARGUMENT naming the flag and the name otherwise.
+absl::StatusOr<int> ParseDevice(const std::string& device);
+
 // Picks a backend for `device`: "cpu", "cuda:N", or "auto" (GPU local_index modulo the visible GPUs when that one
 // answers, else the CPU, with one log line saying why). INVALID_ARGUMENT for anything else; FAILED_PRECONDITION for "cuda:N" when that GPU
 // cannot be used (or this build has no CUDA), with the reason.
