@@ -1,0 +1,206 @@
+// The scheduler's core without gRPC: a JobCoordinator with fake servers (tests/testing/fake_server_control.h)
+// runs whole jobs driven by calls as the service makes them.
+#include "scheduler/job_coordinator.h"
+
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/job_spec.h"
+#include "gtest/gtest.h"
+#include "tests/testing/fake_server_control.h"
+#include "tests/testing/param_spec.h"
+#include "tests/testing/status_matchers.h"
+
+namespace tessera {
+namespace {
+
+using ::tessera::testing::FakeServerControl;
+using ::tessera::testing::FloatParam;
+using ::tessera::testing::IsOk;
+using ::tessera::testing::StatusIs;
+using tessera::v1::ConsistencySpec;
+
+// Waits for the answer a coordinator call hands to its callback (on the coordinator's executor).
+template <typename T>
+class Answer {
+ public:
+  std::function<void(absl::StatusOr<T>)> callback() {
+    return [this](absl::StatusOr<T> answer) {
+      value_ = std::move(answer);
+      done_.Notify();
+    };
+  }
+  absl::StatusOr<T> Get() {
+    if (!done_.WaitForNotificationWithTimeout(absl::Seconds(30))) return absl::DeadlineExceededError("no answer");
+    return value_;
+  }
+  bool Ready() const { return done_.HasBeenNotified(); }
+
+ private:
+  absl::Notification done_;
+  absl::StatusOr<T> value_ = absl::UnknownError("unset");
+};
+
+class JobCoordinatorTest : public ::testing::Test {
+ protected:
+  void Create(ConsistencySpec::Mode mode, int64_t max_steps, absl::Duration heartbeat_timeout = absl::Seconds(10)) {
+    job_.set_name("coordinator-test");
+    job_.mutable_model()->mutable_mlp()->add_hidden_sizes(4);
+    job_.mutable_data()->set_format(tessera::v1::DataSpec::SYNTHETIC);
+    job_.set_batch_size(4);
+    job_.set_chunk_bytes(64);
+    job_.mutable_stop()->set_max_steps(max_steps);
+    job_.mutable_cluster()->set_num_servers(2);
+    job_.mutable_cluster()->set_num_workers(2);
+    job_.mutable_consistency()->set_mode(mode);
+    ApplyJobDefaults(job_);
+    ASSERT_THAT(ValidateJobSpec(job_), IsOk());
+    auto created = JobCoordinator::Create(job_, /*run_dir=*/"", absl::Milliseconds(100), heartbeat_timeout,
+                                          &servers_, [this](const JobOutcome& outcome) {
+                                            outcome_ = outcome;
+                                            finished_.Notify();
+                                          });
+    ASSERT_THAT(created, IsOk());
+    coordinator_ = std::move(*created);
+  }
+
+  absl::StatusOr<tessera::v1::RegisterResponse> Register(tessera::v1::Role role, int id) {
+    tessera::v1::RegisterRequest r;
+    r.set_role(role);
+    r.set_requested_id(id);
+    if (role == tessera::v1::SERVER) {
+      r.set_address(absl::StrCat("127.0.0.1:", 7000 + id));
+      r.set_control_key(absl::StrCat("control-", id));
+    } else {
+      r.set_hostname(absl::StrCat("worker-host-", id));
+    }
+    Answer<tessera::v1::RegisterResponse> answer;
+    coordinator_->Register(r, answer.callback());
+    return answer.Get();
+  }
+
+  absl::StatusOr<tessera::v1::ShardMap> Declare(int worker) {
+    tessera::v1::DeclareRequest r;
+    r.set_worker_id(worker);
+    *r.add_params() = FloatParam("w", 40);
+    Answer<tessera::v1::ShardMap> answer;
+    coordinator_->Declare(r, answer.callback());
+    return answer.Get();
+  }
+
+  void Advance(int worker, int64_t clock, Answer<tessera::v1::AdvanceClockResponse>& answer) {
+    tessera::v1::AdvanceClockRequest r;
+    r.set_worker_id(worker);
+    r.set_clock(clock);
+    r.set_wait_timeout_ms(30000);
+    coordinator_->AdvanceClock(r, answer.callback());
+  }
+
+  absl::Status Done(int worker, int64_t clock) {
+    tessera::v1::DoneRequest r;
+    r.set_worker_id(worker);
+    r.set_clock(clock);
+    return coordinator_->Done(r);
+  }
+
+  tessera::v1::JobSpec job_;
+  FakeServerControl servers_;
+  std::unique_ptr<JobCoordinator> coordinator_;
+  absl::Notification finished_;
+  JobOutcome outcome_;
+};
+
+TEST_F(JobCoordinatorTest, ASyncJobRunsFromRegistrationToSummaryInLockstep) {
+  Create(ConsistencySpec::SYNC, /*max_steps=*/3);
+  ASSERT_THAT(Register(tessera::v1::WORKER, 0), IsOk());
+  ASSERT_THAT(Register(tessera::v1::SERVER, 0), IsOk());
+  EXPECT_THAT(Declare(0).status(), StatusIs(absl::StatusCode::kUnavailable, "server"))
+      << "no placement before every server is in";
+  EXPECT_EQ(servers_.assigns(), 0);
+  ASSERT_THAT(Register(tessera::v1::SERVER, 1), IsOk());
+  ASSERT_THAT(Register(tessera::v1::WORKER, 1), IsOk());
+
+  absl::StatusOr<tessera::v1::ShardMap> map = Declare(0);
+  ASSERT_THAT(map, IsOk());
+  EXPECT_EQ(servers_.assigns(), 1) << "the servers hold the view before a worker gets the map";
+  EXPECT_EQ(servers_.assigned().epoch(), map->epoch());
+  EXPECT_EQ(map->servers_size(), 2);
+  ASSERT_THAT(Declare(1), IsOk());
+  EXPECT_EQ(servers_.assigns(), 1) << "the second declaration finds the placement made";
+
+  for (int64_t clock = 1; clock <= 3; ++clock) {
+    Answer<tessera::v1::AdvanceClockResponse> first, second;
+    Advance(0, clock, first);
+    absl::SleepFor(absl::Milliseconds(50));
+    EXPECT_FALSE(first.Ready()) << "SYNC: worker 0 waits at clock " << clock << " for worker 1";
+    Advance(1, clock, second);
+    ASSERT_THAT(first.Get(), IsOk());
+    ASSERT_THAT(second.Get(), IsOk());
+  }
+  EXPECT_EQ(coordinator_->clocks(), (std::vector<int64_t>{3, 3}));
+  ASSERT_THAT(Done(0, 3), IsOk());
+  EXPECT_FALSE(coordinator_->finished());
+  ASSERT_THAT(Done(1, 3), IsOk());
+  ASSERT_TRUE(finished_.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_TRUE(outcome_.completed) << outcome_.stop_reason;
+  EXPECT_TRUE(coordinator_->finished());
+  EXPECT_EQ(coordinator_->summary()["completed"], true);
+  EXPECT_EQ(servers_.shutdowns(), 1);
+}
+
+TEST_F(JobCoordinatorTest, APlacementTheServersRefusedIsNotRecordedAndIsMadeAgainLater) {
+  Create(ConsistencySpec::ASYNC, 10);
+  for (int id = 0; id < 2; ++id) {
+    ASSERT_THAT(Register(tessera::v1::SERVER, id), IsOk());
+    ASSERT_THAT(Register(tessera::v1::WORKER, id), IsOk());
+  }
+  servers_.FailAssign(absl::UnavailableError("server 1 at 127.0.0.1:7001: connection refused"));
+  EXPECT_THAT(Declare(0).status(), StatusIs(absl::StatusCode::kUnavailable, "server 1"));
+  EXPECT_THAT(coordinator_->GetShardMap().status(), StatusIs(absl::StatusCode::kFailedPrecondition, ""))
+      << "a placement no server holds is never the job's";
+  servers_.FailAssign(absl::OkStatus());
+  absl::StatusOr<tessera::v1::ShardMap> map = Declare(0);
+  ASSERT_THAT(map, IsOk());
+  EXPECT_EQ(servers_.assigned().epoch(), map->epoch());
+  ASSERT_THAT(coordinator_->GetShardMap(), IsOk());
+  EXPECT_EQ(coordinator_->GetShardMap()->epoch(), map->epoch());
+  coordinator_->Abort("end of test");
+}
+
+TEST_F(JobCoordinatorTest, ALostWorkerNoLongerHoldsTheSyncGateAndTheOtherFinishesTheJob) {
+  Create(ConsistencySpec::SYNC, 2, /*heartbeat_timeout=*/absl::Milliseconds(1000));
+  for (int id = 0; id < 2; ++id) {
+    ASSERT_THAT(Register(tessera::v1::SERVER, id), IsOk());
+    ASSERT_THAT(Register(tessera::v1::WORKER, id), IsOk());
+  }
+  ASSERT_THAT(Declare(0), IsOk());
+  Answer<tessera::v1::AdvanceClockResponse> waiting;
+  Advance(0, 1, waiting);
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_FALSE(waiting.Ready());
+  // Worker 1 falls silent; the servers and worker 0 keep beating. A failure-detection pass after the timeout
+  // declares worker 1 lost, and only it.
+  absl::SleepFor(absl::Milliseconds(700));
+  for (auto [role, id] : {std::pair{tessera::v1::SERVER, 0}, std::pair{tessera::v1::SERVER, 1},
+                          std::pair{tessera::v1::WORKER, 0}}) {
+    tessera::v1::HeartbeatRequest beat;
+    beat.set_role(role);
+    beat.set_id(id);
+    beat.set_incarnation(1);
+    ASSERT_THAT(coordinator_->Heartbeat(beat), IsOk());
+  }
+  absl::SleepFor(absl::Milliseconds(700));
+  coordinator_->CheckLiveness(absl::Now());
+  ASSERT_THAT(waiting.Get(), IsOk()) << "worker 1 was lost: worker 0 goes on alone";
+  Answer<tessera::v1::AdvanceClockResponse> next;
+  Advance(0, 2, next);
+  ASSERT_THAT(next.Get(), IsOk());
+  ASSERT_THAT(Done(0, 2), IsOk());
+  ASSERT_TRUE(finished_.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_NE(coordinator_->summary().dump().find("worker lost"), std::string::npos) << coordinator_->summary().dump();
+}
+
+}  // namespace
+}  // namespace tessera
