@@ -37,10 +37,12 @@ TEST(SerialExecutorTest, RunsTasksOneAtATimeInTheOrderSubmitted) {
 }
 
 TEST(ThreadPoolTest, SubmitNeverWaitsForABusyPoolAndEveryThreadWorks) {
-  ThreadPool pool(2);
+  // Declared before the pool: the pool's destructor runs the tasks, which use them.
   absl::Notification release;
   absl::Notification both_started;
   std::atomic<int> started{0};
+  std::atomic<bool> third_ran{false};
+  ThreadPool pool(2);
   for (int i = 0; i < 2; ++i) {
     pool.Submit([&] {
       if (++started == 2) both_started.Notify();
@@ -50,7 +52,6 @@ TEST(ThreadPoolTest, SubmitNeverWaitsForABusyPoolAndEveryThreadWorks) {
   // Two tasks hold both threads at once: the pool has two threads of its own.
   ASSERT_TRUE(both_started.WaitForNotificationWithTimeout(absl::Seconds(10)));
   // Submitting to a pool whose threads are all busy returns at once; the task runs once a thread is free.
-  std::atomic<bool> third_ran{false};
   pool.Submit([&] { third_ran = true; });
   EXPECT_FALSE(third_ran.load());
   release.Notify();
