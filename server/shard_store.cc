@@ -19,8 +19,6 @@
 
 namespace tessera {
 
-using tessera::v1::ConsistencySpec;
-
 namespace {
 std::string KeyName(const ChunkAddress& a) { return absl::StrCat(std::string(a.param), "/", a.index); }
 
@@ -70,23 +68,6 @@ absl::Status ValidateAssignment(const tessera::v1::ShardMap& map, const tessera:
 }
 }  // namespace
 
-bool ExchangeWaiter::Complete(absl::StatusOr<ChunkValues> result) {
-  std::function<void(absl::StatusOr<ChunkValues>)> done;
-  {
-    absl::MutexLock lock(&mu_);
-    if (!done_) return false;
-    done = std::move(done_);
-    done_ = nullptr;
-  }
-  done(std::move(result));
-  return true;
-}
-
-bool ExchangeWaiter::completed() const {
-  absl::MutexLock lock(&mu_);
-  return !done_;
-}
-
 absl::Status ShardStore::Assign(const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job, int server_id,
                                 const std::vector<tessera::v1::ShardCheckpoint>* restore, bool restore_all) {
   // Rounds the new view closes and exchanges of rounds a rollback dropped, answered once no lock is held.
@@ -101,48 +82,6 @@ absl::Status ShardStore::Assign(const tessera::v1::ShardMap& map, const tessera:
                                                     "server (cluster view epoch ", map.epoch(), "); ask again")));
   }
   return status;
-}
-
-tessera::v1::ChunkState ShardStore::ChunkStateLocked(const std::string& param, int index, const Chunk& chunk) {
-  tessera::v1::ChunkState state;
-  state.set_param(param);
-  state.set_index(index);
-  state.set_values(std::string(reinterpret_cast<const char*>(chunk.values.data()), chunk.values.size() * sizeof(float)));
-  state.set_optimizer_state(
-      std::string(reinterpret_cast<const char*>(chunk.state.data()), chunk.state.size() * sizeof(float)));
-  state.set_version(chunk.version);
-  state.set_gradient_updates(chunk.gradient_updates);
-  for (int64_t c : chunk.applied_clocks) state.add_applied_clocks(c);
-  for (const auto& [worker, seq] : chunk.last_seq) (*state.mutable_last_seq())[worker] = seq;
-  return state;
-}
-
-void ShardStore::RestoreChunkLocked(const tessera::v1::ChunkState& state, const std::vector<bool>& keep_seq,
-                                    Chunk& chunk, std::vector<std::shared_ptr<ExchangeWaiter>>& dropped) {
-  std::memcpy(chunk.values.data(), state.values().data(), state.values().size());
-  std::memcpy(chunk.state.data(), state.optimizer_state().data(), state.optimizer_state().size());
-  chunk.values_bound = std::numeric_limits<float>::infinity();  // not known until the next update measures them
-  chunk.state_bound = std::numeric_limits<float>::infinity();
-  chunk.version = state.version();
-  chunk.gradient_updates = state.gradient_updates();
-  for (int w = 0; w < state.applied_clocks_size() && w < static_cast<int>(chunk.applied_clocks.size()); ++w) {
-    chunk.applied_clocks[w] = state.applied_clocks(w);
-  }
-  chunk.last_seq.clear();
-  for (const auto& [worker, seq] : state.last_seq()) {
-    if (worker >= 0 && worker < static_cast<int>(keep_seq.size()) && keep_seq[worker]) chunk.last_seq[worker] = seq;
-  }
-  chunk.sync_weight = 0;
-  chunk.sync_workers.clear();
-  std::fill(chunk.pending_batch.begin(), chunk.pending_batch.end(), 0);
-  for (auto& w : chunk.waiters) dropped.push_back(std::move(w));
-  chunk.waiters.clear();
-}
-
-void ShardStore::OfferToSnapshotLocked(const Chunk& chunk) {
-  if (snapshot_at_.load() != chunk.version) return;
-  absl::MutexLock lock(&snapshot_mu_);
-  snapshot_.try_emplace(chunk.key, ChunkStateLocked(chunk.key.first, chunk.key.second, chunk));
 }
 
 absl::StatusOr<tessera::v1::ShardCheckpoint> ShardStore::Snapshot(int64_t at_version, absl::Time deadline,
@@ -160,56 +99,13 @@ absl::StatusOr<tessera::v1::ShardCheckpoint> ShardStore::Snapshot(int64_t at_ver
   if (at_version < 0) {
     for (Chunk* chunk : chunks) {
       absl::MutexLock chunk_lock(&chunk->mu);
-      *out.add_chunks() = ChunkStateLocked(chunk->key.first, chunk->key.second, *chunk);
+      *out.add_chunks() = ChunkStateLocked(*chunk);
     }
     return out;
   }
-  {
-    absl::MutexLock snap(&snapshot_mu_);
-    snapshot_.clear();
-  }
-  snapshot_at_ = at_version;
-  absl::Status status;
-  for (Chunk* chunk : chunks) {
-    absl::MutexLock chunk_lock(&chunk->mu);
-    if (chunk->version == at_version) OfferToSnapshotLocked(*chunk);
-    if (chunk->version > at_version) {
-      absl::MutexLock snap(&snapshot_mu_);
-      if (snapshot_.count(chunk->key) == 0) {
-        status = absl::FailedPreconditionError(absl::StrCat("chunk ", chunk->key.first, "/", chunk->key.second,
-                                                            " is at version ", chunk->version,
-                                                            ", past the checkpoint's ", at_version));
-      }
-    }
-  }
-  absl::MutexLock snap(&snapshot_mu_);
-  if (status.ok()) {
-    auto complete = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(snapshot_mu_) { return snapshot_.size() >= chunks.size(); };
-    bool done = false;
-    while (!done && absl::Now() < deadline && status.ok()) {
-      done = snapshot_mu_.AwaitWithDeadline(absl::Condition(&complete),
-                                            std::min(deadline, absl::Now() + absl::Milliseconds(100)));
-      if (!done && cancelled && cancelled()) status = absl::CancelledError("the checkpoint was called off");
-    }
-    if (status.ok() && !done) {
-      std::vector<std::string> missing;
-      for (Chunk* chunk : chunks) {
-        if (snapshot_.count(chunk->key) == 0 && missing.size() < 5) {
-          missing.push_back(absl::StrCat(chunk->key.first, "/", chunk->key.second));
-        }
-      }
-      status = absl::DeadlineExceededError(absl::StrCat("server ", out.server_id(), ": ",
-                                                        chunks.size() - snapshot_.size(),
-                                                        " chunks did not reach version ", at_version,
-                                                        " in time, e.g. ", absl::StrJoin(missing, ", ")));
-    }
-  }
-  snapshot_at_ = -1;
-  if (status.ok()) {
-    for (auto& [key, state] : snapshot_) *out.add_chunks() = std::move(state);
-  }
-  snapshot_.clear();
-  if (!status.ok()) return status;
+  TESSERA_ASSIGN_OR_RETURN(std::vector<tessera::v1::ChunkState> states,
+                           cut_.Take(chunks, at_version, deadline, cancelled, out.server_id()));
+  for (auto& state : states) *out.add_chunks() = std::move(state);
   return out;
 }
 
@@ -297,11 +193,7 @@ absl::Status ShardStore::AdoptView(
     auto chunk = std::make_unique<Chunk>(placement.param(), placement.index(), placement.length(), slots);
     absl::MutexLock chunk_lock(&chunk->mu);
     chunk->applied_clocks.assign(workers, 0);
-    if (job.consistency().mode() == ConsistencySpec::SYNC) chunk->sync_sum.assign(placement.length(), 0.0f);
-    if (job.consistency().backup_workers() > 0) {
-      chunk->pending.resize(workers);
-      chunk->pending_batch.assign(workers, 0);
-    }
+    config_->policy->PrepareChunkLocked(*chunk, workers);
     if (restore != nullptr) {
       TESSERA_RETURN_IF_ERROR(restore_into(key, *chunk));
     } else {
@@ -322,8 +214,7 @@ absl::Status ShardStore::AdoptView(
     }
     {
       absl::MutexLock chunk_lock(&it->second->mu);
-      for (auto& w : it->second->waiters) dropped.push_back(std::move(w));
-      it->second->waiters.clear();
+      for (auto& w : it->second->round.TakeWaiters()) dropped.push_back(std::move(w));
     }
     retired_.push_back(std::move(it->second));
     it = chunks_.erase(it);
@@ -347,111 +238,33 @@ absl::Status ShardStore::AdoptView(
   for (int w = 0; w < workers; ++w) {
     if (roster_ != nullptr && roster->incarnation[w] != roster_->incarnation[w]) renewed.push_back(w);
   }
-  const bool sync = job.consistency().mode() == ConsistencySpec::SYNC;
-  int64_t late_dropped = 0;  // late gradients left out of the rounds closed here
   for (auto& [key, chunk] : chunks_) {
     absl::MutexLock chunk_lock(&chunk->mu);
     for (int w : renewed) {
       chunk->last_seq.erase(w);
       chunk->applied_clocks[w] = std::max(chunk->applied_clocks[w], roster->joined_clock[w]);
     }
-    if (sync) CloseIfCompleteLocked(*config_, *chunk, *roster, late_dropped, closed);
   }
-  if (late_dropped > 0) {
-    absl::MutexLock counters_lock(&counters_mu_);
-    counters_.late_pushes += late_dropped;
-  }
+  // A worker that left may have been the last one a round waited for.
+  CloseCompleteRounds(*config_, *roster, closed);
   roster_ = std::move(roster);
   epoch_ = map.epoch();
   return absl::OkStatus();
 }
 
-bool ShardStore::RoundCompleteLocked(const Chunk& chunk, const Roster& roster) const {
-  if (!chunk.pending_batch.empty()) {  // backup workers: the scheduler names the members
-    std::shared_ptr<const std::vector<int>> members = MembersOf(chunk.version);
-    if (members == nullptr) return false;
-    for (int w : *members) {
-      if (w < static_cast<int>(roster.active.size()) && roster.InRound(w, chunk.version) && chunk.pending_batch[w] == 0) {
-        return false;
-      }
-    }
-    return true;
+void ShardStore::CloseCompleteRounds(const JobConfig& config, const Roster& roster, ClosedRounds& closed) {
+  int64_t dropped = 0;
+  for (auto& [key, chunk] : chunks_) {
+    absl::MutexLock chunk_lock(&chunk->mu);
+    std::vector<std::shared_ptr<ExchangeWaiter>> waiters;
+    if (!config.policy->CloseIfCompleteLocked(*chunk, roster, dropped, waiters)) continue;
+    cut_.OfferLocked(*chunk);
+    closed.emplace_back(std::move(waiters), ValuesLocked(*chunk, roster));
   }
-  for (size_t w = 0; w < roster.active.size(); ++w) {
-    if (!roster.InRound(static_cast<int>(w), chunk.version)) continue;
-    if (std::find(chunk.sync_workers.begin(), chunk.sync_workers.end(), static_cast<int>(w)) ==
-        chunk.sync_workers.end()) {
-      return false;
-    }
+  if (dropped > 0) {
+    absl::MutexLock counters_lock(&counters_mu_);
+    counters_.late_pushes += dropped;
   }
-  return true;
-}
-
-std::vector<std::shared_ptr<ExchangeWaiter>> ShardStore::CloseRoundLocked(const JobConfig& config, Chunk& chunk,
-                                                                          int64_t* dropped) const {
-  if (!chunk.pending_batch.empty()) {
-    // The members' gradients, weighted by batch size, make the round; everyone else's are late.
-    std::shared_ptr<const std::vector<int>> members = MembersOf(chunk.version);
-    chunk.sync_workers.clear();
-    chunk.sync_weight = 0;
-    for (size_t w = 0; w < chunk.pending_batch.size(); ++w) {
-      if (chunk.pending_batch[w] == 0) continue;
-      const bool member = members != nullptr && std::binary_search(members->begin(), members->end(), static_cast<int>(w));
-      if (!member) {
-        if (dropped != nullptr) ++*dropped;
-      } else {
-        const float weight = static_cast<float>(chunk.pending_batch[w]);
-        const std::vector<float>& g = chunk.pending[w];
-        if (chunk.sync_workers.empty()) {
-          for (size_t i = 0; i < g.size(); ++i) chunk.sync_sum[i] = weight * g[i];
-        } else {
-          for (size_t i = 0; i < g.size(); ++i) chunk.sync_sum[i] += weight * g[i];
-        }
-        chunk.sync_weight += chunk.pending_batch[w];
-        chunk.sync_workers.push_back(static_cast<int>(w));
-      }
-      chunk.pending_batch[w] = 0;
-    }
-    // The round is over for everyone: a late worker's gradient of it never comes in, so it holds nobody's
-    // staleness back (clock_version).
-    for (int64_t& applied : chunk.applied_clocks) applied = std::max(applied, chunk.version + 1);
-    if (chunk.sync_workers.empty()) {
-      ++chunk.version;  // every member left the job: the round closes with no update
-      std::vector<std::shared_ptr<ExchangeWaiter>> waiters;
-      waiters.swap(chunk.waiters);
-      return waiters;
-    }
-  }
-  const float inv = static_cast<float>(1.0 / chunk.sync_weight);
-  if (!ApplyLocked(config, chunk, chunk.sync_sum, 1.0f, inv, chunk.sync_workers, chunk.version)) {
-    // The round's mean would overflow the values: the round closes without an update, so nobody waits forever.
-    LOG_EVERY_N(WARNING, 100) << "chunk " << chunk.key.first << "/" << chunk.key.second << ": round "
-                              << chunk.version << "'s update would make values non-finite; left out";
-    for (int w : chunk.sync_workers) chunk.applied_clocks[w] = std::max(chunk.applied_clocks[w], chunk.version + 1);
-    ++chunk.version;
-  }
-  chunk.sync_weight = 0;
-  chunk.sync_workers.clear();
-  std::vector<std::shared_ptr<ExchangeWaiter>> waiters;
-  waiters.swap(chunk.waiters);
-  return waiters;
-}
-
-void ShardStore::CloseIfCompleteLocked(const JobConfig& config, Chunk& chunk, const Roster& roster, int64_t& dropped,
-                                       ClosedRounds& closed) {
-  // Nothing collected yet: the round closes when its gradients arrive.
-  const bool collecting = !chunk.sync_workers.empty() ||
-                          std::any_of(chunk.pending_batch.begin(), chunk.pending_batch.end(), [](int b) { return b > 0; });
-  if (!collecting || !RoundCompleteLocked(chunk, roster)) return;
-  std::vector<std::shared_ptr<ExchangeWaiter>> waiters = CloseRoundLocked(config, chunk, &dropped);
-  OfferToSnapshotLocked(chunk);
-  closed.emplace_back(std::move(waiters), SnapshotLocked(chunk, roster));
-}
-
-std::shared_ptr<const std::vector<int>> ShardStore::MembersOf(int64_t round) const {
-  absl::MutexLock lock(&decided_mu_);
-  auto it = decided_.find(round);
-  return it == decided_.end() ? nullptr : it->second;
 }
 
 absl::Status ShardStore::DecideRounds(const tessera::v1::DecideRoundsRequest& request) {
@@ -475,29 +288,16 @@ absl::Status ShardStore::DecideRounds(const tessera::v1::DecideRoundsRequest& re
       }
     }
   }
-  {
-    absl::MutexLock lock(&decided_mu_);
-    for (const auto& round : request.rounds()) {
-      // The newest word on a round wins (a job rolled back to a checkpoint decides its rounds again).
-      std::vector<int> members(round.workers().begin(), round.workers().end());
-      std::sort(members.begin(), members.end());
-      decided_[round.round()] = std::make_shared<const std::vector<int>>(std::move(members));
-    }
-    while (decided_.size() > kDecidedRoundsKept) decided_.erase(decided_.begin());
-  }
   ClosedRounds closed;
-  int64_t dropped = 0;
   {
     absl::ReaderMutexLock lock(&mu_);
-    if (config_ == nullptr || roster_ == nullptr) return absl::OkStatus();
-    for (auto& [key, chunk] : chunks_) {
-      absl::MutexLock chunk_lock(&chunk->mu);
-      if (!chunk->pending_batch.empty()) CloseIfCompleteLocked(*config_, *chunk, *roster_, dropped, closed);
+    if (config_ == nullptr || roster_ == nullptr || !config_->policy->decides_rounds()) return absl::OkStatus();
+    std::vector<std::pair<int64_t, std::vector<int>>> rounds;
+    for (const auto& round : request.rounds()) {
+      rounds.emplace_back(round.round(), std::vector<int>(round.workers().begin(), round.workers().end()));
     }
-  }
-  if (dropped > 0) {
-    absl::MutexLock lock(&counters_mu_);
-    counters_.late_pushes += dropped;
+    config_->policy->Decide(std::move(rounds));
+    CloseCompleteRounds(*config_, *roster_, closed);
   }
   for (auto& [waiters, values] : closed) {
     for (auto& w : waiters) w->Complete(values);
@@ -529,7 +329,7 @@ absl::StatusOr<ShardStore::Found> ShardStore::Find(const ChunkAddress& address) 
   return Found{it->second.get(), config_.get(), roster_};
 }
 
-ChunkValues ShardStore::SnapshotLocked(const Chunk& chunk, const Roster& roster) const {
+ChunkValues ShardStore::ValuesLocked(const Chunk& chunk, const Roster& roster) const {
   ChunkValues values;
   values.version = chunk.version;
   values.clock_version = ClockVersionLocked(chunk, roster);
@@ -555,50 +355,7 @@ absl::StatusOr<ChunkValues> ShardStore::Pull(const ChunkPull& request) const {
     unchanged.clock_version = ClockVersionLocked(chunk, *found.roster);
     return unchanged;
   }
-  return SnapshotLocked(chunk, *found.roster);
-}
-
-int64_t ShardStore::ClockVersionLocked(const Chunk& chunk, const Roster& roster) {
-  // Workers that left the job hold nobody's staleness back.
-  int64_t min = INT64_MAX;
-  for (size_t w = 0; w < chunk.applied_clocks.size(); ++w) {
-    if (roster.active[w]) min = std::min(min, chunk.applied_clocks[w]);
-  }
-  if (min != INT64_MAX) return min;
-  return chunk.applied_clocks.empty() ? 0 : *std::max_element(chunk.applied_clocks.begin(), chunk.applied_clocks.end());
-}
-
-bool ShardStore::ApplyLocked(const JobConfig& config, Chunk& chunk, absl::Span<const float> grad, float lr_scale,
-                             float grad_scale, const std::vector<int>& workers, int64_t clock) {
-  const int64_t step = chunk.gradient_updates + 1;
-  // Finite gradients can still overflow the values (a huge one, a diverging job). When the bounds say the
-  // result stays far below the largest float, the update is applied in place; otherwise on a kept copy's
-  // watch, undone when anything came out non-finite.
-  constexpr double kSafe = 1e36;
-  const bool safe = config.rule.Bound(chunk.values_bound, chunk.state_bound, MaxAbs(grad), step, lr_scale,
-                                      grad_scale) < kSafe;
-  thread_local std::vector<float> before;  // per thread, reused
-  const size_t n = chunk.values.size();
-  if (!safe) {
-    before.resize(n + chunk.state.size());
-    std::memcpy(before.data(), chunk.values.data(), n * sizeof(float));
-    if (!chunk.state.empty()) std::memcpy(before.data() + n, chunk.state.data(), chunk.state.size() * sizeof(float));
-  }
-  config.rule.Apply(absl::MakeSpan(chunk.values), grad, absl::MakeSpan(chunk.state), step, lr_scale, grad_scale);
-  const float values_bound = MaxAbs(chunk.values);
-  const float state_bound = MaxAbs(chunk.state);
-  if (!std::isfinite(values_bound) || !std::isfinite(state_bound)) {
-    CHECK(!safe) << "an update the bounds called safe overflowed";
-    std::memcpy(chunk.values.data(), before.data(), n * sizeof(float));
-    if (!chunk.state.empty()) std::memcpy(chunk.state.data(), before.data() + n, chunk.state.size() * sizeof(float));
-    return false;
-  }
-  chunk.values_bound = values_bound;
-  chunk.state_bound = state_bound;
-  chunk.gradient_updates = step;
-  ++chunk.version;
-  for (int w : workers) chunk.applied_clocks[w] = std::max(chunk.applied_clocks[w], clock + 1);
-  return true;
+  return ValuesLocked(chunk, *found.roster);
 }
 
 absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& request, const FloatPayload& payload,
@@ -653,91 +410,29 @@ absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& re
 
   Applied applied;
   PushOutcome& outcome = applied.outcome;
-  int64_t staleness = -1;
+  Admission& admission = applied.admission;
   {
     absl::MutexLock lock(&chunk.mu);
     auto seq_it = chunk.last_seq.find(worker);
     if (seq_it != chunk.last_seq.end() && request.seq <= seq_it->second) {
       outcome.duplicate = true;
       // A retried exchange of a round that is still open waits for it like the original.
-      applied.round_open = job.consistency().mode() == ConsistencySpec::SYNC && !request.assign &&
-                           request.clock == chunk.version;
+      admission.round_open = !request.assign && config.policy->DuplicateWaitsLocked(request, chunk);
     } else if (request.assign) {
       std::copy(values.begin(), values.end(), chunk.values.begin());
       ++chunk.version;
       chunk.last_seq[worker] = request.seq;
-    } else if (job.consistency().mode() == ConsistencySpec::SYNC) {
-      const int64_t round = chunk.version;
-      if (request.clock < round) {
-        outcome.late = true;  // the round closed without it; never mixed into a later round
-        applied.after_close = true;
-        chunk.last_seq[worker] = request.seq;
-      } else if (request.clock > round) {
-        return absl::UnavailableError(absl::StrCat(what, ": round ", request.clock,
-                                                   " is not open yet; the chunk is collecting round ", round));
-      } else if (std::find(chunk.sync_workers.begin(), chunk.sync_workers.end(), worker) !=
-                     chunk.sync_workers.end() ||
-                 (!chunk.pending_batch.empty() && chunk.pending_batch[worker] > 0)) {
-        return absl::AbortedError(absl::StrCat(what, ": worker ", worker, " already pushed round ", round,
-                                               " with another seq"));
-      } else if (!chunk.pending_batch.empty()) {
-        // Backup workers: kept apart until the scheduler names the round's members.
-        chunk.last_seq[worker] = request.seq;
-        chunk.pending[worker].assign(values.begin(), values.end());
-        chunk.pending_batch[worker] = request.batch_size;
-        staleness = std::max<int64_t>(0, request.clock - request.read_clock_version);
-        std::shared_ptr<const std::vector<int>> members = MembersOf(round);
-        outcome.late = members != nullptr && !std::binary_search(members->begin(), members->end(), worker);
-        if (RoundCompleteLocked(chunk, roster)) {
-          applied.closed_waiters = CloseRoundLocked(config, chunk, &applied.dropped);
-          OfferToSnapshotLocked(chunk);
-        } else {
-          applied.round_open = true;
-        }
-      } else {
-        chunk.last_seq[worker] = request.seq;
-        const float weight = static_cast<float>(request.batch_size);
-        float* sum = chunk.sync_sum.data();
-        // The round's first gradient starts the sum (no separate clearing pass); the mean's division happens
-        // inside the update rule.
-        if (chunk.sync_workers.empty()) {
-          for (size_t i = 0; i < length; ++i) sum[i] = weight * values[i];
-        } else {
-          for (size_t i = 0; i < length; ++i) sum[i] += weight * values[i];
-        }
-        chunk.sync_weight += request.batch_size;
-        chunk.sync_workers.push_back(worker);
-        staleness = std::max<int64_t>(0, request.clock - request.read_clock_version);
-        if (RoundCompleteLocked(chunk, roster)) {
-          applied.closed_waiters = CloseRoundLocked(config, chunk);
-          OfferToSnapshotLocked(chunk);
-        } else {
-          applied.round_open = true;
-        }
-      }
     } else {
-      staleness = std::max<int64_t>(0, request.clock - request.read_clock_version);
-      const float scale =
-          job.consistency().staleness_aware_lr() ? 1.0f / static_cast<float>(std::max<int64_t>(1, staleness)) : 1.0f;
-      if (!ApplyLocked(config, chunk, values, scale, 1.0f, {worker}, request.clock)) {
-        return absl::InvalidArgumentError(absl::StrCat(what, ": the update would make values non-finite (a gradient "
-                                                       "too large for the job's learning rate); nothing changed"));
-      }
+      TESSERA_ASSIGN_OR_RETURN(admission, config.policy->AdmitLocked(request, values, chunk, roster, what));
       chunk.last_seq[worker] = request.seq;
+      outcome.late = admission.late;
+      if (admission.closed) cut_.OfferLocked(chunk);
     }
     outcome.version = chunk.version;
-    if (waiter != nullptr) {
-      if (applied.round_open) {
-        // Completed waiters (callers that gave up) are dropped here, so the list stays bounded.
-        chunk.waiters.erase(std::remove_if(chunk.waiters.begin(), chunk.waiters.end(),
-                                           [](const auto& w) { return w->completed(); }),
-                            chunk.waiters.end());
-        chunk.waiters.push_back(*waiter);
-      } else {
-        applied.values = SnapshotLocked(chunk, roster);
-      }
-    } else if (!applied.closed_waiters.empty()) {
-      applied.values = SnapshotLocked(chunk, roster);
+    if (waiter != nullptr && admission.round_open) {
+      chunk.round.Park(*waiter);
+    } else if (waiter != nullptr || !admission.closed_waiters.empty()) {
+      applied.values = ValuesLocked(chunk, roster);
     }
   }
 
@@ -746,12 +441,12 @@ absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& re
   if (outcome.duplicate) ++counters_.duplicate_pushes;
   // A push for a round that had closed is counted here; one left out of a round (backup workers), as the
   // round closes.
-  if (applied.after_close) ++counters_.late_pushes;
-  counters_.late_pushes += applied.dropped;
-  if (staleness >= 0) {
-    counters_.staleness.Add(staleness);
+  if (admission.after_close) ++counters_.late_pushes;
+  counters_.late_pushes += admission.dropped;
+  if (admission.staleness >= 0) {
+    counters_.staleness.Add(admission.staleness);
     if (counters_.worker_staleness.size() <= static_cast<size_t>(worker)) counters_.worker_staleness.resize(worker + 1);
-    counters_.worker_staleness[worker].Add(staleness);
+    counters_.worker_staleness[worker].Add(admission.staleness);
   }
   return applied;
 }
@@ -759,7 +454,7 @@ absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& re
 absl::StatusOr<PushOutcome> ShardStore::Push(const ChunkPush& request, const FloatPayload& values) {
   TESSERA_ASSIGN_OR_RETURN(Applied applied, PushInternal(request, values, nullptr));
   // A plain push that closed a round also answers the exchanges that waited for it.
-  for (auto& w : applied.closed_waiters) w->Complete(applied.values);
+  for (auto& w : applied.admission.closed_waiters) w->Complete(applied.values);
   return applied.outcome;
 }
 
@@ -771,8 +466,8 @@ void ShardStore::PushPull(const ChunkPush& request, const FloatPayload& values,
     return;
   }
   // Every exchange of a closed round shares one copy of the new values.
-  for (auto& w : applied->closed_waiters) w->Complete(applied->values);
-  if (!applied->round_open) waiter->Complete(std::move(applied->values));
+  for (auto& w : applied->admission.closed_waiters) w->Complete(applied->values);
+  if (!applied->admission.round_open) waiter->Complete(std::move(applied->values));
 }
 
 void ShardStore::CancelWaiters(const absl::Status& why) {
@@ -781,8 +476,7 @@ void ShardStore::CancelWaiters(const absl::Status& why) {
     absl::ReaderMutexLock lock(&mu_);
     for (const auto& [key, chunk] : chunks_) {
       absl::MutexLock chunk_lock(&chunk->mu);
-      for (auto& w : chunk->waiters) waiting.push_back(std::move(w));
-      chunk->waiters.clear();
+      for (auto& w : chunk->round.TakeWaiters()) waiting.push_back(std::move(w));
     }
   }
   for (auto& w : waiting) w->Complete(why);

@@ -5,14 +5,8 @@
 // FAILED_PRECONDITION carrying the store's epoch (see GetCurrentEpoch in common/status_macros.h); one for a newer
 // epoch fails with UNAVAILABLE (the assignment is still on its way: retry).
 //
-// Consistency, set by the job:
-//   SYNC   a chunk collects one gradient per worker for its current round (= its version); the last to arrive
-//          applies the batch-size-weighted mean once. A push for a closed round is counted as late and ignored.
-//          With backup workers (ConsistencySpec.backup_workers), the chunk keeps each worker's gradient apart
-//          until the scheduler names the round's members (DecideRounds): the round closes with exactly those
-//          workers' gradients, on every chunk alike; the others' are counted as late and dropped.
-//   ASYNC  each gradient is applied on arrival.
-//   SSP    applied like ASYNC; the scheduler's clock gate bounds how far workers drift apart.
+// Consistency is the job's: the store holds the policy object of its mode (server/consistency/policy.h), which
+// admits gradients and collects and closes SYNC rounds; everything else here is the same in every mode.
 // In every mode a push is applied at most once per (worker id, seq): a retried push answers `duplicate`.
 //
 // PushPull is a push whose answer is the chunk's values after it: in SYNC once the push's round has closed
@@ -39,66 +33,17 @@
 #include "common/buffer_pool.h"
 #include "common/float_payload.h"
 #include "common/staleness_histogram.h"
+#include "common/update_rule.h"
 #include "proto/checkpoint.pb.h"
 #include "proto/cluster.pb.h"
 #include "proto/ps.pb.h"
-#include "common/update_rule.h"
+#include "server/checkpoint_cut.h"
+#include "server/chunk.h"
+#include "server/chunk_requests.h"
+#include "server/consistency/policy.h"
+#include "server/exchange_waiter.h"
 
 namespace tessera {
-
-// Which chunk, and under which shard-map epoch the sender addresses it.
-struct ChunkAddress {
-  uint64_t epoch = 0;
-  std::string_view param;  // must outlive the call it is passed to
-  int index = 0;
-};
-
-struct ChunkPull {
-  ChunkAddress address;
-  int64_t have_version = -1;  // the version the caller holds; its bytes are not sent again. -1: none
-  int worker_id = 0;          // the caller's rank
-};
-
-struct ChunkPush {
-  ChunkAddress address;
-  int worker_id = 0;
-  uint64_t incarnation = 0;         // the sender's; a replaced incarnation's pushes are refused
-  uint64_t seq = 0;                 // per worker, strictly increasing; a repeated seq is applied once
-  int64_t clock = 0;                // the step the gradient belongs to
-  int64_t read_clock_version = 0;   // clock_version of the values the gradient was computed on
-  int batch_size = 0;               // weight in the sync mean
-  bool assign = false;              // overwrite the values instead of applying a gradient
-  std::string member_key;           // the worker's, from its registration (checked against the view's digest)
-};
-
-struct PushOutcome {
-  int64_t version = 0;
-  bool duplicate = false;
-  bool late = false;
-};
-
-// A chunk's values at one version. `bytes` holds `length` bytes of float32 values; null when the caller already
-// held this version.
-struct ChunkValues {
-  int64_t version = 0;
-  int64_t clock_version = 0;
-  std::shared_ptr<const PooledBuffer> bytes;
-  size_t length = 0;
-};
-
-// One PushPull waiting for its answer. Exactly one Complete() runs `done`; later ones do nothing, so the round
-// closing and the caller giving up may race. Thread-safe.
-class ExchangeWaiter {
- public:
-  explicit ExchangeWaiter(std::function<void(absl::StatusOr<ChunkValues>)> done) : done_(std::move(done)) {}
-  // Runs `done` with `result` unless it already ran; true when this call ran it.
-  bool Complete(absl::StatusOr<ChunkValues> result);
-  bool completed() const;
-
- private:
-  mutable absl::Mutex mu_;
-  std::function<void(absl::StatusOr<ChunkValues>)> done_ ABSL_GUARDED_BY(mu_);
-};
 
 // Thread-safe. Requests to different chunks run in parallel; requests to one chunk are serialised.
 class ShardStore {
@@ -163,32 +108,6 @@ class ShardStore {
   std::string job_name() const;
 
  private:
-  struct Chunk {
-    Chunk(std::string param, int index, int64_t length, int state_slots)
-        : key(std::move(param), index), values(length), state(length * state_slots) {}
-
-    const std::pair<std::string, int> key;  // parameter, chunk index
-    mutable absl::Mutex mu;
-    std::vector<float> values ABSL_GUARDED_BY(mu);
-    std::vector<float> state ABSL_GUARDED_BY(mu);
-    int64_t version ABSL_GUARDED_BY(mu) = 0;     // updates applied
-    int64_t gradient_updates ABSL_GUARDED_BY(mu) = 0;  // optimizer steps taken (Adam's t)
-    // The largest |value| and |state| after the last update (infinity: not known yet, e.g. after a restore).
-    float values_bound ABSL_GUARDED_BY(mu) = std::numeric_limits<float>::infinity();
-    float state_bound ABSL_GUARDED_BY(mu) = std::numeric_limits<float>::infinity();
-    std::map<int, uint64_t> last_seq ABSL_GUARDED_BY(mu);
-    std::vector<int64_t> applied_clocks ABSL_GUARDED_BY(mu);  // per worker id
-    // SYNC round being collected (round == version); sync_sum is allocated in SYNC jobs only.
-    std::vector<float> sync_sum ABSL_GUARDED_BY(mu);
-    double sync_weight ABSL_GUARDED_BY(mu) = 0;
-    std::vector<int> sync_workers ABSL_GUARDED_BY(mu);
-    // SYNC with backup workers: each worker's gradient of the open round and its batch size (0: none yet).
-    std::vector<std::vector<float>> pending ABSL_GUARDED_BY(mu);
-    std::vector<int> pending_batch ABSL_GUARDED_BY(mu);
-    // PushPulls of the open SYNC round, answered when it closes.
-    std::vector<std::shared_ptr<ExchangeWaiter>> waiters ABSL_GUARDED_BY(mu);
-  };
-
   struct Counters {
     int64_t updates_applied = 0;
     int64_t pushes = 0;
@@ -200,19 +119,11 @@ class ShardStore {
 
   // What the job fixes for every chunk; set by the first Assign, constant afterwards.
   struct JobConfig {
-    JobConfig(const tessera::v1::JobSpec& job) : job(job), rule(AppliedOptimizer(job)) {}
+    explicit JobConfig(const tessera::v1::JobSpec& job)
+        : job(job), rule(AppliedOptimizer(job)), policy(ConsistencyPolicy::ForJob(job.consistency(), rule)) {}
     const tessera::v1::JobSpec job;
     const UpdateRule rule;
-  };
-
-  // The view's workers, as of the last Assign. Immutable once published.
-  struct Roster {
-    std::vector<bool> active;
-    std::vector<uint64_t> incarnation;
-    std::vector<int64_t> joined_clock;
-    std::vector<std::string> key_digest;  // SHA-256 of each worker's member key; empty: not checked
-    // Does sync round `round` wait for `worker`?
-    bool InRound(int worker, int64_t round) const { return active[worker] && joined_clock[worker] <= round; }
+    const std::unique_ptr<ConsistencyPolicy> policy;  // uses `rule`
   };
 
   struct Found {
@@ -224,11 +135,8 @@ class ShardStore {
   // What one push did under the chunk's lock.
   struct Applied {
     PushOutcome outcome;
-    bool round_open = false;  // SYNC: the push's round still waits for other workers
-    std::vector<std::shared_ptr<ExchangeWaiter>> closed_waiters;  // SYNC: PushPulls of the round it closed
-    int64_t dropped = 0;      // SYNC with backup workers: late gradients the closed round left out
-    bool after_close = false; // SYNC: the push's round had closed before it came
-    ChunkValues values;       // after the push (when asked for)
+    Admission admission;
+    ChunkValues values;  // after the push (when asked for)
   };
 
   // Rounds closed outside a push: the exchanges that waited for each, and the values to answer them with.
@@ -240,16 +148,6 @@ class ShardStore {
       ClosedRounds& closed,
       std::vector<std::shared_ptr<ExchangeWaiter>>& dropped) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // The chunk's state as a checkpoint holds it.
-  static tessera::v1::ChunkState ChunkStateLocked(const std::string& param, int index, const Chunk& chunk)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
-  // Takes the chunk's state from a checkpoint (the sizes must match; checked by the caller).
-  static void RestoreChunkLocked(const tessera::v1::ChunkState& state, const std::vector<bool>& keep_seq, Chunk& chunk,
-                                 std::vector<std::shared_ptr<ExchangeWaiter>>& dropped)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
-  // A SYNC checkpoint waiting for chunks to reach its version: ApplyLocked hands them over.
-  void OfferToSnapshotLocked(const Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
-
   // The chunk for `address` after checking its epoch, or the error to answer with.
   absl::StatusOr<Found> Find(const ChunkAddress& address) const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -259,31 +157,12 @@ class ShardStore {
                                        const std::shared_ptr<ExchangeWaiter>* waiter);
 
   // A copy of the chunk's values into a pooled buffer.
-  ChunkValues SnapshotLocked(const Chunk& chunk, const Roster& roster) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  ChunkValues ValuesLocked(const Chunk& chunk, const Roster& roster) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
 
-  // Applies `grad` (already validated) to `chunk`, advancing its version and the clocks of `workers` to
-  // `clock` + 1. An update that would leave a value or optimizer state non-finite (finite gradients can still
-  // overflow: a huge one, or a diverging job) is undone: false, and the chunk is as it was.
-  [[nodiscard]] static bool ApplyLocked(const JobConfig& config, Chunk& chunk, absl::Span<const float> grad, float lr_scale,
-                          float grad_scale, const std::vector<int>& workers, int64_t clock)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
-
-  // The smallest clock of the active workers' updates in the chunk.
-  static int64_t ClockVersionLocked(const Chunk& chunk, const Roster& roster) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
-  // SYNC: every worker round `chunk.version` waits for has pushed it (with backup workers: the round's members
-  // are decided and every one still in the job has pushed it).
-  bool RoundCompleteLocked(const Chunk& chunk, const Roster& roster) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
-  // SYNC: applies the collected round and hands back the exchanges that waited for it. With backup workers
-  // the round's members' gradients are summed first; `dropped` counts the others'.
-  std::vector<std::shared_ptr<ExchangeWaiter>> CloseRoundLocked(const JobConfig& config, Chunk& chunk,
-                                                                int64_t* dropped = nullptr) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
-  // SYNC: when the chunk has gradients of its open round and the round is complete (after a new view or a
-  // round decision), closes it into `closed`, counting the late gradients it left out in `dropped`.
-  void CloseIfCompleteLocked(const JobConfig& config, Chunk& chunk, const Roster& roster, int64_t& dropped,
-                             ClosedRounds& closed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
-  // SYNC with backup workers: the members of `round` (ascending), or null while undecided.
-  std::shared_ptr<const std::vector<int>> MembersOf(int64_t round) const ABSL_LOCKS_EXCLUDED(decided_mu_);
+  // After a new view or a round decision: closes every chunk's round that is complete now, into `closed`, and
+  // counts the late gradients the rounds left out.
+  void CloseCompleteRounds(const JobConfig& config, const Roster& roster, ClosedRounds& closed)
+      ABSL_SHARED_LOCKS_REQUIRED(mu_) ABSL_LOCKS_EXCLUDED(counters_mu_);
 
   mutable BufferPool buffers_;  // reply and scratch buffers
 
@@ -295,15 +174,7 @@ class ShardStore {
   std::vector<std::unique_ptr<Chunk>> retired_ ABSL_GUARDED_BY(mu_);  // moved to other servers
   std::map<std::pair<std::string, int>, std::unique_ptr<Chunk>> chunks_ ABSL_GUARDED_BY(mu_);
 
-  // The snapshot in progress (Snapshot with a version): chunks taken so far.
-  std::atomic<int64_t> snapshot_at_{-1};
-  absl::Mutex snapshot_mu_ ABSL_ACQUIRED_AFTER(mu_);
-  std::map<std::pair<std::string, int>, tessera::v1::ChunkState> snapshot_ ABSL_GUARDED_BY(snapshot_mu_);
-
-  // SYNC with backup workers: decided rounds' members (the newest kDecidedRoundsKept).
-  static constexpr size_t kDecidedRoundsKept = 1024;
-  mutable absl::Mutex decided_mu_;
-  std::map<int64_t, std::shared_ptr<const std::vector<int>>> decided_ ABSL_GUARDED_BY(decided_mu_);
+  CheckpointCut cut_;  // a SYNC checkpoint waiting for chunks to reach its version
 
   mutable absl::Mutex counters_mu_;
   Counters counters_ ABSL_GUARDED_BY(counters_mu_);

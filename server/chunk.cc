@@ -1,0 +1,85 @@
+#include "server/chunk.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "common/tensor_codec.h"
+#include "glog/logging.h"
+
+namespace tessera {
+
+bool ApplyUpdateLocked(const UpdateRule& rule, Chunk& chunk, absl::Span<const float> grad, float lr_scale,
+                       float grad_scale, const std::vector<int>& workers, int64_t clock) {
+  const int64_t step = chunk.gradient_updates + 1;
+  // When the bounds say the result stays far below the largest float, the update is applied in place;
+  // otherwise on a kept copy's watch, undone when anything came out non-finite.
+  constexpr double kSafe = 1e36;
+  const bool safe =
+      rule.Bound(chunk.values_bound, chunk.state_bound, MaxAbs(grad), step, lr_scale, grad_scale) < kSafe;
+  thread_local std::vector<float> before;  // per thread, reused
+  const size_t n = chunk.values.size();
+  if (!safe) {
+    before.resize(n + chunk.state.size());
+    std::memcpy(before.data(), chunk.values.data(), n * sizeof(float));
+    if (!chunk.state.empty()) std::memcpy(before.data() + n, chunk.state.data(), chunk.state.size() * sizeof(float));
+  }
+  rule.Apply(absl::MakeSpan(chunk.values), grad, absl::MakeSpan(chunk.state), step, lr_scale, grad_scale);
+  const float values_bound = MaxAbs(chunk.values);
+  const float state_bound = MaxAbs(chunk.state);
+  if (!std::isfinite(values_bound) || !std::isfinite(state_bound)) {
+    CHECK(!safe) << "an update the bounds called safe overflowed";
+    std::memcpy(chunk.values.data(), before.data(), n * sizeof(float));
+    if (!chunk.state.empty()) std::memcpy(chunk.state.data(), before.data() + n, chunk.state.size() * sizeof(float));
+    return false;
+  }
+  chunk.values_bound = values_bound;
+  chunk.state_bound = state_bound;
+  chunk.gradient_updates = step;
+  ++chunk.version;
+  for (int w : workers) chunk.applied_clocks[w] = std::max(chunk.applied_clocks[w], clock + 1);
+  return true;
+}
+
+int64_t ClockVersionLocked(const Chunk& chunk, const Roster& roster) {
+  int64_t min = INT64_MAX;
+  for (size_t w = 0; w < chunk.applied_clocks.size(); ++w) {
+    if (roster.active[w]) min = std::min(min, chunk.applied_clocks[w]);
+  }
+  if (min != INT64_MAX) return min;
+  return chunk.applied_clocks.empty() ? 0 : *std::max_element(chunk.applied_clocks.begin(), chunk.applied_clocks.end());
+}
+
+tessera::v1::ChunkState ChunkStateLocked(const Chunk& chunk) {
+  tessera::v1::ChunkState state;
+  state.set_param(chunk.key.first);
+  state.set_index(chunk.key.second);
+  state.set_values(std::string(reinterpret_cast<const char*>(chunk.values.data()), chunk.values.size() * sizeof(float)));
+  state.set_optimizer_state(
+      std::string(reinterpret_cast<const char*>(chunk.state.data()), chunk.state.size() * sizeof(float)));
+  state.set_version(chunk.version);
+  state.set_gradient_updates(chunk.gradient_updates);
+  for (int64_t c : chunk.applied_clocks) state.add_applied_clocks(c);
+  for (const auto& [worker, seq] : chunk.last_seq) (*state.mutable_last_seq())[worker] = seq;
+  return state;
+}
+
+void RestoreChunkLocked(const tessera::v1::ChunkState& state, const std::vector<bool>& keep_seq, Chunk& chunk,
+                        std::vector<std::shared_ptr<ExchangeWaiter>>& dropped) {
+  std::memcpy(chunk.values.data(), state.values().data(), state.values().size());
+  std::memcpy(chunk.state.data(), state.optimizer_state().data(), state.optimizer_state().size());
+  chunk.values_bound = std::numeric_limits<float>::infinity();  // not known until the next update measures them
+  chunk.state_bound = std::numeric_limits<float>::infinity();
+  chunk.version = state.version();
+  chunk.gradient_updates = state.gradient_updates();
+  for (int w = 0; w < state.applied_clocks_size() && w < static_cast<int>(chunk.applied_clocks.size()); ++w) {
+    chunk.applied_clocks[w] = state.applied_clocks(w);
+  }
+  chunk.last_seq.clear();
+  for (const auto& [worker, seq] : state.last_seq()) {
+    if (worker >= 0 && worker < static_cast<int>(keep_seq.size()) && keep_seq[worker]) chunk.last_seq[worker] = seq;
+  }
+  for (auto& w : chunk.round.Reset()) dropped.push_back(std::move(w));
+}
+
+}  // namespace tessera

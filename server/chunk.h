@@ -1,0 +1,72 @@
+// One chunk of a parameter as a server holds it, the view's workers it is updated by, and the operations on a
+// chunk that every consistency mode shares: applying an update (undone when it would overflow), the clock
+// version staleness is measured against, and the state a checkpoint saves and restores.
+//
+// Every function here runs under the chunk's lock; ShardStore takes it.
+#ifndef TESSERA_SERVER_CHUNK_H_
+#define TESSERA_SERVER_CHUNK_H_
+
+#include <limits>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "common/update_rule.h"
+#include "proto/checkpoint.pb.h"
+#include "server/sync_round.h"
+
+namespace tessera {
+
+// The view's workers, as of the last view a server adopted. Immutable once published.
+struct Roster {
+  std::vector<bool> active;
+  std::vector<uint64_t> incarnation;
+  std::vector<int64_t> joined_clock;
+  std::vector<std::string> key_digest;  // SHA-256 of each worker's member key; empty: not checked
+  // The round rule: does sync round `round` wait for `worker`? (The scheduler's clock gate asks the same of
+  // the view it publishes; see scheduler/cluster_view.h.)
+  bool InRound(int worker, int64_t round) const { return active[worker] && joined_clock[worker] <= round; }
+};
+
+struct Chunk {
+  Chunk(std::string param, int index, int64_t length, int state_slots)
+      : key(std::move(param), index), values(length), state(length * state_slots) {}
+
+  const std::pair<std::string, int> key;  // parameter, chunk index
+  mutable absl::Mutex mu;
+  std::vector<float> values ABSL_GUARDED_BY(mu);
+  std::vector<float> state ABSL_GUARDED_BY(mu);
+  int64_t version ABSL_GUARDED_BY(mu) = 0;           // updates applied (in SYNC: the round being collected)
+  int64_t gradient_updates ABSL_GUARDED_BY(mu) = 0;  // optimizer steps taken (Adam's t)
+  // The largest |value| and |state| after the last update (infinity: not known yet, e.g. after a restore).
+  float values_bound ABSL_GUARDED_BY(mu) = std::numeric_limits<float>::infinity();
+  float state_bound ABSL_GUARDED_BY(mu) = std::numeric_limits<float>::infinity();
+  std::map<int, uint64_t> last_seq ABSL_GUARDED_BY(mu);     // per worker id: the newest push applied
+  std::vector<int64_t> applied_clocks ABSL_GUARDED_BY(mu);  // per worker id
+  SyncRound round ABSL_GUARDED_BY(mu);                      // SYNC only: the round being collected
+};
+
+// Applies `grad` (already validated) to `chunk` with `rule`, advancing its version and the clocks of `workers`
+// to `clock` + 1. An update that would leave a value or optimizer state non-finite (finite gradients can still
+// overflow: a huge one, or a diverging job) is undone: false, and the chunk is as it was.
+[[nodiscard]] bool ApplyUpdateLocked(const UpdateRule& rule, Chunk& chunk, absl::Span<const float> grad,
+                                     float lr_scale, float grad_scale, const std::vector<int>& workers, int64_t clock)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+
+// The smallest clock of the active workers' updates in the chunk (workers that left hold nobody back).
+int64_t ClockVersionLocked(const Chunk& chunk, const Roster& roster) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+
+// The chunk's state as a checkpoint holds it.
+tessera::v1::ChunkState ChunkStateLocked(const Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+
+// Takes the chunk's state from a checkpoint (the sizes must match; checked by the caller). Sequence tables are
+// kept only for worker ids with `keep_seq`. The open round is dropped; its exchanges are moved to `dropped`.
+void RestoreChunkLocked(const tessera::v1::ChunkState& state, const std::vector<bool>& keep_seq, Chunk& chunk,
+                        std::vector<std::shared_ptr<ExchangeWaiter>>& dropped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_CHUNK_H_

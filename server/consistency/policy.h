@@ -1,0 +1,83 @@
+// How a server's chunks take gradients under the job's consistency mode: one policy object per job, chosen once
+// (ConsistencyPolicy::ForJob), so the store never branches on the mode.
+//
+//   ASYNC, SSP           AsyncPolicy: each gradient is applied on arrival (SSP's bound is the scheduler's clock
+//                        gate; the servers need not know it). With staleness_aware_lr the step is divided by
+//                        the gradient's staleness.
+//   SYNC                 SyncPolicy: a chunk collects one gradient per worker of its current round (= its
+//                        version); the last to arrive applies the batch-size-weighted mean once. A push for a
+//                        closed round is counted as late and ignored.
+//   SYNC, backup workers BackupSyncPolicy: each worker's gradient is kept apart until the scheduler names the
+//                        round's members (Decide); the round closes with exactly those workers' gradients, on
+//                        every chunk alike; the others' are counted as late and dropped.
+//
+// Every method taking a chunk runs under its lock. The store does what is common to every mode: checking the
+// request, the exactly-once sequence, assignments, answering exchanges and offering closed rounds to a
+// checkpoint.
+#ifndef TESSERA_SERVER_CONSISTENCY_POLICY_H_
+#define TESSERA_SERVER_CONSISTENCY_POLICY_H_
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/update_rule.h"
+#include "proto/job.pb.h"
+#include "server/chunk.h"
+#include "server/chunk_requests.h"
+
+namespace tessera {
+
+// What admitting one push did.
+struct Admission {
+  bool late = false;         // the gradient is in no update (its round closed, or it was left out of it)
+  bool after_close = false;  // ... because its round had closed before it came
+  bool round_open = false;   // its round still waits for other workers: an exchange of it waits too
+  bool closed = false;       // it closed its chunk's round: `closed_waiters` are to be answered
+  std::vector<std::shared_ptr<ExchangeWaiter>> closed_waiters;
+  int64_t dropped = 0;       // late gradients the closed round left out
+  int64_t staleness = -1;    // of the gradient, when it counts (-1: not counted)
+};
+
+// Backup workers: how many decided rounds a server keeps (the newest).
+inline constexpr size_t kDecidedRoundsKept = 1024;
+
+class ConsistencyPolicy {
+ public:
+  // The policy of `consistency`, applying updates with `rule` (which must outlive it).
+  static std::unique_ptr<ConsistencyPolicy> ForJob(const tessera::v1::ConsistencySpec& consistency,
+                                                   const UpdateRule& rule);
+  virtual ~ConsistencyPolicy() = default;
+
+  // Gives a new chunk of a job with `workers` workers what this mode keeps per chunk.
+  virtual void PrepareChunkLocked(Chunk& chunk, int workers) const {}
+
+  // Takes one checked gradient `grad` of `push` (not a duplicate, not an assignment). An error leaves the chunk
+  // unchanged: UNAVAILABLE for a round not open yet, ABORTED for a second, different push of one worker in one
+  // round, INVALID_ARGUMENT for an update that would make values non-finite. `what` names the push in errors.
+  virtual absl::StatusOr<Admission> AdmitLocked(const ChunkPush& push, absl::Span<const float> grad, Chunk& chunk,
+                                                const Roster& roster, const std::string& what) = 0;
+
+  // A retried push that was applied already: does its exchange wait for the round, like the original did?
+  virtual bool DuplicateWaitsLocked(const ChunkPush& push, const Chunk& chunk) const { return false; }
+
+  // After a new view or a round decision: closes the chunk's round when it has gradients and is complete now,
+  // appending its waiting exchanges to `closed` and counting the gradients it left out in `dropped`. True when
+  // it closed one.
+  virtual bool CloseIfCompleteLocked(Chunk& chunk, const Roster& roster, int64_t& dropped,
+                                     std::vector<std::shared_ptr<ExchangeWaiter>>& closed) {
+    return false;
+  }
+
+  // Backup workers: the members of rounds the scheduler decided (each sorted ascending; the newest word on a
+  // round wins). Other modes ignore decisions.
+  virtual void Decide(std::vector<std::pair<int64_t, std::vector<int>>> rounds) {}
+  virtual bool decides_rounds() const { return false; }
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_CONSISTENCY_POLICY_H_
