@@ -23,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/security_options.h"
 
 namespace tessera {
 
@@ -30,15 +31,6 @@ namespace tessera {
 inline constexpr char kAuthorizationHeader[] = "authorization";
 inline constexpr char kMemberKeyHeader[] = "tessera-member-key";
 inline constexpr char kControlKeyHeader[] = "tessera-control-key";
-
-// What a daemon or client is told on its command line (every daemon has these flags).
-struct SecurityOptions {
-  std::string tls_cert;    // PEM certificate chain of this process (with tls_key: TLS on)
-  std::string tls_key;     // PEM private key
-  std::string tls_ca;      // PEM CA bundle: verifies peers; a server with one asks clients for certificates (mTLS)
-  std::string token_file;  // the job token (first line, surrounding whitespace dropped)
-  bool insecure = false;   // allow plaintext on a non-loopback address
-};
 
 // Immutable once loaded; shared by every channel and server of a process.
 class Security {

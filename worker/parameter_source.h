@@ -16,7 +16,7 @@
 #include "common/run_recorder.h"
 #include "proto/cluster.pb.h"
 #include "common/update_rule.h"
-#include "worker/ps_client.h"
+#include "worker/client/ps_client.h"
 
 namespace tessera {
 

@@ -73,7 +73,7 @@
 #include "tests/bench/bench_process.h"
 #include "tests/testing/param_spec.h"
 #include "tests/testing/ports.h"
-#include "worker/ps_client.h"
+#include "worker/client/ps_client.h"
 
 DEFINE_string(sections, "a,b,c,d,e,f,g", "comma-separated sections to run (see the file comment): a,b,c,d,e,f,g");
 DEFINE_string(sizes_mib, "1,4,16,64", "a: tensor sizes in MiB of float32");

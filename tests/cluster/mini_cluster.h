@@ -17,7 +17,7 @@
 #include "scheduler/scheduler.h"
 #include "server/server.h"
 #include "tests/testing/param_spec.h"
-#include "worker/ps_client.h"
+#include "worker/client/ps_client.h"
 
 namespace tessera::testing {
 

@@ -31,10 +31,11 @@
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
 #include "gflags/gflags.h"
+#include "proto/ps.grpc.pb.h"
 #include "tests/bench/bench_process.h"
 #include "tests/testing/ports.h"
 #include "tests/testing/raw_rpc.h"
-#include "worker/ps_client.h"
+#include "worker/client/ps_client.h"
 
 DEFINE_int32(clients, 64, "concurrent clients (each a registered worker of the job)");
 DEFINE_int32(duration_s, 600, "how long the clients run");

@@ -16,7 +16,7 @@
 #include "common/security_flags.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
-#include "worker/ps_client.h"
+#include "worker/client/ps_client.h"
 
 DEFINE_string(scheduler, "", "HOST:PORT of the scheduler (required)");
 DEFINE_int32(features, 64, "number of weights to fit");

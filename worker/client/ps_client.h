@@ -38,10 +38,11 @@
 // Consistency is the job's: in SYNC, Push contributes to the round of the current clock and Clock() returns when
 // every worker has pushed that round; in SSP(s), Clock() holds a worker more than s clocks ahead of the slowest;
 // in ASYNC it never waits.
-#ifndef TESSERA_WORKER_PS_CLIENT_H_
-#define TESSERA_WORKER_PS_CLIENT_H_
-
-#include <grpcpp/generic/generic_stub.h>
+//
+// The library has three parts: this API, which knows no transport; the chunk calls (chunk_calls.h), the one part
+// that speaks gRPC; and the step protocols (step_protocols.h), one per consistency mode, behind BeginStep.
+#ifndef TESSERA_WORKER_CLIENT_PS_CLIENT_H_
+#define TESSERA_WORKER_CLIENT_PS_CLIENT_H_
 
 #include <functional>
 #include <map>
@@ -55,17 +56,20 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/batch_slice.h"
-#include "common/heartbeater.h"
-#include "common/scheduler_client.h"
-#include "common/security.h"
+#include "common/security_options.h"
 #include "common/shard_map.h"
 #include "common/thread_pool.h"
-#include "proto/ps.grpc.pb.h"
+#include "proto/cluster.pb.h"
+#include "worker/client/chunk_types.h"
 
 namespace tessera {
 
-class StepExchange;
+class ChunkCaller;
 struct ChunkCall;
+class Heartbeater;
+class SchedulerClient;
+class Security;
+class StepExchange;
 
 struct ClockResult {
   int64_t clock = 0;      // this worker's clock now (steps completed)
@@ -190,7 +194,11 @@ class PsClient {
 
 
  private:
-  friend class StepExchangeImpl;
+  // The step protocols (step_protocols.cc) run a step with the client's calls, clock and caches.
+  friend class ExchangeStep;
+  friend class SyncExchangeStep;
+  friend class AsyncExchangeStep;
+  friend class SspStep;
   explicit PsClient(const Options& options);
 
   // Adopts the scheduler's map when it is newer (FAILED_PRECONDITION-free: 0 asks for whatever is newer).
@@ -198,24 +206,15 @@ class PsClient {
   // The clock advanced by a gate's answer.
   ClockResult Advanced(const tessera::v1::AdvanceClockResponse& gate);
   void NoteRollback(uint64_t generation, int64_t clock);
-  // The stub of connection `lane` (0 .. connections_per_server-1) to server `server_id`.
-  grpc::GenericStub* StubFor(int server_id, int lane);
-  // Runs one RPC per chunk of `names` (pull, push, assign or exchange; see ChunkOp in ps_client.cc), at most
-  // window_per_server in flight per server; retries the whole set on a stale epoch or UNAVAILABLE.
-  // What a push carries to be applied once and in the right round: its sequence number and clock. A retry
-  // carries its original's, even when the client's clock moved on since (a step's exchange retried while the
-  // next step runs).
-  struct Stamp {
-    uint64_t seq = 0;
-    int64_t clock = 0;
-  };
+  // Runs one RPC per chunk of `names` (pull, push, assign or exchange), at most window_per_server in flight per
+  // server; retries the whole set on a stale epoch or UNAVAILABLE.
   Stamp NewStamp() { return {++seq_, clock_}; }
   Stamp CurrentStamp() const { return {seq_, clock_}; }
-  absl::Status RunChunks(int op, const std::vector<std::string>& names,
+  absl::Status RunChunks(ChunkOp op, const std::vector<std::string>& names,
                          const std::vector<absl::Span<const float>>& grads, int batch_size,
                          const std::vector<absl::Span<float>>& out, Stamp stamp);
-  // The RPCs, one per chunk, of one parameter for op `op`.
-  absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> MakeCalls(int op, size_t name_index,
+  // The RPCs, one per chunk, of one parameter for `op` (see ChunkCaller::Make).
+  absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> MakeCalls(ChunkOp op, size_t name_index,
                                                                     const std::string& name,
                                                                     absl::Span<const float> grad, int batch_size,
                                                                     absl::Span<float> out, Stamp stamp);
@@ -239,15 +238,9 @@ class PsClient {
   uint64_t incarnation_ = 0;
   tessera::v1::JobSpec job_;
   std::shared_ptr<const ShardMapIndex> map_;  // shared with the calls made from it
-  std::map<std::pair<std::string, int>, std::unique_ptr<grpc::GenericStub>> stubs_;  // by address and lane
-  // What the last pull of each chunk returned, and where its bytes were written. A pull into the same memory
-  // names that version, and a server whose chunk has not changed since answers with no bytes.
-  struct PulledChunk {
-    int64_t version = -1;
-    int64_t clock_version = 0;
-    const float* where = nullptr;
-  };
-  std::map<std::pair<std::string, int>, PulledChunk> pulled_;
+  std::unique_ptr<ChunkCaller> caller_;       // the connections to the servers
+  // What the last pull of each chunk returned, and where its bytes were written (see PulledChunk).
+  PulledChunks pulled_;
   mutable absl::Mutex bytes_mu_;
   int64_t bytes_pulled_ ABSL_GUARDED_BY(bytes_mu_) = 0;
   int64_t clock_ = 0;
@@ -285,4 +278,4 @@ class StepExchange {
 
 }  // namespace tessera
 
-#endif  // TESSERA_WORKER_PS_CLIENT_H_
+#endif  // TESSERA_WORKER_CLIENT_PS_CLIENT_H_

@@ -1,0 +1,249 @@
+#include "worker/client/chunk_calls.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/rpc.h"
+#include "common/status_macros.h"
+#include "common/tensor_codec.h"
+#include "common/wire_payload.h"
+#include "proto/ps.pb.h"
+
+namespace tessera {
+
+using tessera::v1::PullRequest;
+using tessera::v1::PullResponse;
+using tessera::v1::PushRequest;
+using tessera::v1::PushResponse;
+
+namespace {
+
+const char* MethodName(ChunkOp op) {
+  switch (op) {
+    case kPull:
+      return "/tessera.v1.ParameterServer/Pull";
+    case kExchange:
+      return "/tessera.v1.ParameterServer/PushPull";
+    default:
+      return "/tessera.v1.ParameterServer/Push";
+  }
+}
+
+absl::Status Decode(ChunkCall& c) {
+  if (c.op == kPush || c.op == kAssign) {
+    PushResponse reply;
+    ReceivedPayload none;
+    TESSERA_RETURN_IF_ERROR(ParseWithPayload(c.response, /*field_number=*/0, &reply, &none));
+    c.version = reply.version();
+    return absl::OkStatus();
+  }
+  PullResponse header;
+  ReceivedPayload payload;
+  TESSERA_RETURN_IF_ERROR(ParseWithPayload(c.response, PullResponse::kDataFieldNumber, &header, &payload));
+  c.version = header.version();
+  c.clock_version = header.clock_version();
+  if (payload.empty()) return absl::OkStatus();  // unchanged since the version the pull named
+  // Servers check every value that enters a chunk, so values that leave one need no second check here.
+  TESSERA_RETURN_IF_ERROR(payload.CopyFloatsTo(c.dst, /*check_finite=*/false, c.What()));
+  c.bytes = static_cast<int64_t>(payload.size());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string ChunkCall::What() const {
+  return absl::StrCat(op == kPull ? "Pull " : op == kExchange ? "PushPull " : "Push ", placement->param(), "/",
+                      placement->index(), " at ", server);
+}
+
+grpc::GenericStub* ChunkCaller::StubFor(const ShardMapIndex& map, int server_id, int lane) {
+  absl::StatusOr<std::string> address = map.ServerAddress(server_id);
+  const std::string host_port = address.ok() ? *address : "";
+  auto& stub = stubs_[{host_port, lane}];
+  if (!stub) stub = std::make_unique<grpc::GenericStub>(MakeChannel(host_port, *security_));  // a connection of its own
+  return stub.get();
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> ChunkCaller::Make(
+    ChunkOp op, const std::shared_ptr<const ShardMapIndex>& map, size_t name_index, const std::string& name,
+    absl::Span<const float> grad, int batch_size, absl::Span<float> out, Stamp stamp, const CallerIdentity& who,
+    const PulledChunks& pulled, absl::Duration timeout) {
+  if (map == nullptr) return absl::FailedPreconditionError("no parameters declared yet: call Declare first");
+  TESSERA_ASSIGN_OR_RETURN(const tessera::v1::ParameterSpec* spec, map->Param(name));
+  const size_t expected = static_cast<size_t>(NumElements(spec->shape()));
+  const bool sends = op != kPull;
+  const bool receives = op == kPull || op == kExchange;
+  if ((sends && grad.size() != expected) || (receives && out.size() != expected)) {
+    return absl::InvalidArgumentError(absl::StrCat("parameter '", name, "' has shape ", ShapeString(spec->shape()),
+                                                   " (", expected, " values); the span holds ",
+                                                   sends && grad.size() != expected ? grad.size() : out.size()));
+  }
+  TESSERA_ASSIGN_OR_RETURN(std::vector<const tessera::v1::ChunkPlacement*> chunks, map->Chunks(name));
+  std::vector<std::unique_ptr<ChunkCall>> calls;
+  for (const tessera::v1::ChunkPlacement* placement : chunks) {
+    // A chunk of a server the view no longer has is moving to another one: retry once the view says where.
+    if (absl::StatusOr<std::string> server = map->ServerAddress(placement->server_id()); !server.ok()) {
+      return absl::UnavailableError(absl::StrCat("chunk ", placement->param(), "/", placement->index(), " is on server ",
+                                                 placement->server_id(), ", which is out of the cluster view at epoch ",
+                                                 map->epoch(), "; its chunks are moving"));
+    }
+    auto call = std::make_unique<ChunkCall>();
+    call->op = op;
+    call->map = map;
+    call->placement = placement;
+    call->name_index = name_index;
+    call->server_id = placement->server_id();
+    call->server = map->ServerAddress(placement->server_id()).value_or("?");
+    call->stub = StubFor(*map, call->server_id, placement->index() % connections_per_server_);
+    SetTimeout(call->context, timeout);
+    security_->Authorize(call->context);
+    call->context.AddMetadata(kMemberKeyHeader, who.member_key);
+    auto cached = pulled.find({placement->param(), placement->index()});
+    if (receives) call->dst = out.subspan(placement->offset(), placement->length());
+    if (op == kPull) {
+      PullRequest r;
+      r.set_epoch(map->epoch());
+      r.set_worker_id(who.worker_id);
+      r.mutable_key()->set_param(placement->param());
+      r.mutable_key()->set_index(placement->index());
+      const bool same_memory = cached != pulled.end() && cached->second.where == call->dst.data();
+      r.set_have_version(same_memory ? cached->second.version : -1);
+      grpc::Slice slice(r.SerializeAsString());
+      call->request = grpc::ByteBuffer(&slice, 1);
+    } else {
+      PushRequest r;
+      r.set_epoch(map->epoch());
+      r.set_worker_id(who.worker_id);
+      r.set_incarnation(who.incarnation);
+      r.set_seq(stamp.seq);
+      r.set_clock(stamp.clock);
+      r.set_read_clock_version(cached == pulled.end() ? stamp.clock : cached->second.clock_version);
+      r.set_batch_size(batch_size);
+      r.set_kind(op == kAssign ? PushRequest::ASSIGN : PushRequest::GRADIENT);
+      r.mutable_key()->set_param(placement->param());
+      r.mutable_key()->set_index(placement->index());
+      call->request = SerializeWithPayload(r, PushRequest::kDataFieldNumber,
+                                           BorrowedFloatsSlice(grad.subspan(placement->offset(), placement->length())));
+    }
+    calls.push_back(std::move(call));
+  }
+  return calls;
+}
+
+ChunkBatch::~ChunkBatch() {
+  CancelAll();
+  WaitAll();
+}
+
+void ChunkBatch::Add(std::unique_ptr<ChunkCall> call) {
+  ChunkCall* c = call.get();
+  c->context.set_wait_for_ready(false);
+  bool start = false;
+  {
+  absl::MutexLock lock(&mu_);
+    calls_.push_back(std::move(call));
+    ++pending_;
+    ++pending_by_name_[c->name_index];
+    Server& s = servers_[c->server_id];
+    if (s.in_flight < window_) {
+      ++s.in_flight;
+      start = true;
+    } else {
+      s.queue.emplace(c->name_index, c);
+    }
+  }
+  if (!start) return;
+  if (launcher_ != nullptr) {
+    launcher_->Submit([this, c] { Launch(c); });  // the destructor waits for every call, launched or not
+  } else {
+    Launch(c);
+  }
+}
+
+void ChunkBatch::WaitAll(const std::function<bool()>& give_up) {
+  while (give_up) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (pending_ == 0) return;
+      call_done_.WaitWithTimeout(&mu_, absl::Milliseconds(100));
+      if (pending_ == 0) return;
+    }
+    if (give_up()) {
+      CancelAll();
+      break;
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(+[](size_t* p) { return *p == 0; }, &pending_));
+}
+
+bool ChunkBatch::WaitForName(size_t name_index, const std::function<bool()>& give_up) {
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (pending_by_name_[name_index] == 0) return true;
+      call_done_.WaitWithTimeout(&mu_, absl::Milliseconds(100));
+      if (pending_by_name_[name_index] == 0) return true;
+    }
+    if (give_up && give_up()) return false;
+  }
+}
+
+std::vector<ChunkCall*> ChunkBatch::CallsOf(size_t name_index) {
+  absl::MutexLock lock(&mu_);
+  std::vector<ChunkCall*> out;
+  for (auto& c : calls_) {
+    if (c->name_index == name_index) out.push_back(c.get());
+  }
+  return out;
+}
+
+std::vector<ChunkCall*> ChunkBatch::calls() {
+  absl::MutexLock lock(&mu_);
+  std::vector<ChunkCall*> out;
+  for (auto& c : calls_) out.push_back(c.get());
+  return out;
+}
+
+void ChunkBatch::CancelAll() {
+  absl::MutexLock lock(&mu_);
+  cancelled_ = true;
+  for (auto& c : calls_) c->context.TryCancel();
+  for (auto& [id, s] : servers_) {
+    pending_ -= s.queue.size();
+    for (auto& [prio, c] : s.queue) {
+      c->status = absl::CancelledError(c->What() + ": cancelled");
+      --pending_by_name_[c->name_index];
+    }
+    s.queue.clear();
+  }
+  call_done_.SignalAll();
+}
+
+void ChunkBatch::Launch(ChunkCall* c) {
+  c->stub->UnaryCall(&c->context, MethodName(c->op), grpc::StubOptions(), &c->request, &c->response,
+                     [this, c](grpc::Status status) { OnDone(c, status); });
+}
+
+void ChunkBatch::OnDone(ChunkCall* c, const grpc::Status& status) {
+  c->status = FromGrpcStatus(status, c->context, c->What());
+  if (c->status.ok()) c->status = Decode(*c);
+  ChunkCall* next = nullptr;
+  {
+  absl::MutexLock lock(&mu_);
+    Server& s = servers_[c->server_id];
+    if (!s.queue.empty() && !cancelled_) {
+      next = s.queue.begin()->second;
+      s.queue.erase(s.queue.begin());
+    } else {
+      --s.in_flight;
+    }
+    --pending_;
+    --pending_by_name_[c->name_index];
+    call_done_.SignalAll();
+  }
+  if (next != nullptr) Launch(next);
+}
+
+}  // namespace tessera

@@ -1,0 +1,295 @@
+#include "worker/client/ps_client.h"
+
+#include <algorithm>
+#include <atomic>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/heartbeater.h"
+#include "common/scheduler_client.h"
+#include "common/security.h"
+#include "common/status_macros.h"
+#include "common/tensor_codec.h"
+#include "glog/logging.h"
+#include "worker/client/chunk_calls.h"
+#include "worker/client/step_protocols.h"
+
+namespace tessera {
+
+PsClient::PsClient(const Options& options) : options_(options) {}
+
+PsClient::~PsClient() {
+  if (heartbeater_) heartbeater_->Stop();
+}
+
+absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(const Options& options) {
+  if (options.scheduler_address.empty()) return absl::InvalidArgumentError("scheduler address is required");
+  if (options.window_per_server < 1 || options.connections_per_server < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("window_per_server and connections_per_server must be at least 1, got ",
+                                                   options.window_per_server, " and ", options.connections_per_server));
+  }
+  TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<const Security> security, Security::Load(options.security));
+  std::unique_ptr<PsClient> client(new PsClient(options));
+  client->security_ = security;
+  client->caller_ = std::make_unique<ChunkCaller>(security, options.connections_per_server);
+  client->scheduler_ = std::make_unique<SchedulerClient>(options.scheduler_address, security);
+  tessera::v1::RegisterRequest request;
+  request.set_role(tessera::v1::WORKER);
+  request.set_device(options.device);
+  if (options.rank >= 0) request.set_requested_id(options.rank);
+  TESSERA_ASSIGN_OR_RETURN(tessera::v1::RegisterResponse registered,
+                           client->scheduler_->Register(request, options.connect_timeout));
+  client->worker_id_ = registered.id();
+  client->incarnation_ = registered.incarnation();
+  client->member_key_ = registered.member_key();
+  client->clock_ = registered.start_clock();
+  client->slice_ = {registered.batch_offset(), registered.batch_count()};
+  client->job_ = registered.job();
+  if (options.heartbeat) {
+    client->heartbeater_ = client->scheduler_->StartHeartbeats(
+        tessera::v1::WORKER, client->worker_id_, client->incarnation_,
+        absl::Milliseconds(registered.heartbeat_interval_ms()), [] {},
+        [address = options.scheduler_address, lost = options.on_scheduler_lost](const absl::Status& why) {
+          absl::Status status = absl::UnavailableError(absl::StrCat("lost the scheduler at ", address, ": ", why.message()));
+          LOG(ERROR) << status;
+          if (lost) lost(status);
+        },
+        registered.heartbeat_timeout_ms() > 0 ? absl::Milliseconds(registered.heartbeat_timeout_ms())
+                                              : absl::Seconds(30));
+  }
+  return client;
+}
+
+absl::Status PsClient::Declare(const std::vector<tessera::v1::ParameterSpec>& params) {
+  tessera::v1::DeclareRequest request;
+  request.set_worker_id(worker_id_);
+  for (const auto& p : params) *request.add_params() = p;
+  TESSERA_ASSIGN_OR_RETURN(tessera::v1::ShardMap map, scheduler_->Declare(request, options_.declare_timeout));
+  rollback_generation_ = map.rollback_generation();  // rollbacks before this worker joined are not its own
+  map_ = std::make_shared<const ShardMapIndex>(std::move(map));
+  return absl::OkStatus();
+}
+
+absl::Status PsClient::RefreshMap(uint64_t at_least_epoch) {
+  TESSERA_ASSIGN_OR_RETURN(tessera::v1::ShardMap map, scheduler_->GetShardMap());
+  if (map.epoch() < at_least_epoch) {
+    return absl::UnavailableError(absl::StrCat("scheduler's shard map is at epoch ", map.epoch(),
+                                               ", a server is already at ", at_least_epoch));
+  }
+  if (map_ != nullptr && map.epoch() <= map_->epoch()) return absl::OkStatus();  // nothing new
+  NoteRollback(map.rollback_generation(), map.rollback_clock());
+  VLOG(1) << "worker " << worker_id_ << ": shard map epoch " << epoch() << " -> " << map.epoch();
+  map_ = std::make_shared<const ShardMapIndex>(std::move(map));
+  return absl::OkStatus();
+}
+
+int64_t PsClient::bytes_pulled() const {
+  absl::MutexLock lock(&bytes_mu_);
+  return bytes_pulled_;
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> PsClient::MakeCalls(
+    ChunkOp op, size_t name_index, const std::string& name, absl::Span<const float> grad, int batch_size,
+    absl::Span<float> out, Stamp stamp) {
+  // An exchange in SYNC is answered when its round closes: it may wait as long as the clock gate.
+  const absl::Duration timeout =
+      op == kExchange ? std::max(options_.rpc_timeout, options_.clock_wait_timeout) : options_.rpc_timeout;
+  return caller_->Make(op, map_, name_index, name, grad, batch_size, out, stamp,
+                       {worker_id_, incarnation_, member_key_}, pulled_, timeout);
+}
+
+absl::StatusOr<PsClient::Absorbed> PsClient::Absorb(const std::vector<ChunkCall*>& calls) {
+  Absorbed result;
+  int64_t bytes = 0;
+  for (const auto& call : calls) {
+    if (call->status.ok()) {
+      bytes += call->bytes;
+      if (call->op == kPull || call->op == kExchange) {
+        PulledChunk& cached = pulled_[call->key()];
+        cached.version = call->version;
+        cached.clock_version = call->clock_version;
+        cached.where = call->dst.data();
+      }
+      continue;
+    }
+    std::optional<uint64_t> epoch = GetCurrentEpoch(call->status);
+    if (call->status.code() == absl::StatusCode::kFailedPrecondition && epoch) {
+      result.newer_epoch = std::max(result.newer_epoch, *epoch);
+    } else if (call->status.code() != absl::StatusCode::kUnavailable) {
+      return call->status;  // not retryable: the caller must fix something
+    }
+    result.retry = call->status;
+    // The destination may hold part of the chunk now: its cached version no longer describes it.
+    pulled_.erase(call->key());
+    std::vector<size_t>& failed = result.failed_names;
+    if (failed.empty() || failed.back() != call->name_index) failed.push_back(call->name_index);
+  }
+  absl::MutexLock lock(&bytes_mu_);
+  bytes_pulled_ += bytes;
+  return result;
+}
+
+absl::Status PsClient::RunChunks(ChunkOp op, const std::vector<std::string>& names,
+                                 const std::vector<absl::Span<const float>>& grads, int batch_size,
+                                 const std::vector<absl::Span<float>>& out, Stamp stamp) {
+  if (map_ == nullptr) return absl::FailedPreconditionError("no parameters declared yet: call Declare first");
+  const bool sends = op != kPull, receives = op == kPull || op == kExchange;
+  if ((sends && names.size() != grads.size()) || (receives && names.size() != out.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(names.size(), " names but ", sends ? grads.size() : out.size(),
+                                                   " value spans"));
+  }
+  absl::Duration backoff = absl::Milliseconds(20);
+  std::vector<size_t> todo(names.size());
+  for (size_t i = 0; i < names.size(); ++i) todo[i] = i;
+  absl::Status last;
+  // At least `retries` attempts, and for at least `unavailable_window`: a server that died is replaced in the
+  // cluster view within the scheduler's heartbeat timeout, and the map is asked for again on each attempt.
+  const absl::Time keep_trying_until = absl::Now() + options_.unavailable_window;
+  int attempt = 0;
+  for (; attempt <= options_.retries || absl::Now() < keep_trying_until; ++attempt) {
+    ChunkBatch batch(options_.window_per_server);
+    std::vector<size_t> unplaceable;  // names with a chunk on a server that left the view
+    for (size_t i : todo) {
+      absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> calls =
+          MakeCalls(op, i, names[i], sends ? grads[i] : absl::Span<const float>(), batch_size,
+                    receives ? out[i] : absl::Span<float>(), stamp);
+      if (absl::IsUnavailable(calls.status())) {
+        unplaceable.push_back(i);
+        last = calls.status();
+        continue;
+      }
+      if (!calls.ok()) return calls.status();
+      for (auto& c : *calls) batch.Add(std::move(c));
+    }
+    // A call to a server that froze waits out its deadline: once the job is stopping nothing will answer it.
+    batch.WaitAll([this] { return scheduler_->stopping(); });
+    TESSERA_ASSIGN_OR_RETURN(Absorbed absorbed, Absorb(batch.calls()));
+    if (absorbed.failed_names.empty() && unplaceable.empty()) return absl::OkStatus();
+    todo = std::move(absorbed.failed_names);
+    todo.insert(todo.end(), unplaceable.begin(), unplaceable.end());
+    std::sort(todo.begin(), todo.end());
+    if (!absorbed.retry.ok()) last = std::move(absorbed.retry);
+    if (absorbed.newer_epoch > 0) {
+      TESSERA_RETURN_IF_ERROR(RefreshMap(absorbed.newer_epoch));
+    } else {
+      // A backoff between attempts of remote calls, not a synchronisation point.
+      std::this_thread::sleep_for(absl::ToChronoMilliseconds(backoff));
+      backoff = std::min(backoff * 2, absl::Seconds(1));
+      // The server may be gone and its chunks elsewhere by now.
+      TESSERA_RETURN_IF_ERROR(RefreshMap(0));
+    }
+    if (scheduler_->stopping()) {
+      // Nothing will move or come back once the job is stopping (a server lost without a checkpoint): the step
+      // ends here and the gate says stop.
+      return absl::AbortedError(absl::StrCat("the job is stopping: ", last.message()));
+    }
+    if (rollback_) {
+      return absl::AbortedError(absl::StrCat("the job was rolled back to clock ", *rollback_,
+                                             " (a server was lost); this step is void"));
+    }
+  }
+  return Annotate(last, absl::StrCat("gave up after ", attempt, " attempts"));
+}
+
+absl::Status PsClient::Pull(const std::vector<std::string>& names, const std::vector<absl::Span<float>>& out) {
+  return RunChunks(kPull, names, {}, 0, out, CurrentStamp());
+}
+
+absl::Status PsClient::Push(const std::vector<std::string>& names, const std::vector<absl::Span<const float>>& grads,
+                            int batch_size) {
+  // Checked here too, so that a bad gradient reaches no server: the servers check each chunk on its own, and a
+  // push rejected by one of them but applied by another would change part of the parameter.
+  for (size_t i = 0; i < names.size() && i < grads.size(); ++i) {
+    TESSERA_RETURN_IF_ERROR(CheckFinite(grads[i], absl::StrCat("gradient of '", names[i], "'")));
+  }
+  return RunChunks(kPush, names, grads, batch_size, {}, NewStamp());
+}
+
+absl::Status PsClient::PushPull(const std::vector<std::string>& names,
+                                const std::vector<absl::Span<const float>>& grads, int batch_size,
+                                const std::vector<absl::Span<float>>& out) {
+  for (size_t i = 0; i < names.size() && i < grads.size(); ++i) {
+    TESSERA_RETURN_IF_ERROR(CheckFinite(grads[i], absl::StrCat("gradient of '", names[i], "'")));
+  }
+  return RunChunks(kExchange, names, grads, batch_size, out, NewStamp());
+}
+
+absl::Status PsClient::Assign(const std::vector<std::string>& names,
+                              const std::vector<absl::Span<const float>>& values) {
+  return RunChunks(kAssign, names, values, 1, {}, NewStamp());
+}
+
+absl::StatusOr<ClockResult> PsClient::Clock() {
+  TESSERA_ASSIGN_OR_RETURN(tessera::v1::AdvanceClockResponse gate,
+                           scheduler_->AdvanceClock(worker_id_, clock_ + 1, options_.clock_wait_timeout,
+                                                    step_samples_, absl::ToDoubleSeconds(step_busy_)));
+  return Advanced(gate);
+}
+
+ClockResult PsClient::Advanced(const tessera::v1::AdvanceClockResponse& gate) {
+  ++clock_;
+  if (gate.late() && gate.next_clock() > clock_) clock_ = gate.next_clock();  // on to the others' round
+  slice_ = {gate.batch_offset(), gate.batch_count()};
+  if (gate.rolled_back()) {
+    // Numbered, so that a rollback heard of both here and from the map is taken once.
+    NoteRollback(gate.rollback_generation() > 0 ? gate.rollback_generation() : rollback_generation_ + 1,
+                 gate.rollback_clock());
+  }
+  ClockResult result;
+  result.clock = clock_;
+  result.min_clock = gate.min_clock();
+  result.stop = gate.stop();
+  result.stop_reason = gate.stop_reason();
+  result.rolled_back = rollback_.has_value();
+  result.late = gate.late();
+  return result;
+}
+
+void PsClient::NoteRollback(uint64_t generation, int64_t clock) {
+  if (generation <= rollback_generation_) return;
+  rollback_generation_ = generation;
+  rollback_ = clock;
+}
+
+std::optional<int64_t> PsClient::TakeRollback() {
+  std::optional<int64_t> to = rollback_;
+  if (!to) return std::nullopt;
+  rollback_.reset();
+  clock_ = *to;
+  pulled_.clear();  // what was pulled is from before the rollback
+  return to;
+}
+
+bool PsClient::JobStopped() {
+  if (scheduler_->stopping()) return true;  // a heartbeat said so already
+  // Re-advancing to the clock the scheduler already holds returns at once, with `stop` once the job is over.
+  absl::StatusOr<tessera::v1::AdvanceClockResponse> gate =
+      scheduler_->AdvanceClock(worker_id_, clock_, absl::Milliseconds(1));
+  return gate.ok() && gate->stop();
+}
+
+absl::StatusOr<tessera::v1::ReportResponse> PsClient::Report(tessera::v1::ReportRequest report) {
+  report.set_worker_id(worker_id_);
+  report.set_clock(clock_);
+  return scheduler_->Report(report);
+}
+
+absl::Status PsClient::Done() {
+  if (heartbeater_) heartbeater_->Stop();
+  return scheduler_->Done(worker_id_, clock_);
+}
+
+void PsClient::Fail(const absl::Status& why) {
+  if (heartbeater_) heartbeater_->Stop();
+  if (absl::Status told = scheduler_->Done(worker_id_, clock_, why); !told.ok()) {
+    LOG(INFO) << "could not tell the scheduler that this worker stops: " << told;
+  }
+}
+
+std::unique_ptr<StepExchange> PsClient::BeginStep(const std::vector<std::string>& names,
+                                                  const std::vector<absl::Span<const float>>& grads, int batch_size,
+                                                  const std::vector<absl::Span<float>>& out) {
+  return MakeStepProtocol(this, names, grads, batch_size, out);
+}
+
+}  // namespace tessera
