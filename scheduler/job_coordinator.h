@@ -5,6 +5,7 @@
 //   BatchBalancer    (batch_balancer.h)    SYNC: each worker's slice of a round's global batch
 //   ProgressRecords  (progress_records.h)  reports, evaluations, server statistics, summary.json
 //   Checkpointer     (checkpointer.h)      checkpoints: cadence, taking one, pruning, the latest to restore
+//   StatusPages      (status_pages.h)      /status and /metrics, read from the parts above
 // and hands every new view to the servers. The gRPC service (scheduler_service.h) only converts to and from it.
 //
 // A job's life: servers and workers Register (a slot, an incarnation and the JobSpec handed out) -> workers
@@ -41,6 +42,7 @@
 #include "scheduler/failure_detector.h"
 #include "scheduler/progress_records.h"
 #include "scheduler/server_control.h"
+#include "scheduler/status_pages.h"
 
 namespace tessera {
 
@@ -123,9 +125,6 @@ class JobCoordinator {
   int64_t StartClock(const Member& member) const;
   // The workers a round's global batch is split across: every rank not lost or done.
   std::vector<bool> BatchMembers() const;
-  // SYNC: who made the recent rounds and how often each worker was late (backup workers), for /status and the
-  // summary.
-  nlohmann::json RoundsJson() const;
   // SYNC with backup workers: the clock table decided a round; its members go to the servers.
   void OnRoundDecided(const RoundMembers& round);
   // Reacts to a member the failure detector declared lost.
@@ -136,8 +135,6 @@ class JobCoordinator {
   void RecoverServer(const Member& lost, const CheckpointInfo& checkpoint, absl::Time lost_at);
   // Queues the end of the job once no worker is alive any more (all done or lost).
   void MaybeFinish();
-  // The run's checkpoints, for the summary and /status.
-  nlohmann::json CheckpointsJson() const;
   // Once the job has failed (a server lost for good), the workers get a heartbeat timeout to hear of it and
   // report; after that the job ends without those still running (stuck on a server that is gone). Called by
   // the ticker.
@@ -165,6 +162,7 @@ class JobCoordinator {
   ProgressRecords records_;
   FailureDetector failure_detector_;
   Checkpointer checkpointer_;
+  StatusPages pages_;  // reads the parts above
   // Checks the checkpoint cadence, stop.max_seconds and a job end held back for a failed worker's return.
   std::unique_ptr<Heartbeater> ticker_;
 

@@ -1,10 +1,11 @@
-// The training loop a worker runs: forward and backward on its slice of the global batch, each layer's gradient
+// The training a worker runs: forward and backward on its slice of the global batch, each layer's gradient
 // sent as soon as backward produces it, then the step's exchange brings the next step's values and advances
 // the clock (ParameterSource::BeginStep); with progress reports and (worker 0) evaluation on the test set.
+// Trainer is the handle (run, cancel, progress); the loop itself is StepLoop (step_loop.h).
 #ifndef TESSERA_WORKER_TRAINER_H_
 #define TESSERA_WORKER_TRAINER_H_
 
-#include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -39,6 +40,23 @@ struct TrainerProgress {
   double train_loss = 0;       // mean over the last reporting window
   double samples_per_sec = 0;  // over the last reporting window
   double test_accuracy = 0;    // last evaluation (worker 0)
+};
+
+// The progress a running trainer publishes. Thread-safe.
+class ProgressBoard {
+ public:
+  TrainerProgress Get() const {
+    absl::MutexLock lock(&mu_);
+    return progress_;
+  }
+  void Update(const std::function<void(TrainerProgress&)>& change) {
+    absl::MutexLock lock(&mu_);
+    change(progress_);
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  TrainerProgress progress_ ABSL_GUARDED_BY(mu_);
 };
 
 // Why a trainer must stop early, set from any thread (the first reason wins). Thread-safe.
@@ -77,18 +95,14 @@ class Trainer {
   void Cancel(const std::string& why = "cancelled") { stop_->Set(absl::CancelledError(why)); }
 
   // Thread-safe.
-  TrainerProgress progress() const {
-    absl::MutexLock lock(&progress_mu_);
-    return progress_;
-  }
+  TrainerProgress progress() const { return progress_.Get(); }
 
  private:
   ParameterSource* const source_;  // not owned
   Backend* const backend_;         // not owned
   const TrainerOptions options_;
   const std::shared_ptr<StopSignal> stop_;
-  mutable absl::Mutex progress_mu_;
-  TrainerProgress progress_ ABSL_GUARDED_BY(progress_mu_);
+  ProgressBoard progress_;
 };
 
 }  // namespace tessera

@@ -1,0 +1,169 @@
+// Trainer (and its StepLoop) on a CPU backend and synthetic data, with the parameters in this process
+// (LocalSource) behind a scripted source that can roll the job back or stop it at a chosen clock.
+#include "worker/trainer.h"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/job_spec.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/cluster/mini_cluster.h"
+#include "worker/backend/cpu_backend.h"
+#include "worker/parameter_source.h"
+
+namespace tessera::testing {
+namespace {
+
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+
+tessera::v1::JobSpec LocalJob(int steps) {
+  tessera::v1::JobSpec job = TestJob(tessera::v1::ConsistencySpec::SYNC, /*servers=*/1, /*workers=*/1);
+  job.mutable_stop()->set_max_steps(steps);
+  ApplyJobDefaults(job);
+  EXPECT_TRUE(ValidateJobSpec(job).ok());
+  return job;
+}
+
+// LocalSource with its own clock, which the script can send back (a rollback) or stop. Every step's push is
+// recorded with the clock it belongs to; so is every pull.
+class ScriptedSource final : public ParameterSource {
+ public:
+  explicit ScriptedSource(std::unique_ptr<LocalSource> inner) : inner_(std::move(inner)) {}
+
+  // When the clock first reaches `at`, the job goes back to `to` (the step that reached it is void).
+  void RollBackAt(int64_t at, int64_t to) { rollback_ = {at, to}; }
+  // When the clock reaches `at`, the gate says stop with `why`.
+  void StopAt(int64_t at, std::string why) { stop_ = {at, std::move(why)}; }
+
+  const std::vector<int64_t>& pushed_clocks() const { return pushed_clocks_; }
+  int pulls() const { return pulls_; }
+  bool done() const { return done_; }
+
+  int rank() const override { return 0; }
+  int num_workers() const override { return 1; }
+  const tessera::v1::JobSpec& job() const override { return inner_->job(); }
+  absl::Status Declare(const std::vector<tessera::v1::ParameterSpec>& params) override {
+    return inner_->Declare(params);
+  }
+  absl::Status Pull(const std::vector<std::string>& names, const std::vector<absl::Span<float>>& out) override {
+    ++pulls_;
+    return inner_->Pull(names, out);
+  }
+  absl::Status Push(const std::vector<std::string>& names, const std::vector<absl::Span<const float>>& grads,
+                    int batch_size) override {
+    pushed_clocks_.push_back(clock_);
+    return inner_->Push(names, grads, batch_size);
+  }
+  absl::StatusOr<ClockResult> Clock() override {
+    absl::StatusOr<ClockResult> gate = inner_->Clock();
+    if (!gate.ok()) return gate;
+    gate->clock = ++clock_;
+    if (rollback_ && clock_ == rollback_->first) {
+      pending_rollback_ = rollback_->second;
+      rollback_.reset();
+    }
+    if (stop_ && clock_ == stop_->first) {
+      gate->stop = true;
+      gate->stop_reason = stop_->second;
+    }
+    return gate;
+  }
+  std::optional<int64_t> TakeRollback() override {
+    std::optional<int64_t> to = pending_rollback_;
+    if (to) clock_ = *to;
+    pending_rollback_.reset();
+    return to;
+  }
+  absl::StatusOr<tessera::v1::ReportResponse> Report(const tessera::v1::ReportRequest& report) override {
+    return inner_->Report(report);
+  }
+  absl::Status Done() override {
+    done_ = true;
+    return inner_->Done();
+  }
+
+ private:
+  std::unique_ptr<LocalSource> inner_;
+  int64_t clock_ = 0;
+  std::optional<std::pair<int64_t, int64_t>> rollback_;
+  std::optional<int64_t> pending_rollback_;
+  std::optional<std::pair<int64_t, std::string>> stop_;
+  std::vector<int64_t> pushed_clocks_;
+  int pulls_ = 0;
+  bool done_ = false;
+};
+
+std::unique_ptr<ScriptedSource> Source(int steps) {
+  absl::StatusOr<std::unique_ptr<LocalSource>> local = LocalSource::Create(LocalJob(steps), "");
+  EXPECT_TRUE(local.ok()) << local.status();
+  return std::make_unique<ScriptedSource>(std::move(*local));
+}
+
+std::vector<int64_t> Range(int64_t from, int64_t to) {
+  std::vector<int64_t> out;
+  for (int64_t c = from; c < to; ++c) out.push_back(c);
+  return out;
+}
+
+TEST(TrainerTest, ARunTrainsEveryStepOnceLearnsAndSaysDone) {
+  auto source = Source(300);
+  CpuBackend backend;
+  Trainer trainer(source.get(), &backend, {});
+  absl::StatusOr<TrainerResult> result = trainer.Run();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->steps, 300);
+  EXPECT_EQ(result->stop_reason, "reached step 300");
+  EXPECT_THAT(source->pushed_clocks(), ElementsAreArray(Range(0, 300)));
+  // Once at the start, then each step's exchange (push, clock, pull here) brings the next step's values.
+  EXPECT_EQ(source->pulls(), 1 + 300);
+  // Four synthetic classes: well above chance (0.25).
+  EXPECT_GT(result->test_accuracy, 0.6);
+  EXPECT_EQ(trainer.progress().clock, 300);
+  EXPECT_TRUE(source->done());
+}
+
+TEST(TrainerTest, ARollbackVoidsTheStepItLandsInAndTrainingGoesOnFromTheCheckpointsClock) {
+  auto source = Source(30);
+  source->RollBackAt(/*at=*/12, /*to=*/5);
+  CpuBackend backend;
+  Trainer trainer(source.get(), &backend, {});
+  absl::StatusOr<TrainerResult> result = trainer.Run();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->steps, 30);
+  // Steps 0..11 ran, step 11's end brought the rollback: steps 5.. are trained again, each once more.
+  std::vector<int64_t> expected = Range(0, 12);
+  for (int64_t c : Range(5, 30)) expected.push_back(c);
+  EXPECT_THAT(source->pushed_clocks(), ElementsAreArray(expected));
+  // Once at the start, once after the rollback, and each step's exchange.
+  EXPECT_EQ(source->pulls(), 2 + static_cast<int>(expected.size()));
+}
+
+TEST(TrainerTest, TheGatesStopEndsTheRunWithItsReason) {
+  auto source = Source(100);
+  source->StopAt(7, "target accuracy reached");
+  CpuBackend backend;
+  Trainer trainer(source.get(), &backend, {});
+  absl::StatusOr<TrainerResult> result = trainer.Run();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->steps, 7);
+  EXPECT_EQ(result->stop_reason, "target accuracy reached");
+  EXPECT_TRUE(source->done());
+}
+
+TEST(TrainerTest, CancelledBeforeAStepTheRunEndsCancelledNamingTheClock) {
+  auto source = Source(100);
+  CpuBackend backend;
+  Trainer trainer(source.get(), &backend, {});
+  trainer.Cancel("the worker was told to stop");
+  absl::StatusOr<TrainerResult> result = trainer.Run();
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(std::string(result.status().message()), HasSubstr("stopped at clock 0"));
+  EXPECT_TRUE(source->pushed_clocks().empty());
+  EXPECT_FALSE(source->done());
+}
+
+}  // namespace
+}  // namespace tessera::testing
