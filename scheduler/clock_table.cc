@@ -171,6 +171,20 @@ void ClockTable::Advance(int worker, int64_t clock, absl::Time deadline, Callbac
   for (auto& [callback, result] : ready) callback(std::move(result));
 }
 
+void ClockTable::OnMembership(const MembershipEvent& event) {
+  switch (event.kind) {
+    case MembershipEvent::kWorkerDone:
+    case MembershipEvent::kWorkerLost:
+      Done(event.member.id);
+      break;
+    case MembershipEvent::kWorkerRejoined:
+      Rejoin(event.member.id, std::max<int64_t>(0, event.member.joined_clock - 1));
+      break;
+    default:
+      break;
+  }
+}
+
 void ClockTable::Done(int worker) {
   Ready ready;
   std::vector<RoundMembers> decided;

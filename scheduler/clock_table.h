@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "scheduler/membership_events.h"
 
 namespace tessera {
 
@@ -80,6 +81,10 @@ class ClockTable {
   // `worker` is back (a new incarnation of a lost rank), at `clock`: it holds the others back again. The clock
   // may be lower or higher than its last one.
   void Rejoin(int worker, int64_t clock);
+  // Subscribed to the cluster view: a worker done or lost leaves the gate (Done); a returning one is held one
+  // clock below its start (Rejoin), until the coordinator has handed the servers the view with it and admits
+  // it at its start.
+  void OnMembership(const MembershipEvent& event);
 
   // Holds every worker before the step after the newest any worker has started: Advance to a clock >= the
   // returned one waits (deadlines still apply) until Release(). SYNC checkpoints use it for a consistent cut:

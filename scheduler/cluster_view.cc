@@ -12,27 +12,6 @@
 
 namespace tessera {
 
-const char* MemberStateName(MemberState state) {
-  switch (state) {
-    case MemberState::kVacant:
-      return "vacant";
-    case MemberState::kAlive:
-      return "alive";
-    case MemberState::kLost:
-      return "lost";
-    case MemberState::kDone:
-      return "done";
-  }
-  return "?";
-}
-
-std::string Member::Describe() const {
-  const char* name = role == tessera::v1::SERVER ? "server" : "worker";
-  if (!address.empty()) return absl::StrCat(name, " ", id, " at ", address);
-  if (!hostname.empty()) return absl::StrCat(name, " ", id, " on ", hostname);
-  return absl::StrCat(name, " ", id);
-}
-
 ClusterView::ClusterView(int num_servers, int num_workers)
     : num_servers_(num_servers), num_workers_(num_workers), servers_(num_servers), workers_(num_workers) {
   for (int i = 0; i < num_servers; ++i) {
@@ -45,9 +24,43 @@ ClusterView::ClusterView(int num_servers, int num_workers)
   }
 }
 
+void ClusterView::Subscribe(MembershipListener listener) {
+  absl::MutexLock lock(&listeners_mu_);
+  listeners_.push_back(std::move(listener));
+}
+
+void ClusterView::Publish(const std::vector<MembershipEvent>& events) {
+  std::vector<MembershipListener> listeners;
+  {
+    absl::MutexLock lock(&listeners_mu_);
+    listeners = listeners_;
+  }
+  for (const MembershipEvent& event : events) {
+    for (const MembershipListener& listener : listeners) listener(event);
+  }
+}
+
 absl::StatusOr<ClusterView::Joined> ClusterView::Join(const tessera::v1::RegisterRequest& request, absl::Time now,
                                                       const std::function<int64_t(const Member&)>& start_clock,
                                                       absl::Duration suspect_after) {
+  absl::StatusOr<Joined> joined = JoinSlot(request, now, start_clock, suspect_after);
+  if (!joined.ok()) return joined;
+  MembershipEvent event;
+  const bool server = joined->member.role == tessera::v1::SERVER;
+  const bool first = joined->was == MemberState::kVacant;
+  event.kind = server ? (first ? MembershipEvent::kServerJoined : MembershipEvent::kServerReplaced)
+                      : (first ? MembershipEvent::kWorkerJoined : MembershipEvent::kWorkerRejoined);
+  event.member = joined->member;
+  event.was = joined->was;
+  event.previous_address = joined->previous_address;
+  Publish({event});
+  return joined;
+}
+
+absl::StatusOr<ClusterView::Joined> ClusterView::JoinSlot(const tessera::v1::RegisterRequest& request,
+                                                          absl::Time now,
+                                                          const std::function<int64_t(const Member&)>& start_clock,
+                                                          absl::Duration suspect_after) {
   const bool server = request.role() == tessera::v1::SERVER;
   if (!server && request.role() != tessera::v1::WORKER) {
     return absl::InvalidArgumentError("register: role must be SERVER or WORKER");
@@ -176,27 +189,44 @@ absl::Status ClusterView::CheckMemberKey(tessera::v1::Role role, int id, absl::s
 }
 
 std::vector<Member> ClusterView::MarkSilentLost(absl::Time now, absl::Duration timeout) {
-  absl::MutexLock lock(&mu_);
   std::vector<Member> lost;
-  for (std::vector<Member>* slots : {&servers_, &workers_}) {
-    for (Member& m : *slots) {
-      if (m.state != MemberState::kAlive || now - m.last_seen <= timeout) continue;
-      m.state = MemberState::kLost;
-      lost.push_back(m);
+  {
+    absl::MutexLock lock(&mu_);
+    for (std::vector<Member>* slots : {&servers_, &workers_}) {
+      for (Member& m : *slots) {
+        if (m.state != MemberState::kAlive || now - m.last_seen <= timeout) continue;
+        m.state = MemberState::kLost;
+        lost.push_back(m);
+      }
     }
+    if (!lost.empty()) ChangedLocked();
   }
-  if (!lost.empty()) ChangedLocked();
+  std::vector<MembershipEvent> events;
+  for (const Member& m : lost) {
+    MembershipEvent event;
+    event.kind = m.role == tessera::v1::SERVER ? MembershipEvent::kServerLost : MembershipEvent::kWorkerLost;
+    event.member = m;
+    events.push_back(std::move(event));
+  }
+  Publish(events);
   return lost;
 }
 
-std::optional<Member> ClusterView::Leave(int worker, MemberState state) {
-  absl::MutexLock lock(&mu_);
-  if (worker < 0 || worker >= static_cast<int>(workers_.size()) || workers_[worker].state != MemberState::kAlive) {
-    return std::nullopt;
+std::optional<Member> ClusterView::Leave(int worker, MemberState state, const std::string& failure) {
+  MembershipEvent event;
+  {
+    absl::MutexLock lock(&mu_);
+    if (worker < 0 || worker >= static_cast<int>(workers_.size()) || workers_[worker].state != MemberState::kAlive) {
+      return std::nullopt;
+    }
+    workers_[worker].state = state;
+    if (state == MemberState::kLost) ChangedLocked();
+    event.kind = state == MemberState::kLost ? MembershipEvent::kWorkerLost : MembershipEvent::kWorkerDone;
+    event.member = workers_[worker];
+    event.failure = failure;
   }
-  workers_[worker].state = state;
-  if (state == MemberState::kLost) ChangedLocked();
-  return workers_[worker];
+  Publish({event});
+  return event.member;
 }
 
 void ClusterView::SetWorkerDevice(int id, const std::string& device) {
@@ -290,6 +320,23 @@ absl::Status ClusterView::Commit(const Placed& placed) {
 }
 
 absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> ClusterView::MoveChunksOf(int server) {
+  absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> moved = MoveChunksOfUnpublished(server);
+  if (moved.ok() && !moved->empty()) Publish({ChunksMoved(server, *moved)});
+  return moved;
+}
+
+MembershipEvent ClusterView::ChunksMoved(int server, const std::vector<tessera::v1::ChunkPlacement>& chunks) const {
+  MembershipEvent event;
+  event.kind = MembershipEvent::kChunksMoved;
+  {
+    absl::MutexLock lock(&mu_);
+    if (server >= 0 && server < static_cast<int>(servers_.size())) event.member = servers_[server];
+  }
+  event.chunks = chunks;
+  return event;
+}
+
+absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> ClusterView::MoveChunksOfUnpublished(int server) {
   absl::MutexLock lock(&mu_);
   if (!placement_) return std::vector<tessera::v1::ChunkPlacement>();
   tessera::v1::ShardMap map = MapLocked();  // the alive servers
@@ -334,6 +381,12 @@ tessera::v1::ShardMap ClusterView::MapLocked() const {
 }
 
 absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> ClusterView::GiveShareTo(int server) {
+  absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> moved = GiveShareToUnpublished(server);
+  if (moved.ok() && !moved->empty()) Publish({ChunksMoved(server, *moved)});
+  return moved;
+}
+
+absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> ClusterView::GiveShareToUnpublished(int server) {
   absl::MutexLock lock(&mu_);
   if (!placement_) return std::vector<tessera::v1::ChunkPlacement>();
   tessera::v1::ShardMap map = MapLocked();
@@ -367,10 +420,16 @@ uint64_t ClusterView::rollback_generation() const {
 }
 
 void ClusterView::RollBack(int64_t clock) {
-  absl::MutexLock lock(&mu_);
-  ++rollback_generation_;
-  rollback_clock_ = clock;
-  ChangedLocked();
+  {
+    absl::MutexLock lock(&mu_);
+    ++rollback_generation_;
+    rollback_clock_ = clock;
+    ChangedLocked();
+  }
+  MembershipEvent event;
+  event.kind = MembershipEvent::kRolledBack;
+  event.clock = clock;
+  Publish({event});
 }
 
 std::optional<tessera::v1::ShardMap> ClusterView::Map() const {

@@ -29,36 +29,19 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/cluster.pb.h"
+#include "scheduler/member.h"
+#include "scheduler/membership_events.h"
 
 namespace tessera {
 
-enum class MemberState { kVacant, kAlive, kLost, kDone };
-
-// "vacant", "alive", "lost", "done".
-const char* MemberStateName(MemberState state);
-
-struct Member {
-  tessera::v1::Role role = tessera::v1::ROLE_UNSPECIFIED;
-  int id = -1;
-  uint64_t incarnation = 0;  // 0: nobody ever held the slot
-  MemberState state = MemberState::kVacant;
-  std::string address;
-  std::string hostname;
-  std::string device;
-  absl::Time last_seen;
-  int64_t joined_clock = 0;  // workers: the clock this incarnation started at
-  std::string key;           // the member key this incarnation was given (common/security.h)
-  std::string key_digest;    // its SHA-256, which the view hands to servers
-  std::string control_key;   // servers: the key their control calls need
-
-  // "server 1 at node8:4100" or "worker 2 on gpu3".
-  std::string Describe() const;
-};
-
-// Thread-safe.
+// Thread-safe. Every change of members or chunk placement is published to the subscribers (see
+// membership_events.h) once made, on the thread that made it.
 class ClusterView {
  public:
   ClusterView(int num_servers, int num_workers);
+
+  // `listener` hears of every change from now on, after the listeners subscribed before it.
+  void Subscribe(MembershipListener listener);
 
   // Gives the registering member a slot (see above) and a new incarnation. A member that asks for its id gets
   // it even while its holder is alive (a restarted process comes back before its old self is declared lost);
@@ -99,7 +82,8 @@ class ClusterView {
   // An alive worker leaves: kDone (it finished) or kLost (it stopped on an error: lost at once, as if it had
   // fallen silent; it may register again, and the epoch advances once parameters are placed). Returns it as it is
   // now; nullopt when the rank is not alive.
-  std::optional<Member> Leave(int worker, MemberState state);
+  // `failure`: with kLost, the error the worker stopped on (published with the change).
+  std::optional<Member> Leave(int worker, MemberState state, const std::string& failure = "");
 
   // Records the device a worker computes on (known to the worker only after it registered).
   void SetWorkerDevice(int id, const std::string& device);
@@ -153,6 +137,17 @@ class ClusterView {
   int num_workers() const { return num_workers_; }
 
  private:
+  // The changes themselves; the public methods publish them.
+  absl::StatusOr<Joined> JoinSlot(const tessera::v1::RegisterRequest& request, absl::Time now,
+                                  const std::function<int64_t(const Member&)>& start_clock,
+                                  absl::Duration suspect_after) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> MoveChunksOfUnpublished(int server) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> GiveShareToUnpublished(int server) ABSL_LOCKS_EXCLUDED(mu_);
+  MembershipEvent ChunksMoved(int server, const std::vector<tessera::v1::ChunkPlacement>& chunks) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Tells every listener of `events`, in order. Called without mu_ held (listeners read the view).
+  void Publish(const std::vector<MembershipEvent>& events) ABSL_LOCKS_EXCLUDED(mu_, listeners_mu_);
+
   tessera::v1::ShardMap MapLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Advances the epoch once parameters are placed.
   void ChangedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -169,6 +164,9 @@ class ClusterView {
   int64_t rollback_clock_ ABSL_GUARDED_BY(mu_) = 0;
   // Parameters and chunk placement; set once parameters are declared.
   std::optional<tessera::v1::ShardMap> placement_ ABSL_GUARDED_BY(mu_);
+
+  absl::Mutex listeners_mu_;
+  std::vector<MembershipListener> listeners_ ABSL_GUARDED_BY(listeners_mu_);
 };
 
 }  // namespace tessera

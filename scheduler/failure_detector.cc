@@ -28,7 +28,9 @@ void FailureDetector::Start(absl::Duration interval) {
 }
 
 void FailureDetector::Check(absl::Time now) {
-  for (const Member& m : view_->MarkSilentLost(now, timeout_)) on_lost_(m);
+  for (const Member& m : view_->MarkSilentLost(now, timeout_)) {
+    if (on_lost_) on_lost_(m);
+  }
   if (now >= next_waiting_report_) {
     const std::string waiting = view_->WaitingSummary(now, timeout_);
     if (!waiting.empty()) {

@@ -18,8 +18,9 @@ class FailureDetector {
  public:
   static constexpr absl::Duration kWaitingReportInterval = absl::Seconds(5);
 
-  // `view` is not owned. `on_lost` runs on the detector's thread for each member it declares lost.
-  FailureDetector(ClusterView* view, absl::Duration timeout, std::function<void(const Member&)> on_lost);
+  // `view` is not owned. The view publishes each member it declares lost to its subscribers; `on_lost`, when
+  // given, also runs on the detector's thread for each.
+  FailureDetector(ClusterView* view, absl::Duration timeout, std::function<void(const Member&)> on_lost = nullptr);
   ~FailureDetector();
 
   // Checks every `interval` until Stop() or destruction.

@@ -74,9 +74,22 @@ JobCoordinator::JobCoordinator(tessera::v1::JobSpec job, std::unique_ptr<RunReco
               [this](const RoundMembers& round) { OnRoundDecided(round); }),
       balancer_(job_),
       records_(job_, std::move(recorder), start_),
-      failure_detector_(&view_, heartbeat_timeout, [this](const Member& m) { OnLost(m); }),
+      failure_detector_(&view_, heartbeat_timeout),
       checkpointer_(job_, servers, start_),
-      pages_(job_, start_, view_, clocks_, balancer_, records_, checkpointer_) {}
+      recovery_({&job_, &view_, &clocks_, servers, &checkpointer_, &records_, &executor_}, heartbeat_timeout,
+                [this](const std::string& why) { return TakeCheckpoint(why, /*keep_hold=*/true); },
+                [this](const std::string& reason) { FailJob(reason); }),
+      pages_(job_, start_, view_, clocks_, balancer_, records_, checkpointer_) {
+  // The parts that care hear of every membership change, in this order.
+  view_.Subscribe([this](const MembershipEvent& e) {
+    const std::vector<int64_t> clocks = clocks_.Clocks();
+    const int id = e.member.id;
+    records_.OnMembership(e, id >= 0 && id < static_cast<int>(clocks.size()) ? clocks[id] : 0);
+  });
+  view_.Subscribe([this](const MembershipEvent& e) { clocks_.OnMembership(e); });
+  view_.Subscribe([this](const MembershipEvent& e) { recovery_.OnMembership(e); });
+  view_.Subscribe([this](const MembershipEvent& e) { OnMembership(e); });
+}
 
 JobCoordinator::~JobCoordinator() {
   failure_detector_.Stop();
@@ -210,44 +223,13 @@ void JobCoordinator::Register(const tessera::v1::RegisterRequest& request,
       done(joined.status());
       return;
     }
+    // The parts that care heard of it already (OnMembership): a returning worker is in the servers' view.
     const Member& m = joined->member;
-    const bool returning = joined->was != MemberState::kVacant;
     if (m.role == tessera::v1::SERVER) servers_->SetControlKey(m.address, m.control_key);
     LOG(INFO) << m.Describe() << " registered (incarnation " << m.incarnation << ")"
               << (m.device.empty() ? "" : " on " + m.device)
               << (m.role == tessera::v1::WORKER && m.joined_clock > 0 ? absl::StrCat(", starting at clock ", m.joined_clock)
                                                                      : "");
-    if (m.role == tessera::v1::WORKER && returning) {
-      // Back in the gate at once, held one clock below its start until the servers know it (so that no sync
-      // round it belongs to closes without it), then at its start.
-      clocks_.Rejoin(m.id, std::max<int64_t>(0, m.joined_clock - 1));
-      PublishView(absl::StrCat("worker ", m.id, " rejoined at clock ", m.joined_clock));
-      clocks_.Rejoin(m.id, m.joined_clock);
-      records_.AddEvent({{"event", "worker rejoined"}, {"worker", m.id}, {"incarnation", m.incarnation},
-                         {"clock", m.joined_clock}});
-    } else if (m.role == tessera::v1::WORKER && view_.placed() && !Resuming()) {
-      // The servers learn its key (and so take its pushes) before it hears back. (A resumed job's servers get
-      // the view, keys included, with their restore.)
-      PublishView(absl::StrCat("worker ", m.id, " joined"));
-    } else if (m.role == tessera::v1::SERVER && returning) {
-      records_.AddEvent({{"event", "server replaced"}, {"server", m.id}, {"incarnation", m.incarnation},
-                         {"address", m.address}});
-      if (view_.placed()) {
-        // A restarted server that took its id back before the old one was declared lost: the old one is lost
-        // now. Its chunks move to the others (restored from the checkpoint), then the newcomer takes a share.
-        if (joined->was == MemberState::kAlive) {
-          Member old = m;
-          old.incarnation -= 1;
-          old.address = joined->previous_address;
-          if (std::optional<CheckpointInfo> latest = checkpointer_.latest()) {
-            executor_.Submit([this, old, info = *latest] { RecoverServer(old, info, absl::Now()); });
-          } else {
-            OnLost(old);
-          }
-        }
-        executor_.Submit([this, m] { GiveShareTo(m); });
-      }
-    }
     tessera::v1::RegisterResponse response;
     response.set_id(m.id);
     *response.mutable_job() = job_;
@@ -485,143 +467,71 @@ absl::Status JobCoordinator::Done(const tessera::v1::DoneRequest& request) {
   TESSERA_RETURN_IF_ERROR(CheckLength("done: failure", request.failure(), kMaxErrorBytes));
   const std::string not_in_job =
       absl::StrCat("done from worker ", request.worker_id(), ", which is not in the job (lost, or done before)");
+  // Leaving is a membership change: its subscribers (OnMembership among them) take it from here.
   if (!request.failure().empty()) {
-    std::optional<Member> failed = view_.Leave(request.worker_id(), MemberState::kLost);
-    if (!failed) return absl::FailedPreconditionError(not_in_job);
-    OnLost(*failed, request.failure());
+    if (!view_.Leave(request.worker_id(), MemberState::kLost, request.failure())) {
+      return absl::FailedPreconditionError(not_in_job);
+    }
     return absl::OkStatus();
   }
   if (!view_.Leave(request.worker_id(), MemberState::kDone)) return absl::FailedPreconditionError(not_in_job);
-  clocks_.Done(request.worker_id());
   LOG(INFO) << "worker " << request.worker_id() << " done at clock " << request.clock();
-  MaybeFinish();
   return absl::OkStatus();
 }
 
-void JobCoordinator::OnLost(const Member& m, const std::string& failure) {
-  const std::string what = absl::StrCat(m.Describe(), " lost: no heartbeat for ",
-                                        absl::FormatDuration(failure_detector_.timeout()));
-  if (m.role == tessera::v1::WORKER) {
-    const int64_t clock = clocks_.Clocks()[m.id];
-    LOG(WARNING) << (failure.empty() ? absl::StrCat(what, " at clock ", clock)
-                                     : absl::StrCat(m.Describe(), " failed at clock ", clock, ": ", failure))
-                 << "; the others go on without it (it may rejoin)";
-    {
-      absl::MutexLock lock(&mu_);
-      lost_workers_.push_back(m.id);
-      if (failure.empty()) {
-        worker_failures_.erase(m.id);
-      } else {
-        worker_failures_[m.id] = failure;
-        last_failure_report_ = absl::Now();
-      }
+void JobCoordinator::OnMembership(const MembershipEvent& event) {
+  const Member& m = event.member;
+  switch (event.kind) {
+    case MembershipEvent::kWorkerJoined:
+      // The servers learn its key (and so take its pushes) before it hears back. (A resumed job's servers get
+      // the view, keys included, with their restore.)
+      if (view_.placed() && !Resuming()) PublishView(absl::StrCat("worker ", m.id, " joined"));
+      break;
+    case MembershipEvent::kWorkerRejoined:
+      // The clock table holds it one clock below its start until the servers know it (so that no sync round it
+      // belongs to closes without it); then it goes on from its start.
+      PublishView(absl::StrCat("worker ", m.id, " rejoined at clock ", m.joined_clock));
+      clocks_.Rejoin(m.id, m.joined_clock);
+      break;
+    case MembershipEvent::kWorkerLost:
+      WorkerLost(m, event.failure);
+      break;
+    case MembershipEvent::kWorkerDone:
+      MaybeFinish();
+      break;
+    default:
+      break;
+  }
+}
+
+void JobCoordinator::WorkerLost(const Member& m, const std::string& failure) {
+  const int64_t clock = clocks_.Clocks()[m.id];
+  LOG(WARNING) << (failure.empty() ? absl::StrCat(m.Describe(), " lost: no heartbeat for ",
+                                                  absl::FormatDuration(failure_detector_.timeout()), " at clock ",
+                                                  clock)
+                                   : absl::StrCat(m.Describe(), " failed at clock ", clock, ": ", failure))
+               << "; the others go on without it (it may rejoin)";
+  {
+    absl::MutexLock lock(&mu_);
+    lost_workers_.push_back(m.id);
+    if (failure.empty()) {
+      worker_failures_.erase(m.id);
+    } else {
+      worker_failures_[m.id] = failure;
+      last_failure_report_ = absl::Now();
     }
-    nlohmann::json event = {{"event", failure.empty() ? "worker lost" : "worker failed"},
-                            {"worker", m.id},
-                            {"incarnation", m.incarnation},
-                            {"clock", clock}};
-    if (!failure.empty()) event["error"] = failure;
-    records_.AddEvent(std::move(event));
-    clocks_.Done(m.id);
-    executor_.Submit([this, why = absl::StrCat("worker ", m.id, " left")] { PublishView(why); });
-    MaybeFinish();
-    return;
   }
-  records_.AddEvent({{"event", "server lost"}, {"server", m.id}, {"incarnation", m.incarnation},
-                     {"address", m.address}});
-  if (!view_.placed()) {
-    LOG(WARNING) << what << " before the job started; its place waits for a replacement";
-    return;
-  }
-  if (std::optional<CheckpointInfo> latest = checkpointer_.latest()) {
-    LOG(WARNING) << what << "; its chunks move to the other servers, restored from checkpoint " << latest->folder
-                 << " (clock " << latest->state.clock() << ")";
-    executor_.Submit([this, m, info = *latest, at = absl::Now() - failure_detector_.timeout()] {
-      RecoverServer(m, info, at);
-    });
-    return;
-  }
-  const std::string reason =
-      absl::StrCat(what, "; its chunks cannot be restored without a checkpoint, so the job stops");
+  executor_.Submit([this, why = absl::StrCat("worker ", m.id, " left")] { PublishView(why); });
+  MaybeFinish();
+}
+
+void JobCoordinator::FailJob(const std::string& reason) {
   LOG(ERROR) << reason;
   {
     absl::MutexLock lock(&mu_);
     if (failure_.empty()) failure_ = reason;
   }
   clocks_.Stop(reason);
-}
-
-void JobCoordinator::RecoverServer(const Member& lost, const CheckpointInfo& checkpoint, absl::Time lost_at) {
-  const absl::Time start = absl::Now();
-  auto fail = [&](const absl::Status& why) {
-    const std::string reason = absl::StrCat(lost.Describe(), " lost and its chunks could not be restored from ",
-                                            checkpoint.folder, ": ", why.message());
-    LOG(ERROR) << reason << "; the job stops";
-    {
-      absl::MutexLock lock(&mu_);
-      if (failure_.empty()) failure_ = reason;
-    }
-    clocks_.Stop(reason);
-  };
-  absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> moved = view_.MoveChunksOf(lost.id);
-  if (!moved.ok()) return fail(moved.status());
-  const bool sync = job_.consistency().mode() == ConsistencySpec::SYNC;
-  const int64_t clock = checkpoint.state.clock();
-  const std::vector<int64_t> before = clocks_.Clocks();
-  if (sync) {
-    // The clock table first, holding every worker at clock + 1: once the view says "rolled back", a worker that
-    // reads it may advance from `clock` at once, and the table must already be there (a worker whose clock the
-    // table set back after it had advanced was refused as a jump and died).
-    clocks_.RollBack(clock, view_.rollback_generation() + 1);
-    view_.RollBack(clock);
-  }
-  std::optional<tessera::v1::ShardMap> map = view_.Map();
-  // SYNC: every chunk goes back to the checkpoint (a sync round is one cut of the whole model); ASYNC and SSP:
-  // only the moved chunks come back, with their checkpoint versions, and the others keep going.
-  if (absl::Status s = servers_->Assign(*map, job_, checkpoint.shard_files, /*restore_all=*/sync); !s.ok()) {
-    return fail(s);
-  }
-  if (sync) clocks_.Release();  // the servers hold the checkpoint's values: on from `clock`
-  const int64_t newest = before.empty() ? 0 : *std::max_element(before.begin(), before.end());
-  const double seconds_lost = absl::ToDoubleSeconds(absl::Now() - lost_at);
-  LOG(WARNING) << "recovered from the loss of " << lost.Describe() << ": " << moved->size()
-               << " chunks moved to the other servers at cluster view epoch " << map->epoch()
-               << (sync ? absl::StrCat(", every worker back to clock ", clock, " from ", newest) : "") << ", "
-               << absl::FormatDuration(absl::Now() - start) << " to restore";
-  records_.AddEvent({{"event", "server lost, recovered"},
-                     {"server", lost.id},
-                     {"address", lost.address},
-                     {"chunks_moved", moved->size()},
-                     {"checkpoint", checkpoint.folder},
-                     {"rolled_back_to", sync ? nlohmann::json(clock) : nlohmann::json()},
-                     {"clocks_lost", sync ? newest - clock : 0},
-                     {"seconds_lost", seconds_lost}});
-}
-
-void JobCoordinator::GiveShareTo(const Member& server) {
-  if (!checkpointer_.enabled()) {
-    LOG(WARNING) << server.Describe() << " joined the running job; without checkpoints no chunks can move to it";
-    return;
-  }
-  const bool sync = job_.consistency().mode() == ConsistencySpec::SYNC;
-  // A checkpoint now: the moved chunks start from it (SYNC: everyone held at its clock until they moved).
-  absl::StatusOr<CheckpointInfo> taken = TakeCheckpoint(absl::StrCat("for ", server.Describe()), /*keep_hold=*/true);
-  if (!taken.ok()) {
-    LOG(WARNING) << "no chunks move to " << server.Describe() << ": " << taken.status();
-    return;
-  }
-  absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> moved = view_.GiveShareTo(server.id);
-  absl::Status assigned = moved.status();
-  if (moved.ok() && !moved->empty()) assigned = servers_->Assign(*view_.Map(), job_, taken->shard_files);
-  if (sync) clocks_.Release();
-  if (!assigned.ok()) {
-    // The servers that did take the view serve it; those that did not answer are found by the failure detector.
-    LOG(WARNING) << "moving chunks to " << server.Describe() << ": " << assigned;
-    return;
-  }
-  LOG(INFO) << server.Describe() << " took " << moved->size() << " chunks at cluster view epoch " << view_.epoch();
-  records_.AddEvent({{"event", "server joined, chunks moved to it"}, {"server", server.id},
-                     {"chunks_moved", moved->size()}, {"checkpoint", taken->folder}});
 }
 
 void JobCoordinator::Abort(const std::string& reason) {

@@ -5,8 +5,10 @@
 //   BatchBalancer    (batch_balancer.h)    SYNC: each worker's slice of a round's global batch
 //   ProgressRecords  (progress_records.h)  reports, evaluations, server statistics, summary.json
 //   Checkpointer     (checkpointer.h)      checkpoints: cadence, taking one, pruning, the latest to restore
+//   ServerRecovery   (server_recovery.h)   a lost server's chunks restored elsewhere; a replacement's share
 //   StatusPages      (status_pages.h)      /status and /metrics, read from the parts above
-// and hands every new view to the servers. The gRPC service (scheduler_service.h) only converts to and from it.
+// and hands every new view to the servers. A change of members reaches the parts that care as an event the view
+// publishes (membership_events.h). The gRPC service (scheduler_service.h) only converts to and from it.
 //
 // A job's life: servers and workers Register (a slot, an incarnation and the JobSpec handed out) -> workers
 // Declare their parameters (placed once every server is in; servers get the view before the map is returned)
@@ -42,6 +44,7 @@
 #include "scheduler/failure_detector.h"
 #include "scheduler/progress_records.h"
 #include "scheduler/server_control.h"
+#include "scheduler/server_recovery.h"
 #include "scheduler/status_pages.h"
 
 namespace tessera {
@@ -127,12 +130,13 @@ class JobCoordinator {
   std::vector<bool> BatchMembers() const;
   // SYNC with backup workers: the clock table decided a round; its members go to the servers.
   void OnRoundDecided(const RoundMembers& round);
-  // Reacts to a member the failure detector declared lost.
+  // Subscribed to the view (after the records, the clock table and the server recovery): a worker that joins
+  // or rejoins is handed to the servers with the view; one lost or done may end the job.
+  void OnMembership(const MembershipEvent& event);
   // `failure`: the error the worker said it stopped on; empty when it fell silent.
-  void OnLost(const Member& member, const std::string& failure = "");
-  // Executor task: the lost server's chunks move to the survivors, restored from the latest checkpoint; in
-  // SYNC every chunk and every worker goes back to that checkpoint. Stops the job when that cannot be done.
-  void RecoverServer(const Member& lost, const CheckpointInfo& checkpoint, absl::Time lost_at);
+  void WorkerLost(const Member& member, const std::string& failure);
+  // The job cannot complete (a server lost for good): records `reason` and stops every gate.
+  void FailJob(const std::string& reason);
   // Queues the end of the job once no worker is alive any more (all done or lost).
   void MaybeFinish();
   // Once the job has failed (a server lost for good), the workers get a heartbeat timeout to hear of it and
@@ -145,8 +149,6 @@ class JobCoordinator {
   void PublishView(const std::string& why);
   // SYNC: with `keep_hold`, the workers stay held at the checkpoint's clock (the caller releases them).
   absl::StatusOr<CheckpointInfo> TakeCheckpoint(const std::string& why, bool keep_hold = false);
-  // A replacement server takes a share of the chunks, restored from a checkpoint taken for the move.
-  void GiveShareTo(const Member& server);
   void FinishJob();
 
   // Constant after construction.
@@ -162,6 +164,7 @@ class JobCoordinator {
   ProgressRecords records_;
   FailureDetector failure_detector_;
   Checkpointer checkpointer_;
+  ServerRecovery recovery_;
   StatusPages pages_;  // reads the parts above
   // Checks the checkpoint cadence, stop.max_seconds and a job end held back for a failed worker's return.
   std::unique_ptr<Heartbeater> ticker_;

@@ -93,6 +93,32 @@ void ProgressRecords::WriteEvalRecord(const tessera::v1::ReportRequest& eval) {
   if (absl::Status s = recorder_->Append(record); !s.ok()) LOG(ERROR) << s;
 }
 
+void ProgressRecords::OnMembership(const MembershipEvent& event, int64_t worker_clock) {
+  const Member& m = event.member;
+  switch (event.kind) {
+    case MembershipEvent::kWorkerLost: {
+      nlohmann::json entry = {{"event", event.failure.empty() ? "worker lost" : "worker failed"},
+                              {"worker", m.id},
+                              {"incarnation", m.incarnation},
+                              {"clock", worker_clock}};
+      if (!event.failure.empty()) entry["error"] = event.failure;
+      AddEvent(std::move(entry));
+      break;
+    }
+    case MembershipEvent::kWorkerRejoined:
+      AddEvent({{"event", "worker rejoined"}, {"worker", m.id}, {"incarnation", m.incarnation},
+                {"clock", m.joined_clock}});
+      break;
+    case MembershipEvent::kServerLost:
+    case MembershipEvent::kServerReplaced:
+      AddEvent({{"event", MembershipEventName(event.kind)}, {"server", m.id}, {"incarnation", m.incarnation},
+                {"address", m.address}});
+      break;
+    default:
+      break;
+  }
+}
+
 void ProgressRecords::AddEvent(nlohmann::json event) {
   event["wall_seconds"] = absl::ToDoubleSeconds(absl::Now() - start_);
   absl::MutexLock lock(&mu_);

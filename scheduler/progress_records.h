@@ -19,6 +19,7 @@
 #include "nlohmann/json.hpp"
 #include "proto/cluster.pb.h"
 #include "proto/ps.pb.h"
+#include "scheduler/membership_events.h"
 #include "scheduler/server_control.h"
 
 namespace tessera {
@@ -57,6 +58,9 @@ class ProgressRecords {
 
   // Notes a recovery or a loss for the summary (a JSON object: what, who, when, ...).
   void AddEvent(nlohmann::json event);
+  // Subscribed to the cluster view: the event log's entry for a worker lost or failed (at `worker_clock`),
+  // rejoined, or a server lost or replaced. (Recoveries log their own, with what they moved.)
+  void OnMembership(const MembershipEvent& event, int64_t worker_clock);
 
   // Makes the summary and writes summary.json. `steps` is the smallest of `counted_clocks` (the workers that
   // stayed in the job); the fields of `extra` are added. PrintSummary then announces it ("summary: ...") once

@@ -149,6 +149,68 @@ TEST(ClusterViewTest, ALostServersChunksMoveToTheLeastLoadedSurvivors) {
   EXPECT_LE(std::abs(bytes0 - bytes2), 40) << "within one chunk of each other";
 }
 
+// Every change of members or placement reaches each subscriber once, in the order made, after the change (a
+// listener reading the view sees it), with what the parts that care need to know.
+TEST(ClusterViewTest, EveryChangeIsPublishedToItsSubscribersOnceMade) {
+  ClusterView view(2, 2);
+  struct Heard {
+    MembershipEvent::Kind kind;
+    int id;
+    uint64_t incarnation;
+    MemberState state_in_view;  // what a listener reading the view saw
+    std::string failure;
+    size_t chunks;
+  };
+  std::vector<Heard> first, second;
+  auto listen = [&view](std::vector<Heard>& into) {
+    return [&view, &into](const MembershipEvent& e) {
+      const std::vector<Member> slots = e.member.role == tessera::v1::SERVER ? view.Servers() : view.Workers();
+      const MemberState state = e.member.id >= 0 ? slots[e.member.id].state : MemberState::kVacant;
+      into.push_back({e.kind, e.member.id, e.member.incarnation, state, e.failure, e.chunks.size()});
+    };
+  };
+  view.Subscribe(listen(first));
+  view.Subscribe(listen(second));
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  ASSERT_THAT(view.Join(Server("a:1"), t0, AtZero).status(), IsOk());
+  ASSERT_THAT(view.Join(Server("b:1"), t0, AtZero).status(), IsOk());
+  ASSERT_THAT(view.Join(Worker("h0"), t0, AtZero).status(), IsOk());
+  ASSERT_THAT(view.Join(Worker("h1"), t0, AtZero).status(), IsOk());
+  ASSERT_THAT(PlaceAndCommit(view, {FloatParam("w", 60)}, 40), IsOk());
+  ASSERT_TRUE(view.Leave(0, MemberState::kLost, "INTERNAL: out of memory"));
+  ASSERT_THAT(view.Join(Worker("h0", 0), t0, AtZero).status(), IsOk());
+  ASSERT_TRUE(view.Leave(1, MemberState::kDone));
+  ASSERT_THAT(view.Touch(tessera::v1::SERVER, 0, 1, t0 + absl::Seconds(20)), IsOk());
+  ASSERT_THAT(view.Touch(tessera::v1::WORKER, 0, 2, t0 + absl::Seconds(20)), IsOk());
+  ASSERT_EQ(view.MarkSilentLost(t0 + absl::Seconds(20), absl::Seconds(10)).size(), 1u);  // server 1
+  ASSERT_THAT(view.MoveChunksOf(1), IsOk());
+  view.RollBack(7);
+  ASSERT_THAT(view.Join(Server("c:1", 1), t0 + absl::Seconds(21), AtZero).status(), IsOk());
+  ASSERT_THAT(view.GiveShareTo(1), IsOk());
+
+  using E = MembershipEvent;
+  const std::vector<std::pair<E::Kind, int>> expected = {
+      {E::kServerJoined, 0},   {E::kServerJoined, 1}, {E::kWorkerJoined, 0},   {E::kWorkerJoined, 1},
+      {E::kWorkerLost, 0},     {E::kWorkerRejoined, 0}, {E::kWorkerDone, 1},   {E::kServerLost, 1},
+      {E::kChunksMoved, 1},    {E::kRolledBack, -1},  {E::kServerReplaced, 1}, {E::kChunksMoved, 1}};
+  ASSERT_EQ(first.size(), expected.size());
+  ASSERT_EQ(second.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ(first[i].kind, expected[i].first) << "event " << i << ": " << MembershipEventName(first[i].kind);
+    EXPECT_EQ(first[i].id, expected[i].second) << "event " << i;
+    EXPECT_EQ(second[i].kind, first[i].kind) << "event " << i;
+  }
+  EXPECT_EQ(first[4].failure, "INTERNAL: out of memory");
+  EXPECT_EQ(first[4].state_in_view, MemberState::kLost) << "published after the change";
+  EXPECT_EQ(first[5].incarnation, 2u);
+  EXPECT_EQ(first[5].state_in_view, MemberState::kAlive);
+  EXPECT_EQ(first[6].state_in_view, MemberState::kDone);
+  EXPECT_EQ(first[7].state_in_view, MemberState::kLost);
+  EXPECT_GT(first[8].chunks, 0u);
+  EXPECT_EQ(first[10].incarnation, 2u);
+  EXPECT_GT(first[11].chunks, 0u);
+}
+
 // A placement is a plan until the servers hold it: until Commit the job stays unplaced (so a lost server waits
 // for its replacement), a new plan never reuses a plan's epoch, and a plan made before the members changed is
 // refused at commit.

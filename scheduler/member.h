@@ -1,0 +1,38 @@
+// A slot of a job (a server id or a worker rank) and the member holding it, as the cluster view records them.
+#ifndef TESSERA_SCHEDULER_MEMBER_H_
+#define TESSERA_SCHEDULER_MEMBER_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/time/time.h"
+#include "proto/cluster.pb.h"
+
+namespace tessera {
+
+enum class MemberState { kVacant, kAlive, kLost, kDone };
+
+// "vacant", "alive", "lost", "done".
+const char* MemberStateName(MemberState state);
+
+struct Member {
+  tessera::v1::Role role = tessera::v1::ROLE_UNSPECIFIED;
+  int id = -1;
+  uint64_t incarnation = 0;  // 0: nobody ever held the slot
+  MemberState state = MemberState::kVacant;
+  std::string address;
+  std::string hostname;
+  std::string device;
+  absl::Time last_seen;
+  int64_t joined_clock = 0;  // workers: the clock this incarnation started at
+  std::string key;           // the member key this incarnation was given (common/security.h)
+  std::string key_digest;    // its SHA-256, which the view hands to servers
+  std::string control_key;   // servers: the key their control calls need
+
+  // "server 1 at node8:4100" or "worker 2 on gpu3".
+  std::string Describe() const;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_SCHEDULER_MEMBER_H_

@@ -1,0 +1,125 @@
+#include "scheduler/server_recovery.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+
+namespace tessera {
+
+using tessera::v1::ConsistencySpec;
+
+ServerRecovery::ServerRecovery(RecoveryParts parts, absl::Duration heartbeat_timeout,
+                               std::function<absl::StatusOr<CheckpointInfo>(const std::string&)> take_checkpoint,
+                               std::function<void(const std::string&)> fail_job)
+    : parts_(parts),
+      heartbeat_timeout_(heartbeat_timeout),
+      take_checkpoint_(std::move(take_checkpoint)),
+      fail_job_(std::move(fail_job)) {}
+
+void ServerRecovery::OnMembership(const MembershipEvent& event) {
+  if (event.kind == MembershipEvent::kServerLost) {
+    ServerLost(event.member, absl::Now() - heartbeat_timeout_);
+  } else if (event.kind == MembershipEvent::kServerReplaced && parts_.view->placed()) {
+    // A restarted server that took its id back before the old one was declared lost: the old one is lost now.
+    // Its chunks move to the others (restored from the checkpoint), then the newcomer takes a share.
+    if (event.was == MemberState::kAlive) {
+      Member old = event.member;
+      old.incarnation -= 1;
+      old.address = event.previous_address;
+      ServerLost(old, absl::Now());
+    }
+    parts_.executor->Submit([this, m = event.member] { GiveShareTo(m); });
+  }
+}
+
+void ServerRecovery::ServerLost(const Member& lost, absl::Time lost_at) {
+  const std::string what =
+      absl::StrCat(lost.Describe(), " lost: no heartbeat for ", absl::FormatDuration(heartbeat_timeout_));
+  if (!parts_.view->placed()) {
+    LOG(WARNING) << what << " before the job started; its place waits for a replacement";
+    return;
+  }
+  if (std::optional<CheckpointInfo> latest = parts_.checkpointer->latest()) {
+    LOG(WARNING) << what << "; its chunks move to the other servers, restored from checkpoint " << latest->folder
+                 << " (clock " << latest->state.clock() << ")";
+    parts_.executor->Submit([this, lost, info = *latest, lost_at] { Recover(lost, info, lost_at); });
+    return;
+  }
+  fail_job_(absl::StrCat(what, "; its chunks cannot be restored without a checkpoint, so the job stops"));
+}
+
+void ServerRecovery::Recover(const Member& lost, const CheckpointInfo& checkpoint, absl::Time lost_at) {
+  const absl::Time start = absl::Now();
+  auto fail = [&](const absl::Status& why) {
+    fail_job_(absl::StrCat(lost.Describe(), " lost and its chunks could not be restored from ", checkpoint.folder,
+                           ": ", why.message()));
+  };
+  absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> moved = parts_.view->MoveChunksOf(lost.id);
+  if (!moved.ok()) return fail(moved.status());
+  const bool sync = parts_.job->consistency().mode() == ConsistencySpec::SYNC;
+  const int64_t clock = checkpoint.state.clock();
+  const std::vector<int64_t> before = parts_.clocks->Clocks();
+  if (sync) {
+    // The clock table first, holding every worker at clock + 1: once the view says "rolled back", a worker that
+    // reads it may advance from `clock` at once, and the table must already be there (a worker whose clock the
+    // table set back after it had advanced was refused as a jump and died).
+    parts_.clocks->RollBack(clock, parts_.view->rollback_generation() + 1);
+    parts_.view->RollBack(clock);
+  }
+  std::optional<tessera::v1::ShardMap> map = parts_.view->Map();
+  // SYNC: every chunk goes back to the checkpoint; ASYNC and SSP: only the moved chunks come back, with their
+  // checkpoint versions, and the others keep going.
+  if (absl::Status s = parts_.servers->Assign(*map, *parts_.job, checkpoint.shard_files, /*restore_all=*/sync);
+      !s.ok()) {
+    return fail(s);
+  }
+  if (sync) parts_.clocks->Release();  // the servers hold the checkpoint's values: on from `clock`
+  const int64_t newest = before.empty() ? 0 : *std::max_element(before.begin(), before.end());
+  LOG(WARNING) << "recovered from the loss of " << lost.Describe() << ": " << moved->size()
+               << " chunks moved to the other servers at cluster view epoch " << map->epoch()
+               << (sync ? absl::StrCat(", every worker back to clock ", clock, " from ", newest) : "") << ", "
+               << absl::FormatDuration(absl::Now() - start) << " to restore";
+  parts_.records->AddEvent({{"event", "server lost, recovered"},
+                            {"server", lost.id},
+                            {"address", lost.address},
+                            {"chunks_moved", moved->size()},
+                            {"checkpoint", checkpoint.folder},
+                            {"rolled_back_to", sync ? nlohmann::json(clock) : nlohmann::json()},
+                            {"clocks_lost", sync ? newest - clock : 0},
+                            {"seconds_lost", absl::ToDoubleSeconds(absl::Now() - lost_at)}});
+}
+
+void ServerRecovery::GiveShareTo(const Member& server) {
+  if (!parts_.checkpointer->enabled()) {
+    LOG(WARNING) << server.Describe() << " joined the running job; without checkpoints no chunks can move to it";
+    return;
+  }
+  const bool sync = parts_.job->consistency().mode() == ConsistencySpec::SYNC;
+  // A checkpoint now: the moved chunks start from it (SYNC: everyone held at its clock until they moved).
+  absl::StatusOr<CheckpointInfo> taken = take_checkpoint_(absl::StrCat("for ", server.Describe()));
+  if (!taken.ok()) {
+    LOG(WARNING) << "no chunks move to " << server.Describe() << ": " << taken.status();
+    return;
+  }
+  absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> moved = parts_.view->GiveShareTo(server.id);
+  absl::Status assigned = moved.status();
+  if (moved.ok() && !moved->empty()) {
+    assigned = parts_.servers->Assign(*parts_.view->Map(), *parts_.job, taken->shard_files);
+  }
+  if (sync) parts_.clocks->Release();
+  if (!assigned.ok()) {
+    // The servers that did take the view serve it; those that did not answer are found by the failure detector.
+    LOG(WARNING) << "moving chunks to " << server.Describe() << ": " << assigned;
+    return;
+  }
+  LOG(INFO) << server.Describe() << " took " << moved->size() << " chunks at cluster view epoch "
+            << parts_.view->epoch();
+  parts_.records->AddEvent({{"event", "server joined, chunks moved to it"},
+                            {"server", server.id},
+                            {"chunks_moved", moved->size()},
+                            {"checkpoint", taken->folder}});
+}
+
+}  // namespace tessera

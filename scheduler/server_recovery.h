@@ -1,0 +1,69 @@
+// What the scheduler does for the servers of a placed job when one is lost or replaced (it subscribes to the
+// cluster view's membership events):
+//   - a lost server's chunks move to the servers left and are restored from the latest checkpoint; in SYNC
+//     every chunk and every worker go back to it (a sync round is one cut of the whole model), in ASYNC and SSP
+//     only the moved chunks do, and the others keep going. Without a checkpoint they cannot come back, and the
+//     job stops naming the server;
+//   - a replacement (a server id registered again) takes a share of the chunks, restored from a checkpoint taken
+//     for the move; when its old self was still thought alive, that one is lost first.
+// A server lost before the parameters are placed leaves its slot to a replacement; nothing moves.
+#ifndef TESSERA_SCHEDULER_SERVER_RECOVERY_H_
+#define TESSERA_SCHEDULER_SERVER_RECOVERY_H_
+
+#include <functional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/thread_pool.h"
+#include "proto/job.pb.h"
+#include "scheduler/checkpointer.h"
+#include "scheduler/clock_table.h"
+#include "scheduler/cluster_view.h"
+#include "scheduler/membership_events.h"
+#include "scheduler/progress_records.h"
+#include "scheduler/server_control.h"
+
+namespace tessera {
+
+// The coordinator's parts a recovery works with; none owned, all must outlive it.
+struct RecoveryParts {
+  const tessera::v1::JobSpec* job;
+  ClusterView* view;
+  ClockTable* clocks;
+  ServerControl* servers;
+  Checkpointer* checkpointer;
+  ProgressRecords* records;
+  SerialExecutor* executor;  // the coordinator's: recoveries run there, one at a time
+};
+
+// Thread-safe: events may come from any thread; the work runs on the executor.
+class ServerRecovery {
+ public:
+  // `take_checkpoint(why)` takes a checkpoint now, leaving SYNC workers held at its clock (released here);
+  // `fail_job(reason)` records that the job cannot complete and stops it. A member lost was silent for
+  // `heartbeat_timeout`.
+  ServerRecovery(RecoveryParts parts, absl::Duration heartbeat_timeout,
+                 std::function<absl::StatusOr<CheckpointInfo>(const std::string&)> take_checkpoint,
+                 std::function<void(const std::string&)> fail_job);
+
+  // Subscribed to the cluster view.
+  void OnMembership(const MembershipEvent& event);
+
+ private:
+  // Queues the recovery of `lost` (lost at `lost_at`), or stops the job when there is no checkpoint.
+  void ServerLost(const Member& lost, absl::Time lost_at);
+  // Executor task: moves and restores the lost server's chunks.
+  void Recover(const Member& lost, const CheckpointInfo& checkpoint, absl::Time lost_at);
+  // Executor task: a replacement takes a share of the chunks.
+  void GiveShareTo(const Member& server);
+
+  const RecoveryParts parts_;
+  const absl::Duration heartbeat_timeout_;
+  const std::function<absl::StatusOr<CheckpointInfo>(const std::string&)> take_checkpoint_;
+  const std::function<void(const std::string&)> fail_job_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_SCHEDULER_SERVER_RECOVERY_H_
