@@ -21,9 +21,37 @@ BatchBalancer::BatchBalancer(const tessera::v1::JobSpec& job)
       samples_(workers_, 0.0),
       seconds_(workers_, 0.0),
       steps_seen_(workers_, 0),
-      current_active_(workers_, true) {
+      current_active_(workers_, true),
+      in_job_(workers_, true) {
   current_ = Split(balance_ == tessera::v1::ConsistencySpec::FIXED ? fixed_ : std::vector<double>(workers_, 1.0),
                    current_active_);
+}
+
+void BatchBalancer::OnMembership(const MembershipEvent& event) {
+  const int w = event.member.id;
+  if (event.member.role != tessera::v1::WORKER || w < 0 || w >= workers_) return;
+  absl::MutexLock lock(&mu_);
+  switch (event.kind) {
+    case MembershipEvent::kWorkerJoined:
+    case MembershipEvent::kWorkerRejoined:
+      in_job_[w] = true;
+      break;
+    case MembershipEvent::kWorkerDone:
+    case MembershipEvent::kWorkerLost:
+      in_job_[w] = false;
+      break;
+    default:
+      break;
+  }
+}
+
+BatchSlice BatchBalancer::SliceOf(int worker, int64_t round) {
+  std::vector<bool> in_job;
+  {
+    absl::MutexLock lock(&mu_);
+    in_job = in_job_;
+  }
+  return SliceOf(worker, round, in_job);
 }
 
 void BatchBalancer::Observe(int worker, int samples, double busy_seconds) {

@@ -21,6 +21,7 @@
 #include "common/batch_slice.h"
 #include "nlohmann/json.hpp"
 #include "proto/job.pb.h"
+#include "scheduler/membership_events.h"
 
 namespace tessera {
 
@@ -44,6 +45,11 @@ class BatchBalancer {
   // The slice of `worker` in round `round`, deciding the round's split over the workers `active` says are in
   // the job when nobody asked for that round yet. A worker not active gets count 0.
   BatchSlice SliceOf(int worker, int64_t round, const std::vector<bool>& active);
+  // The same over the workers in the job as the membership events said: every rank but those lost or done.
+  BatchSlice SliceOf(int worker, int64_t round);
+
+  // Subscribed to the cluster view: a worker lost or done leaves the split, one that joins or rejoins is in it.
+  void OnMembership(const MembershipEvent& event);
 
   // Examples per round of every worker under the newest split, and the measured samples per second (0: none).
   std::vector<int> Shares() const;
@@ -72,6 +78,7 @@ class BatchBalancer {
   std::map<int64_t, std::vector<int>> decided_ ABSL_GUARDED_BY(mu_);  // recent rounds' splits
   int64_t rebalances_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<std::pair<int64_t, std::vector<int>>> changes_ ABSL_GUARDED_BY(mu_);  // (round, split), newest last
+  std::vector<bool> in_job_ ABSL_GUARDED_BY(mu_);  // by the membership events; every rank until it leaves
 };
 
 }  // namespace tessera

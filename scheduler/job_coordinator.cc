@@ -18,18 +18,6 @@ namespace tessera {
 
 using tessera::v1::ConsistencySpec;
 
-namespace {
-int GateBound(const ConsistencySpec& c) {
-  switch (c.mode()) {
-    case ConsistencySpec::ASYNC:
-      return -1;
-    case ConsistencySpec::SSP:
-      return c.staleness();
-    default:
-      return 0;
-  }
-}
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<JobCoordinator>> JobCoordinator::Create(
     tessera::v1::JobSpec job, const std::string& run_dir, absl::Duration heartbeat_interval,
@@ -70,13 +58,14 @@ JobCoordinator::JobCoordinator(tessera::v1::JobSpec job, std::unique_ptr<RunReco
       on_finished_(std::move(on_finished)),
       start_(absl::Now()),
       view_(job_.cluster().num_servers(), job_.cluster().num_workers()),
-      clocks_(job_.cluster().num_workers(), GateBound(job_.consistency()), job_.consistency().backup_workers(),
+      rules_(ModeRules::ForJob(job_.consistency())),
+      clocks_(job_.cluster().num_workers(), rules_.gate_bound, rules_.backup_workers,
               [this](const RoundMembers& round) { OnRoundDecided(round); }),
       balancer_(job_),
       records_(job_, std::move(recorder), start_),
       failure_detector_(&view_, heartbeat_timeout),
       checkpointer_(job_, servers, start_),
-      recovery_({&job_, &view_, &clocks_, servers, &checkpointer_, &records_, &executor_}, heartbeat_timeout,
+      recovery_({&job_, &rules_, &view_, &clocks_, servers, &checkpointer_, &records_, &executor_}, heartbeat_timeout,
                 [this](const std::string& why) { return TakeCheckpoint(why, /*keep_hold=*/true); },
                 [this](const std::string& reason) { FailJob(reason); }),
       pages_(job_, start_, view_, clocks_, balancer_, records_, checkpointer_) {
@@ -87,6 +76,7 @@ JobCoordinator::JobCoordinator(tessera::v1::JobSpec job, std::unique_ptr<RunReco
     records_.OnMembership(e, id >= 0 && id < static_cast<int>(clocks.size()) ? clocks[id] : 0);
   });
   view_.Subscribe([this](const MembershipEvent& e) { clocks_.OnMembership(e); });
+  view_.Subscribe([this](const MembershipEvent& e) { balancer_.OnMembership(e); });
   view_.Subscribe([this](const MembershipEvent& e) { recovery_.OnMembership(e); });
   view_.Subscribe([this](const MembershipEvent& e) { OnMembership(e); });
 }
@@ -164,7 +154,7 @@ absl::StatusOr<CheckpointInfo> JobCoordinator::TakeCheckpoint(const std::string&
     if (finishing_) return absl::FailedPreconditionError("the job is finishing");
   }
   const absl::Time start = absl::Now();
-  const bool sync = job_.consistency().mode() == ConsistencySpec::SYNC;
+  const bool sync = rules_.consistent_cut;
   int64_t clock;
   std::vector<int64_t> worker_clocks = clocks_.Clocks();
   if (sync) {
@@ -197,16 +187,7 @@ int64_t JobCoordinator::StartClock(const Member& member) const {
   // A rank taken for the first time (in this scheduler's life) starts where the job has it: 0, or the
   // checkpoint's clock of a resumed job.
   if (member.state == MemberState::kVacant) return own;
-  const std::vector<int64_t> active = clocks_.ActiveClocks();
-  switch (job_.consistency().mode()) {
-    case ConsistencySpec::ASYNC:
-      return own;
-    case ConsistencySpec::SSP:
-      return active.empty() ? own : std::max(own, *std::min_element(active.begin(), active.end()));
-    default:
-      // A worker's clock goes out when it starts a step, so no round at or after the newest clock has closed.
-      return active.empty() ? own : *std::max_element(active.begin(), active.end()) + 1;
-  }
+  return rules_.ReturningStart(own, clocks_.ActiveClocks());
 }
 
 void JobCoordinator::Register(const tessera::v1::RegisterRequest& request,
@@ -239,7 +220,7 @@ void JobCoordinator::Register(const tessera::v1::RegisterRequest& request,
     response.set_member_key(m.key);
     response.set_start_clock(m.joined_clock);
     if (m.role == tessera::v1::WORKER && balancer_.enabled()) {
-      const BatchSlice slice = balancer_.SliceOf(m.id, m.joined_clock, BatchMembers());
+      const BatchSlice slice = balancer_.SliceOf(m.id, m.joined_clock);
       response.set_batch_offset(slice.offset);
       response.set_batch_count(slice.count);
     }
@@ -374,7 +355,7 @@ void JobCoordinator::AdvanceClock(const tessera::v1::AdvanceClockRequest& reques
                       const int64_t next = gate->rolled_back_to   ? *gate->rolled_back_to
                                            : gate->late_next_clock ? *gate->late_next_clock
                                                                    : clock;
-                      const BatchSlice slice = balancer_.SliceOf(worker, next, BatchMembers());
+                      const BatchSlice slice = balancer_.SliceOf(worker, next);
                       response.set_batch_offset(slice.offset);
                       response.set_batch_count(slice.count);
                     }
@@ -409,14 +390,6 @@ void JobCoordinator::OnRoundDecided(const RoundMembers& round) {
     if (!map) return;
     if (absl::Status s = servers_->DecideRounds(*map, request); !s.ok()) LOG(WARNING) << s;
   });
-}
-
-std::vector<bool> JobCoordinator::BatchMembers() const {
-  std::vector<bool> members;
-  for (const Member& m : view_.Workers()) {
-    members.push_back(m.state != MemberState::kLost && m.state != MemberState::kDone);
-  }
-  return members;
 }
 
 absl::StatusOr<tessera::v1::ReportResponse> JobCoordinator::Report(const tessera::v1::ReportRequest& request) {

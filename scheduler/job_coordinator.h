@@ -42,6 +42,7 @@
 #include "scheduler/clock_table.h"
 #include "scheduler/cluster_view.h"
 #include "scheduler/failure_detector.h"
+#include "scheduler/mode_rules.h"
 #include "scheduler/progress_records.h"
 #include "scheduler/server_control.h"
 #include "scheduler/server_recovery.h"
@@ -122,12 +123,9 @@ class JobCoordinator {
   tessera::v1::ReportResponse StopResponse() const;
   // A resumed job whose servers have not been restored yet.
   bool Resuming() const;
-  // Where a worker taking slot `member` starts: 0 for a new rank; for a rank coming back, SYNC: the round after
-  // the newest any worker started; SSP: its last clock, or the slowest active worker's when that is ahead;
-  // ASYNC: its last clock.
+  // Where a worker taking slot `member` starts: 0 for a new rank (a resumed job's: the checkpoint's clock); for a
+  // rank coming back, as the mode's rules say (ModeRules::ReturningStart).
   int64_t StartClock(const Member& member) const;
-  // The workers a round's global batch is split across: every rank not lost or done.
-  std::vector<bool> BatchMembers() const;
   // SYNC with backup workers: the clock table decided a round; its members go to the servers.
   void OnRoundDecided(const RoundMembers& round);
   // Subscribed to the view (after the records, the clock table and the server recovery): a worker that joins
@@ -157,6 +155,7 @@ class JobCoordinator {
   ServerControl* const servers_;  // not owned
   const std::function<void(const JobOutcome&)> on_finished_;
   const absl::Time start_;
+  const ModeRules rules_;  // what the consistency mode means here
 
   ClusterView view_;
   ClockTable clocks_;

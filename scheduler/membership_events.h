@@ -2,6 +2,7 @@
 // subscribe (ClusterView::Subscribe) instead of the coordinator telling each of them by hand:
 //
 //   ClockTable       a worker that left or was lost leaves the gate; a returning one is held below its start
+//   BatchBalancer    a worker that left or was lost leaves the split of a round's batch; one that joins is in it
 //   ProgressRecords  the run's event log (lost, failed, rejoined, replaced)
 //   ServerRecovery   a lost server's chunks move and are restored; a replacement takes a share
 //   JobCoordinator   hands the new view to the servers, and ends the job once no worker is left

@@ -8,8 +8,6 @@
 
 namespace tessera {
 
-using tessera::v1::ConsistencySpec;
-
 ServerRecovery::ServerRecovery(RecoveryParts parts, absl::Duration heartbeat_timeout,
                                std::function<absl::StatusOr<CheckpointInfo>(const std::string&)> take_checkpoint,
                                std::function<void(const std::string&)> fail_job)
@@ -58,7 +56,7 @@ void ServerRecovery::Recover(const Member& lost, const CheckpointInfo& checkpoin
   };
   absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> moved = parts_.view->MoveChunksOf(lost.id);
   if (!moved.ok()) return fail(moved.status());
-  const bool sync = parts_.job->consistency().mode() == ConsistencySpec::SYNC;
+  const bool sync = parts_.rules->consistent_cut;
   const int64_t clock = checkpoint.state.clock();
   const std::vector<int64_t> before = parts_.clocks->Clocks();
   if (sync) {
@@ -96,7 +94,7 @@ void ServerRecovery::GiveShareTo(const Member& server) {
     LOG(WARNING) << server.Describe() << " joined the running job; without checkpoints no chunks can move to it";
     return;
   }
-  const bool sync = parts_.job->consistency().mode() == ConsistencySpec::SYNC;
+  const bool sync = parts_.rules->consistent_cut;
   // A checkpoint now: the moved chunks start from it (SYNC: everyone held at its clock until they moved).
   absl::StatusOr<CheckpointInfo> taken = take_checkpoint_(absl::StrCat("for ", server.Describe()));
   if (!taken.ok()) {

@@ -21,6 +21,7 @@
 #include "scheduler/clock_table.h"
 #include "scheduler/cluster_view.h"
 #include "scheduler/membership_events.h"
+#include "scheduler/mode_rules.h"
 #include "scheduler/progress_records.h"
 #include "scheduler/server_control.h"
 
@@ -29,6 +30,7 @@ namespace tessera {
 // The coordinator's parts a recovery works with; none owned, all must outlive it.
 struct RecoveryParts {
   const tessera::v1::JobSpec* job;
+  const ModeRules* rules;
   ClusterView* view;
   ClockTable* clocks;
   ServerControl* servers;

@@ -103,5 +103,23 @@ TEST(BatchBalancerTest, ARoundKeepsItsSplitAndALostWorkerGetsNothing) {
   EXPECT_EQ(balancer.SliceOf(0, 6, {true, true, false}).count + balancer.SliceOf(1, 6, {true, true, false}).count, 96);
 }
 
+// The balancer hears from the cluster view who is in the job: a worker lost leaves the split from the next
+// undecided round, and is back in it once it rejoins.
+TEST(BatchBalancerTest, MembershipEventsSayWhoSharesTheBatch) {
+  BatchBalancer balancer(Job(3, 32, tessera::v1::ConsistencySpec::EQUAL));
+  EXPECT_EQ(balancer.SliceOf(2, 5).count, 32);
+  MembershipEvent event;
+  event.kind = MembershipEvent::kWorkerLost;
+  event.member.role = tessera::v1::WORKER;
+  event.member.id = 2;
+  balancer.OnMembership(event);
+  EXPECT_EQ(balancer.SliceOf(2, 5).count, 32) << "round 5 was decided already";
+  EXPECT_EQ(balancer.SliceOf(2, 6).count, 0);
+  EXPECT_EQ(balancer.SliceOf(0, 6).count + balancer.SliceOf(1, 6).count, 96);
+  event.kind = MembershipEvent::kWorkerRejoined;
+  balancer.OnMembership(event);
+  EXPECT_EQ(balancer.SliceOf(2, 7).count, 32);
+}
+
 }  // namespace
 }  // namespace tessera
