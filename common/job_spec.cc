@@ -1,6 +1,9 @@
 #include "common/job_spec.h"
 
 #include <algorithm>
+#include <limits>
+
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -84,6 +87,19 @@ void ClearNamedFields(const google::protobuf::TextFormat::ParseInfoTree& tree, g
 }
 
 }  // namespace
+
+int64_t StopClock(const JobSpec& job, int64_t steps_per_epoch) {
+  int64_t stop = std::numeric_limits<int64_t>::max();
+  if (job.stop().max_steps() > 0) stop = job.stop().max_steps();
+  if (job.stop().epochs() > 0) stop = std::min(stop, job.stop().epochs() * steps_per_epoch);
+  return stop;
+}
+
+std::string TargetReachedReason(const JobSpec& job, double accuracy) {
+  const float target = job.stop().target_accuracy();
+  if (!(target > 0 && accuracy >= target)) return "";
+  return absl::StrCat("test accuracy ", accuracy, " reached the target ", target);
+}
 
 absl::Status MergeJobOverrides(std::string_view text, JobSpec& job) {
   JobSpec overrides;

@@ -43,6 +43,14 @@ void ApplyJobDefaults(tessera::v1::JobSpec& job);
 // contradict each other. Call after ApplyJobDefaults.
 [[nodiscard]] absl::Status ValidateJobSpec(const tessera::v1::JobSpec& job);
 
+// The job's stop rules (stop { ... }), for everyone who applies them: the workers, the scheduler and the local
+// baseline. The clock training ends at by max_steps or epochs (the smaller; INT64_MAX when neither is set),
+// with `steps_per_epoch` steps per epoch.
+int64_t StopClock(const tessera::v1::JobSpec& job, int64_t steps_per_epoch);
+// With a target accuracy that `accuracy` reaches, the job's stop reason ("test accuracy 0.853 reached the
+// target 0.85"); empty otherwise.
+std::string TargetReachedReason(const tessera::v1::JobSpec& job, double accuracy);
+
 // What the job's model asks every worker to allocate, with `inputs` features and `classes` classes (0: not
 // known yet, as for IDX data before the worker reads it), within common/wire_limits.h: INVALID_ARGUMENT naming
 // the field otherwise. ValidateJobSpec calls it with what the job says; a worker again with its data's sizes.

@@ -413,10 +413,7 @@ absl::StatusOr<tessera::v1::ReportResponse> JobCoordinator::Report(const tessera
   }
   if (!request.device().empty()) view_.SetWorkerDevice(request.worker_id(), request.device());
   const ProgressRecords::Taken taken = records_.AddReport(request);
-  if (taken.reached) {
-    clocks_.Stop(absl::StrCat("test accuracy ", request.test_accuracy(), " reached the target ",
-                              job_.stop().target_accuracy()));
-  }
+  if (!taken.reached.empty()) clocks_.Stop(taken.reached);
   if (taken.evaluation) {
     executor_.Submit([this, request] {
       if (std::optional<tessera::v1::ShardMap> map = view_.Map()) records_.UpdateServerStats(servers_->Stats(*map));

@@ -20,10 +20,9 @@ ProgressRecords::Taken ProgressRecords::AddReport(const tessera::v1::ReportReque
   if (last_eval_ && clock <= last_eval_->clock()) return {};
   last_eval_ = report;
   if (report.eval_clock() > 0) last_eval_->set_clock(report.eval_clock());  // the clock of the values scored
-  const float target = job_.stop().target_accuracy();
-  const bool reached = target > 0 && report.test_accuracy() >= target;
-  if (reached && !seconds_to_target_) seconds_to_target_ = absl::ToDoubleSeconds(absl::Now() - start_);
-  return {true, reached};
+  std::string reached = TargetReachedReason(job_, report.test_accuracy());
+  if (!reached.empty() && !seconds_to_target_) seconds_to_target_ = absl::ToDoubleSeconds(absl::Now() - start_);
+  return {true, std::move(reached)};
 }
 
 nlohmann::json ProgressRecords::StalenessJson(const ClusterStats& sum) {

@@ -44,7 +44,7 @@ class ProgressRecords {
   // taken, so records grow with the job's clocks, not with its reports.
   struct Taken {
     bool evaluation = false;  // the report's evaluation was taken: write its record
-    bool reached = false;     // ... and it reached the job's target accuracy
+    std::string reached;      // ... and it reached the job's target accuracy: the stop reason (empty: not)
   };
   Taken AddReport(const tessera::v1::ReportRequest& report);
 

@@ -2,6 +2,7 @@
 
 
 #include "absl/strings/str_cat.h"
+#include "common/job_spec.h"
 #include "common/param_init.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
@@ -114,9 +115,8 @@ absl::StatusOr<tessera::v1::ReportResponse> LocalSource::Report(const tessera::v
   record.test_accuracy = report.test_accuracy();
   record.samples_per_sec = report.samples_per_sec();
   record.updates_applied = updates_;
-  const float target = job_.stop().target_accuracy();
-  if (target > 0 && report.test_accuracy() >= target && stop_reason_.empty()) {
-    stop_reason_ = absl::StrCat("test accuracy ", report.test_accuracy(), " reached the target ", target);
+  if (std::string reached = TargetReachedReason(job_, report.test_accuracy()); !reached.empty() && stop_reason_.empty()) {
+    stop_reason_ = std::move(reached);
     seconds_to_target_ = record.wall_seconds;
   }
   TESSERA_RETURN_IF_ERROR(recorder_->Append(record));

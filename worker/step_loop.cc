@@ -1,7 +1,6 @@
 #include "worker/step_loop.h"
 
 #include <algorithm>
-#include <limits>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -74,9 +73,7 @@ absl::Status StepLoop::Prepare() {
                                                static_cast<int>(std::max<int64_t>(global_batch, 1000))));
   TESSERA_RETURN_IF_ERROR(source_->Declare(model_->parameters()));
   schedule_ = std::make_unique<BatchSchedule>(train_->size(), job.batch_size(), workers, rank_, job.seed());
-  stop_clock_ = std::numeric_limits<int64_t>::max();
-  if (job.stop().max_steps() > 0) stop_clock_ = job.stop().max_steps();
-  if (job.stop().epochs() > 0) stop_clock_ = std::min(stop_clock_, job.stop().epochs() * schedule_->steps_per_epoch());
+  stop_clock_ = StopClock(job, schedule_->steps_per_epoch());
   LOG(INFO) << "worker " << rank_ << " of " << workers << " on " << backend_->name() << ": " << train_->size()
             << " training examples, " << schedule_->steps_per_epoch() << " steps per epoch, batch "
             << job.batch_size();

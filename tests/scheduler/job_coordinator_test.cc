@@ -202,5 +202,64 @@ TEST_F(JobCoordinatorTest, ALostWorkerNoLongerHoldsTheSyncGateAndTheOtherFinishe
   EXPECT_NE(coordinator_->summary().dump().find("worker lost"), std::string::npos) << coordinator_->summary().dump();
 }
 
+// A worker that stops on an error leaves through the view's event: the records name its error, the gate lets
+// the other go on, and the servers get a view without it.
+TEST_F(JobCoordinatorTest, AWorkerThatFailedIsRecordedWithItsErrorAndLeavesTheGate) {
+  Create(ConsistencySpec::SYNC, 2);
+  for (int id = 0; id < 2; ++id) {
+    ASSERT_THAT(Register(tessera::v1::SERVER, id), IsOk());
+    ASSERT_THAT(Register(tessera::v1::WORKER, id), IsOk());
+  }
+  ASSERT_THAT(Declare(0), IsOk());
+  const int assigns = servers_.assigns();
+  Answer<tessera::v1::AdvanceClockResponse> waiting;
+  Advance(0, 1, waiting);
+  tessera::v1::DoneRequest failed;
+  failed.set_worker_id(1);
+  failed.set_clock(0);
+  failed.set_failure("INTERNAL: CUDA error: out of memory");
+  ASSERT_THAT(coordinator_->Done(failed), IsOk());
+  ASSERT_THAT(waiting.Get(), IsOk()) << "worker 1 left: worker 0 goes on alone";
+  const nlohmann::json status = coordinator_->StatusJson();
+  ASSERT_FALSE(status["events"].empty()) << status.dump();
+  EXPECT_EQ(status["events"].back()["event"], "worker failed");
+  EXPECT_EQ(status["events"].back()["error"], "INTERNAL: CUDA error: out of memory");
+  EXPECT_EQ(status["workers"][1]["state"], "lost");
+  for (int i = 0; i < 100 && servers_.assigns() == assigns; ++i) absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_GT(servers_.assigns(), assigns) << "the servers are handed the view without worker 1";
+  coordinator_->Abort("end of test");
+}
+
+// A server lost before any checkpoint: its chunks cannot come back, so the job stops naming it, and the gate
+// says stop to the worker waiting there.
+TEST_F(JobCoordinatorTest, AServerLostWithoutACheckpointStopsTheJobNamingIt) {
+  Create(ConsistencySpec::SYNC, 100, /*heartbeat_timeout=*/absl::Milliseconds(1000));
+  for (int id = 0; id < 2; ++id) {
+    ASSERT_THAT(Register(tessera::v1::SERVER, id), IsOk());
+    ASSERT_THAT(Register(tessera::v1::WORKER, id), IsOk());
+  }
+  ASSERT_THAT(Declare(0), IsOk());
+  absl::SleepFor(absl::Milliseconds(700));
+  for (auto [role, id] : {std::pair{tessera::v1::SERVER, 0}, std::pair{tessera::v1::WORKER, 0},
+                          std::pair{tessera::v1::WORKER, 1}}) {
+    tessera::v1::HeartbeatRequest beat;
+    beat.set_role(role);
+    beat.set_id(id);
+    beat.set_incarnation(1);
+    ASSERT_THAT(coordinator_->Heartbeat(beat), IsOk());
+  }
+  absl::SleepFor(absl::Milliseconds(700));
+  coordinator_->CheckLiveness(absl::Now());
+  Answer<tessera::v1::AdvanceClockResponse> gate;
+  Advance(0, 1, gate);
+  absl::StatusOr<tessera::v1::AdvanceClockResponse> answer = gate.Get();
+  ASSERT_THAT(answer, IsOk());
+  EXPECT_TRUE(answer->stop());
+  EXPECT_NE(answer->stop_reason().find("server 1"), std::string::npos) << answer->stop_reason();
+  EXPECT_NE(answer->stop_reason().find("without a checkpoint"), std::string::npos) << answer->stop_reason();
+  EXPECT_EQ(coordinator_->StatusJson()["events"].back()["event"], "server lost");
+  coordinator_->Abort("end of test");
+}
+
 }  // namespace
 }  // namespace tessera
