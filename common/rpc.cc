@@ -73,28 +73,32 @@ void StartedServer::Shutdown(absl::Duration grace) {
   if (server) server->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(grace));
 }
 
+void Backoff::Wait(absl::Time deadline, grpc::Channel* channel) {
+  const absl::Time now = absl::Now();
+  const absl::Duration pause = std::max(absl::ZeroDuration(), std::min(next_, deadline - now));
+  next_ = std::min(next_ * 2, max_);
+  if (channel != nullptr) {
+    // Polls the channel's connection attempt (see RetryPolicy::channel); returns early once it is connected.
+    channel->WaitForConnected(absl::ToChronoTime(now + pause));
+  } else {
+    // A backoff between attempts of a remote call, not a synchronisation point.
+    std::this_thread::sleep_for(absl::ToChronoMilliseconds(pause));
+  }
+}
+
 absl::Status RetryWhileUnavailable(const RetryPolicy& policy, std::string_view what,
                                    const std::function<absl::Status()>& attempt) {
   const absl::Time start = absl::Now();
   const absl::Time deadline = start + policy.give_up_after;
-  absl::Duration backoff = policy.initial_backoff;
+  Backoff backoff(policy.initial_backoff, policy.max_backoff);
   absl::Status status;
   for (int i = 1;; ++i) {
     status = attempt();
     if (status.code() != absl::StatusCode::kUnavailable) return status;
-    const absl::Time now = absl::Now();
-    if (now >= deadline) break;
+    if (absl::Now() >= deadline) break;
     if (i == 1 && !policy.waiting_line.empty()) LOG(WARNING) << policy.waiting_line << ": " << status.message();
-    VLOG(1) << what << ": attempt " << i << " unavailable, retrying in " << backoff << ": " << status;
-    const absl::Duration pause = std::min(backoff, deadline - now);
-    if (policy.channel != nullptr) {
-      // Polls the channel's connection attempt (see RetryPolicy::channel); returns early once it is connected.
-      policy.channel->WaitForConnected(absl::ToChronoTime(now + pause));
-    } else {
-      // A backoff between attempts of a remote call, not a synchronisation point.
-      std::this_thread::sleep_for(absl::ToChronoMilliseconds(pause));
-    }
-    backoff = std::min(backoff * 2, policy.max_backoff);
+    VLOG(1) << what << ": attempt " << i << " unavailable, retrying: " << status;
+    backoff.Wait(deadline, policy.channel.get());
   }
   return absl::UnavailableError(absl::StrCat(std::string(what), ": gave up after ",
                                              absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Seconds(1))),

@@ -4,14 +4,17 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/connection_acceptor.h"
 #include "common/security.h"
@@ -52,6 +55,45 @@ struct StartedServer {
 [[nodiscard]] absl::StatusOr<StartedServer> StartGrpcServer(const std::string& host, int port,
                                                             const std::vector<grpc::Service*>& services,
                                                             const Security& security);
+
+// The stubs of one kind a process reaches its peers with: one per (address, lane), each on a connection of its
+// own from MakeChannel, made on first use and kept for the process's life (a peer that comes back at the same
+// address is reached again on the same connection). Thread-safe; the stubs are thread-safe too.
+template <typename Stub>
+class StubCache {
+ public:
+  // `security` gives every channel its TLS; `make` wraps a channel in a stub.
+  StubCache(std::shared_ptr<const Security> security,
+            std::function<std::unique_ptr<Stub>(std::shared_ptr<grpc::Channel>)> make)
+      : security_(std::move(security)), make_(std::move(make)) {}
+
+  Stub* Get(const std::string& address, int lane = 0) {
+    absl::MutexLock lock(&mu_);
+    std::unique_ptr<Stub>& stub = stubs_[{address, lane}];
+    if (!stub) stub = make_(MakeChannel(address, *security_));
+    return stub.get();
+  }
+
+ private:
+  const std::shared_ptr<const Security> security_;
+  const std::function<std::unique_ptr<Stub>(std::shared_ptr<grpc::Channel>)> make_;
+  absl::Mutex mu_;
+  std::map<std::pair<std::string, int>, std::unique_ptr<Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+};
+
+// Exponential backoff between attempts of a remote call: the first pause is `initial`, each next one twice the
+// last, at most `max`.
+class Backoff {
+ public:
+  Backoff(absl::Duration initial, absl::Duration max) : next_(initial), max_(max) {}
+  // Waits the next pause, ending by `deadline` at the latest. With `channel`, watches it connect instead of
+  // sleeping (see RetryPolicy::channel) and returns as soon as it has.
+  void Wait(absl::Time deadline = absl::InfiniteFuture(), grpc::Channel* channel = nullptr);
+
+ private:
+  absl::Duration next_;
+  const absl::Duration max_;
+};
 
 // Retries with exponential backoff, for calls that fail with UNAVAILABLE (nobody answered yet), for up to
 // `give_up_after`. Channels from MakeChannel reconnect at least once a second, so a peer that comes up is reached

@@ -13,10 +13,7 @@ constexpr absl::Duration kStatsTimeout = absl::Seconds(3);
 }  // namespace
 
 tessera::v1::ParameterServer::Stub* GrpcServerControl::StubFor(const std::string& address) {
-  absl::MutexLock lock(&mu_);
-  auto& stub = stubs_[address];
-  if (!stub) stub = tessera::v1::ParameterServer::NewStub(MakeChannel(address, *security_));
-  return stub.get();
+  return stubs_.Get(address);
 }
 
 void GrpcServerControl::SetControlKey(const std::string& address, const std::string& control_key) {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/synchronization/mutex.h"
+#include "common/rpc.h"
 #include "common/security.h"
 #include "proto/ps.grpc.pb.h"
 #include "scheduler/server_control.h"
@@ -17,7 +18,11 @@ namespace tessera {
 class GrpcServerControl final : public ServerControl {
  public:
   // Every call carries `security`'s job token, over its TLS when it has one.
-  explicit GrpcServerControl(std::shared_ptr<const Security> security) : security_(std::move(security)) {}
+  explicit GrpcServerControl(std::shared_ptr<const Security> security)
+      : security_(security),
+        stubs_(std::move(security), [](std::shared_ptr<grpc::Channel> channel) {
+          return tessera::v1::ParameterServer::NewStub(channel);
+        }) {}
 
   void SetControlKey(const std::string& address, const std::string& control_key) override;
   absl::Status Assign(const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job,
@@ -36,7 +41,7 @@ class GrpcServerControl final : public ServerControl {
   const std::shared_ptr<const Security> security_;
   absl::Mutex mu_;
   std::map<std::string, std::string> control_keys_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::unique_ptr<tessera::v1::ParameterServer::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  StubCache<tessera::v1::ParameterServer::Stub> stubs_;
 };
 
 }  // namespace tessera

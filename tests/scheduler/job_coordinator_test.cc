@@ -81,6 +81,25 @@ class JobCoordinatorTest : public ::testing::Test {
     return answer.Get();
   }
 
+  // Both servers and both workers, each under its own id.
+  void RegisterEveryone() {
+    for (int id = 0; id < 2; ++id) {
+      ASSERT_THAT(Register(tessera::v1::SERVER, id), IsOk());
+      ASSERT_THAT(Register(tessera::v1::WORKER, id), IsOk());
+    }
+  }
+
+  // One heartbeat of each (role, id) in `members`, first incarnation.
+  void Beat(const std::vector<std::pair<tessera::v1::Role, int>>& members) {
+    for (auto [role, id] : members) {
+      tessera::v1::HeartbeatRequest beat;
+      beat.set_role(role);
+      beat.set_id(id);
+      beat.set_incarnation(1);
+      ASSERT_THAT(coordinator_->Heartbeat(beat), IsOk());
+    }
+  }
+
   absl::StatusOr<tessera::v1::ShardMap> Declare(int worker) {
     tessera::v1::DeclareRequest r;
     r.set_worker_id(worker);
@@ -152,10 +171,7 @@ TEST_F(JobCoordinatorTest, ASyncJobRunsFromRegistrationToSummaryInLockstep) {
 
 TEST_F(JobCoordinatorTest, APlacementTheServersRefusedIsNotRecordedAndIsMadeAgainLater) {
   Create(ConsistencySpec::ASYNC, 10);
-  for (int id = 0; id < 2; ++id) {
-    ASSERT_THAT(Register(tessera::v1::SERVER, id), IsOk());
-    ASSERT_THAT(Register(tessera::v1::WORKER, id), IsOk());
-  }
+  RegisterEveryone();
   servers_.FailAssign(absl::UnavailableError("server 1 at 127.0.0.1:7001: connection refused"));
   EXPECT_THAT(Declare(0).status(), StatusIs(absl::StatusCode::kUnavailable, "server 1"));
   EXPECT_THAT(coordinator_->GetShardMap().status(), StatusIs(absl::StatusCode::kFailedPrecondition, ""))
@@ -171,10 +187,7 @@ TEST_F(JobCoordinatorTest, APlacementTheServersRefusedIsNotRecordedAndIsMadeAgai
 
 TEST_F(JobCoordinatorTest, ALostWorkerNoLongerHoldsTheSyncGateAndTheOtherFinishesTheJob) {
   Create(ConsistencySpec::SYNC, 2, /*heartbeat_timeout=*/absl::Milliseconds(1000));
-  for (int id = 0; id < 2; ++id) {
-    ASSERT_THAT(Register(tessera::v1::SERVER, id), IsOk());
-    ASSERT_THAT(Register(tessera::v1::WORKER, id), IsOk());
-  }
+  RegisterEveryone();
   ASSERT_THAT(Declare(0), IsOk());
   Answer<tessera::v1::AdvanceClockResponse> waiting;
   Advance(0, 1, waiting);
@@ -183,14 +196,7 @@ TEST_F(JobCoordinatorTest, ALostWorkerNoLongerHoldsTheSyncGateAndTheOtherFinishe
   // Worker 1 falls silent; the servers and worker 0 keep beating. A failure-detection pass after the timeout
   // declares worker 1 lost, and only it.
   absl::SleepFor(absl::Milliseconds(700));
-  for (auto [role, id] : {std::pair{tessera::v1::SERVER, 0}, std::pair{tessera::v1::SERVER, 1},
-                          std::pair{tessera::v1::WORKER, 0}}) {
-    tessera::v1::HeartbeatRequest beat;
-    beat.set_role(role);
-    beat.set_id(id);
-    beat.set_incarnation(1);
-    ASSERT_THAT(coordinator_->Heartbeat(beat), IsOk());
-  }
+  Beat({{tessera::v1::SERVER, 0}, {tessera::v1::SERVER, 1}, {tessera::v1::WORKER, 0}});
   absl::SleepFor(absl::Milliseconds(700));
   coordinator_->CheckLiveness(absl::Now());
   ASSERT_THAT(waiting.Get(), IsOk()) << "worker 1 was lost: worker 0 goes on alone";
@@ -206,10 +212,7 @@ TEST_F(JobCoordinatorTest, ALostWorkerNoLongerHoldsTheSyncGateAndTheOtherFinishe
 // the other go on, and the servers get a view without it.
 TEST_F(JobCoordinatorTest, AWorkerThatFailedIsRecordedWithItsErrorAndLeavesTheGate) {
   Create(ConsistencySpec::SYNC, 2);
-  for (int id = 0; id < 2; ++id) {
-    ASSERT_THAT(Register(tessera::v1::SERVER, id), IsOk());
-    ASSERT_THAT(Register(tessera::v1::WORKER, id), IsOk());
-  }
+  RegisterEveryone();
   ASSERT_THAT(Declare(0), IsOk());
   const int assigns = servers_.assigns();
   Answer<tessera::v1::AdvanceClockResponse> waiting;
@@ -234,20 +237,10 @@ TEST_F(JobCoordinatorTest, AWorkerThatFailedIsRecordedWithItsErrorAndLeavesTheGa
 // says stop to the worker waiting there.
 TEST_F(JobCoordinatorTest, AServerLostWithoutACheckpointStopsTheJobNamingIt) {
   Create(ConsistencySpec::SYNC, 100, /*heartbeat_timeout=*/absl::Milliseconds(1000));
-  for (int id = 0; id < 2; ++id) {
-    ASSERT_THAT(Register(tessera::v1::SERVER, id), IsOk());
-    ASSERT_THAT(Register(tessera::v1::WORKER, id), IsOk());
-  }
+  RegisterEveryone();
   ASSERT_THAT(Declare(0), IsOk());
   absl::SleepFor(absl::Milliseconds(700));
-  for (auto [role, id] : {std::pair{tessera::v1::SERVER, 0}, std::pair{tessera::v1::WORKER, 0},
-                          std::pair{tessera::v1::WORKER, 1}}) {
-    tessera::v1::HeartbeatRequest beat;
-    beat.set_role(role);
-    beat.set_id(id);
-    beat.set_incarnation(1);
-    ASSERT_THAT(coordinator_->Heartbeat(beat), IsOk());
-  }
+  Beat({{tessera::v1::SERVER, 0}, {tessera::v1::WORKER, 0}, {tessera::v1::WORKER, 1}});
   absl::SleepFor(absl::Milliseconds(700));
   coordinator_->CheckLiveness(absl::Now());
   Answer<tessera::v1::AdvanceClockResponse> gate;

@@ -60,9 +60,7 @@ std::string ChunkCall::What() const {
 grpc::GenericStub* ChunkCaller::StubFor(const ShardMapIndex& map, int server_id, int lane) {
   absl::StatusOr<std::string> address = map.ServerAddress(server_id);
   const std::string host_port = address.ok() ? *address : "";
-  auto& stub = stubs_[{host_port, lane}];
-  if (!stub) stub = std::make_unique<grpc::GenericStub>(MakeChannel(host_port, *security_));  // a connection of its own
-  return stub.get();
+  return stubs_.Get(host_port, lane);
 }
 
 absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> ChunkCaller::Make(

@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/rpc.h"
 #include "common/security.h"
 #include "common/shard_map.h"
 #include "common/thread_pool.h"
@@ -54,7 +55,11 @@ struct ChunkCall {
 class ChunkCaller {
  public:
   ChunkCaller(std::shared_ptr<const Security> security, int connections_per_server)
-      : security_(std::move(security)), connections_per_server_(connections_per_server) {}
+      : security_(security),
+        connections_per_server_(connections_per_server),
+        stubs_(std::move(security), [](std::shared_ptr<grpc::Channel> channel) {
+          return std::make_unique<grpc::GenericStub>(channel);
+        }) {}
 
   // The calls, one per chunk, of parameter `name` (index `name_index` of the caller's list) for `op` in `map`:
   // `grad` is sent (push, assign, exchange) and `out` receives (pull, exchange). INVALID_ARGUMENT for a span
@@ -71,7 +76,7 @@ class ChunkCaller {
 
   const std::shared_ptr<const Security> security_;
   const int connections_per_server_;
-  std::map<std::pair<std::string, int>, std::unique_ptr<grpc::GenericStub>> stubs_;  // by address and lane
+  StubCache<grpc::GenericStub> stubs_;  // by address and lane: a connection each
 };
 
 // The chunk RPCs of one call or step: at most `window` in flight per server, the rest queued by priority.

@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/heartbeater.h"
+#include "common/rpc.h"
 #include "common/scheduler_client.h"
 #include "common/security.h"
 #include "common/status_macros.h"
@@ -138,7 +138,7 @@ absl::Status PsClient::RunChunks(ChunkOp op, const std::vector<std::string>& nam
     return absl::InvalidArgumentError(absl::StrCat(names.size(), " names but ", sends ? grads.size() : out.size(),
                                                    " value spans"));
   }
-  absl::Duration backoff = absl::Milliseconds(20);
+  Backoff backoff(absl::Milliseconds(20), absl::Seconds(1));
   std::vector<size_t> todo(names.size());
   for (size_t i = 0; i < names.size(); ++i) todo[i] = i;
   absl::Status last;
@@ -172,9 +172,7 @@ absl::Status PsClient::RunChunks(ChunkOp op, const std::vector<std::string>& nam
     if (absorbed.newer_epoch > 0) {
       TESSERA_RETURN_IF_ERROR(RefreshMap(absorbed.newer_epoch));
     } else {
-      // A backoff between attempts of remote calls, not a synchronisation point.
-      std::this_thread::sleep_for(absl::ToChronoMilliseconds(backoff));
-      backoff = std::min(backoff * 2, absl::Seconds(1));
+      backoff.Wait();
       // The server may be gone and its chunks elsewhere by now.
       TESSERA_RETURN_IF_ERROR(RefreshMap(0));
     }
