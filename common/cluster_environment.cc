@@ -6,6 +6,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace tessera {
 namespace {
@@ -120,6 +121,20 @@ absl::StatusOr<std::string> SchedulerAddress(const std::string& flag, int port, 
   return absl::InvalidArgumentError(
       "--scheduler=HOST:PORT is required (or TESSERA_SCHEDULER; under Slurm the first host of SLURM_JOB_NODELIST "
       "with --scheduler_port)");
+}
+
+absl::StatusOr<WorkerJoin> ResolveWorkerJoin(const std::string& scheduler, int scheduler_port, int rank,
+                                             int rank_offset, const ClusterEnvironment& env) {
+  WorkerJoin join;
+  TESSERA_ASSIGN_OR_RETURN(join.scheduler_address, SchedulerAddress(scheduler, scheduler_port, env));
+  join.rank = rank;
+  if (rank < 0) {
+    if (std::optional<int> from_env = env.Rank(/*use_pod_ordinal=*/false, &join.rank_source)) {
+      join.rank = rank_offset + *from_env;
+    }
+  }
+  join.local_device_index = env.slurm_local_rank.value_or(0);
+  return join;
 }
 
 }  // namespace tessera

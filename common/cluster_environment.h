@@ -52,6 +52,19 @@ absl::StatusOr<std::string> FirstHostOfNodeList(const std::string& nodelist);
 // the job's node list with `port`; otherwise INVALID_ARGUMENT asking for --scheduler.
 absl::StatusOr<std::string> SchedulerAddress(const std::string& flag, int port, const ClusterEnvironment& env);
 
+// Where a worker joins: the scheduler's address (SchedulerAddress) and the rank to ask for: `rank` when given
+// (>= 0); otherwise, for a process of a job step or an indexed pod, `rank_offset` + its rank there (`rank_source`
+// says from which variable); otherwise -1 (any free rank). The C++ worker and the Python package take their
+// settings here, so a script joins the way tessera-worker does.
+struct WorkerJoin {
+  std::string scheduler_address;
+  int rank = -1;
+  std::string rank_source;     // e.g. "SLURM_PROCID=3"; empty when the rank was given or is left open
+  int local_device_index = 0;  // which of the node's GPUs --device=auto means (SLURM_LOCALID)
+};
+absl::StatusOr<WorkerJoin> ResolveWorkerJoin(const std::string& scheduler, int scheduler_port, int rank,
+                                             int rank_offset, const ClusterEnvironment& env);
+
 }  // namespace tessera
 
 #endif  // TESSERA_COMMON_CLUSTER_ENVIRONMENT_H_

@@ -57,7 +57,7 @@ case "${1:-}" in
     flags+=" -fsanitize=fuzzer-no-link -Wthread-safety -Werror=thread-safety"
     fresh_if_not_clang "$dir"
     cmake -S . -B "$dir" -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang -DTESSERA_ENABLE_CUDA=OFF \
-      -DTESSERA_FUZZ=ON -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="$flags" \
+      -DTESSERA_FUZZ=ON -DTESSERA_BUILD_PYTHON=OFF -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="$flags" \
       -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
     cmake --build "$dir" -j 2
     # The deploy label checks scripts and manifests (deploy/test.sh runs it); here the C++ is under test.

@@ -65,29 +65,26 @@ int main(int argc, char** argv) {
   }
   tessera::WorkerOptions options;
   if (!FLAGS_local) {
-    auto scheduler_address = tessera::SchedulerAddress(FLAGS_scheduler, FLAGS_scheduler_port, *cluster);
-    if (!scheduler_address.ok()) {
-      std::cerr << "tessera-worker: " << scheduler_address.status().message() << std::endl;
+    auto join = tessera::ResolveWorkerJoin(FLAGS_scheduler, FLAGS_scheduler_port, FLAGS_rank, FLAGS_rank_offset, *cluster);
+    if (!join.ok()) {
+      std::cerr << "tessera-worker: " << join.status().message() << std::endl;
       return 2;
     }
-    options.scheduler_address = *scheduler_address;
+    options.scheduler_address = join->scheduler_address;
+    options.rank = join->rank;
+    if (!join->rank_source.empty()) {
+      LOG(INFO) << "rank " << options.rank << " from " << join->rank_source
+                << (FLAGS_rank_offset != 0 ? absl::StrCat(" + --rank_offset=", FLAGS_rank_offset) : "")
+                << (cluster->slurm_size ? absl::StrCat(" (SLURM_NTASKS=", *cluster->slurm_size, ")") : "");
+    }
   } else {
     options.scheduler_address = FLAGS_scheduler;
+    options.rank = FLAGS_rank;
   }
   options.local = FLAGS_local;
   options.job_path = FLAGS_job;
   options.run_dir = FLAGS_run_dir;
   options.device = FLAGS_device;
-  options.rank = FLAGS_rank;
-  std::string rank_source;
-  if (options.rank == -1 && !FLAGS_local) {
-    if (std::optional<int> rank = cluster->Rank(/*use_pod_ordinal=*/false, &rank_source)) {
-      options.rank = FLAGS_rank_offset + *rank;
-      LOG(INFO) << "rank " << options.rank << " from " << rank_source
-                << (FLAGS_rank_offset != 0 ? absl::StrCat(" + --rank_offset=", FLAGS_rank_offset) : "")
-                << (cluster->slurm_size ? absl::StrCat(" (SLURM_NTASKS=", *cluster->slurm_size, ")") : "");
-    }
-  }
   options.local_device_index = cluster->slurm_local_rank.value_or(0);
   options.cpu_threads = FLAGS_cpu_threads;
   options.listen_host = FLAGS_host;

@@ -1,0 +1,83 @@
+"""Fixtures for the Python package's tests: real tessera-scheduler and tessera-server processes on loopback."""
+
+import os
+import pathlib
+import signal
+import subprocess
+import time
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+BIN = pathlib.Path(os.environ.get("TESSERA_BIN_DIR", REPO / "build" / "bin"))
+
+JOB = """
+name: "python-test"
+model {{ mlp {{ hidden_sizes: 4 }} }}
+data {{ format: SYNTHETIC }}
+optimizer {{ kind: SGD learning_rate: {lr} }}
+batch_size: 4
+consistency {{ mode: {mode} }}
+stop {{ max_steps: 1000 }}
+cluster {{ num_servers: {servers} num_workers: {workers} }}
+chunk_bytes: 16
+"""
+
+
+class Cluster:
+    """A scheduler and its servers, each its own process; `address` is the scheduler's HOST:PORT."""
+
+    def __init__(self, tmp, mode, servers, workers, lr, token_file=None):
+        self.processes = []
+        self.tmp = tmp
+        job = tmp / "job.pbtxt"
+        job.write_text(JOB.format(mode=mode, servers=servers, workers=workers, lr=lr))
+        address_file = tmp / "scheduler.address"
+        security = [f"--token_file={token_file}"] if token_file else []
+        self._start("scheduler", [BIN / "tessera-scheduler", f"--job={job}", "--port=0", "--http_port=-1",
+                                  f"--address_file={address_file}", f"--run_dir={tmp / 'run'}", "--stop_grace_ms=1000"] + security)
+        deadline = time.time() + 30
+        while not (address_file.exists() and address_file.read_text().strip()):
+            if time.time() > deadline:
+                raise RuntimeError("the scheduler did not start: " + self.log("scheduler"))
+            time.sleep(0.05)
+        self.address = address_file.read_text().strip()
+        for i in range(servers):
+            self._start(f"server{i}", [BIN / "tessera-server", f"--scheduler={self.address}", "--http_port=-1",
+                                       f"--id={i}"] + security)
+
+    def _start(self, name, argv):
+        log = open(self.tmp / f"{name}.log", "w")
+        # The daemons read TESSERA_ variables as flags: the tests' own (the binaries' folder) is not one.
+        env = {k: v for k, v in os.environ.items() if k != "TESSERA_BIN_DIR"}
+        self.processes.append(subprocess.Popen([str(a) for a in argv], stdout=log, stderr=subprocess.STDOUT,
+                                               start_new_session=True, env=env))
+
+    def log(self, name):
+        return (self.tmp / f"{name}.log").read_text()
+
+    def stop(self):
+        for p in self.processes:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in self.processes:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+@pytest.fixture
+def start_cluster(tmp_path):
+    """start_cluster(mode="SYNC", servers=2, workers=1, lr=0.5, token_file=None) -> Cluster."""
+    clusters = []
+
+    def start(mode="SYNC", servers=2, workers=1, lr=0.5, token_file=None):
+        cluster = Cluster(tmp_path, mode, servers, workers, lr, token_file)
+        clusters.append(cluster)
+        return cluster
+
+    yield start
+    for c in clusters:
+        c.stop()

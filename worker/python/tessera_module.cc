@@ -1,0 +1,362 @@
+// tessera._tessera: the client library (worker/client/ps_client.h) for Python, not a second client. Values and
+// gradients cross as float32, C-contiguous buffers (NumPy arrays, or a CPU tensor's .numpy()), read and written
+// in place: nothing is copied between Python and the library. Every call that may wait (connect, declare, pull,
+// push, the clock gate, a step's values) releases the GIL while it waits. Errors are tessera.Error, its message
+// "CODE: what the daemon said".
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "common/cluster_environment.h"
+#include "glog/logging.h"
+#include "google/protobuf/util/json_util.h"
+#include "worker/client/ps_client.h"
+
+namespace py = pybind11;
+
+namespace tessera {
+namespace {
+
+// A failed call, raised in Python as tessera.Error ("UNAVAILABLE: ...").
+class StatusError : public std::runtime_error {
+ public:
+  explicit StatusError(const absl::Status& status)
+      : std::runtime_error(absl::StrCat(absl::StatusCodeToString(status.code()), ": ", status.message())) {}
+};
+
+void Check(const absl::Status& status) {
+  if (!status.ok()) throw StatusError(status);
+}
+
+template <typename T>
+T Take(absl::StatusOr<T> value) {
+  Check(value.status());
+  return *std::move(value);
+}
+
+// The memory of a float32, C-contiguous buffer. INVALID_ARGUMENT (as tessera.Error) naming `what` otherwise.
+absl::Span<float> FloatsOf(const py::buffer& buffer, bool writable, const std::string& what) {
+  py::buffer_info info = buffer.request(writable);
+  if (info.format != py::format_descriptor<float>::format() || info.itemsize != sizeof(float)) {
+    Check(absl::InvalidArgumentError(absl::StrCat(what, ": expected float32 values, got format '", info.format, "'")));
+  }
+  py::ssize_t expected = info.itemsize;
+  for (py::ssize_t d = info.ndim - 1; d >= 0; --d) {
+    if (info.shape[d] > 1 && info.strides[d] != expected) {
+      Check(absl::InvalidArgumentError(absl::StrCat(what, ": the buffer is not contiguous (copy it first)")));
+    }
+    expected *= info.shape[d];
+  }
+  return absl::MakeSpan(static_cast<float*>(info.ptr), static_cast<size_t>(info.size));
+}
+
+std::vector<absl::Span<float>> Writable(const std::vector<py::buffer>& buffers, const std::vector<std::string>& names) {
+  std::vector<absl::Span<float>> out;
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    out.push_back(FloatsOf(buffers[i], true, i < names.size() ? "values of '" + names[i] + "'" : "values"));
+  }
+  return out;
+}
+
+std::vector<absl::Span<const float>> Readable(const std::vector<py::buffer>& buffers,
+                                              const std::vector<std::string>& names) {
+  std::vector<absl::Span<const float>> out;
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    out.push_back(FloatsOf(buffers[i], false, i < names.size() ? "gradient of '" + names[i] + "'" : "gradient"));
+  }
+  return out;
+}
+
+py::dict ClockDict(const ClockResult& r) {
+  py::dict d;
+  d["clock"] = r.clock;
+  d["min_clock"] = r.min_clock;
+  d["stop"] = r.stop;
+  d["stop_reason"] = r.stop_reason;
+  d["rolled_back"] = r.rolled_back;
+  d["late"] = r.late;
+  return d;
+}
+
+// One step's exchange (PsClient::BeginStep). Holds the names and the buffers for as long as the exchange may
+// read or write them.
+class PyStep {
+ public:
+  PyStep(PsClient* client, std::vector<std::string> names, std::vector<py::buffer> grads, int batch_size,
+         std::vector<py::buffer> out)
+      : names_(std::move(names)), grad_objects_(std::move(grads)), out_objects_(std::move(out)) {
+    const std::vector<absl::Span<const float>> grad_spans = Readable(grad_objects_, names_);
+    const std::vector<absl::Span<float>> out_spans = Writable(out_objects_, names_);
+    step_ = client->BeginStep(names_, grad_spans, batch_size, out_spans);
+  }
+  ~PyStep() {
+    py::gil_scoped_release release;  // cancelling what is in flight may wait for gRPC's threads
+    step_.reset();
+  }
+
+  void Send(int index) { Check(step_->Send(index)); }
+  py::dict Finish() {
+    absl::StatusOr<ClockResult> result;
+    {
+      py::gil_scoped_release release;
+      result = step_->Finish();
+    }
+    return ClockDict(Take(std::move(result)));
+  }
+  void WaitValues(int index) {
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = step_->WaitValues(index, [] {
+        py::gil_scoped_acquire acquire;  // Ctrl-C while waiting gives up the wait
+        return PyErr_CheckSignals() != 0;
+      });
+    }
+    if (PyErr_Occurred()) throw py::error_already_set();
+    Check(status);
+  }
+  bool stopped() const { return step_->stopped(); }
+
+ private:
+  const std::vector<std::string> names_;  // the exchange keeps a reference to it
+  const std::vector<py::buffer> grad_objects_;
+  const std::vector<py::buffer> out_objects_;
+  std::unique_ptr<StepExchange> step_;
+};
+
+class PyClient {
+ public:
+  explicit PyClient(std::unique_ptr<PsClient> client) : client_(std::move(client)) {}
+  ~PyClient() {
+    py::gil_scoped_release release;  // the heartbeat thread is joined
+    client_.reset();
+  }
+
+  PsClient& get() { return *client_; }
+
+ private:
+  std::unique_ptr<PsClient> client_;
+};
+
+std::unique_ptr<PyClient> Connect(const std::string& scheduler, int rank, const std::string& device,
+                                  const std::string& token_file, const std::string& tls_cert,
+                                  const std::string& tls_key, const std::string& tls_ca, bool insecure,
+                                  double connect_timeout_s, double clock_wait_timeout_s) {
+  PsClient::Options options;
+  options.scheduler_address = scheduler;
+  options.rank = rank;
+  options.device = device;
+  options.security.token_file = token_file;
+  options.security.tls_cert = tls_cert;
+  options.security.tls_key = tls_key;
+  options.security.tls_ca = tls_ca;
+  options.security.insecure = insecure;
+  options.connect_timeout = absl::Seconds(connect_timeout_s);
+  options.clock_wait_timeout = absl::Seconds(clock_wait_timeout_s);
+  absl::StatusOr<std::unique_ptr<PsClient>> client;
+  {
+    py::gil_scoped_release release;
+    client = PsClient::Connect(options);
+  }
+  return std::make_unique<PyClient>(Take(std::move(client)));
+}
+
+std::string JobJson(const tessera::v1::JobSpec& job) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  if (!google::protobuf::util::MessageToJsonString(job, &json, options).ok()) {
+    Check(absl::InternalError("the job could not be written as JSON"));
+  }
+  return json;
+}
+
+}  // namespace
+}  // namespace tessera
+
+PYBIND11_MODULE(_tessera, m) {
+  using tessera::PsClient;
+  using tessera::PyClient;
+  using tessera::PyStep;
+  m.doc() = "Tessera's client library: join a job, declare parameters, exchange gradients and values.";
+  // The library's logs go to stderr, as the daemons' do.
+  if (!google::IsGoogleLoggingInitialized()) {
+    FLAGS_logtostderr = true;
+    google::InitGoogleLogging("tessera-python");
+  }
+  py::register_exception<tessera::StatusError>(m, "Error", PyExc_RuntimeError);
+
+  m.def(
+      "resolve_join",
+      [](const std::string& scheduler, int scheduler_port, int rank, int rank_offset) {
+        tessera::ClusterEnvironment env = tessera::Take(tessera::ReadClusterEnvironment());
+        tessera::WorkerJoin join = tessera::Take(
+            tessera::ResolveWorkerJoin(scheduler, scheduler_port, rank, rank_offset, env));
+        py::dict d;
+        d["scheduler"] = join.scheduler_address;
+        d["rank"] = join.rank;
+        d["rank_source"] = join.rank_source;
+        d["local_device_index"] = join.local_device_index;
+        return d;
+      },
+      py::arg("scheduler"), py::arg("scheduler_port"), py::arg("rank"), py::arg("rank_offset"),
+      "Where a worker joins, as tessera-worker decides it: the scheduler's address and the rank, from the given "
+      "settings and what Slurm or Kubernetes set.");
+
+  py::class_<PyStep>(m, "Step", "One step's exchange (see Client.begin_step).")
+      .def("send", &PyStep::Send, py::arg("index"), "grads[index] is final: its chunks leave now.")
+      .def("finish", &PyStep::Finish, "Sends what was not sent and returns the clock (a dict).")
+      .def("wait_values", &PyStep::WaitValues, py::arg("index"),
+           "Waits until out[index] holds the values after this step.")
+      .def_property_readonly("stopped", &PyStep::stopped);
+
+  py::class_<PyClient>(m, "Client", "A worker's connection to a job (PsClient).")
+      .def_static("connect", &tessera::Connect, py::arg("scheduler"), py::arg("rank") = -1,
+                  py::arg("device") = "cpu", py::arg("token_file") = "", py::arg("tls_cert") = "",
+                  py::arg("tls_key") = "", py::arg("tls_ca") = "", py::arg("insecure") = false,
+                  py::arg("connect_timeout_s") = 120.0, py::arg("clock_wait_timeout_s") = 300.0,
+                  "Registers with the scheduler: the rank and the job come back.")
+      .def_property_readonly("worker_id", [](PyClient& c) { return c.get().worker_id(); })
+      .def_property_readonly("incarnation", [](PyClient& c) { return c.get().incarnation(); })
+      .def_property_readonly("clock", [](PyClient& c) { return c.get().clock(); })
+      .def_property_readonly("job_json", [](PyClient& c) { return tessera::JobJson(c.get().job()); })
+      .def_property_readonly("batch_slice",
+                             [](PyClient& c) {
+                               const tessera::BatchSlice s = c.get().batch_slice();
+                               return py::make_tuple(s.offset, s.count);
+                             })
+      .def(
+          "declare",
+          [](PyClient& c, const std::vector<std::tuple<std::string, std::vector<int64_t>, float, uint64_t>>& params) {
+            std::vector<tessera::v1::ParameterSpec> specs;
+            for (const auto& [name, shape, scale, seed] : params) {
+              tessera::v1::ParameterSpec spec;
+              spec.set_name(name);
+              spec.set_dtype(tessera::v1::DT_FLOAT32);
+              for (int64_t d : shape) spec.add_shape(d);
+              if (scale > 0) {
+                spec.mutable_init()->set_kind(tessera::v1::InitSpec::UNIFORM);
+                spec.mutable_init()->set_scale(scale);
+                spec.mutable_init()->set_seed(seed);
+              }
+              specs.push_back(std::move(spec));
+            }
+            py::gil_scoped_release release;
+            tessera::Check(c.get().Declare(specs));
+          },
+          py::arg("params"),
+          "Declares parameters [(name, shape, uniform_scale, seed)] (scale 0: zeros); waits for the servers.")
+      .def(
+          "pull",
+          [](PyClient& c, const std::vector<std::string>& names, const std::vector<py::buffer>& out) {
+            const std::vector<absl::Span<float>> spans = tessera::Writable(out, names);
+            py::gil_scoped_release release;
+            tessera::Check(c.get().Pull(names, spans));
+          },
+          py::arg("names"), py::arg("out"))
+      .def(
+          "push",
+          [](PyClient& c, const std::vector<std::string>& names, const std::vector<py::buffer>& grads,
+             int batch_size) {
+            const std::vector<absl::Span<const float>> spans = tessera::Readable(grads, names);
+            py::gil_scoped_release release;
+            tessera::Check(c.get().Push(names, spans, batch_size));
+          },
+          py::arg("names"), py::arg("grads"), py::arg("batch_size"))
+      .def(
+          "push_pull",
+          [](PyClient& c, const std::vector<std::string>& names, const std::vector<py::buffer>& grads, int batch_size,
+             const std::vector<py::buffer>& out) {
+            const std::vector<absl::Span<const float>> g = tessera::Readable(grads, names);
+            const std::vector<absl::Span<float>> o = tessera::Writable(out, names);
+            py::gil_scoped_release release;
+            tessera::Check(c.get().PushPull(names, g, batch_size, o));
+          },
+          py::arg("names"), py::arg("grads"), py::arg("batch_size"), py::arg("out"))
+      .def(
+          "assign",
+          [](PyClient& c, const std::vector<std::string>& names, const std::vector<py::buffer>& values) {
+            const std::vector<absl::Span<const float>> spans = tessera::Readable(values, names);
+            py::gil_scoped_release release;
+            tessera::Check(c.get().Assign(names, spans));
+          },
+          py::arg("names"), py::arg("values"))
+      .def(
+          "advance_clock",
+          [](PyClient& c) {
+            absl::StatusOr<tessera::ClockResult> r;
+            {
+              py::gil_scoped_release release;
+              r = c.get().Clock();
+            }
+            return tessera::ClockDict(tessera::Take(std::move(r)));
+          },
+          "Completes this worker's step: advances its clock and waits at the gate (a dict).")
+      .def(
+          "begin_step",
+          [](PyClient& c, std::vector<std::string> names, std::vector<py::buffer> grads, int batch_size,
+             std::vector<py::buffer> out) {
+            return std::make_unique<PyStep>(&c.get(), std::move(names), std::move(grads), batch_size,
+                                            std::move(out));
+          },
+          py::arg("names"), py::arg("grads"), py::arg("batch_size"), py::arg("out"), py::keep_alive<0, 1>(),
+          "Starts a step whose gradients leave as each is sent and whose values arrive as each is waited for.")
+      .def(
+          "note_step", [](PyClient& c, int samples, double seconds) { c.get().NoteStep(samples, absl::Seconds(seconds)); },
+          py::arg("samples"), py::arg("busy_seconds"))
+      .def("take_rollback",
+           [](PyClient& c) -> std::optional<int64_t> { return c.get().TakeRollback(); })
+      .def(
+          "report",
+          [](PyClient& c, double train_loss, double samples_per_sec, int64_t samples, double epoch,
+             std::optional<double> test_accuracy, double test_loss, int64_t eval_clock, const std::string& device) {
+            tessera::v1::ReportRequest r;
+            r.set_train_loss(train_loss);
+            r.set_samples_per_sec(samples_per_sec);
+            r.set_samples(samples);
+            r.set_epoch(epoch);
+            r.set_device(device);
+            if (test_accuracy) {
+              r.set_has_eval(true);
+              r.set_test_accuracy(*test_accuracy);
+              r.set_test_loss(test_loss);
+              r.set_eval_clock(eval_clock);
+            }
+            absl::StatusOr<tessera::v1::ReportResponse> answer;
+            {
+              py::gil_scoped_release release;
+              answer = c.get().Report(r);
+            }
+            tessera::v1::ReportResponse a = tessera::Take(std::move(answer));
+            return py::make_tuple(a.stop(), a.stop_reason());
+          },
+          py::arg("train_loss") = 0.0, py::arg("samples_per_sec") = 0.0, py::arg("samples") = 0,
+          py::arg("epoch") = 0.0, py::arg("test_accuracy") = py::none(), py::arg("test_loss") = 0.0,
+          py::arg("eval_clock") = 0, py::arg("device") = "",
+          "Progress for the scheduler's records; returns (stop, stop_reason).")
+      .def("job_stopped",
+           [](PyClient& c) {
+             py::gil_scoped_release release;
+             return c.get().JobStopped();
+           })
+      .def("done",
+           [](PyClient& c) {
+             py::gil_scoped_release release;
+             tessera::Check(c.get().Done());
+           })
+      .def(
+          "fail",
+          [](PyClient& c, const std::string& why) {
+            py::gil_scoped_release release;
+            c.get().Fail(absl::InternalError(why));
+          },
+          py::arg("why"));
+}
