@@ -150,7 +150,9 @@ class PsClient {
                                       const std::vector<absl::Span<const float>>& grads, int batch_size,
                                       const std::vector<absl::Span<float>>& out);
 
-  // Overwrites the values of names[i] (initialisation or restore); applied at most once, like a push.
+  // Overwrites the values of names[i] (initialisation or restore); applied at most once, like a push. An
+  // assignment advances each chunk's version, which in SYNC is the round the chunk collects: in a SYNC job it puts
+  // the chunks one round ahead of the workers' clocks, so assign only in ASYNC and SSP jobs.
   [[nodiscard]] absl::Status Assign(const std::vector<std::string>& names,
                                     const std::vector<absl::Span<const float>>& values);
 
