@@ -8,7 +8,7 @@
 namespace tessera {
 
 void CheckpointCut::OfferLocked(const Chunk& chunk) {
-  if (version_.load() != chunk.version) return;
+  if (version_.load() != RoundLocked(chunk)) return;
   absl::MutexLock lock(&mu_);
   taken_.try_emplace(chunk.key, ChunkStateLocked(chunk));
 }
@@ -25,12 +25,13 @@ absl::StatusOr<std::vector<tessera::v1::ChunkState>> CheckpointCut::Take(const s
   absl::Status status;
   for (Chunk* chunk : chunks) {
     absl::MutexLock chunk_lock(&chunk->mu);
-    if (chunk->version == version) OfferLocked(*chunk);
-    if (chunk->version > version) {
+    const int64_t round = RoundLocked(*chunk);
+    if (round == version) OfferLocked(*chunk);
+    if (round > version) {
       absl::MutexLock lock(&mu_);
       if (taken_.count(chunk->key) == 0) {
         status = absl::FailedPreconditionError(absl::StrCat("chunk ", chunk->key.first, "/", chunk->key.second,
-                                                            " is at version ", chunk->version,
+                                                            " is at round ", round,
                                                             ", past the checkpoint's ", version));
       }
     }

@@ -1,6 +1,7 @@
-// A checkpoint of a server's chunks all at one version: in SYNC, a consistent cut taken while the scheduler
-// holds the workers at that clock. Each chunk is taken the moment it reaches the version (by the round that
-// closes into it, or at once when it is there already), so the workers need not stop for it.
+// A checkpoint of a server's chunks all at one SYNC round (RoundLocked: the clock their values belong to): a
+// consistent cut taken while the scheduler holds the workers at that clock. Each chunk is taken the moment it
+// reaches the round (by the round that closes into it, or at once when it is there already), so the workers need
+// not stop for it.
 #ifndef TESSERA_SERVER_CHECKPOINT_CUT_H_
 #define TESSERA_SERVER_CHECKPOINT_CUT_H_
 

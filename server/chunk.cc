@@ -59,6 +59,7 @@ tessera::v1::ChunkState ChunkStateLocked(const Chunk& chunk) {
       std::string(reinterpret_cast<const char*>(chunk.state.data()), chunk.state.size() * sizeof(float)));
   state.set_version(chunk.version);
   state.set_gradient_updates(chunk.gradient_updates);
+  state.set_assignments(chunk.assignments);
   for (int64_t c : chunk.applied_clocks) state.add_applied_clocks(c);
   for (const auto& [worker, seq] : chunk.last_seq) (*state.mutable_last_seq())[worker] = seq;
   return state;
@@ -72,6 +73,7 @@ void RestoreChunkLocked(const tessera::v1::ChunkState& state, const std::vector<
   chunk.state_bound = std::numeric_limits<float>::infinity();
   chunk.version = state.version();
   chunk.gradient_updates = state.gradient_updates();
+  chunk.assignments = state.assignments();
   for (int w = 0; w < state.applied_clocks_size() && w < static_cast<int>(chunk.applied_clocks.size()); ++w) {
     chunk.applied_clocks[w] = state.applied_clocks(w);
   }

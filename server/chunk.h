@@ -39,7 +39,8 @@ struct Chunk {
   mutable absl::Mutex mu;
   std::vector<float> values ABSL_GUARDED_BY(mu);
   std::vector<float> state ABSL_GUARDED_BY(mu);
-  int64_t version ABSL_GUARDED_BY(mu) = 0;           // updates applied (in SYNC: the round being collected)
+  int64_t version ABSL_GUARDED_BY(mu) = 0;           // updates applied, assignments included
+  int64_t assignments ABSL_GUARDED_BY(mu) = 0;       // ASSIGN pushes applied (initial values, restores)
   int64_t gradient_updates ABSL_GUARDED_BY(mu) = 0;  // optimizer steps taken (Adam's t)
   // The largest |value| and |state| after the last update (infinity: not known yet, e.g. after a restore).
   float values_bound ABSL_GUARDED_BY(mu) = std::numeric_limits<float>::infinity();
@@ -48,6 +49,12 @@ struct Chunk {
   std::vector<int64_t> applied_clocks ABSL_GUARDED_BY(mu);  // per worker id
   SyncRound round ABSL_GUARDED_BY(mu);                      // SYNC only: the round being collected
 };
+
+// The SYNC round the chunk collects: one per update but assignments (an ASSIGN push, e.g. a worker's initial
+// values, sets values without being a round). Also the clock the chunk's values belong to in SYNC.
+inline int64_t RoundLocked(const Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
+  return chunk.version - chunk.assignments;
+}
 
 // Applies `grad` (already validated) to `chunk` with `rule`, advancing its version and the clocks of `workers`
 // to `clock` + 1. An update that would leave a value or optimizer state non-finite (finite gradients can still

@@ -421,6 +421,7 @@ absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& re
     } else if (request.assign) {
       std::copy(values.begin(), values.end(), chunk.values.begin());
       ++chunk.version;
+      ++chunk.assignments;
       chunk.last_seq[worker] = request.seq;
     } else {
       TESSERA_ASSIGN_OR_RETURN(admission, config.policy->AdmitLocked(request, values, chunk, roster, what));

@@ -70,8 +70,8 @@ class ShardStore {
                                     int server_id, const std::vector<tessera::v1::ShardCheckpoint>* restore = nullptr,
                                     bool restore_all = false);
 
-  // Every chunk's state for a checkpoint: at once (`at_version` < 0), or, in SYNC, each chunk as its version
-  // reaches `at_version` (a consistent cut while the scheduler holds the workers there). DEADLINE_EXCEEDED
+  // Every chunk's state for a checkpoint: at once (`at_version` < 0), or, in SYNC, each chunk as its round
+  // (RoundLocked) reaches `at_version` (a consistent cut while the scheduler holds the workers there). DEADLINE_EXCEEDED
   // naming the chunks that did not get there; FAILED_PRECONDITION for a chunk already past it.
   // `cancelled`, when given, is asked every 100 ms while waiting (CANCELLED when it says so).
   [[nodiscard]] absl::StatusOr<tessera::v1::ShardCheckpoint> Snapshot(

@@ -14,7 +14,7 @@ void SyncPolicy::PrepareChunkLocked(Chunk& chunk, int workers) const {
 absl::StatusOr<Admission> SyncPolicy::AdmitLocked(const ChunkPush& push, absl::Span<const float> grad, Chunk& chunk,
                                                   const Roster& roster, const std::string& what) {
   Admission admission;
-  const int64_t round = chunk.version;
+  const int64_t round = RoundLocked(chunk);
   if (push.clock < round) {
     admission.late = true;  // the round closed without it; never mixed into a later round
     admission.after_close = true;
@@ -53,7 +53,7 @@ void SyncPolicy::CollectLocked(const ChunkPush& push, absl::Span<const float> gr
 
 bool SyncPolicy::RoundCompleteLocked(const Chunk& chunk, const Roster& roster) const {
   for (size_t w = 0; w < roster.active.size(); ++w) {
-    if (roster.InRound(static_cast<int>(w), chunk.version) && !chunk.round.Has(static_cast<int>(w))) return false;
+    if (roster.InRound(static_cast<int>(w), RoundLocked(chunk)) && !chunk.round.Has(static_cast<int>(w))) return false;
   }
   return true;
 }
@@ -64,13 +64,12 @@ std::vector<std::shared_ptr<ExchangeWaiter>> SyncPolicy::CloseLocked(Chunk& chun
 
 std::vector<std::shared_ptr<ExchangeWaiter>> SyncPolicy::ApplyRoundLocked(Chunk& chunk) {
   const float inv = static_cast<float>(1.0 / chunk.round.weight());
-  if (!ApplyUpdateLocked(rule_, chunk, chunk.round.sum(), 1.0f, inv, chunk.round.workers(), chunk.version)) {
+  const int64_t round = RoundLocked(chunk);
+  if (!ApplyUpdateLocked(rule_, chunk, chunk.round.sum(), 1.0f, inv, chunk.round.workers(), round)) {
     // The round's mean would overflow the values: the round closes without an update, so nobody waits forever.
-    LOG_EVERY_N(WARNING, 100) << "chunk " << chunk.key.first << "/" << chunk.key.second << ": round "
-                              << chunk.version << "'s update would make values non-finite; left out";
-    for (int w : chunk.round.workers()) {
-      chunk.applied_clocks[w] = std::max(chunk.applied_clocks[w], chunk.version + 1);
-    }
+    LOG_EVERY_N(WARNING, 100) << "chunk " << chunk.key.first << "/" << chunk.key.second << ": round " << round
+                              << "'s update would make values non-finite; left out";
+    for (int w : chunk.round.workers()) chunk.applied_clocks[w] = std::max(chunk.applied_clocks[w], round + 1);
     ++chunk.version;
   }
   return chunk.round.Reset();
@@ -94,15 +93,16 @@ std::shared_ptr<const std::vector<int>> BackupSyncPolicy::MembersOf(int64_t roun
 void BackupSyncPolicy::CollectLocked(const ChunkPush& push, absl::Span<const float> grad, Chunk& chunk,
                                      Admission& admission) {
   chunk.round.Keep(push.worker_id, grad, push.batch_size);
-  std::shared_ptr<const std::vector<int>> members = MembersOf(chunk.version);
+  std::shared_ptr<const std::vector<int>> members = MembersOf(RoundLocked(chunk));
   admission.late = members != nullptr && !std::binary_search(members->begin(), members->end(), push.worker_id);
 }
 
 bool BackupSyncPolicy::RoundCompleteLocked(const Chunk& chunk, const Roster& roster) const {
-  std::shared_ptr<const std::vector<int>> members = MembersOf(chunk.version);
+  const int64_t round = RoundLocked(chunk);
+  std::shared_ptr<const std::vector<int>> members = MembersOf(round);
   if (members == nullptr) return false;
   for (int w : *members) {
-    if (w < static_cast<int>(roster.active.size()) && roster.InRound(w, chunk.version) && !chunk.round.Has(w)) {
+    if (w < static_cast<int>(roster.active.size()) && roster.InRound(w, round) && !chunk.round.Has(w)) {
       return false;
     }
   }
@@ -111,11 +111,12 @@ bool BackupSyncPolicy::RoundCompleteLocked(const Chunk& chunk, const Roster& ros
 
 std::vector<std::shared_ptr<ExchangeWaiter>> BackupSyncPolicy::CloseLocked(Chunk& chunk, int64_t& dropped) {
   // The members' gradients, weighted by batch size, make the round; everyone else's are late.
-  std::shared_ptr<const std::vector<int>> members = MembersOf(chunk.version);
+  const int64_t round = RoundLocked(chunk);
+  std::shared_ptr<const std::vector<int>> members = MembersOf(round);
   dropped += chunk.round.Sum(members.get());
   // The round is over for everyone: a late worker's gradient of it never comes in, so it holds nobody's
   // staleness back (clock_version).
-  for (int64_t& applied : chunk.applied_clocks) applied = std::max(applied, chunk.version + 1);
+  for (int64_t& applied : chunk.applied_clocks) applied = std::max(applied, round + 1);
   if (chunk.round.workers().empty()) {
     ++chunk.version;  // every member left the job: the round closes with no update
     return chunk.round.Reset();

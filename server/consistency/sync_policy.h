@@ -20,7 +20,7 @@ class SyncPolicy : public ConsistencyPolicy {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   bool DuplicateWaitsLocked(const ChunkPush& push, const Chunk& chunk) const override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
-    return push.clock == chunk.version;
+    return push.clock == RoundLocked(chunk);
   }
   bool CloseIfCompleteLocked(Chunk& chunk, const Roster& roster, int64_t& dropped,
                              std::vector<std::shared_ptr<ExchangeWaiter>>& closed) override

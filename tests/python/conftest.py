@@ -15,23 +15,24 @@ JOB = """
 name: "python-test"
 model {{ mlp {{ hidden_sizes: 4 }} }}
 data {{ format: SYNTHETIC }}
-optimizer {{ kind: SGD learning_rate: {lr} }}
-batch_size: 4
+optimizer {{ kind: SGD learning_rate: {lr} momentum: {momentum} }}
+batch_size: {batch_size}
 consistency {{ mode: {mode} }}
 stop {{ max_steps: 1000 }}
 cluster {{ num_servers: {servers} num_workers: {workers} }}
-chunk_bytes: 16
+chunk_bytes: {chunk_bytes}
 """
 
 
 class Cluster:
     """A scheduler and its servers, each its own process; `address` is the scheduler's HOST:PORT."""
 
-    def __init__(self, tmp, mode, servers, workers, lr, token_file=None):
+    def __init__(self, tmp, mode, servers, workers, lr, token_file=None, momentum=0.0, chunk_bytes=16, batch_size=4):
         self.processes = []
         self.tmp = tmp
         job = tmp / "job.pbtxt"
-        job.write_text(JOB.format(mode=mode, servers=servers, workers=workers, lr=lr))
+        job.write_text(JOB.format(mode=mode, servers=servers, workers=workers, lr=lr, momentum=momentum,
+                                  chunk_bytes=chunk_bytes, batch_size=batch_size))
         address_file = tmp / "scheduler.address"
         security = [f"--token_file={token_file}"] if token_file else []
         self._start("scheduler", [BIN / "tessera-scheduler", f"--job={job}", "--port=0", "--http_port=-1",
@@ -70,11 +71,11 @@ class Cluster:
 
 @pytest.fixture
 def start_cluster(tmp_path):
-    """start_cluster(mode="SYNC", servers=2, workers=1, lr=0.5, token_file=None) -> Cluster."""
+    """start_cluster(mode="SYNC", servers=2, workers=1, lr=0.5, ...) -> Cluster (see Cluster)."""
     clusters = []
 
-    def start(mode="SYNC", servers=2, workers=1, lr=0.5, token_file=None):
-        cluster = Cluster(tmp_path, mode, servers, workers, lr, token_file)
+    def start(mode="SYNC", servers=2, workers=1, lr=0.5, token_file=None, momentum=0.0, chunk_bytes=16, batch_size=4):
+        cluster = Cluster(tmp_path, mode, servers, workers, lr, token_file, momentum, chunk_bytes, batch_size)
         clusters.append(cluster)
         return cluster
 

@@ -130,6 +130,29 @@ TEST_F(ShardStoreTest, SyncRoundAppliesTheBatchWeightedMeanOnce) {
   EXPECT_EQ(Values(), (std::vector<float>{-6, -6, -6}));
 }
 
+// A worker's initial values (an ASSIGN push) are not a round: the workers' first gradients, of clock 0, make
+// round 0 after it, and a SYNC checkpoint of clock 1 takes the chunk once that round has closed.
+TEST_F(ShardStoreTest, AnAssignmentInSyncSetsTheValuesWithoutMovingTheRound) {
+  Assign(tessera::v1::ConsistencySpec::SYNC, 2);
+  TestPush init = Gradient(0, 1, 0, {5, 5, 5});
+  init.push.assign = true;
+  ASSERT_THAT(Push(init), IsOk());
+  EXPECT_EQ(Values(), (std::vector<float>{5, 5, 5}));
+  ASSERT_THAT(Push(Gradient(0, 2, 0, {1, 1, 1})), IsOk());
+  absl::StatusOr<PushOutcome> second = Push(Gradient(1, 1, 0, {3, 3, 3}));
+  ASSERT_THAT(second, IsOk());
+  EXPECT_FALSE(second->late) << "clock 0 is the round the chunk collects after the assignment";
+  EXPECT_EQ(Values(), (std::vector<float>{3, 3, 3})) << "5 - mean(1, 3)";
+  EXPECT_EQ(store_.Stats().late_pushes(), 0);
+  // Chunk 1 was never assigned; close its round 0 too, then a checkpoint of clock 1 finds both chunks there.
+  ASSERT_THAT(Push(Gradient(0, 3, 0, {1, 1, 1}, 1, /*index=*/1)), IsOk());
+  ASSERT_THAT(Push(Gradient(1, 2, 0, {1, 1, 1}, 1, /*index=*/1)), IsOk());
+  absl::StatusOr<tessera::v1::ShardCheckpoint> cut = store_.Snapshot(1, absl::Now() + absl::Seconds(5));
+  ASSERT_THAT(cut, IsOk());
+  ASSERT_EQ(cut->chunks_size(), 2);
+  for (const auto& c : cut->chunks()) EXPECT_EQ(c.version() - c.assignments(), 1) << c.param() << "/" << c.index();
+}
+
 TEST_F(ShardStoreTest, SyncLatePushIsCountedAndNotMixedIn) {
   Assign(tessera::v1::ConsistencySpec::SYNC, 1);
   ASSERT_THAT(Push(Gradient(0, 1, 0, {1, 1, 1})), IsOk());

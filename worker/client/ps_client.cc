@@ -83,6 +83,19 @@ absl::Status PsClient::RefreshMap(uint64_t at_least_epoch) {
   return absl::OkStatus();
 }
 
+int64_t PsClient::PulledVersion(const std::string& name) const {
+  if (map_ == nullptr) return -1;
+  absl::StatusOr<std::vector<const tessera::v1::ChunkPlacement*>> chunks = map_->Chunks(name);
+  if (!chunks.ok() || chunks->empty()) return -1;
+  int64_t oldest = INT64_MAX;
+  for (const tessera::v1::ChunkPlacement* c : *chunks) {
+    auto it = pulled_.find({c->param(), c->index()});
+    if (it == pulled_.end()) return -1;
+    oldest = std::min(oldest, it->second.version);
+  }
+  return oldest;
+}
+
 int64_t PsClient::bytes_pulled() const {
   absl::MutexLock lock(&bytes_mu_);
   return bytes_pulled_;

@@ -150,9 +150,8 @@ class PsClient {
                                       const std::vector<absl::Span<const float>>& grads, int batch_size,
                                       const std::vector<absl::Span<float>>& out);
 
-  // Overwrites the values of names[i] (initialisation or restore); applied at most once, like a push. An
-  // assignment advances each chunk's version, which in SYNC is the round the chunk collects: in a SYNC job it puts
-  // the chunks one round ahead of the workers' clocks, so assign only in ASYNC and SSP jobs.
+  // Overwrites the values of names[i] (initialisation or restore); applied at most once, like a push. It is not
+  // a SYNC round: the rounds go on at the workers' clocks.
   [[nodiscard]] absl::Status Assign(const std::vector<std::string>& names,
                                     const std::vector<absl::Span<const float>>& values);
 
@@ -173,6 +172,11 @@ class PsClient {
   // call, else nullopt. Calls of the voided steps fail with ABORTED saying so. Taking it sets this client's
   // clock there; pull the values again and train on from that clock.
   std::optional<int64_t> TakeRollback();
+
+  // The oldest version among the chunks of `name` as this client last pulled them; -1 when some chunk of it was
+  // not pulled (or was forgotten since). A version counts every update of a chunk, assignments included: 0 is a
+  // chunk nobody has changed yet.
+  int64_t PulledVersion(const std::string& name) const;
 
   // Forgets which versions were pulled where: the next pulls move every byte.
   void ForgetPulledValues() { pulled_.clear(); }

@@ -312,6 +312,10 @@ PYBIND11_MODULE(_tessera, m) {
       .def(
           "note_step", [](PyClient& c, int samples, double seconds) { c.get().NoteStep(samples, absl::Seconds(seconds)); },
           py::arg("samples"), py::arg("busy_seconds"))
+      .def(
+          "pulled_version", [](PyClient& c, const std::string& name) { return c.get().PulledVersion(name); },
+          py::arg("name"),
+          "The oldest version of the chunks of `name` as last pulled (-1: not pulled); 0: nobody changed it yet.")
       .def("take_rollback",
            [](PyClient& c) -> std::optional<int64_t> { return c.get().TakeRollback(); })
       .def(
