@@ -5,6 +5,9 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -72,8 +75,24 @@ TESSERA_DEFINE_SECURITY_FLAGS()
 
 int main(int argc, char** argv) {
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);  // see common/daemon_init.h
-  tessera::ParseProgramFlags("tessera-launch [--job=FILE] [--servers=N --workers=M --run_dir=DIR]", "_main.cc", &argc,
-                             &argv);
+  // Everything after "--" is the workers' command (in the manner of torchrun), not the launcher's arguments.
+  std::vector<std::string> worker_command;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string_view(argv[i]) != "--") continue;
+    worker_command.assign(argv + i + 1, argv + argc);
+    argc = i;
+    if (worker_command.empty()) {
+      std::cerr << "tessera-launch: nothing after \"--\": give the workers' command there, e.g. -- python3 train.py"
+                << std::endl;
+      return 2;
+    }
+    break;
+  }
+  tessera::ParseProgramFlags(
+      "tessera-launch [--job=FILE] [--servers=N --workers=M --run_dir=DIR] [-- COMMAND ARGS...]\n"
+      "  With -- COMMAND, each worker is that command (e.g. -- python3 train.py --lr=0.1), run once per worker with\n"
+      "  TESSERA_SCHEDULER, TESSERA_RANK, TESSERA_DEVICE and the run's credentials in its environment.",
+      "_main.cc", &argc, &argv);
   tessera::CheckFlags({tessera::NonNegativeFlag("servers"), tessera::NonNegativeFlag("workers"),
                        tessera::NonNegativeFlag("timeout_s"), tessera::NonNegativeFlag("linger_s"),
                        tessera::AtLeastFlag("slow_worker", -1, "must be a worker rank, or -1 (none)"),
@@ -160,6 +179,7 @@ int main(int argc, char** argv) {
   }
   options.simulate_compute_ms = FLAGS_simulate_compute_ms;
   options.dump_params = FLAGS_dump_params;
+  options.worker_command = worker_command;
   options.timeout_s = FLAGS_timeout_s;
   options.linger_s = FLAGS_linger_s;
   options.tls = FLAGS_tls;

@@ -44,6 +44,7 @@ struct Child {
   std::string name;
   std::string log;
   std::vector<std::string> argv;  // to start it again
+  std::vector<std::string> environment;  // its own settings, added to the launcher's environment
   pid_t pid = -1;
   bool exited = false;
   int status = 0;
@@ -73,12 +74,20 @@ std::vector<std::string> ChildEnvironment() {
 // Forks and execs `argv`; stdout goes to `stdout_fd` (or the log), stderr to the log (appended to when
 // `append`: a restarted child).
 absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const std::string& log, int stdout_fd,
-                            bool append = false) {
+                            bool append = false, const std::vector<std::string>& own_environment = {}) {
   const int log_fd = open(log.c_str(), O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC) | O_CLOEXEC, 0644);
   if (log_fd < 0) return absl::PermissionDeniedError(absl::StrCat("cannot write ", log, ": ", strerror(errno)));
   ChildOptions child;
   child.argv = argv;
-  child.environment = ChildEnvironment();
+  std::vector<std::string> environment = ChildEnvironment();
+  for (const std::string& entry : own_environment) {  // a variable of its own replaces the launcher's
+    const std::string key = entry.substr(0, entry.find('=') + 1);
+    environment.erase(std::remove_if(environment.begin(), environment.end(),
+                                     [&](const std::string& e) { return absl::StartsWith(e, key); }),
+                      environment.end());
+    environment.push_back(entry);
+  }
+  child.environment = std::move(environment);
   child.stdout_fd = stdout_fd >= 0 ? stdout_fd : log_fd;
   child.stderr_fd = log_fd;
   child.parent_death_signal = SIGTERM;  // never outlive the launcher; its own group: Ctrl-C reaches only the launcher
@@ -90,6 +99,25 @@ absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const std::str
 class Cluster {
  public:
   explicit Cluster(const LaunchOptions& options) : options_(options) {}
+
+  // A worker command's settings, as the TESSERA_ variables tessera-worker's flags read (tessera.connect() reads
+  // them the same way), and the build's Python package first on PYTHONPATH when the build has one.
+  std::vector<std::string> WorkerCommandEnvironment(const std::string& scheduler, int rank,
+                                                    const std::string& device) const {
+    std::vector<std::string> env = {"TESSERA_SCHEDULER=" + scheduler, absl::StrCat("TESSERA_RANK=", rank),
+                                    "TESSERA_DEVICE=" + device};
+    const SecurityOptions& s = options_.security;
+    if (!s.token_file.empty()) env.push_back("TESSERA_TOKEN_FILE=" + s.token_file);
+    if (!s.tls_cert.empty()) env.push_back("TESSERA_TLS_CERT=" + s.tls_cert);
+    if (!s.tls_key.empty()) env.push_back("TESSERA_TLS_KEY=" + s.tls_key);
+    if (!s.tls_ca.empty()) env.push_back("TESSERA_TLS_CA=" + s.tls_ca);
+    const std::string package = options_.bin_dir + "/../python";
+    if (std::filesystem::exists(package + "/tessera/__init__.py")) {
+      const char* path = std::getenv("PYTHONPATH");
+      env.push_back("PYTHONPATH=" + package + (path != nullptr && *path != '\0' ? absl::StrCat(":", path) : ""));
+    }
+    return env;
+  }
 
   // The run's credentials, as every daemon's flags (the token travels as a file name, never as itself).
   void AddSecurityFlags(std::vector<std::string>& argv) const {
@@ -175,7 +203,7 @@ class Cluster {
       close(pipe_fds[0]);
       return pid.status();
     }
-    children_.push_back({Child::kScheduler, "scheduler", options_.run_dir + "/logs/scheduler.log", argv, *pid});
+    children_.push_back({Child::kScheduler, "scheduler", options_.run_dir + "/logs/scheduler.log", argv, {}, *pid});
     // Forward the scheduler's stdout (progress lines) and pick up its address from the first line.
     const pid_t self = getpid();
     reader_ = std::thread([this, fd = pipe_fds[0], self] {
@@ -243,27 +271,33 @@ class Cluster {
       AddSecurityFlags(argv);
       absl::StatusOr<pid_t> pid = Spawn(argv, log, -1, append_logs());
       if (!pid.ok()) return pid.status();
-      children_.push_back({Child::kServer, absl::StrCat("server ", i), log, argv, *pid});
+      children_.push_back({Child::kServer, absl::StrCat("server ", i), log, argv, {}, *pid});
     }
     for (int i = 0; i < workers; ++i) {
       const std::string log = absl::StrCat(options_.run_dir, "/logs/worker-", i, ".log");
       const std::string device =
           options_.worker_devices.empty() ? options_.device : options_.worker_devices[i % options_.worker_devices.size()];
       // Each worker asks for its rank, so that a restarted one takes its own place back at once.
-      std::vector<std::string> argv = {options_.bin_dir + "/tessera-worker", "--scheduler=" + address,
-                                       "--device=" + device, absl::StrCat("--rank=", i)};
-      std::vector<std::string> straggler = options_.stalls.ToFlags();
-      if (i == options_.slow_worker) absl::c_move(options_.slow.ToFlags(), std::back_inserter(straggler));
-      argv.insert(argv.end(), straggler.begin(), straggler.end());
-      if (options_.simulate_compute_ms > 0) {
-        argv.push_back(absl::StrCat("--simulate_compute_ms=", options_.simulate_compute_ms));
+      std::vector<std::string> argv, environment;
+      if (!options_.worker_command.empty()) {
+        argv = options_.worker_command;
+        environment = WorkerCommandEnvironment(address, i, device);
+      } else {
+        argv = {options_.bin_dir + "/tessera-worker", "--scheduler=" + address, "--device=" + device,
+                absl::StrCat("--rank=", i)};
+        std::vector<std::string> straggler = options_.stalls.ToFlags();
+        if (i == options_.slow_worker) absl::c_move(options_.slow.ToFlags(), std::back_inserter(straggler));
+        argv.insert(argv.end(), straggler.begin(), straggler.end());
+        if (options_.simulate_compute_ms > 0) {
+          argv.push_back(absl::StrCat("--simulate_compute_ms=", options_.simulate_compute_ms));
+        }
+        // Every worker gets it; only the one that registers as rank 0 writes it.
+        if (!options_.dump_params.empty()) argv.push_back("--dump_params=" + options_.dump_params);
+        AddSecurityFlags(argv);
       }
-      // Every worker gets it; only the one that registers as rank 0 writes it.
-      if (!options_.dump_params.empty()) argv.push_back("--dump_params=" + options_.dump_params);
-      AddSecurityFlags(argv);
-      absl::StatusOr<pid_t> pid = Spawn(argv, log, -1, append_logs());
+      absl::StatusOr<pid_t> pid = Spawn(argv, log, -1, append_logs(), environment);
       if (!pid.ok()) return pid.status();
-      children_.push_back({Child::kWorker, absl::StrCat("worker ", i), log, argv, *pid});
+      children_.push_back({Child::kWorker, absl::StrCat("worker ", i), log, argv, environment, *pid});
     }
     return absl::OkStatus();
   }
@@ -326,7 +360,7 @@ class Cluster {
         const int budget = child.role == Child::kWorker ? options_.restart_workers : options_.restart_servers;
         if (child.restarts < budget) {
           ++child.restarts;
-          absl::StatusOr<pid_t> again = Spawn(child.argv, child.log, -1, /*append=*/true);
+          absl::StatusOr<pid_t> again = Spawn(child.argv, child.log, -1, /*append=*/true, child.environment);
           if (!again.ok()) return again.status();
           child.pid = *again;
           child.exited = false;

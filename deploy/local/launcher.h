@@ -1,7 +1,7 @@
 // The local launcher: a whole Tessera cluster on one machine, each role its own process.
 //
-// It starts the scheduler, then the servers and workers (worker i asks for rank i) pointed at the address the
-// scheduler printed, forwards the scheduler's progress lines, and keeps every other daemon's output in
+// It starts the scheduler, then the servers and workers (worker i asks for rank i; a worker is tessera-worker, or
+// the user's command given after "--") pointed at the address the scheduler printed, forwards the scheduler's progress lines, and keeps every other daemon's output in
 // <run_dir>/logs/. The scheduler decides the job's fate, as it does for daemons started by hand: a server or
 // worker that fails is reported (and a worker started again while it has restarts left), and the launcher
 // returns when the scheduler has exited and the others with it: OK when the scheduler says the job completed,
@@ -35,6 +35,11 @@ struct LaunchOptions {
   StragglerOptions stalls;   // every worker: transient stalls (experiments)
   int simulate_compute_ms = 0;  // every worker gets --simulate_compute_ms (benchmarks)
   std::string dump_params;   // handed to the workers; rank 0 writes its final parameters there
+  // When set, the workers are this command (e.g. {"python3", "train.py", "--lr=0.1"}), run once per worker in
+  // the manner of torchrun, instead of tessera-worker. Each gets its settings in its environment:
+  // TESSERA_SCHEDULER, TESSERA_RANK, TESSERA_DEVICE, the credentials' TESSERA_TOKEN_FILE and TESSERA_TLS_*, and
+  // the build's Python package on PYTHONPATH (tessera.connect() reads them).
+  std::vector<std::string> worker_command;
   int timeout_s = 0;         // stop everything after this long; 0: no limit
   int linger_s = 60;         // the scheduler's --linger_s: its dashboard stays up this long after the job
   int restart_workers = 0;   // start a failed worker again, at most this many times per worker

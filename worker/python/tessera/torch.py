@@ -117,6 +117,10 @@ class DistributedModel(torch.nn.Module):
         """How many parameters' gradients of the open step have left (as backward finished each)."""
         return sum(self._sent) if self._current is not None else 0
 
+    def settle(self):
+        """Waits until the parameters hold the values after the last step (before scoring or saving them)."""
+        self._settle()
+
     def done(self):
         """Waits for the last step's values, then tells the scheduler this worker is finished."""
         self._settle()

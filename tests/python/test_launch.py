@@ -1,0 +1,49 @@
+"""tessera-launch running a user's script as the workers, in the manner of torchrun."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import BIN, REPO
+
+pytest.importorskip("torch", reason="Debian's python3-torch is not installed")
+
+EXAMPLE = REPO / "worker" / "python" / "examples" / "mlp_synthetic.py"
+JOB = REPO / "deploy" / "jobs" / "python_mlp_synthetic.pbtxt"
+
+
+def launch(tmp_path, *extra, command=None):
+    argv = [str(BIN / "tessera-launch"), f"--job={JOB}", f"--run_dir={tmp_path / 'run'}", "--linger_s=0",
+            "--timeout_s=120", *extra, "--", *(command or [sys.executable, str(EXAMPLE)])]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=180)
+
+
+@pytest.mark.parametrize("mode", ["SYNC", "ASYNC", "SSP"])
+def test_the_script_runs_as_every_worker_and_the_job_completes(tmp_path, mode):
+    override = f"consistency {{ mode: {mode} {'staleness: 2' if mode == 'SSP' else ''} }}"
+    done = launch(tmp_path, f"--job_override={override}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["completed"] is True, summary
+    assert summary["steps"] == 200
+    assert summary["test_accuracy"] > 0.6, summary  # 4 classes: chance is 0.25
+    assert "rank 0: test accuracy" in (tmp_path / "run" / "logs" / "worker-0.log").read_text()
+
+
+def test_a_failing_script_is_named_and_the_launcher_fails(tmp_path):
+    # As with tessera-worker: a worker that fails before it joins is named at once, and the job waits for one that
+    # joins (a restart, or by hand) until --timeout_s ends it.
+    done = launch(tmp_path, "--workers=1", "--timeout_s=8",
+                  command=[sys.executable, "-c", "import sys; sys.exit('no model here')"])
+    assert done.returncode != 0
+    output = done.stdout + done.stderr
+    assert "worker 0" in output and "no model here" in output, output
+
+
+def test_nothing_after_the_separator_is_refused(tmp_path):
+    done = subprocess.run([str(BIN / "tessera-launch"), f"--job={JOB}", "--"], capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 2
+    assert "nothing after" in done.stderr
