@@ -4,6 +4,7 @@ import os
 import pathlib
 import signal
 import subprocess
+import threading
 import time
 
 import pytest
@@ -22,6 +23,26 @@ stop {{ max_steps: 1000 }}
 cluster {{ num_servers: {servers} num_workers: {workers} }}
 chunk_bytes: {chunk_bytes}
 """
+
+
+def run_workers(count, body, timeout=240):
+    """Runs body(rank) on `count` threads (one client each, as separate workers would); re-raises the first
+    failure in the caller's thread."""
+    errors = []
+
+    def run(rank):
+        try:
+            body(rank)
+        except BaseException as e:  # noqa: BLE001 - handed to the test's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout)
+    if errors:
+        raise errors[0]
 
 
 class Cluster:

@@ -1,32 +1,12 @@
 """The `tessera` Python package against real daemons: values and gradients through the C++ client library."""
 
-import threading
-
 import numpy as np
 import pytest
 
 import tessera
+from conftest import run_workers
 
 N = 10  # elements of the test parameter: 3 chunks of at most 4 floats on 2 servers
-
-
-def run_workers(count, body):
-    """Runs body(rank) on `count` threads (one client each); re-raises the first failure."""
-    errors = []
-
-    def run(rank):
-        try:
-            body(rank)
-        except BaseException as e:  # noqa: BLE001 - handed to the test's thread
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(count)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    if errors:
-        raise errors[0]
 
 
 def test_sync_workers_apply_the_batch_weighted_mean_once_per_round(start_cluster):

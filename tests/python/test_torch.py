@@ -1,8 +1,8 @@
 """tessera.torch: a PyTorch model trained through real servers equals the same model trained in one process."""
 
-import threading
-
 import pytest
+
+from conftest import run_workers
 
 torch = pytest.importorskip("torch", reason="Debian's python3-torch is not installed")
 import tessera  # noqa: E402
@@ -42,36 +42,27 @@ def test_sync_training_equals_one_process_on_the_union_batch(start_cluster, work
     cluster = start_cluster(mode="SYNC", servers=2, workers=workers, lr=LR, momentum=MOMENTUM, chunk_bytes=256,
                             batch_size=share)
     x, y = data()
-    final, errors = {}, []
+    final = {}
     nets = [make_net() for _ in range(workers)]  # here: torch's seed is the process's, not a thread's
 
     def worker(rank):
-        try:
-            job = tt.init(scheduler=cluster.address, rank=rank)
-            net = nets[rank]
-            if rank > 0:
-                with torch.no_grad():
-                    for p in net.parameters():
-                        p.add_(1.0)  # other ranks start elsewhere: rank 0's values must win
-            model = tt.DistributedModel(net, job)
-            for s in range(STEPS):
-                xs, ys = x[s][rank * share:(rank + 1) * share], y[s][rank * share:(rank + 1) * share]
-                with model.step(batch_size=share) as step:
-                    torch.nn.functional.cross_entropy(model(xs), ys).backward()
-                    assert model.gradients_sent == 4, "each gradient leaves as backward finishes it"
-                assert step.gate["clock"] == s + 1 and not step.gate["stop"]
-            model.done()
-            final[rank] = [p.detach().clone() for p in net.parameters()]
-        except BaseException as e:  # noqa: BLE001 - handed to the test's thread
-            errors.append(e)
+        job = tt.init(scheduler=cluster.address, rank=rank)
+        net = nets[rank]
+        if rank > 0:
+            with torch.no_grad():
+                for p in net.parameters():
+                    p.add_(1.0)  # other ranks start elsewhere: rank 0's values must win
+        model = tt.DistributedModel(net, job)
+        for s in range(STEPS):
+            xs, ys = x[s][rank * share:(rank + 1) * share], y[s][rank * share:(rank + 1) * share]
+            with model.step(batch_size=share) as step:
+                torch.nn.functional.cross_entropy(model(xs), ys).backward()
+                assert model.gradients_sent == 4, "each gradient leaves as backward finishes it"
+            assert step.gate["clock"] == s + 1 and not step.gate["stop"]
+        model.done()
+        final[rank] = [p.detach().clone() for p in net.parameters()]
 
-    threads = [threading.Thread(target=worker, args=(r,)) for r in range(workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=240)
-    if errors:
-        raise errors[0]
+    run_workers(workers, worker)
     reference = local_run()
     worst = 0.0
     for rank in range(workers):
