@@ -133,7 +133,6 @@ absl::StatusOr<WorkerJoin> ResolveWorkerJoin(const std::string& scheduler, int s
       join.rank = rank_offset + *from_env;
     }
   }
-  join.local_device_index = env.slurm_local_rank.value_or(0);
   return join;
 }
 

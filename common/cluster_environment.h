@@ -60,7 +60,6 @@ struct WorkerJoin {
   std::string scheduler_address;
   int rank = -1;
   std::string rank_source;     // e.g. "SLURM_PROCID=3"; empty when the rank was given or is left open
-  int local_device_index = 0;  // which of the node's GPUs --device=auto means (SLURM_LOCALID)
 };
 absl::StatusOr<WorkerJoin> ResolveWorkerJoin(const std::string& scheduler, int scheduler_port, int rank,
                                              int rank_offset, const ClusterEnvironment& env);

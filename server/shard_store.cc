@@ -1,8 +1,6 @@
 #include "server/shard_store.h"
 
 #include <algorithm>
-#include <cmath>
-#include <limits>
 #include <cstring>
 #include <set>
 

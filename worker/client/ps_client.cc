@@ -1,7 +1,6 @@
 #include "worker/client/ps_client.h"
 
 #include <algorithm>
-#include <atomic>
 
 #include "absl/strings/str_cat.h"
 #include "common/heartbeater.h"

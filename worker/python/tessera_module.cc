@@ -204,7 +204,6 @@ PYBIND11_MODULE(_tessera, m) {
         d["scheduler"] = join.scheduler_address;
         d["rank"] = join.rank;
         d["rank_source"] = join.rank_source;
-        d["local_device_index"] = join.local_device_index;
         return d;
       },
       py::arg("scheduler"), py::arg("scheduler_port"), py::arg("rank"), py::arg("rank_offset"),
