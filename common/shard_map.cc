@@ -58,7 +58,7 @@ absl::Status PlaceParameters(const std::vector<ParameterSpec>& params, int64_t c
       if (!google::protobuf::util::MessageDifferencer::Equals(*existing, p)) {
         return absl::FailedPreconditionError(absl::StrCat("parameter '", p.name(), "' is already declared as shape ",
                                                           ShapeString(existing->shape()), "; now declared as ",
-                                                          ShapeString(p.shape()), " (or with another init)"));
+                                                          ShapeString(p.shape()), " (or with another init or kind)"));
       }
       continue;
     }

@@ -26,6 +26,11 @@ absl::StatusOr<std::vector<tessera::v1::ChunkState>> CheckpointCut::Take(const s
   for (Chunk* chunk : chunks) {
     absl::MutexLock chunk_lock(&chunk->mu);
     const int64_t round = RoundLocked(*chunk);
+    if (chunk->module_state) {  // module state has no rounds: its value now
+      absl::MutexLock lock(&mu_);
+      taken_.try_emplace(chunk->key, ChunkStateLocked(*chunk));
+      continue;
+    }
     if (round == version) OfferLocked(*chunk);
     if (round > version) {
       absl::MutexLock lock(&mu_);

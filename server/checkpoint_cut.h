@@ -1,5 +1,6 @@
 // A checkpoint of a server's chunks all at one SYNC round (RoundLocked: the clock their values belong to): a
-// consistent cut taken while the scheduler holds the workers at that clock. Each chunk is taken the moment it
+// consistent cut taken while the scheduler holds the workers at that clock. Module state (Chunk::module_state) has no
+// rounds: it is taken as it is. Each chunk is taken the moment it
 // reaches the round (by the round that closes into it, or at once when it is there already), so the workers need
 // not stop for it.
 #ifndef TESSERA_SERVER_CHECKPOINT_CUT_H_

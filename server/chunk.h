@@ -36,6 +36,7 @@ struct Chunk {
       : key(std::move(param), index), values(length), state(length * state_slots) {}
 
   const std::pair<std::string, int> key;  // parameter, chunk index
+  bool module_state = false;                // ParameterSpec.state: assigned only, no rounds; set at creation
   mutable absl::Mutex mu;
   std::vector<float> values ABSL_GUARDED_BY(mu);
   std::vector<float> state ABSL_GUARDED_BY(mu);

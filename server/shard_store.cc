@@ -189,6 +189,7 @@ absl::Status ShardStore::AdoptView(
                                                      placement.index(), " but declares no such parameter"));
     }
     auto chunk = std::make_unique<Chunk>(placement.param(), placement.index(), placement.length(), slots);
+    chunk->module_state = spec->state();
     absl::MutexLock chunk_lock(&chunk->mu);
     chunk->applied_clocks.assign(workers, 0);
     config_->policy->PrepareChunkLocked(*chunk, workers);
@@ -421,6 +422,9 @@ absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& re
       ++chunk.version;
       ++chunk.assignments;
       chunk.last_seq[worker] = request.seq;
+    } else if (chunk.module_state) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": '", chunk.key.first, "' is module state, set by assignments only, not gradients"));
     } else {
       TESSERA_ASSIGN_OR_RETURN(admission, config.policy->AdmitLocked(request, values, chunk, roster, what));
       chunk.last_seq[worker] = request.seq;

@@ -19,7 +19,7 @@ data {{ format: SYNTHETIC }}
 optimizer {{ kind: SGD learning_rate: {lr} momentum: {momentum} }}
 batch_size: {batch_size}
 consistency {{ mode: {mode} }}
-stop {{ max_steps: 1000 }}
+stop {{ max_steps: {max_steps} }}
 cluster {{ num_servers: {servers} num_workers: {workers} }}
 chunk_bytes: {chunk_bytes}
 """
@@ -45,16 +45,26 @@ def run_workers(count, body, timeout=240):
         raise errors[0]
 
 
+def child_environment(**extra):
+    """This process's environment for a child, with `extra` added. The daemons read TESSERA_ variables as flags:
+    the tests' own (the binaries' folder) is not one."""
+    env = {k: v for k, v in os.environ.items() if k != "TESSERA_BIN_DIR"}
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
 class Cluster:
     """A scheduler and its servers, each its own process; `address` is the scheduler's HOST:PORT."""
 
-    def __init__(self, tmp, mode, servers, workers, lr, token_file=None, momentum=0.0, chunk_bytes=16, batch_size=4):
+    def __init__(self, tmp, mode, servers, workers, lr, token_file=None, momentum=0.0, chunk_bytes=16, batch_size=4,
+                 max_steps=1000):
         self.processes = []
         self.tmp = tmp
         job = tmp / "job.pbtxt"
         job.write_text(JOB.format(mode=mode, servers=servers, workers=workers, lr=lr, momentum=momentum,
-                                  chunk_bytes=chunk_bytes, batch_size=batch_size))
+                                  chunk_bytes=chunk_bytes, batch_size=batch_size, max_steps=max_steps))
         address_file = tmp / "scheduler.address"
+        address_file.unlink(missing_ok=True)  # a cluster started before in this folder
         security = [f"--token_file={token_file}"] if token_file else []
         self._start("scheduler", [BIN / "tessera-scheduler", f"--job={job}", "--port=0", "--http_port=-1",
                                   f"--address_file={address_file}", f"--run_dir={tmp / 'run'}", "--stop_grace_ms=1000"] + security)
@@ -70,10 +80,8 @@ class Cluster:
 
     def _start(self, name, argv):
         log = open(self.tmp / f"{name}.log", "w")
-        # The daemons read TESSERA_ variables as flags: the tests' own (the binaries' folder) is not one.
-        env = {k: v for k, v in os.environ.items() if k != "TESSERA_BIN_DIR"}
         self.processes.append(subprocess.Popen([str(a) for a in argv], stdout=log, stderr=subprocess.STDOUT,
-                                               start_new_session=True, env=env))
+                                               start_new_session=True, env=child_environment()))
 
     def log(self, name):
         return (self.tmp / f"{name}.log").read_text()
@@ -95,8 +103,10 @@ def start_cluster(tmp_path):
     """start_cluster(mode="SYNC", servers=2, workers=1, lr=0.5, ...) -> Cluster (see Cluster)."""
     clusters = []
 
-    def start(mode="SYNC", servers=2, workers=1, lr=0.5, token_file=None, momentum=0.0, chunk_bytes=16, batch_size=4):
-        cluster = Cluster(tmp_path, mode, servers, workers, lr, token_file, momentum, chunk_bytes, batch_size)
+    def start(mode="SYNC", servers=2, workers=1, lr=0.5, token_file=None, momentum=0.0, chunk_bytes=16, batch_size=4,
+              max_steps=1000):
+        cluster = Cluster(tmp_path, mode, servers, workers, lr, token_file, momentum, chunk_bytes, batch_size,
+                          max_steps)
         clusters.append(cluster)
         return cluster
 

@@ -1,13 +1,11 @@
 #include "server/shard_store.h"
 
-#include "absl/strings/str_cat.h"
-#include "common/job_spec.h"
-
 #include <cmath>
 #include <cstring>
-#include <optional>
 #include <limits>
+#include <optional>
 
+#include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
 #include "common/security.h"
 #include "common/status_macros.h"
@@ -40,6 +38,7 @@ class ShardStoreTest : public ::testing::Test {
     p->set_name("w");
     p->set_dtype(tessera::v1::DT_FLOAT32);
     p->add_shape(6);
+    p->set_state(module_state_);
     for (int i = 0; i < 2; ++i) {
       auto* c = map_.add_chunks();
       c->set_param("w");
@@ -101,6 +100,7 @@ class ShardStoreTest : public ::testing::Test {
 
   tessera::v1::JobSpec job_;
   tessera::v1::ShardMap map_;
+  bool module_state_ = false;  // the parameter is module state (ParameterSpec.state)
   ShardStore store_;
 };
 
@@ -151,6 +151,29 @@ TEST_F(ShardStoreTest, AnAssignmentInSyncSetsTheValuesWithoutMovingTheRound) {
   ASSERT_THAT(cut, IsOk());
   ASSERT_EQ(cut->chunks_size(), 2);
   for (const auto& c : cut->chunks()) EXPECT_EQ(c.version() - c.assignments(), 1) << c.param() << "/" << c.index();
+}
+
+// Module state (BatchNorm statistics): set by assignments only; a SYNC checkpoint takes it as it is, since it has
+// no rounds to wait for.
+TEST_F(ShardStoreTest, ModuleStateIsAssignedOnlyAndACheckpointTakesItAsItIs) {
+  module_state_ = true;
+  Assign(tessera::v1::ConsistencySpec::SYNC, 2);
+  TestPush set = Gradient(0, 1, 0, {5, 5, 5});
+  set.push.assign = true;
+  ASSERT_THAT(Push(set), IsOk());
+  EXPECT_THAT(Push(Gradient(1, 1, 0, {1, 1, 1})),
+              StatusIs(absl::StatusCode::kInvalidArgument, "'w' is module state, set by assignments only"));
+  EXPECT_EQ(Values(), (std::vector<float>{5, 5, 5}));
+  absl::StatusOr<tessera::v1::ShardCheckpoint> cut = store_.Snapshot(7, absl::Now() + absl::Seconds(5));
+  ASSERT_THAT(cut, IsOk());
+  ASSERT_EQ(cut->chunks_size(), 2);
+  for (const auto& c : cut->chunks()) {
+    if (c.index() != 0) continue;
+    std::vector<float> held(3);
+    ASSERT_EQ(c.values().size(), held.size() * sizeof(float));
+    std::memcpy(held.data(), c.values().data(), c.values().size());
+    EXPECT_EQ(held, (std::vector<float>{5, 5, 5}));
+  }
 }
 
 TEST_F(ShardStoreTest, SyncLatePushIsCountedAndNotMixedIn) {

@@ -69,6 +69,13 @@ absl::Status PsClient::Declare(const std::vector<tessera::v1::ParameterSpec>& pa
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<tessera::v1::ParameterSpec>> PsClient::JobParameters() {
+  absl::StatusOr<tessera::v1::ShardMap> map = scheduler_->GetShardMap();
+  if (map.status().code() == absl::StatusCode::kFailedPrecondition) return std::vector<tessera::v1::ParameterSpec>();
+  TESSERA_RETURN_IF_ERROR(map.status());
+  return std::vector<tessera::v1::ParameterSpec>(map->params().begin(), map->params().end());
+}
+
 absl::Status PsClient::RefreshMap(uint64_t at_least_epoch) {
   TESSERA_ASSIGN_OR_RETURN(tessera::v1::ShardMap map, scheduler_->GetShardMap());
   if (map.epoch() < at_least_epoch) {

@@ -134,6 +134,10 @@ class PsClient {
   // with another shape.
   [[nodiscard]] absl::Status Declare(const std::vector<tessera::v1::ParameterSpec>& params);
 
+  // The parameters the job's servers hold now, as the scheduler has them: empty before the first declaration.
+  // A worker checks its model against them before it declares.
+  [[nodiscard]] absl::StatusOr<std::vector<tessera::v1::ParameterSpec>> JobParameters();
+
   // Fills out[i] with the current value of names[i]. NOT_FOUND for an undeclared name; INVALID_ARGUMENT when a
   // span's size is not the parameter's element count.
   [[nodiscard]] absl::Status Pull(const std::vector<std::string>& names, const std::vector<absl::Span<float>>& out);

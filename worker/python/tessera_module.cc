@@ -3,6 +3,7 @@
 // in place: nothing is copied between Python and the library. Every call that may wait (connect, declare, pull,
 // push, the clock gate, a step's values) releases the GIL while it waits. Errors are tessera.Error, its message
 // "CODE: what the daemon said".
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -15,9 +16,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "common/cluster_environment.h"
+#include "common/job_spec.h"
 #include "glog/logging.h"
 #include "google/protobuf/util/json_util.h"
 #include "worker/client/ps_client.h"
+#include "worker/data/batch_schedule.h"
+#include "worker/data/dataset.h"
 
 namespace py = pybind11;
 
@@ -179,6 +183,28 @@ std::string JobJson(const tessera::v1::JobSpec& job) {
   return json;
 }
 
+py::array_t<int64_t> IndexArray(const std::vector<int64_t>& indices) {
+  py::array_t<int64_t> out(static_cast<py::ssize_t>(indices.size()));
+  std::copy(indices.begin(), indices.end(), out.mutable_data());
+  return out;
+}
+
+// The job's training or test split (its DataSpec: Fashion-MNIST's IDX files by default, or the synthetic problem)
+// as (x float32 [examples, features], y int64 [examples]), read by the C++ worker's own loader.
+py::tuple LoadJobSplit(PyClient& c, bool train) {
+  absl::StatusOr<Dataset> data;
+  {
+    py::gil_scoped_release release;
+    data = LoadSplit(c.get().job().data(), train, c.get().job().seed());
+  }
+  Dataset d = Take(std::move(data));
+  py::array_t<float> x({static_cast<py::ssize_t>(d.size()), static_cast<py::ssize_t>(d.features)});
+  std::copy(d.x.begin(), d.x.end(), x.mutable_data());
+  py::array_t<int64_t> y(static_cast<py::ssize_t>(d.size()));
+  std::copy(d.y.begin(), d.y.end(), y.mutable_data());
+  return py::make_tuple(x, y, d.classes);
+}
+
 }  // namespace
 }  // namespace tessera
 
@@ -210,6 +236,38 @@ PYBIND11_MODULE(_tessera, m) {
       "Where a worker joins, as tessera-worker decides it: the scheduler's address and the rank, from the given "
       "settings and what Slurm or Kubernetes set.");
 
+  py::class_<tessera::BatchSchedule>(
+      m, "BatchSchedule",
+      "Which examples each worker trains on at each step, as the C++ worker decides it: global batches of "
+      "batch_size * workers examples in an order reshuffled every epoch from the seed; worker r takes the r-th "
+      "slice, or the slice the scheduler gives it when the job balances the split.")
+      .def(py::init([](int64_t examples, int batch_size, int workers, int rank, uint64_t seed) {
+             if (batch_size <= 0 || workers <= 0 || rank < 0 || rank >= workers) {
+               tessera::Check(absl::InvalidArgumentError(absl::StrCat(
+                   "a batch schedule needs batch_size > 0 and 0 <= rank < workers (got batch_size ", batch_size,
+                   ", rank ", rank, ", workers ", workers, ")")));
+             }
+             if (examples < static_cast<int64_t>(batch_size) * workers) {
+               tessera::Check(absl::InvalidArgumentError(
+                   absl::StrCat("the training set has ", examples, " examples, fewer than one global batch of ",
+                                static_cast<int64_t>(batch_size) * workers)));
+             }
+             return std::make_unique<tessera::BatchSchedule>(examples, batch_size, workers, rank, seed);
+           }),
+           py::arg("examples"), py::arg("batch_size"), py::arg("workers"), py::arg("rank"), py::arg("seed"))
+      .def_property_readonly("steps_per_epoch", &tessera::BatchSchedule::steps_per_epoch)
+      .def(
+          "batch", [](tessera::BatchSchedule& s, int64_t step) { return tessera::IndexArray(s.Batch(step)); },
+          py::arg("step"), "This worker's example indices at `step` (an int64 array).")
+      .def(
+          "slice",
+          [](tessera::BatchSchedule& s, int64_t step, int64_t offset, int count) {
+            return tessera::IndexArray(s.Slice(step, offset, count));
+          },
+          py::arg("step"), py::arg("offset"), py::arg("count"),
+          "Indices [offset, offset + count) of the global batch of `step`.")
+      .def("epochs", &tessera::BatchSchedule::Epochs, py::arg("steps"));
+
   py::class_<PyStep>(m, "Step", "One step's exchange (see Client.begin_step).")
       .def("send", &PyStep::Send, py::arg("index"), "grads[index] is final: its chunks leave now.")
       .def("finish", &PyStep::Finish, "Sends what was not sent and returns the clock (a dict).")
@@ -233,8 +291,31 @@ PYBIND11_MODULE(_tessera, m) {
                                return py::make_tuple(s.offset, s.count);
                              })
       .def(
+          "job_parameters",
+          [](PyClient& c) {
+            absl::StatusOr<std::vector<tessera::v1::ParameterSpec>> params;
+            {
+              py::gil_scoped_release release;
+              params = c.get().JobParameters();
+            }
+            py::dict d;
+            for (const auto& p : tessera::Take(std::move(params))) {
+              d[py::str(p.name())] = std::vector<int64_t>(p.shape().begin(), p.shape().end());
+            }
+            return d;
+          },
+          "The parameters the job's servers hold now, {name: shape} (empty before the first declaration).")
+      .def("load_split", &tessera::LoadJobSplit, py::arg("train"),
+           "The job's training (train=True) or test split as (x float32 [n, features], y int64 [n], classes).")
+      .def(
+          "stop_clock",
+          [](PyClient& c, int64_t steps_per_epoch) { return tessera::StopClock(c.get().job(), steps_per_epoch); },
+          py::arg("steps_per_epoch"),
+          "The clock at which the job's stop conditions (max_steps, max_epochs) end training.")
+      .def(
           "declare",
-          [](PyClient& c, const std::vector<std::tuple<std::string, std::vector<int64_t>, float, uint64_t>>& params) {
+          [](PyClient& c, const std::vector<std::tuple<std::string, std::vector<int64_t>, float, uint64_t>>& params,
+             const std::vector<std::pair<std::string, std::vector<int64_t>>>& state) {
             std::vector<tessera::v1::ParameterSpec> specs;
             for (const auto& [name, shape, scale, seed] : params) {
               tessera::v1::ParameterSpec spec;
@@ -248,11 +329,20 @@ PYBIND11_MODULE(_tessera, m) {
               }
               specs.push_back(std::move(spec));
             }
+            for (const auto& [name, shape] : state) {
+              tessera::v1::ParameterSpec spec;
+              spec.set_name(name);
+              spec.set_dtype(tessera::v1::DT_FLOAT32);
+              for (int64_t d : shape) spec.add_shape(d);
+              spec.set_state(true);
+              specs.push_back(std::move(spec));
+            }
             py::gil_scoped_release release;
             tessera::Check(c.get().Declare(specs));
           },
-          py::arg("params"),
-          "Declares parameters [(name, shape, uniform_scale, seed)] (scale 0: zeros); waits for the servers.")
+          py::arg("params"), py::arg("state") = std::vector<std::pair<std::string, std::vector<int64_t>>>(),
+          "Declares parameters [(name, shape, uniform_scale, seed)] (scale 0: zeros) and module state [(name, "
+          "shape)] (assigned only, never pushed: e.g. BatchNorm statistics); waits for the servers.")
       .def(
           "pull",
           [](PyClient& c, const std::vector<std::string>& names, const std::vector<py::buffer>& out) {

@@ -3,24 +3,35 @@
     import torch, tessera.torch as tt
 
     job = tt.init()                                   # joins from the environment tessera-launch sets
+    x, y, classes = tt.load_split(job, train=True)    # the job's data (Fashion-MNIST's IDX files by default)
     model = tt.DistributedModel(net, job)             # declares every parameter; rank 0's values start the job
-    while True:
-        x, y = next_batch_of_this_worker()
-        with model.step(batch_size=len(x)) as step:   # no local optimizer: the job's runs on the servers
-            loss_fn(model(x), y).backward()
-        if step.gate["stop"]:
-            break
+    for indices in model.sampler(len(x)):             # this worker's slice of each step's global batch
+        with model.step(batch_size=len(indices)):     # no local optimizer: the job's runs on the servers
+            loss_fn(model(x[indices]), y[indices]).backward()
+        if job.rank == 0 and model.clock % 100 == 0:
+            model.report(accuracy=score(net), loss=...)   # the summary, metrics.jsonl, /metrics, the dashboard
     model.done()
 
 How a step runs: each parameter's gradient leaves for the servers as soon as backward has accumulated it (a hook
 on its gradient accumulator), and the forward of each module waits for the new values of that module's own
-parameters only (a forward pre-hook), which arrive while the modules before it compute. The values are written
-straight into the parameters' memory and the gradients are read from theirs: nothing is copied in Python.
+parameters only (a forward pre-hook), which arrive while the modules before it compute. On the CPU the values are
+written straight into the parameters' memory and the gradients are read from memory the parameters' .grad views:
+nothing is copied. A CUDA model keeps a pinned host copy of each parameter: each gradient is copied there on a
+side stream as backward finishes it and sent once its copy is in; each parameter's values are copied back to the
+GPU before the forward that reads them.
 
-This first version covers float32 parameters on the CPU. Module buffers (BatchNorm's running statistics) stay
-local to each worker.
+The loop ends when the job does (the clock gate says stop: max_steps, the target accuracy, the scheduler's own
+stop), when this worker reaches the job's max_steps or max_epochs, or after SIGTERM or Ctrl-C: init() makes
+those finish the open step, after which done() tells the scheduler this worker stopped (as tessera-worker does)
+and the script exits 0 after SIGTERM, 130 after Ctrl-C. A second signal ends the process at once.
+
+Module buffers (BatchNorm's running statistics) follow rank 0: rank 0 sends its floating-point buffers to the
+servers every `buffer_every` steps (and at done()), and the other ranks take them before their next step, so every
+worker normalises with the same statistics, a checkpoint holds them, and a restarted worker starts from them.
+Integer buffers (num_batches_tracked) stay each worker's own. buffers="local" keeps every buffer local.
 """
 
+import signal
 import time
 
 import numpy as np
@@ -28,12 +39,99 @@ import torch
 
 from . import Error, connect
 
-__all__ = ["DistributedModel", "init"]
+__all__ = ["DistributedModel", "Sampler", "evaluate", "init", "load_split", "stop_signal"]
+
+_signal = 0  # the SIGTERM or SIGINT that asked this worker to stop (0: none)
 
 
-def init(**overrides):
-    """Joins the job as a worker (see tessera.connect for the settings); returns the Job."""
-    return connect(**overrides)
+def stop_signal():
+    """The signal (signal.SIGTERM or signal.SIGINT) that asked this worker to stop, or 0."""
+    return _signal
+
+
+def _on_signal(number, frame):
+    global _signal
+    _signal = number
+    # A second signal acts at once, as Python's defaults do.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    print(f"tessera: {signal.Signals(number).name}: stopping after this step", flush=True)
+
+
+def init(handle_signals=True, **overrides):
+    """Joins the job as a worker (see tessera.connect for the settings and their TESSERA_ variables); returns the
+    Job. With handle_signals (the main thread only), SIGTERM and Ctrl-C stop training gracefully after the open
+    step (see the module's documentation)."""
+    job = connect(**overrides)
+    if handle_signals:
+        try:
+            signal.signal(signal.SIGTERM, _on_signal)
+            signal.signal(signal.SIGINT, _on_signal)
+        except ValueError:
+            pass  # not the main thread: the caller handles signals
+    return job
+
+
+def load_split(job, train=True):
+    """The job's training or test split, read as tessera-worker reads it (data { ... } of the job: Debian's
+    Fashion-MNIST IDX files by default, or the seeded synthetic problem): (x float32 [n, features] in [0, 1],
+    y int64 [n], classes). Raises tessera.Error NOT_FOUND naming a missing file."""
+    x, y, classes = job.client.load_split(train)
+    return torch.from_numpy(x), torch.from_numpy(y), classes
+
+
+def evaluate(module, x, y, batch_size=1000):
+    """(accuracy, mean cross-entropy loss) of a classifier `module` on (x, y), in eval mode and without gradients
+    (BatchNorm uses its running statistics); the module's mode is restored. Score a DistributedModel's module
+    after settle()."""
+    was_training = module.training
+    module.eval()
+    correct, loss = 0, 0.0
+    with torch.no_grad():
+        for start in range(0, len(x), batch_size):
+            logits = module(x[start:start + batch_size])
+            target = y[start:start + batch_size]
+            correct += (logits.argmax(1) == target).sum().item()
+            loss += torch.nn.functional.cross_entropy(logits, target, reduction="sum").item()
+    module.train(was_training)
+    return correct / max(1, len(x)), loss / max(1, len(x))
+
+
+def _some(names, most=5):
+    return ", ".join(names[:most]) + (", ..." if len(names) > most else "")
+
+
+class Sampler:
+    """This worker's example indices for each step, from the model's clock on (a restarted worker goes on where
+    the job is), until the job stops: worker r takes the r-th batch_size examples of every step's global batch
+    (batch_size * workers examples, reshuffled every epoch from the job's seed, the order tessera-worker uses),
+    or the slice the scheduler gives it when the job balances the split (consistency { balance: THROUGHPUT })."""
+
+    def __init__(self, model, examples):
+        from ._tessera import BatchSchedule
+
+        spec = model.job.spec
+        self._model = model
+        self.batch_size = int(spec["batch_size"])
+        self._schedule = BatchSchedule(examples, self.batch_size, model.workers, model.rank, int(spec["seed"]))
+        self.steps_per_epoch = self._schedule.steps_per_epoch
+        model._stop_clock = model._client.stop_clock(self.steps_per_epoch)
+        model._sampler = self
+
+    def indices(self, step):
+        """This worker's indices at `step` (an int64 tensor)."""
+        offset, count = self._model._client.batch_slice
+        if count > 0:
+            return torch.from_numpy(self._schedule.slice(step, offset, count))
+        return torch.from_numpy(self._schedule.batch(step))
+
+    def epochs(self, steps=None):
+        """Passes over the training set by the cluster after `steps` steps (default: the model's clock)."""
+        return self._schedule.epochs(self._model.clock if steps is None else steps)
+
+    def __iter__(self):
+        while not self._model.stopped:
+            yield self.indices(self._model.clock)
 
 
 class _Step:
@@ -58,11 +156,63 @@ class _Step:
         return False
 
 
-class DistributedModel(torch.nn.Module):
-    """Wraps `module` for training through the job's servers. Call it as the module; train in `step` blocks."""
+class _HostMirror:
+    """A CUDA model's parameters in pinned host memory: the values the exchange writes and the gradients it reads,
+    and the copies between them and the GPU (gradients on a side stream, collected as each copy finishes)."""
 
-    def __init__(self, module, job, init_timeout_s=120.0):
+    def __init__(self, params):
+        self.params = params
+        self.values = [torch.empty(p.shape, dtype=torch.float32, pin_memory=True) for p in params]
+        for v, p in zip(self.values, params):
+            v.copy_(p.detach())
+        self.grads = [[torch.zeros(p.shape, dtype=torch.float32, pin_memory=True) for p in params] for _ in range(2)]
+        self.stream = torch.cuda.Stream(device=params[0].device)
+        self.copying = []  # (event, index) of gradients on their way to the host
+        self.values_copied = None  # an event after the last copies of values to the GPU
+
+    def copy_gradient(self, i, grads):
+        """Starts the copy of params[i].grad into grads[i] once the computing stream has produced it."""
+        p = self.params[i]
+        self.stream.wait_stream(torch.cuda.current_stream(p.device))
+        with torch.cuda.stream(self.stream):
+            grads[i].copy_(p.grad.detach(), non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        p.grad.record_stream(self.stream)
+        self.copying.append((event, i))
+
+    def copied(self, wait):
+        """Indices whose gradient copies are in (all of them with wait)."""
+        done, pending = [], []
+        for event, i in self.copying:
+            if wait:
+                event.synchronize()
+            (done if wait or event.query() else pending).append((event, i))
+        self.copying = pending
+        return [i for _, i in done]
+
+    def load_values(self, indices):
+        for i in indices:
+            self.params[i].data.copy_(self.values[i], non_blocking=True)
+        self.values_copied = torch.cuda.Event()
+        self.values_copied.record()
+
+    def values_free(self):
+        """Waits until the GPU has read the last values copied (the next exchange writes over them)."""
+        if self.values_copied is not None:
+            self.values_copied.synchronize()
+
+
+class DistributedModel(torch.nn.Module):
+    """Wraps `module` for training through the job's servers. Call it as the module; train in `step` blocks.
+
+    Raises tessera.Error FAILED_PRECONDITION when the job's servers hold parameters of another model (other
+    names or shapes), INVALID_ARGUMENT for a parameter that is not float32."""
+
+    def __init__(self, module, job, init_timeout_s=120.0, buffers="rank0", buffer_every=1):
         super().__init__()
+        if buffers not in ("rank0", "local"):
+            raise Error(f"INVALID_ARGUMENT: buffers must be 'rank0' or 'local', not {buffers!r}")
         self.module = module
         self.job = job
         self._client = job.client
@@ -70,29 +220,60 @@ class DistributedModel(torch.nn.Module):
         for name, p in module.named_parameters():
             if not p.requires_grad:
                 continue  # frozen: stays as each worker has it
-            if p.dtype != torch.float32 or p.device.type != "cpu" or not p.is_contiguous():
-                raise Error(f"INVALID_ARGUMENT: parameter '{name}' must be a contiguous float32 CPU tensor "
-                            f"(got {p.dtype} on {p.device})")
+            if p.dtype != torch.float32:
+                raise Error(f"INVALID_ARGUMENT: parameter '{name}' is {p.dtype}; the servers hold float32")
+            if not p.is_contiguous():
+                raise Error(f"INVALID_ARGUMENT: parameter '{name}' is not contiguous")
             self._params.append((name, p))
         if not self._params:
-            raise Error("INVALID_ARGUMENT: the module has no parameters")
+            raise Error("INVALID_ARGUMENT: the module has no trainable parameters")
+        devices = {p.device for _, p in self._params}
+        if len(devices) > 1:
+            raise Error(f"INVALID_ARGUMENT: the parameters are on several devices ({sorted(map(str, devices))})")
+        self.device = devices.pop()
+        if self.device.type not in ("cpu", "cuda"):
+            raise Error(f"INVALID_ARGUMENT: parameters on {self.device} (CPU or CUDA only)")
         self.names = [name for name, _ in self._params]
         self._index = {id(p): i for i, (_, p) in enumerate(self._params)}
-        self._values = [p.data.numpy() for _, p in self._params]  # the parameters' own memory
-        # Gradients accumulate in memory of ours, which the exchange reads as it sends (no copy): each parameter's
-        # .grad is a tensor over it. Two sets, one per step in turn: a step's pushes may still be on the wire while
-        # the next step's backward runs, and the set is reused only once that step's exchange has settled.
-        self._grad_sets = [[np.zeros(tuple(p.shape), np.float32) for _, p in self._params] for _ in range(2)]
+        tensors = [p for _, p in self._params]
+        if self.device.type == "cuda":
+            self._mirror = _HostMirror(tensors)
+            self._values = [v.numpy() for v in self._mirror.values]
+            self._grad_sets = [[g.numpy() for g in grads] for grads in self._mirror.grads]
+        else:
+            self._mirror = None
+            self._values = [p.data.numpy() for p in tensors]  # the parameters' own memory
+            # Gradients accumulate in memory of ours, which the exchange reads as it sends (no copy): each
+            # parameter's .grad is a tensor over it.
+            self._grad_sets = [[np.zeros(tuple(p.shape), np.float32) for p in tensors] for _ in range(2)]
+        # Two gradient sets, one per step in turn: a step's pushes may still be on the wire while the next step's
+        # backward runs, and a set is reused only once its step's exchange has settled.
         self._steps = 0
         self._grads = self._grad_sets[0]
-        self._client.declare([(name, list(p.shape), 0.0, 0) for name, p in self._params])
-        self._start_from_rank_zero(init_timeout_s)
+        self._buffers = []
+        if buffers == "rank0":
+            self._buffers = [(name, b) for name, b in module.named_buffers() if b.dtype == torch.float32]
+        self._buffer_every = max(1, int(buffer_every))
+        self._buffer_host = [np.ascontiguousarray(b.detach().cpu().numpy()) for _, b in self._buffers]
+        self.buffer_names = ["buffer:" + name for name, _ in self._buffers]
+        params = [(name, list(p.shape)) for name, p in self._params]
+        state = [(name, list(b.shape)) for name, (_, b) in zip(self.buffer_names, self._buffers)]
+        mine = dict(params + state)
+        self._check_matches_job(mine, self._client.job_parameters())
+        self._client.declare([(name, shape, 0.0, 0) for name, shape in params], state=state)
+        self._check_matches_job(mine, self._client.job_parameters())  # a worker of another model declared first
         self._previous = None  # the last step's exchange, whose values may still be arriving
         self._current = None
         self._waited = 0.0
+        self._gate = {"clock": self._client.clock, "stop": False, "stop_reason": ""}
+        self._stop_clock = self._client.stop_clock(1 << 40)  # max_steps; a sampler adds max_epochs
+        self._sampler = None
+        self._reported = (time.perf_counter(), 0)
+        self._samples = 0
+        self._start_from_rank_zero(init_timeout_s)
         self._hooks = []
         self._accumulators = []  # kept alive: their hooks fire as each gradient is final
-        for i, (_, p) in enumerate(self._params):
+        for i, p in enumerate(tensors):
             accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
             self._hooks.append(accumulator.register_hook(lambda *unused, i=i: self._gradient_ready(i)))
             self._accumulators.append(accumulator)
@@ -108,58 +289,171 @@ class DistributedModel(torch.nn.Module):
         """A `with` block for one training step on `batch_size` examples: run forward and backward inside it."""
         return _Step(self, batch_size)
 
+    def sampler(self, examples):
+        """A Sampler over a training set of `examples` examples; it also makes max_epochs a stop condition."""
+        return Sampler(self, examples)
+
     @property
     def rank(self):
         return self.job.rank
+
+    @property
+    def workers(self):
+        return int(self.job.spec["cluster"]["num_workers"])
+
+    @property
+    def clock(self):
+        """Steps this worker has completed (where a restarted worker starts: the job's position)."""
+        return self._gate["clock"]
+
+    @property
+    def stopped(self):
+        """True once training should end: the job stopped, this worker reached max_steps or max_epochs, or a
+        SIGTERM or Ctrl-C came."""
+        return bool(self._gate["stop"]) or self.clock >= self._stop_clock or _signal != 0
+
+    @property
+    def stop_reason(self):
+        if _signal:
+            return f"stopped by {signal.Signals(_signal).name}"
+        if self._gate["stop"]:
+            return self._gate["stop_reason"]
+        return "the job's steps are done" if self.clock >= self._stop_clock else ""
 
     @property
     def gradients_sent(self):
         """How many parameters' gradients of the open step have left (as backward finished each)."""
         return sum(self._sent) if self._current is not None else 0
 
+    def report(self, accuracy=None, loss=None, test_loss=None):
+        """Progress for the scheduler's records, as tessera-worker sends it: the training loss, throughput since
+        the last report, and, with `accuracy` (on held-out data, after settle()), an evaluation at this clock,
+        which the summary, metrics.jsonl, /metrics and the dashboard show, and which ends the job when it reaches
+        the job's target accuracy. Returns True when the job has stopped."""
+        now, samples = time.perf_counter(), self._samples
+        since, samples_then = self._reported
+        self._reported = (now, samples)
+        rate = (samples - samples_then) / (now - since) if now > since else 0.0
+        epoch = self._sampler.epochs() if self._sampler is not None else 0.0
+        stop, reason = self._client.report(
+            train_loss=float(loss) if loss is not None else 0.0, samples_per_sec=rate, samples=samples,
+            epoch=epoch, test_accuracy=None if accuracy is None else float(accuracy),
+            test_loss=float(test_loss) if test_loss is not None else 0.0, eval_clock=self.clock,
+            device=str(self.device))
+        if stop:
+            self._gate = dict(self._gate, stop=True, stop_reason=reason)
+        return stop
+
+    def sync_buffers(self):
+        """Rank 0 sends its floating-point buffers to the servers; the other ranks take the servers' copy (what
+        the step blocks do every buffer_every steps). Call it on rank 0 first."""
+        if not self._buffers:
+            return
+        if self.rank == 0:
+            self._send_buffers()
+        else:
+            self._take_buffers()
+
     def settle(self):
         """Waits until the parameters hold the values after the last step (before scoring or saving them)."""
         self._settle()
 
     def done(self):
-        """Waits for the last step's values, then tells the scheduler this worker is finished."""
+        """Waits for the last step's values, then tells the scheduler this worker is finished, or, after SIGTERM
+        or Ctrl-C, that it stopped (and exits with status 130 after Ctrl-C)."""
         self._settle()
+        if self._buffers and self.rank == 0:
+            self._send_buffers()
+        if _signal:
+            why = f"{self.stop_reason}: worker {self.rank} stopped at clock {self.clock}"
+            self._client.fail(why)
+            if _signal == signal.SIGINT:
+                raise SystemExit(130)
+            return
         self._client.done()
+
+    @staticmethod
+    def _check_matches_job(mine, theirs):
+        """FAILED_PRECONDITION unless the servers hold nothing yet or exactly this model's parameters."""
+        if not theirs or theirs == mine:
+            return
+        missing = sorted(set(theirs) - set(mine))
+        extra = sorted(set(mine) - set(theirs))
+        shapes = sorted(n for n in set(mine) & set(theirs) if mine[n] != theirs[n])
+        parts = []
+        if missing:
+            parts.append(f"the job has parameters this model lacks ({_some(missing)})")
+        if extra:
+            parts.append(f"this model has parameters the job lacks ({_some(extra)})")
+        if shapes:
+            n = shapes[0]
+            parts.append(f"'{n}' is {theirs[n]} in the job but {mine[n]} in this model")
+        raise Error("FAILED_PRECONDITION: the model does not match the job's parameters: " + "; ".join(parts))
 
     # The job's values start as rank 0's: it assigns them when the servers hold untouched chunks (a fresh job;
     # a rejoining or resumed worker finds trained values), and every rank waits until they are there.
     def _start_from_rank_zero(self, timeout_s):
-        self._client.pull(self.names, self._values_scratch())
-        fresh = all(self._client.pulled_version(n) == 0 for n in self.names)
+        names = self.names + self.buffer_names
+        scratch = [v.copy() for v in self._values] + [b.copy() for b in self._buffer_host]
+        self._client.pull(names, scratch)
+        fresh = all(self._client.pulled_version(n) == 0 for n in names)
         if self.rank == 0 and fresh:
-            self._client.assign(self.names, self._values)
+            self._client.assign(self.names, [v.copy() for v in self._values] if self._mirror else self._values)
+            if self._buffers:
+                self._client.assign(self.buffer_names, self._buffer_host)
         deadline = time.time() + timeout_s
         while True:
             self._client.pull(self.names, self._values)
             if all(self._client.pulled_version(n) > 0 for n in self.names):
-                return
+                break
             if time.time() > deadline:
                 raise Error(f"DEADLINE_EXCEEDED: rank 0's initial values did not reach the servers in {timeout_s} s")
             time.sleep(0.05)
+        if self._mirror is not None:
+            self._mirror.load_values(range(len(self._params)))
+        self._take_buffers()
 
-    def _values_scratch(self):
-        return [v.copy() for v in self._values]
+    def _send_buffers(self):
+        for host, (_, b) in zip(self._buffer_host, self._buffers):
+            np.copyto(host, b.detach().cpu().numpy())
+        self._client.assign(self.buffer_names, self._buffer_host)
+
+    def _take_buffers(self):
+        if not self._buffers:
+            return
+        self._client.pull(self.buffer_names, self._buffer_host)
+        with torch.no_grad():
+            for host, (_, b) in zip(self._buffer_host, self._buffers):
+                b.copy_(torch.from_numpy(host))
 
     def _begin(self, batch_size):
         if self._current is not None:
             raise Error("FAILED_PRECONDITION: a step is already open")
+        if self._buffers and self.rank != 0 and self._steps % self._buffer_every == 0:
+            self._take_buffers()
         # The set of two steps ago: that step's exchange has settled (_finish), so its bytes have left.
         self._grads = self._grad_sets[self._steps % 2]
         self._steps += 1
-        for (_, p), g in zip(self._params, self._grads):
-            g.fill(0)
-            p.grad = torch.from_numpy(g)
+        if self._mirror is None:
+            for (_, p), g in zip(self._params, self._grads):
+                g.fill(0)
+                p.grad = torch.from_numpy(g)
+        else:
+            self._mirror.values_free()
+            for _, p in self._params:
+                p.grad = None
         self._waited = 0.0
         self._sent = [False] * len(self._params)
         self._current = self._client.begin_step(self.names, self._grads, batch_size, self._values)
 
     def _gradient_ready(self, i):
         if self._current is None or self._sent[i]:
+            return
+        if self._mirror is not None:
+            self._sent[i] = True
+            self._mirror.copy_gradient(i, self._mirror.grads[self._grad_sets.index(self._grads)])
+            for j in self._mirror.copied(wait=False):
+                self._current.send(j)
             return
         p, g = self._params[i][1], self._grads[i]
         if p.grad.data_ptr() != g.ctypes.data:
@@ -171,22 +465,51 @@ class DistributedModel(torch.nn.Module):
         if self._previous is None:
             return
         started = time.perf_counter()
-        for i in indices:
-            self._previous.wait_values(i)
+        try:
+            for i in indices:
+                self._previous.wait_values(i)
+        except Error as e:
+            if not self._previous.stopped:
+                raise
+            # The job ended while this round was open: the forward runs on the values there are, and the step
+            # block ends with the job's stop.
+            self._gate = dict(self._gate, stop=True, stop_reason=self._gate["stop_reason"] or str(e))
+            self._previous = None
+        if self._mirror is not None:
+            self._mirror.load_values(indices)
         self._waited += time.perf_counter() - started
 
     def _settle(self):
-        if self._previous is not None:
-            self._need(range(len(self._params)))
+        if self._previous is None:
+            return
+        if self._gate["stop"]:
+            # Rounds the job stopped in may never close, and the values may be partly written: the servers' own.
             self._previous = None
+            self._client.pull(self.names, self._values)
+            if self._mirror is not None:
+                self._mirror.load_values(range(len(self._params)))
+            return
+        self._need(range(len(self._params)))
+        self._previous = None
 
     def _finish(self, batch_size, busy_seconds):
         step, self._current = self._current, None
+        if self._mirror is not None:
+            for j in self._mirror.copied(wait=True):
+                step.send(j)
         gate = step.finish()
+        if self._gate["stop"]:  # the job ended during the step (its forward found it so)
+            gate = dict(gate, stop=True, stop_reason=gate["stop_reason"] or self._gate["stop_reason"])
+        self._gate = gate
         self._settle()
         self._previous = step
+        self._samples += batch_size
         self._client.note_step(batch_size, max(0.0, busy_seconds))
-        return gate
+        if self._buffers and self.rank == 0 and self._steps % self._buffer_every == 0:
+            self._send_buffers()
+        return self._gate
 
     def _abandon(self):
         self._current = None
+        if self._mirror is not None:
+            self._mirror.copying = []

@@ -1,0 +1,234 @@
+"""tessera.torch in a job: the sampler, module buffers, a model that does not match, refused credentials, SIGTERM
+and Ctrl-C, a killed worker that rejoins, and the CNN example on Fashion-MNIST."""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from conftest import BIN, REPO, child_environment, run_workers
+
+torch = pytest.importorskip("torch", reason="Debian's python3-torch is not installed")
+import tessera  # noqa: E402
+import tessera.torch as tt  # noqa: E402
+
+EXAMPLE = REPO / "worker" / "python" / "examples" / "fashion_mnist.py"
+CNN_JOB = REPO / "deploy" / "jobs" / "fashion_mnist_cnn.pbtxt"
+SYNTHETIC_MLP = ('data { format: SYNTHETIC synthetic_train_examples: 4000 synthetic_test_examples: 500 } '
+                 'model { mlp { hidden_sizes: [16] } } eval_every_steps: 50')
+
+
+def test_the_workers_slices_are_one_process_batch_of_the_global_size():
+    """The sampler's schedule is tessera-worker's: at every step the workers' slices, together, are exactly the
+    batch of a single process whose batch is the global one (the sync-equals-local property)."""
+    workers, batch = 3, 5
+    ranks = [tessera.BatchSchedule(200, batch, workers, r, 9) for r in range(workers)]
+    single = tessera.BatchSchedule(200, batch * workers, 1, 0, 9)
+    for step in range(30):  # more than an epoch: the order is reshuffled
+        slices = [s.batch(step) for s in ranks]
+        assert sum(len(s) for s in slices) == batch * workers
+        np.testing.assert_array_equal(np.concatenate(slices), single.batch(step))
+    with pytest.raises(tessera.Error, match="fewer than one global batch"):
+        tessera.BatchSchedule(10, batch, workers, 0, 9)
+
+
+def test_module_buffers_follow_rank_0_and_the_servers_hold_them(start_cluster):
+    cluster = start_cluster(mode="SYNC", servers=2, workers=2, lr=0.1, chunk_bytes=64)
+    finished = threading.Barrier(2)
+    buffers = {}
+
+    def worker(rank):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(),
+                                  torch.nn.Linear(8, 2))
+        job = tt.init(scheduler=cluster.address, rank=rank)
+        model = tt.DistributedModel(net, job)
+        assert model.buffer_names == ["buffer:1.running_mean", "buffer:1.running_var"]
+        g = torch.Generator().manual_seed(rank)  # each rank's data differ: so would its own statistics
+        for _ in range(10):
+            x, y = torch.randn(4, 6, generator=g) * (rank + 1) + rank, torch.randint(0, 2, (4,), generator=g)
+            with model.step(batch_size=4):
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+        model.settle()
+        if rank == 0:
+            model.sync_buffers()
+        finished.wait()
+        if rank != 0:
+            model.sync_buffers()
+        buffers[rank] = [b.clone() for b in (net[1].running_mean, net[1].running_var)]
+        held = [np.empty(8, np.float32) for _ in range(2)]
+        job.client.pull(model.buffer_names, held)
+        buffers[("servers", rank)] = [torch.from_numpy(h) for h in held]
+        finished.wait()
+        model.done()
+
+    run_workers(2, worker)
+    for got, want in zip(buffers[1] + buffers[("servers", 1)], buffers[0] + buffers[0]):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert not torch.allclose(buffers[0][0], torch.zeros(8))  # they did move from the initial statistics
+
+
+def test_a_model_that_does_not_match_the_job_raises_naming_the_difference(start_cluster):
+    cluster = start_cluster(mode="ASYNC", servers=1, workers=2)
+    first = tt.init(scheduler=cluster.address, rank=0)
+    tt.DistributedModel(torch.nn.Linear(4, 2), first)
+    other = tt.init(scheduler=cluster.address, rank=1)
+    with pytest.raises(tessera.Error, match=r"FAILED_PRECONDITION: .*'bias' is \[2\] in the job but \[3\] in this model"):
+        tt.DistributedModel(torch.nn.Linear(4, 3), other)
+    with pytest.raises(tessera.Error, match=r"the job has parameters this model lacks \(bias, weight\)"):
+        tt.DistributedModel(torch.nn.Sequential(torch.nn.Linear(4, 2)), other)
+
+
+def test_refused_credentials_raise_with_the_schedulers_message(start_cluster, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("a" * 32 + "\n")
+    token.chmod(0o600)
+    wrong = tmp_path / "wrong"
+    wrong.write_text("b" * 32 + "\n")
+    wrong.chmod(0o600)
+    cluster = start_cluster(mode="ASYNC", servers=1, workers=1, token_file=token)
+    with pytest.raises(tessera.Error, match="UNAUTHENTICATED: .*wrong job token"):
+        tt.init(scheduler=cluster.address, token_file=str(wrong), connect_timeout_s=20)
+    with pytest.raises(tessera.Error, match="UNAVAILABLE"):
+        tt.init(scheduler="127.0.0.1:1", connect_timeout_s=1)
+
+
+def start_script(cluster, rank, *args):
+    env = child_environment(TESSERA_SCHEDULER=cluster.address, TESSERA_RANK=rank)
+    return subprocess.Popen([sys.executable, str(EXAMPLE), "--model=mlp", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for_line(process, text, timeout=60):
+    """Reads the process's output until a line holds `text`; returns everything read."""
+    seen = []
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if text in line:
+            return "".join(seen)
+    raise AssertionError(f"no line with {text!r}: " + "".join(seen))
+
+
+@pytest.mark.parametrize("sig, status", [(signal.SIGTERM, 0), (signal.SIGINT, 130)])
+def test_a_signal_stops_the_script_after_its_step_and_tells_the_scheduler(start_cluster, sig, status):
+    cluster = start_cluster(mode="ASYNC", servers=1, workers=1, max_steps=10 ** 6)
+    script = start_script(cluster, 0, "--eval_every=100")
+    wait_for_line(script, "clock 200")
+    script.send_signal(sig)
+    output = script.communicate(timeout=30)[0]
+    assert script.returncode == status, output
+    name = signal.Signals(sig).name
+    assert f"stopped by {name}" in output, output
+    deadline = time.time() + 10
+    while f"stopped by {name}" not in cluster.log("scheduler") and time.time() < deadline:
+        time.sleep(0.1)
+    assert f"stopped by {name}" in cluster.log("scheduler")
+
+
+def launch(tmp_path, *extra, job=CNN_JOB, command=None, wait=True):
+    argv = [str(BIN / "tessera-launch"), f"--job={job}", f"--run_dir={tmp_path / 'run'}", "--linger_s=0",
+            "--timeout_s=240", *extra, "--", *(command or [sys.executable, str(EXAMPLE)])]
+    if not wait:
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=child_environment())
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300, env=child_environment())
+
+
+def summary(tmp_path):
+    return json.loads((tmp_path / "run" / "summary.json").read_text())
+
+
+def test_the_cnn_example_trains_on_fashion_mnist_through_the_launcher(tmp_path):
+    done = launch(tmp_path, "--job_override=stop { max_steps: 60 } eval_every_steps: 30")
+    assert done.returncode == 0, done.stdout + done.stderr
+    s = summary(tmp_path)
+    assert s["completed"] is True and s["steps"] == 60, s
+    assert s["test_accuracy"] > 0.5, s  # 10 classes: chance is 0.1
+    log = (tmp_path / "run" / "logs" / "worker-0.log").read_text()
+    assert "cnn, 29" in log and "test accuracy" in log, log
+
+
+def test_sigterm_to_the_launcher_stops_the_scripts_and_writes_the_summary(tmp_path):
+    launcher = launch(tmp_path, f"--job_override={SYNTHETIC_MLP} stop {{ epochs: 100000 }}",
+                      command=[sys.executable, str(EXAMPLE), "--model=mlp"], wait=False)
+    log = tmp_path / "run" / "logs" / "worker-1.log"
+    deadline = time.time() + 90
+    while not (log.exists() and "from clock" in log.read_text()):
+        assert launcher.poll() is None and time.time() < deadline, launcher.stdout.read()
+        time.sleep(0.2)
+    time.sleep(1)
+    launcher.send_signal(signal.SIGTERM)
+    output = launcher.communicate(timeout=60)[0]
+    assert launcher.returncode == 0, output
+    s = summary(tmp_path)
+    assert "SIGTERM" in s["stop_reason"], s
+    assert s["steps"] > 0
+    for rank in range(2):
+        assert "stopped at clock" in (tmp_path / "run" / "logs" / f"worker-{rank}.log").read_text()
+
+
+def worker_process(launcher_pid, rank):
+    """The pid of the launcher's child running the example as `rank`, or None."""
+    for entry in pathlib.Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if ppid != launcher_pid or b"fashion_mnist.py" not in (entry / "cmdline").read_bytes():
+                continue
+            if f"TESSERA_RANK={rank}".encode() in (entry / "environ").read_bytes().split(b"\0"):
+                return int(entry.name)
+        except (OSError, IndexError, ValueError):
+            continue
+    return None
+
+
+def test_a_killed_script_is_restarted_and_rejoins_where_the_job_is(tmp_path):
+    launcher = launch(tmp_path, "--restart_workers=3", f"--job_override={SYNTHETIC_MLP} stop {{ max_steps: 3000 epochs: 1000 }}",
+                      command=[sys.executable, str(EXAMPLE), "--model=mlp"], wait=False)
+    log = tmp_path / "run" / "logs" / "worker-1.log"
+    deadline = time.time() + 90
+    while not (log.exists() and "test accuracy" in (tmp_path / "run" / "logs" / "worker-0.log").read_text()):
+        assert launcher.poll() is None and time.time() < deadline, launcher.stdout.read()
+        time.sleep(0.2)
+    pid = worker_process(launcher.pid, 1)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    output = launcher.communicate(timeout=240)[0]
+    assert launcher.returncode == 0, output
+    s = summary(tmp_path)
+    assert s["completed"] is True and s["steps"] == 3000, s
+    starts = [line for line in log.read_text().splitlines() if "from clock" in line]
+    assert len(starts) == 2, log.read_text()
+    assert not starts[1].endswith("from clock 0"), starts  # it went on where the job was
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the GPU path is not exercised here")
+def test_a_cuda_model_trains_as_the_same_model_on_the_cpu(start_cluster):
+    results = {}
+    for device in ("cpu", "cuda"):
+        cluster = start_cluster(mode="SYNC", servers=1, workers=1, lr=0.1)
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3)).to(device)
+        model = tt.DistributedModel(net, tt.init(scheduler=cluster.address, rank=0))
+        g = torch.Generator().manual_seed(1)
+        for _ in range(20):
+            x, y = torch.randn(4, 8, generator=g).to(device), torch.randint(0, 3, (4,), generator=g).to(device)
+            with model.step(batch_size=4):
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+        model.done()
+        results[device] = [p.detach().cpu() for p in net.parameters()]
+        cluster.stop()
+    for a, b in zip(results["cpu"], results["cuda"]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

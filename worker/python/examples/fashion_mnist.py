@@ -1,0 +1,91 @@
+"""Fashion-MNIST through Tessera's servers: a small CNN (default) or the built-in MLP's shape, in PyTorch. The
+launcher runs it once per worker, in the manner of torchrun:
+
+    build/bin/tessera-launch --job=deploy/jobs/fashion_mnist_cnn.pbtxt -- \\
+        python3 worker/python/examples/fashion_mnist.py
+    build/bin/tessera-launch --job=deploy/jobs/fashion_mnist_cnn.pbtxt \\
+        --job_override='consistency { mode: SSP staleness: 3 }' -- python3 worker/python/examples/fashion_mnist.py
+
+The data is the job's (data { format: IDX }: Debian's dataset-fashion-mnist files), read by Tessera's own
+loader; each worker trains on its slice of every step's global batch, as tessera-worker does. The optimizer,
+the consistency and the stop rules are the job's. Rank 0 scores the model on the test set every
+eval_every_steps steps and reports it: the summary, metrics.jsonl, /metrics and the dashboard show it, and the
+job ends at its target accuracy.
+"""
+
+import argparse
+import time
+
+import torch
+from torch import nn
+
+import tessera.torch as tt
+
+
+def cnn(classes):
+    """Two 5x5 convolutions with batch normalisation and pooling, then one linear layer: 29k parameters."""
+    return nn.Sequential(
+        nn.Unflatten(1, (1, 28, 28)),
+        nn.Conv2d(1, 16, 5, padding=2), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 5, padding=2), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(32 * 7 * 7, classes))
+
+
+def mlp(features, hidden_sizes, classes):
+    """The built-in model's shape (model { mlp { hidden_sizes } } of the job): ReLU layers, then the classes."""
+    layers, width = [], features
+    for h in hidden_sizes:
+        layers += [nn.Linear(width, h), nn.ReLU()]
+        width = h
+    return nn.Sequential(*layers, nn.Linear(width, classes))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=["cnn", "mlp"], default="cnn")
+    parser.add_argument("--threads", type=int, default=1, help="PyTorch's threads per worker (default 1)")
+    parser.add_argument("--eval_every", type=int, default=0,
+                        help="steps between rank 0's evaluations (default: the job's eval_every_steps)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    job = tt.init()
+    spec = job.spec
+    x, y, classes = tt.load_split(job, train=True)
+    test_x, test_y, _ = tt.load_split(job, train=False) if job.rank == 0 else (None, None, None)
+    torch.manual_seed(int(spec["seed"]))  # every rank builds the same model; rank 0's values start the job
+    if args.model == "cnn":
+        if x.shape[1] != 28 * 28:
+            raise SystemExit(f"the CNN takes 28x28 images; the job's data has {x.shape[1]} features")
+        net = cnn(classes)
+    else:
+        net = mlp(x.shape[1], [int(h) for h in spec["model"]["mlp"]["hidden_sizes"]], classes)
+    model = tt.DistributedModel(net, job)
+    eval_every = args.eval_every or int(spec["eval_every_steps"])
+    sampler = model.sampler(len(x))
+    print(f"rank {job.rank}: {args.model}, {sum(p.numel() for p in net.parameters())} parameters, "
+          f"{sampler.steps_per_epoch} steps per epoch, from clock {model.clock}", flush=True)
+
+    started, losses = time.time(), []
+    for indices in sampler:
+        with model.step(batch_size=len(indices)):
+            loss = nn.functional.cross_entropy(model(x[indices]), y[indices])
+            loss.backward()
+        losses.append(loss.item())
+        if model.clock % eval_every == 0 or model.stopped:
+            train_loss = sum(losses) / len(losses)
+            losses = []
+            if job.rank == 0:
+                model.settle()
+                accuracy, test_loss = tt.evaluate(net, test_x, test_y)
+                print(f"rank 0: clock {model.clock} (epoch {sampler.epochs():.2f}, {time.time() - started:.1f} s): "
+                      f"test accuracy {accuracy:.4f}, train loss {train_loss:.4f}", flush=True)
+                model.report(accuracy=accuracy, loss=train_loss, test_loss=test_loss)
+            else:
+                model.report(loss=train_loss)
+    print(f"rank {job.rank}: stopped at clock {model.clock}: {model.stop_reason}", flush=True)
+    model.done()
+
+
+if __name__ == "__main__":
+    main()
