@@ -5,6 +5,9 @@
 #
 #   deploy/container/build.sh           # image tessera:latest; smoke check: every binary's --help in the image
 #   deploy/container/build.sh --train   # also trains the default job in a container (--network none, ~1 minute)
+#   deploy/container/build.sh --pytorch # image tessera-pytorch:latest: also the Python package, its examples and
+#                                       # Debian's python3-torch, to run a PyTorch script as the workers
+#                                       # (deploy/k8s/overlays/pytorch)
 #
 # Environment:
 #   TESSERA_BUILD_DIR      build folder whose bin/ holds the binaries (default build)
@@ -26,15 +29,18 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 train=0
+pytorch=0
 for arg in "$@"; do
   case "$arg" in
     --train) train=1 ;;
-    *) echo "usage: $0 [--train]" >&2; exit 2 ;;
+    --pytorch) pytorch=1 ;;
+    *) echo "usage: $0 [--train] [--pytorch]" >&2; exit 2 ;;
   esac
 done
 
 build_dir="${TESSERA_BUILD_DIR:-build}"
 image="${TESSERA_IMAGE:-tessera:latest}"
+((pytorch == 0)) || image="${TESSERA_IMAGE:-tessera-pytorch:latest}"
 base="${TESSERA_BASE_IMAGE:-tessera-base:bookworm}"
 work="${TESSERA_CONTAINER_DIR:-$build_dir/container}"
 strip="${TESSERA_STRIP:-1}"
@@ -141,8 +147,13 @@ fi
 phase "build context in $work/context"
 ctx="$work/context"
 rm -rf "$ctx"
-mkdir -p "$ctx/bin" "$ctx/lib"
+mkdir -p "$ctx/bin" "$ctx/lib" "$ctx/python"
 cp deploy/container/Dockerfile "$ctx/"
+if ((pytorch)); then
+  [[ -d "$build_dir/python/tessera" ]] || { echo "build.sh: $build_dir/python/tessera is missing: build with pybind11-dev" >&2; exit 2; }
+  cp -r "$build_dir/python/tessera" "$ctx/python/"
+  cp -r worker/python/examples "$ctx/python/examples"
+fi
 for b in "${binaries[@]}"; do
   cp "$build_dir/bin/$b" "$ctx/bin/"
   [[ "$strip" != 1 ]] || strip --strip-debug "$ctx/bin/$b"
@@ -156,7 +167,7 @@ done
 ls "$ctx/lib" | sed 's/^/  extra library: /'
 
 phase "docker build -t $image (base $base)"
-docker build --network host --build-arg BASE="$base" -t "$image" "$ctx" >"$work/build.log" 2>&1 \
+docker build --network host --build-arg BASE="$base" --build-arg PYTORCH="$pytorch" -t "$image" "$ctx" >"$work/build.log" 2>&1 \
   || { tail -n 40 "$work/build.log" >&2; echo "build.sh: docker build failed (log: $work/build.log)" >&2; exit 1; }
 echo "$image: $(docker image inspect "$image" --format '{{.Size}}' | awk '{ printf "%.0f MB", $1 / 1e6 }'), base $base:" \
   "$(docker image inspect "$base" --format '{{.Size}}' | awk '{ printf "%.0f MB", $1 / 1e6 }'), extra libraries:" \

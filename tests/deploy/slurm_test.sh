@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end test of deploy/slurm/tessera.sbatch and deploy/slurm/tessera-hetjob.sbatch: starts a throwaway
 # two-node Slurm cluster on this host (tests/deploy/slurm_cluster.sh), submits both scripts at once with a short
-# CPU job (40 clocks of the Fashion-MNIST MLP), and checks each run's summary.json. Exit 0: pass, 1: fail,
+# CPU job (40 clocks of the Fashion-MNIST MLP), the first script also with a PyTorch script as the workers, and
+# checks each run's summary.json. Exit 0: pass, 1: fail,
 # 77: skipped (no Slurm or munge, or not root).
 #
 #   tests/deploy/slurm_test.sh            # binaries from ${TESSERA_BUILD_DIR:-build}/bin
@@ -65,9 +66,10 @@ free_port() {
   say "FAIL: no free port"
   exit 1
 }
-plain_port="" het_port=""
+plain_port="" het_port="" python_port=""
 free_port plain_port
 free_port het_port
+free_port python_port
 
 # A short job: the Fashion-MNIST MLP for 40 clocks, no accuracy target.
 cat >"$tmp/job.pbtxt" <<'EOF'
@@ -108,16 +110,22 @@ if command -v openssl >/dev/null; then
     TESSERA_TLS_CA="$tmp/tls/ca.pem")
 fi
 
-# submit NAME SCRIPT PORT [VAR=VALUE...]: sbatch --wait in the background; its status lands in NAME.rc.
+# submit NAME SCRIPT PORT [VAR=VALUE...] [-- WORKER COMMAND]: sbatch --wait in the background; its status lands
+# in NAME.rc.
 submit() {
-  local name=$1 script=$2 port=$3
+  local name=$1 script=$2 port=$3 settings=() command=()
   shift 3
+  while (($# > 0)) && [[ $1 != -- ]]; do
+    settings+=("$1")
+    shift
+  done
+  (($# == 0)) || command=("${@:2}")
   (
     rc=0
     env TESSERA_BIN="$bin" TESSERA_JOB="$tmp/job.pbtxt" TESSERA_RUN_DIR="$tmp/$name" \
-      TESSERA_SCHEDULER_PORT="$port" TESSERA_STOP_GRACE_S=10 "$@" \
+      TESSERA_SCHEDULER_PORT="$port" TESSERA_STOP_GRACE_S=10 "${settings[@]}" \
       timeout "$deadline_s" sbatch --wait --chdir="$tmp" --job-name="tessera-$name" --output="$tmp/$name.out" \
-      "$repo/deploy/slurm/$script" >"$tmp/$name.sbatch" 2>&1 || rc=$?
+      "$repo/deploy/slurm/$script" "${command[@]}" >"$tmp/$name.sbatch" 2>&1 || rc=$?
     echo "$rc" >"$tmp/$name.rc"
   ) &
 }
@@ -164,10 +172,21 @@ start_s=$SECONDS
 # 2 nodes x 1 task: 2 workers, 2 servers. Heterogeneous: 1 worker on each component's node, 1 server.
 submit plain tessera.sbatch "$plain_port" TESSERA_INSECURE=true TESSERA_DEVICE=cpu
 submit het tessera-hetjob.sbatch "$het_port" "${het_security[@]}" TESSERA_DEVICE_0=cpu TESSERA_DEVICE_1=cpu
+# The workers as a PyTorch script (the built-in MLP's shape), when the build has the Python package and Debian's
+# python3-torch is installed.
+python_job=0
+if [[ -d $build/python/tessera ]] && /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  python_job=1
+  submit python tessera.sbatch "$python_port" TESSERA_INSECURE=true TESSERA_DEVICE=cpu -- \
+    /usr/bin/python3 "$repo/worker/python/examples/fashion_mnist.py" --model=mlp
+else
+  say "no Python package or no python3-torch in this build: the PyTorch script's job is left out"
+fi
 wait
-say "both jobs ended after $((SECONDS - start_s)) s"
+say "the jobs ended after $((SECONDS - start_s)) s"
 check plain 2
 check het 2
+((python_job == 0)) || check python 2
 if ((failed)); then
   echo "----- squeue"
   squeue 2>&1 || true

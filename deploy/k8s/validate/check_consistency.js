@@ -96,7 +96,10 @@ class Checker {
         if (labels['app.kubernetes.io/name'] !== 'tessera') {
           this.error(where, 'its pod lacks the label app.kubernetes.io/name=tessera');
         }
-        containers.push({ workload, podSpec, labels, container, role, env, order, where });
+        // A worker that runs the user's script (tessera.torch) instead of tessera-worker: it reads the same
+        // variables but serves no HTTP, so it has no ports or probes.
+        const script = role === 'worker' && !byCommand;
+        containers.push({ workload, podSpec, labels, container, role, env, order, where, script });
       }
     }
     return containers;
@@ -538,7 +541,13 @@ class Checker {
     const containers = this.collectContainers();
     for (const c of containers) {
       this.checkEnvironment(c);
-      this.checkProbes(c, this.checkListening(c));
+      if (c.script) {
+        for (const name of ['TESSERA_HOST', 'TESSERA_HTTP_PORT']) {
+          if (c.env.has(name)) this.error(c.where, `${name} is set but a worker script serves no HTTP`);
+        }
+      } else {
+        this.checkProbes(c, this.checkListening(c));
+      }
       this.checkFiles(c);
     }
     const schedulers = containers.filter((c) => c.role === 'scheduler');
