@@ -72,6 +72,20 @@ absl::Status RunRecorder::Append(const EvalRecord& r) {
   return absl::OkStatus();
 }
 
+void TrainingSpan::Note(int64_t clock, absl::Time now) {
+  if (first_clock_ < 0) {
+    first_ = now;
+    first_clock_ = clock;
+  }
+  last_ = now;
+  last_clock_ = std::max(last_clock_, clock);
+}
+
+nlohmann::json TrainingSpan::ToJson() const {
+  if (first_clock_ < 0) return nullptr;
+  return {{"seconds", absl::ToDoubleSeconds(last_ - first_)}, {"from_clock", first_clock_}, {"to_clock", last_clock_}};
+}
+
 absl::Status RunRecorder::WriteSummary(const nlohmann::json& summary) {
   absl::Status saved = SaveSummary(summary);
   PrintSummary(summary);

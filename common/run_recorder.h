@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "nlohmann/json.hpp"
 
 namespace tessera {
@@ -50,6 +51,20 @@ struct RunSummary {
   // Fills the evaluation fields from the last evaluation.
   void SetLastEval(double epochs, double test_accuracy, double test_loss);
   nlohmann::json ToJson() const;
+};
+
+// The steps' own time, for the summary's "training": from the end of the first step any worker finished to the end
+// of the last, so start-up, declaration and data loading are left out (what a benchmark compares with a loop timed
+// the same way). Thread-compatible.
+class TrainingSpan {
+ public:
+  void Note(int64_t clock, absl::Time now);
+  // {"seconds", "from_clock", "to_clock"}; null before any step.
+  nlohmann::json ToJson() const;
+
+ private:
+  absl::Time first_, last_;
+  int64_t first_clock_ = -1, last_clock_ = -1;
 };
 
 // The one line a run ends with: "summary: " and the outcome in words (completed or not, steps, epochs, time, test

@@ -330,6 +330,7 @@ void JobCoordinator::AdvanceClock(const tessera::v1::AdvanceClockRequest& reques
     return;
   }
   balancer_.Observe(worker, request.step_samples(), request.step_busy_seconds());
+  records_.NoteClock(request.clock());
   const absl::Duration wait = BoundedWait(request.wait_timeout_ms(), absl::Minutes(5));
   const int64_t clock = request.clock();
   clocks_.Advance(worker, clock, absl::Now() + wait,

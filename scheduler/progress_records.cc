@@ -66,6 +66,12 @@ ClusterStats ProgressRecords::ServerTotals() const {
   return sum;
 }
 
+void ProgressRecords::NoteClock(int64_t clock) {
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&mu_);
+  training_.Note(clock, now);
+}
+
 void ProgressRecords::WriteEvalRecord(const tessera::v1::ReportRequest& eval) {
   EvalRecord record;
   record.step = eval.eval_clock() > 0 ? eval.eval_clock() : eval.clock();
@@ -156,6 +162,7 @@ nlohmann::json ProgressRecords::SaveSummary(const JobOutcome& outcome, const std
     summary["pushes"] = sum.pushes;
     summary["duplicate_pushes"] = sum.duplicate_pushes;
     summary["late_pushes"] = sum.late_pushes;
+    summary["training"] = training_.ToJson();
     const tessera::v1::StalenessHistogram histogram = sum.staleness.ToProto();
     summary["staleness_histogram"] = std::vector<int64_t>(histogram.bucket().begin(), histogram.bucket().end());
     summary["staleness"] = StalenessJson(sum);

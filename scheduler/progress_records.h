@@ -48,6 +48,11 @@ class ProgressRecords {
   };
   Taken AddReport(const tessera::v1::ReportRequest& report);
 
+  // A worker finished step `clock`. The summary's "training" span runs from the first step any worker finished
+  // to the last: the steps' own time, without start-up, declaration or data loading (what a benchmark compares
+  // with a loop timed the same way).
+  void NoteClock(int64_t clock);
+
   // Takes the servers' answers to a statistics request; a server that did not answer keeps its last figures.
   void UpdateServerStats(const std::vector<ServerStatsAnswer>& answers);
   // The statistics of every server ever heard from, summed.
@@ -86,6 +91,7 @@ class ProgressRecords {
   std::vector<tessera::v1::ReportRequest> last_report_ ABSL_GUARDED_BY(mu_);  // per worker
   std::optional<tessera::v1::ReportRequest> last_eval_ ABSL_GUARDED_BY(mu_);
   std::optional<double> seconds_to_target_ ABSL_GUARDED_BY(mu_);
+  TrainingSpan training_ ABSL_GUARDED_BY(mu_);
   std::deque<EvalRecord> history_ ABSL_GUARDED_BY(mu_);
   struct Entry {
     tessera::v1::ServerStats stats;

@@ -93,6 +93,7 @@ absl::StatusOr<ClockResult> LocalSource::Clock() {
   ClockResult result;
   result.clock = ++clock_;
   result.min_clock = clock_;
+  training_.Note(clock_, absl::Now());
   const int max_seconds = job_.stop().max_seconds();
   if (stop_reason_.empty() && max_seconds > 0 && absl::Now() - start_ >= absl::Seconds(max_seconds)) {
     stop_reason_ = absl::StrCat("ran for stop.max_seconds (", max_seconds, " s)");
@@ -136,7 +137,9 @@ absl::Status LocalSource::Done() {
   summary.target_accuracy = job_.stop().target_accuracy();
   summary.seconds_to_target = seconds_to_target_;
   summary.updates_applied = updates_;
-  return recorder_->WriteSummary(summary.ToJson());
+  nlohmann::json json = summary.ToJson();
+  json["training"] = training_.ToJson();
+  return recorder_->WriteSummary(json);
 }
 
 }  // namespace tessera

@@ -127,6 +127,7 @@ class LocalSource final : public ParameterSource {
   const UpdateRule rule_;
   const std::unique_ptr<RunRecorder> recorder_;
   const absl::Time start_;
+  TrainingSpan training_;  // the steps' own time, for the summary
   std::map<std::string, Param> params_;
   int64_t clock_ = 0;
   int64_t updates_ = 0;

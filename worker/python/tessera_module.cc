@@ -100,6 +100,8 @@ class PyStep {
     const std::vector<absl::Span<float>> out_spans = Writable(out_objects_, names_);
     step_ = client->BeginStep(names_, grad_spans, batch_size, out_spans);
   }
+  // A step of a plan (PyStepPlan), which owns the names and the memory and outlives the step.
+  explicit PyStep(std::unique_ptr<StepExchange> step) : step_(std::move(step)) {}
   ~PyStep() {
     py::gil_scoped_release release;  // cancelling what is in flight may wait for gRPC's threads
     step_.reset();
@@ -135,6 +137,33 @@ class PyStep {
   std::unique_ptr<StepExchange> step_;
 };
 
+// What every step of a model exchanges, converted once: the names, the gradient sets (steps alternate between
+// them, so that one step's pushes may still be read while the next step's backward writes the other) and the
+// values' memory. Begin() starts a step over one set: no per-step conversion of Python objects.
+class PyStepPlan {
+ public:
+  PyStepPlan(PsClient* client, std::vector<std::string> names, std::vector<std::vector<py::buffer>> grad_sets,
+             std::vector<py::buffer> out)
+      : client_(client), names_(std::move(names)), grad_objects_(std::move(grad_sets)), out_objects_(std::move(out)) {
+    for (const auto& set : grad_objects_) {
+      if (set.size() != names_.size()) Check(absl::InvalidArgumentError("a gradient set per name, every set"));
+      grad_spans_.push_back(Readable(set, names_));
+    }
+    if (out_objects_.size() != names_.size()) Check(absl::InvalidArgumentError("a values buffer per name"));
+    out_spans_ = Writable(out_objects_, names_);
+  }
+
+  std::unique_ptr<PyStep> Begin(size_t set, int batch_size);
+
+ private:
+  PsClient* const client_;
+  const std::vector<std::string> names_;
+  const std::vector<std::vector<py::buffer>> grad_objects_;  // keeps the memory alive
+  const std::vector<py::buffer> out_objects_;
+  std::vector<std::vector<absl::Span<const float>>> grad_spans_;
+  std::vector<absl::Span<float>> out_spans_;
+};
+
 class PyClient {
  public:
   explicit PyClient(std::unique_ptr<PsClient> client) : client_(std::move(client)) {}
@@ -148,6 +177,11 @@ class PyClient {
  private:
   std::unique_ptr<PsClient> client_;
 };
+
+std::unique_ptr<PyStep> PyStepPlan::Begin(size_t set, int batch_size) {
+  if (set >= grad_spans_.size()) Check(absl::InvalidArgumentError(absl::StrCat("no gradient set ", set)));
+  return std::make_unique<PyStep>(client_->BeginStep(names_, grad_spans_[set], batch_size, out_spans_));
+}
 
 std::unique_ptr<PyClient> Connect(const std::string& scheduler, int rank, const std::string& device,
                                   const std::string& token_file, const std::string& tls_cert,
@@ -189,6 +223,14 @@ py::array_t<int64_t> IndexArray(const std::vector<int64_t>& indices) {
   return out;
 }
 
+py::tuple DatasetTuple(Dataset d) {
+  py::array_t<float> x({static_cast<py::ssize_t>(d.size()), static_cast<py::ssize_t>(d.features)});
+  std::copy(d.x.begin(), d.x.end(), x.mutable_data());
+  py::array_t<int64_t> y(static_cast<py::ssize_t>(d.size()));
+  std::copy(d.y.begin(), d.y.end(), y.mutable_data());
+  return py::make_tuple(x, y, d.classes);
+}
+
 // The job's training or test split (its DataSpec: Fashion-MNIST's IDX files by default, or the synthetic problem)
 // as (x float32 [examples, features], y int64 [examples]), read by the C++ worker's own loader.
 py::tuple LoadJobSplit(PyClient& c, bool train) {
@@ -197,12 +239,7 @@ py::tuple LoadJobSplit(PyClient& c, bool train) {
     py::gil_scoped_release release;
     data = LoadSplit(c.get().job().data(), train, c.get().job().seed());
   }
-  Dataset d = Take(std::move(data));
-  py::array_t<float> x({static_cast<py::ssize_t>(d.size()), static_cast<py::ssize_t>(d.features)});
-  std::copy(d.x.begin(), d.x.end(), x.mutable_data());
-  py::array_t<int64_t> y(static_cast<py::ssize_t>(d.size()));
-  std::copy(d.y.begin(), d.y.end(), y.mutable_data());
-  return py::make_tuple(x, y, d.classes);
+  return DatasetTuple(Take(std::move(data)));
 }
 
 }  // namespace
@@ -235,6 +272,20 @@ PYBIND11_MODULE(_tessera, m) {
       py::arg("scheduler"), py::arg("scheduler_port"), py::arg("rank"), py::arg("rank_offset"),
       "Where a worker joins, as tessera-worker decides it: the scheduler's address and the rank, from the given "
       "settings and what Slurm or Kubernetes set.");
+
+  m.def(
+      "load_idx",
+      [](const std::string& images, const std::string& labels) {
+        absl::StatusOr<tessera::Dataset> data;
+        {
+          py::gil_scoped_release release;
+          data = tessera::LoadIdx(images, labels);
+        }
+        return tessera::DatasetTuple(tessera::Take(std::move(data)));
+      },
+      py::arg("images"), py::arg("labels"),
+      "An images file and a labels file in IDX format (gzip'd or not), as tessera-worker reads them: (x float32 "
+      "[n, features] in [0, 1], y int64 [n], classes).");
 
   py::class_<tessera::BatchSchedule>(
       m, "BatchSchedule",
@@ -274,6 +325,10 @@ PYBIND11_MODULE(_tessera, m) {
       .def("wait_values", &PyStep::WaitValues, py::arg("index"),
            "Waits until out[index] holds the values after this step.")
       .def_property_readonly("stopped", &PyStep::stopped);
+
+  py::class_<tessera::PyStepPlan>(m, "StepPlan", "A model's step exchange, converted once (Client.step_plan).")
+      .def("begin", &tessera::PyStepPlan::Begin, py::arg("set"), py::arg("batch_size"), py::keep_alive<0, 1>(),
+           "Starts a step whose gradients are read from gradient set `set`.");
 
   py::class_<PyClient>(m, "Client", "A worker's connection to a job (PsClient).")
       .def_static("connect", &tessera::Connect, py::arg("scheduler"), py::arg("rank") = -1,
@@ -398,6 +453,15 @@ PYBIND11_MODULE(_tessera, m) {
           },
           py::arg("names"), py::arg("grads"), py::arg("batch_size"), py::arg("out"), py::keep_alive<0, 1>(),
           "Starts a step whose gradients leave as each is sent and whose values arrive as each is waited for.")
+      .def(
+          "step_plan",
+          [](PyClient& c, std::vector<std::string> names, std::vector<std::vector<py::buffer>> grad_sets,
+             std::vector<py::buffer> out) {
+            return std::make_unique<tessera::PyStepPlan>(&c.get(), std::move(names), std::move(grad_sets),
+                                                         std::move(out));
+          },
+          py::arg("names"), py::arg("grad_sets"), py::arg("out"), py::keep_alive<0, 1>(),
+          "A plan for begin_step's exchange over fixed memory: gradient sets to alternate between, and the values.")
       .def(
           "note_step", [](PyClient& c, int samples, double seconds) { c.get().NoteStep(samples, absl::Seconds(seconds)); },
           py::arg("samples"), py::arg("busy_seconds"))

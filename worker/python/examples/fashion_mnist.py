@@ -54,35 +54,48 @@ def main():
     x, y, classes = tt.load_split(job, train=True)
     test_x, test_y, _ = tt.load_split(job, train=False) if job.rank == 0 else (None, None, None)
     torch.manual_seed(int(spec["seed"]))  # every rank builds the same model; rank 0's values start the job
-    if args.model == "cnn":
-        if x.shape[1] != 28 * 28:
-            raise SystemExit(f"the CNN takes 28x28 images; the job's data has {x.shape[1]} features")
-        net = cnn(classes)
-    else:
-        net = mlp(x.shape[1], [int(h) for h in spec["model"]["mlp"]["hidden_sizes"]], classes)
+    if args.model == "cnn" and x.shape[1] != 28 * 28:
+        raise SystemExit(f"the CNN takes 28x28 images; the job's data has {x.shape[1]} features")
+
+    def build():
+        if args.model == "cnn":
+            return cnn(classes)
+        return mlp(x.shape[1], [int(h) for h in spec["model"]["mlp"]["hidden_sizes"]], classes)
+
+    net = build()
     model = tt.DistributedModel(net, job)
     eval_every = args.eval_every or int(spec["eval_every_steps"])
     sampler = model.sampler(len(x))
     print(f"rank {job.rank}: {args.model}, {sum(p.numel() for p in net.parameters())} parameters, "
           f"{sampler.steps_per_epoch} steps per epoch, from clock {model.clock}", flush=True)
-
+    # Rank 0 scores copies of the model on a thread of its own, so that it keeps pace with the other workers.
+    scorer = tt.BackgroundEvaluator(build(), test_x, test_y) if job.rank == 0 else None
     started, losses = time.time(), []
+
+    def report_scores(scores):
+        for clock, accuracy, test_loss in scores:
+            print(f"rank 0: clock {clock} (epoch {sampler.epochs(clock):.2f}, {time.time() - started:.1f} s): "
+                  f"test accuracy {accuracy:.4f}", flush=True)
+            model.report(accuracy=accuracy, test_loss=test_loss, clock=clock)
+
     for indices in sampler:
         with model.step(batch_size=len(indices)):
             loss = nn.functional.cross_entropy(model(x[indices]), y[indices])
             loss.backward()
         losses.append(loss.item())
-        if model.clock % eval_every == 0 or model.stopped:
-            train_loss = sum(losses) / len(losses)
+        if model.clock % eval_every == 0:
+            model.report(loss=sum(losses) / len(losses))
             losses = []
-            if job.rank == 0:
+            if scorer is not None:
                 model.settle()
-                accuracy, test_loss = tt.evaluate(net, test_x, test_y)
-                print(f"rank 0: clock {model.clock} (epoch {sampler.epochs():.2f}, {time.time() - started:.1f} s): "
-                      f"test accuracy {accuracy:.4f}, train loss {train_loss:.4f}", flush=True)
-                model.report(accuracy=accuracy, loss=train_loss, test_loss=test_loss)
-            else:
-                model.report(loss=train_loss)
+                scorer.offer(net, model.clock)
+        if scorer is not None:
+            report_scores(scorer.results())
+    if scorer is not None:  # the final values, scored unless they were already
+        model.settle()
+        report_scores(scorer.drain())
+        if scorer.last_clock != model.clock and scorer.offer(net, model.clock):
+            report_scores(scorer.drain())
     print(f"rank {job.rank}: stopped at clock {model.clock}: {model.stop_reason}", flush=True)
     model.done()
 

@@ -19,9 +19,9 @@ tessera.Error with the daemon's message ("UNAVAILABLE: ...").
 import json
 import os
 
-from ._tessera import BatchSchedule, Client, Error, Step, resolve_join
+from ._tessera import BatchSchedule, Client, Error, Step, load_idx, resolve_join
 
-__all__ = ["BatchSchedule", "Client", "Error", "Job", "Step", "connect"]
+__all__ = ["BatchSchedule", "Client", "Error", "Job", "Step", "connect", "load_idx"]
 
 
 def _setting(name, given, default, kind=str):

@@ -39,7 +39,7 @@ import torch
 
 from . import Error, connect
 
-__all__ = ["DistributedModel", "Sampler", "evaluate", "init", "load_split", "stop_signal"]
+__all__ = ["BackgroundEvaluator", "DistributedModel", "Sampler", "evaluate", "init", "load_split", "stop_signal"]
 
 _signal = 0  # the SIGTERM or SIGINT that asked this worker to stop (0: none)
 
@@ -95,6 +95,65 @@ def evaluate(module, x, y, batch_size=1000):
             loss += torch.nn.functional.cross_entropy(logits, target, reduction="sum").item()
     module.train(was_training)
     return correct / max(1, len(x)), loss / max(1, len(x))
+
+
+class BackgroundEvaluator:
+    """Scores copies of a model on a thread of its own while training goes on, as tessera-worker's evaluator does:
+    an evaluating worker does not fall behind the others (in ASYNC it would push ever staler gradients). `copy`
+    is a module of the same architecture that receives the values (and buffers) offered; PyTorch releases the
+    GIL in its kernels, so the thread computes beside the training loop.
+
+        scorer = tt.BackgroundEvaluator(make_net(), test_x, test_y)
+        ...
+        if model.clock % 200 == 0:
+            model.settle()
+            scorer.offer(net, model.clock)       # skipped while the previous copy is still being scored
+        for clock, accuracy, loss in scorer.results():
+            model.report(accuracy=accuracy, test_loss=loss, clock=clock)
+        ...
+        scorer.drain()                           # at the end: waits for the last score
+    """
+
+    def __init__(self, copy, x, y, threads=1):
+        import threading
+
+        self._copy = copy
+        self._x, self._y = x, y
+        self._threads = threads
+        self._lock = threading.Lock()
+        self._done = []
+        self._thread = None
+        self.last_clock = -1  # the clock of the last values offered and taken
+
+    def offer(self, module, clock):
+        """Copies `module`'s state and scores it on the thread; False (and nothing copied) while it is busy."""
+        import threading
+
+        if self._thread is not None and self._thread.is_alive():
+            return False
+        self._copy.load_state_dict(module.state_dict())
+        self.last_clock = clock
+        self._thread = threading.Thread(target=self._score, args=(clock,), daemon=True)
+        self._thread.start()
+        return True
+
+    def _score(self, clock):
+        torch.set_num_threads(self._threads)
+        accuracy, loss = evaluate(self._copy, self._x, self._y)
+        with self._lock:
+            self._done.append((clock, accuracy, loss))
+
+    def results(self):
+        """The scores finished since the last call: [(clock, accuracy, loss)]."""
+        with self._lock:
+            done, self._done = self._done, []
+        return done
+
+    def drain(self):
+        """Waits for the copy being scored, then returns results()."""
+        if self._thread is not None:
+            self._thread.join()
+        return self.results()
 
 
 def _some(names, most=5):
@@ -203,6 +262,10 @@ class _HostMirror:
             self.values_copied.synchronize()
 
 
+_STEP_STATE = frozenset({"_current", "_previous", "_gate", "_waited", "_sent", "_set", "_grads", "_steps",
+                         "_samples", "_reported"})
+
+
 class DistributedModel(torch.nn.Module):
     """Wraps `module` for training through the job's servers. Call it as the module; train in `step` blocks.
 
@@ -262,6 +325,8 @@ class DistributedModel(torch.nn.Module):
         self._check_matches_job(mine, self._client.job_parameters())
         self._client.declare([(name, shape, 0.0, 0) for name, shape in params], state=state)
         self._check_matches_job(mine, self._client.job_parameters())  # a worker of another model declared first
+        self._plan = self._client.step_plan(self.names, self._grad_sets, self._values)
+        self._grad_pointers = [[g.ctypes.data for g in grads] for grads in self._grad_sets]
         self._previous = None  # the last step's exchange, whose values may still be arriving
         self._current = None
         self._waited = 0.0
@@ -281,6 +346,13 @@ class DistributedModel(torch.nn.Module):
             own = [self._index[id(p)] for p in m.parameters(recurse=False) if id(p) in self._index]
             if own:
                 self._hooks.append(m.register_forward_pre_hook(lambda mod, inputs, own=own: self._need(own)))
+
+    def __setattr__(self, name, value):
+        # The step's own state is set several times a step: past Module.__setattr__'s registration checks.
+        if name in _STEP_STATE:
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -325,11 +397,12 @@ class DistributedModel(torch.nn.Module):
         """How many parameters' gradients of the open step have left (as backward finished each)."""
         return sum(self._sent) if self._current is not None else 0
 
-    def report(self, accuracy=None, loss=None, test_loss=None):
+    def report(self, accuracy=None, loss=None, test_loss=None, clock=None):
         """Progress for the scheduler's records, as tessera-worker sends it: the training loss, throughput since
         the last report, and, with `accuracy` (on held-out data, after settle()), an evaluation at this clock,
         which the summary, metrics.jsonl, /metrics and the dashboard show, and which ends the job when it reaches
-        the job's target accuracy. Returns True when the job has stopped."""
+        the job's target accuracy. `clock`: the clock of the values scored (default: this worker's clock). Returns
+        True when the job has stopped."""
         now, samples = time.perf_counter(), self._samples
         since, samples_then = self._reported
         self._reported = (now, samples)
@@ -338,7 +411,8 @@ class DistributedModel(torch.nn.Module):
         stop, reason = self._client.report(
             train_loss=float(loss) if loss is not None else 0.0, samples_per_sec=rate, samples=samples,
             epoch=epoch, test_accuracy=None if accuracy is None else float(accuracy),
-            test_loss=float(test_loss) if test_loss is not None else 0.0, eval_clock=self.clock,
+            test_loss=float(test_loss) if test_loss is not None else 0.0,
+            eval_clock=self.clock if clock is None else int(clock),
             device=str(self.device))
         if stop:
             self._gate = dict(self._gate, stop=True, stop_reason=reason)
@@ -432,7 +506,8 @@ class DistributedModel(torch.nn.Module):
         if self._buffers and self.rank != 0 and self._steps % self._buffer_every == 0:
             self._take_buffers()
         # The set of two steps ago: that step's exchange has settled (_finish), so its bytes have left.
-        self._grads = self._grad_sets[self._steps % 2]
+        self._set = self._steps % 2
+        self._grads = self._grad_sets[self._set]
         self._steps += 1
         if self._mirror is None:
             for (_, p), g in zip(self._params, self._grads):
@@ -444,20 +519,20 @@ class DistributedModel(torch.nn.Module):
                 p.grad = None
         self._waited = 0.0
         self._sent = [False] * len(self._params)
-        self._current = self._client.begin_step(self.names, self._grads, batch_size, self._values)
+        self._current = self._plan.begin(self._set, batch_size)
 
     def _gradient_ready(self, i):
         if self._current is None or self._sent[i]:
             return
         if self._mirror is not None:
             self._sent[i] = True
-            self._mirror.copy_gradient(i, self._mirror.grads[self._grad_sets.index(self._grads)])
+            self._mirror.copy_gradient(i, self._mirror.grads[self._set])
             for j in self._mirror.copied(wait=False):
                 self._current.send(j)
             return
-        p, g = self._params[i][1], self._grads[i]
-        if p.grad.data_ptr() != g.ctypes.data:
-            np.copyto(g, p.grad.numpy())  # autograd put the sum in a new tensor: one copy into ours
+        p = self._params[i][1]
+        if p.grad.data_ptr() != self._grad_pointers[self._set][i]:
+            np.copyto(self._grads[i], p.grad.numpy())  # autograd put the sum in a new tensor: one copy into ours
         self._sent[i] = True
         self._current.send(i)
 

@@ -1,0 +1,289 @@
+#!/usr/bin/env python3
+"""The data-plane benchmark's PyTorch rows (section h): one MLP (784-256-128-10, the Quick start's shape) on
+Fashion-MNIST, batch 64, SGD with momentum 0.9, one CPU thread per process, trained for --steps steps four ways
+in one run, each timed over the same span (from the end of the first step to the end of the last, so start-up,
+data loading and declaration are left out, and nothing evaluates inside the span):
+
+  1. a plain PyTorch loop in one process (torch.optim.SGD): the reference;
+  2. the same model as a tessera.torch worker through 1 tessera-server + 1 worker, SYNC (tessera-launch; the span
+     is the scheduler's, summary.json "training");
+  3. the same model against a hand-written parameter server on torch.distributed.rpc: one server process holding
+     the values and the momentum, the worker pulling the values, computing and pushing the gradients every step;
+  4. Tessera's C++ worker (the built-in MLP, the same shape) through 1 server + 1 worker, SYNC, timed as 2,
+     against its own local baseline (tessera-worker --local, its summary's "training").
+
+Prints Markdown rows in the data-plane table's columns. The Python layer's cost: what the exchange adds to a
+tessera.torch step (2 - 1) against what it adds to a C++ worker's step (4 - its local baseline), since the two
+models compute at different speeds (PyTorch's kernels against the C++ worker's own).
+
+    python3 tests/bench/pytorch_bench.py --bin=build/bin [--steps=1000] [--work=runs/bench/pytorch]
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+FASHION = "/usr/share/datasets/fashion-mnist"
+JOB = """
+name: "bench-pytorch"
+model {{ mlp {{ hidden_sizes: [256, 128] }} }}
+data {{ format: IDX }}
+optimizer {{ kind: SGD learning_rate: 0.05 momentum: 0.9 }}
+batch_size: {batch}
+consistency {{ mode: SYNC }}
+stop {{ max_steps: {steps} }}
+eval_every_steps: {steps}
+seed: 42
+chunk_bytes: {chunk_bytes}
+cluster {{ num_servers: 1 num_workers: 1 }}
+"""
+LR, MOMENTUM, SEED = 0.05, 0.9, 42
+
+
+def mlp(torch):
+    torch.manual_seed(SEED)
+    nn = torch.nn
+    return nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 10))
+
+
+def data(tessera, torch):
+    x, y, _ = tessera.load_idx(f"{FASHION}/train-images-idx3-ubyte.gz", f"{FASHION}/train-labels-idx1-ubyte.gz")
+    return torch.from_numpy(x), torch.from_numpy(y)
+
+
+def steady(first_end, last_end, steps):
+    """Seconds per step between the end of the first step and the end of the last."""
+    return (last_end - first_end) / max(1, steps - 1)
+
+
+# ---- 1. the plain loop -------------------------------------------------------------------------------------------
+
+def plain_loop(args):
+    import tessera
+    import torch
+    torch.set_num_threads(1)
+    x, y = data(tessera, torch)
+    net = mlp(torch)
+    opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
+    schedule = tessera.BatchSchedule(len(x), args.batch, 1, 0, SEED)
+    first = None
+    for step in range(args.steps):
+        idx = torch.from_numpy(schedule.batch(step))
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(x[idx]), y[idx]).backward()
+        opt.step()
+        if step == 0:
+            first = time.perf_counter()
+    return steady(first, time.perf_counter(), args.steps)
+
+
+# ---- 2. the tessera.torch worker (run by tessera-launch) ---------------------------------------------------------
+
+def tessera_worker():
+    import torch
+    import tessera.torch as tt
+    torch.set_num_threads(1)
+    job = tt.init()
+    x, y, _ = tt.load_split(job, train=True)
+    model = tt.DistributedModel(mlp(torch), job)
+    for idx in model.sampler(len(x)):
+        with model.step(batch_size=len(idx)):
+            torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+    model.done()
+
+
+def launch(args, name, command):
+    """Runs the job through tessera-launch; the scheduler's training span per step."""
+    work = pathlib.Path(args.work) / name
+    work.mkdir(parents=True, exist_ok=True)
+    job = work / "job.pbtxt"
+    job.write_text(JOB.format(batch=args.batch, steps=args.steps, chunk_bytes=args.chunk_bytes))
+    env = dict(os.environ)
+    env.pop("TESSERA_BIN_DIR", None)
+    argv = [str(pathlib.Path(args.bin) / "tessera-launch"), f"--job={job}", f"--run_dir={work / 'run'}",
+            "--overwrite", "--linger_s=0", "--timeout_s=900"]
+    if command:
+        argv += ["--", *command]
+    with open(work / "launch.log", "w") as log:
+        done = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"{name}: tessera-launch exited {done.returncode} (log: {work / 'launch.log'})")
+    summary = json.loads((work / "run" / "summary.json").read_text())
+    span = summary["training"]
+    return span["seconds"] / max(1, span["to_clock"] - span["from_clock"])
+
+
+def cpp_local(args):
+    """tessera-worker --local on the same job: the C++ model's own step time (its summary's "training")."""
+    work = pathlib.Path(args.work) / "cpp-local"
+    work.mkdir(parents=True, exist_ok=True)
+    job = work / "job.pbtxt"
+    job.write_text(JOB.format(batch=args.batch, steps=args.steps, chunk_bytes=args.chunk_bytes))
+    env = dict(os.environ)
+    env.pop("TESSERA_BIN_DIR", None)
+    with open(work / "run.log", "w") as log:
+        done = subprocess.run([str(pathlib.Path(args.bin) / "tessera-worker"), "--local", f"--job={job}",
+                               f"--run_dir={work / 'run'}", "--overwrite", "--http_port=-1", "--device=cpu"],
+                              stdout=log, stderr=subprocess.STDOUT, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"tessera-worker --local exited {done.returncode} (log: {work / 'run.log'})")
+    span = json.loads((work / "run" / "summary.json").read_text())["training"]
+    return span["seconds"] / max(1, span["to_clock"] - span["from_clock"])
+
+
+# ---- 3. the torch.distributed.rpc parameter server ---------------------------------------------------------------
+
+_PS = {}
+
+
+def _ps_pull():
+    return _PS["values"]
+
+
+def _ps_push(grads):
+    with _PS["lock"]:
+        for w, v, g in zip(_PS["values"], _PS["momentum"], grads):
+            v.mul_(MOMENTUM).add_(g)
+            w.sub_(LR * v)
+    return True
+
+
+def rpc_role(role, port, steps, batch, out):
+    import threading
+
+    import torch
+    import torch.distributed.rpc as rpc
+    torch.set_num_threads(1)
+    options = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://127.0.0.1:{port}", num_worker_threads=2,
+                                              rpc_timeout=600)
+    if role == "server":
+        net = mlp(torch)
+        _PS["values"] = [p.detach().clone() for p in net.parameters()]
+        _PS["momentum"] = [torch.zeros_like(p) for p in _PS["values"]]
+        _PS["lock"] = threading.Lock()
+        rpc.init_rpc("ps", rank=0, world_size=2, rpc_backend_options=options)
+        rpc.shutdown()  # waits for the worker
+        return
+    import tessera
+    x, y = data(tessera, torch)
+    net = mlp(torch)
+    params = list(net.parameters())
+    schedule = tessera.BatchSchedule(len(x), batch, 1, 0, SEED)
+    rpc.init_rpc("worker", rank=1, world_size=2, rpc_backend_options=options)
+    first = None
+    for step in range(steps):
+        values = rpc.rpc_sync("ps", _ps_pull)
+        with torch.no_grad():
+            for p, v in zip(params, values):
+                p.copy_(v)
+        net.zero_grad()
+        idx = torch.from_numpy(schedule.batch(step))
+        torch.nn.functional.cross_entropy(net(x[idx]), y[idx]).backward()
+        rpc.rpc_sync("ps", _ps_push, args=([p.grad for p in params],))
+        if step == 0:
+            first = time.perf_counter()
+    seconds = steady(first, time.perf_counter(), steps)
+    rpc.shutdown()
+    pathlib.Path(out).write_text(json.dumps({"seconds_per_step": seconds}))
+
+
+def rpc_server_run(args):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = pathlib.Path(args.work) / "rpc.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    me = [sys.executable, os.path.abspath(__file__), f"--steps={args.steps}", f"--batch={args.batch}"]
+    server = subprocess.Popen(me + ["--rpc_role=server", f"--rpc_port={port}"])
+    worker = subprocess.run(me + ["--rpc_role=worker", f"--rpc_port={port}", f"--rpc_out={out}"], timeout=1800)
+    server.wait(timeout=60)
+    if worker.returncode != 0:
+        raise RuntimeError(f"torch.distributed.rpc worker exited {worker.returncode}")
+    return json.loads(out.read_text())["seconds_per_step"]
+
+
+# ---- the table ---------------------------------------------------------------------------------------------------
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each; the table has the medians")
+    parser.add_argument("--chunk_bytes", type=int, default=1 << 20,
+                        help="the Tessera job's chunk_bytes (default 1 MiB: one chunk per tensor of this model, as "
+                             "the RPC server moves whole tensors)")
+    parser.add_argument("--bin", default="build/bin", help="folder of tessera-launch and the daemons")
+    parser.add_argument("--work", default="runs/bench/pytorch", help="job files, logs and run folders")
+    parser.add_argument("--as_worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--rpc_role", choices=["server", "worker"], help=argparse.SUPPRESS)
+    parser.add_argument("--rpc_port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--rpc_out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.as_worker:
+        return tessera_worker()
+    if args.rpc_role:
+        return rpc_role(args.rpc_role, args.rpc_port, args.steps, args.batch, args.rpc_out)
+
+    def progress(text):
+        print(f"pytorch_bench: {text}", file=sys.stderr, flush=True)
+
+    runs = [
+        ("plain", "plain PyTorch loop", lambda: plain_loop(args)),
+        ("tessera", "tessera.torch worker, 1 server + 1 worker, sync",
+         lambda: launch(args, "tessera-torch", [sys.executable, os.path.abspath(__file__), "--as_worker"])),
+        ("rpc", "torch.distributed.rpc parameter server (1 server process), pull-compute-push",
+         lambda: rpc_server_run(args)),
+        ("local", "C++ local baseline (tessera-worker --local, built-in MLP)", lambda: cpp_local(args)),
+        ("cpp", "Tessera C++ worker (built-in MLP), 1 server + 1 worker, sync", lambda: launch(args, "cpp", None)),
+    ]
+    samples = {key: [] for key, _, _ in runs}
+    for repeat in range(args.repeats):  # interleaved, so that a slow moment of the machine touches every run
+        for key, label, run in runs:
+            progress(f"{label}: {args.steps} steps (repeat {repeat + 1} of {args.repeats})")
+            try:
+                samples[key].append(run())
+            except Exception as e:  # noqa: BLE001 - the row says it failed
+                progress(f"{label} failed: {e}")
+    seconds = {key: statistics.median(v) if v else None for key, v in samples.items()}
+    labels = {key: label for key, label, _ in runs}
+    what = f"MLP 784-256-128-10, batch {args.batch}: s per 1000 steps"
+    note = (f"median of {args.repeats}, {args.steps} steps each, timed from the end of the first; chunk_bytes "
+            f"{args.chunk_bytes}")
+
+    def cell(s):
+        return f"{1000 * s:.2f} s" if s else "failed"
+
+    def ratio(a, b):
+        return f"{a / b:.2f}x" if a and b else "n/a"
+
+    def row(key, ref_key, target=""):
+        s, ref = seconds[key], seconds.get(ref_key)
+        reference = "(reference)" if ref_key is None else f"{labels[ref_key]}: {cell(ref)}"
+        r = ("1.00x" if s else "n/a") if ref_key is None else ratio(s, ref)
+        print(f"| h | {labels[key]}; {what} | {cell(s)} | {reference} | {r} | {target} | {note} |")
+
+    row("plain", None)
+    row("tessera", "plain", f"<= {ratio(seconds['rpc'], seconds['plain'])} (the RPC server's)")
+    row("rpc", "plain")
+    row("local", None)
+    row("cpp", "local")
+    # The Python layer: what the exchange adds to a step through tessera.torch, against what it adds to a step of
+    # the C++ worker (each over its own model's local step), as a share of the C++ worker's step.
+    if all(seconds[k] for k in ("tessera", "plain", "cpp", "local")):
+        python_cost = seconds["tessera"] - seconds["plain"]
+        cpp_cost = seconds["cpp"] - seconds["local"]
+        share = (python_cost - cpp_cost) / seconds["cpp"]
+        print(f"| h | Python layer: the exchange's cost per step through tessera.torch over the C++ worker's | "
+              f"{1000 * python_cost:.2f} ms | C++ worker: {1000 * cpp_cost:.2f} ms per step | "
+              f"{100 * share:+.1f}% of the C++ worker's step | < 5% | {note} |")
+    return 0 if all(seconds.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
