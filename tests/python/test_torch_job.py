@@ -137,8 +137,8 @@ def test_a_signal_stops_the_script_after_its_step_and_tells_the_scheduler(start_
 
 
 def launch(tmp_path, *extra, job=CNN_JOB, command=None, wait=True):
-    argv = [str(BIN / "tessera-launch"), f"--job={job}", f"--run_dir={tmp_path / 'run'}", "--linger_s=0",
-            "--timeout_s=240", *extra, "--", *(command or [sys.executable, str(EXAMPLE)])]
+    argv = [str(BIN / "tessera-launch"), *([f"--job={job}"] if job else []), f"--run_dir={tmp_path / 'run'}",
+            "--linger_s=0", "--timeout_s=240", *extra, "--", *(command or [sys.executable, str(EXAMPLE)])]
     if not wait:
         return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=child_environment())
@@ -212,6 +212,70 @@ def test_a_killed_script_is_restarted_and_rejoins_where_the_job_is(tmp_path):
     starts = [line for line in log.read_text().splitlines() if "from clock" in line]
     assert len(starts) == 2, log.read_text()
     assert not starts[1].endswith("from clock 0"), starts  # it went on where the job was
+
+
+def child_of(launcher_pid, needle):
+    """The pid of the launcher's child whose command line holds `needle`, or None."""
+    for entry in pathlib.Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if ppid == launcher_pid and needle.encode() in (entry / "cmdline").read_bytes():
+                return int(entry.name)
+        except (OSError, IndexError, ValueError):
+            continue
+    return None
+
+
+def wait_for_clock(launcher, tmp_path, clock, timeout=120):
+    """Waits until rank 0's output names a clock >= `clock` (its scores print "rank 0: clock N")."""
+    log = tmp_path / "run" / "logs" / "worker-0.log"
+    deadline = time.time() + timeout
+    while True:
+        text = log.read_text() if log.exists() else ""
+        clocks = [int(w.split()[3]) for w in text.splitlines() if w.startswith("rank 0: clock ")]
+        if clocks and max(clocks) >= clock:
+            return
+        assert launcher.poll() is None and time.time() < deadline, launcher.stdout.read()
+        time.sleep(0.2)
+
+
+def test_a_stopped_script_job_resumes_from_its_checkpoint(tmp_path):
+    override = f"--job_override={SYNTHETIC_MLP} stop {{ max_steps: 2500 epochs: 1000 }}"
+    command = [sys.executable, str(EXAMPLE), "--model=mlp"]
+    first = launch(tmp_path, "--checkpoint_every_steps=100", override, command=command, wait=False)
+    wait_for_clock(first, tmp_path, 400)
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(timeout=60) == 0, first.stdout.read()
+    stopped_at = summary(tmp_path)["steps"]
+    assert 0 < stopped_at < 2500
+    again = launch(tmp_path, f"--resume={tmp_path / 'run'}", job=None, command=command)
+    assert again.returncode == 0, again.stdout + again.stderr
+    s = summary(tmp_path)
+    assert s["completed"] is True and s["steps"] == 2500, s
+    starts = [line for line in (tmp_path / "run" / "logs" / "worker-1.log").read_text().splitlines()
+              if "from clock" in line]
+    resumed_at = int(starts[-1].rsplit(" ", 1)[1])
+    # The stop took a checkpoint at its clock (as for tessera-worker): the scripts go on from there.
+    assert 400 <= resumed_at <= stopped_at, starts
+
+
+def test_a_lost_server_rolls_the_scripts_back_to_the_checkpoint_and_they_go_on(tmp_path):
+    launcher = launch(tmp_path, "--checkpoint_every_steps=100", "--restart_servers=2",
+                      f"--job_override={SYNTHETIC_MLP} stop {{ max_steps: 2500 epochs: 1000 }}",
+                      command=[sys.executable, str(EXAMPLE), "--model=mlp"], wait=False)
+    wait_for_clock(launcher, tmp_path, 400)
+    server = child_of(launcher.pid, "--id=0")
+    assert server is not None
+    os.kill(server, signal.SIGKILL)
+    output = launcher.communicate(timeout=240)[0]
+    assert launcher.returncode == 0, output
+    s = summary(tmp_path)
+    assert s["completed"] is True and s["steps"] == 2500, s
+    for rank in range(2):
+        log = (tmp_path / "run" / "logs" / f"worker-{rank}.log").read_text()
+        assert "the job went back to clock" in log, log[-2000:]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the GPU path is not exercised here")

@@ -107,7 +107,14 @@ class PyStep {
     step_.reset();
   }
 
-  void Send(int index) { Check(step_->Send(index)); }
+  void Send(int index) {
+    absl::Status sent;
+    {
+      py::gil_scoped_release release;  // starting the calls writes to sockets
+      sent = step_->Send(index);
+    }
+    Check(sent);
+  }
   py::dict Finish() {
     absl::StatusOr<ClockResult> result;
     {
@@ -180,7 +187,12 @@ class PyClient {
 
 std::unique_ptr<PyStep> PyStepPlan::Begin(size_t set, int batch_size) {
   if (set >= grad_spans_.size()) Check(absl::InvalidArgumentError(absl::StrCat("no gradient set ", set)));
-  return std::make_unique<PyStep>(client_->BeginStep(names_, grad_spans_[set], batch_size, out_spans_));
+  std::unique_ptr<StepExchange> step;
+  {
+    py::gil_scoped_release release;
+    step = client_->BeginStep(names_, grad_spans_[set], batch_size, out_spans_);
+  }
+  return std::make_unique<PyStep>(std::move(step));
 }
 
 std::unique_ptr<PyClient> Connect(const std::string& scheduler, int rank, const std::string& device,

@@ -207,11 +207,20 @@ class _Step:
         return self
 
     def __exit__(self, kind, error, trace):
+        model = self._model
         if kind is not None:
-            self._model._abandon()
-            return False
-        busy = time.perf_counter() - self._started - self._model._waited
-        self.gate = self._model._finish(self.batch_size, busy)
+            model._abandon()
+            # A SYNC job that went back to a checkpoint (a server was lost) voids this step: the loop goes on from
+            # the checkpoint's clock, as tessera-worker does.
+            return issubclass(kind, Error) and model._take_rollback()
+        busy = time.perf_counter() - self._started - model._waited
+        try:
+            self.gate = model._finish(self.batch_size, busy)
+        except Error:
+            if not model._take_rollback():
+                raise
+        if model._take_rollback():
+            self.gate = model._gate
         return False
 
 
@@ -407,12 +416,13 @@ class DistributedModel(torch.nn.Module):
         since, samples_then = self._reported
         self._reported = (now, samples)
         rate = (samples - samples_then) / (now - since) if now > since else 0.0
-        epoch = self._sampler.epochs() if self._sampler is not None else 0.0
+        at = self.clock if clock is None else int(clock)  # the clock of the values scored
+        epoch = self._sampler.epochs(at) if self._sampler is not None else 0.0
         stop, reason = self._client.report(
             train_loss=float(loss) if loss is not None else 0.0, samples_per_sec=rate, samples=samples,
             epoch=epoch, test_accuracy=None if accuracy is None else float(accuracy),
             test_loss=float(test_loss) if test_loss is not None else 0.0,
-            eval_clock=self.clock if clock is None else int(clock),
+            eval_clock=at,
             device=str(self.device))
         if stop:
             self._gate = dict(self._gate, stop=True, stop_reason=reason)
@@ -583,6 +593,23 @@ class DistributedModel(torch.nn.Module):
         if self._buffers and self.rank == 0 and self._steps % self._buffer_every == 0:
             self._send_buffers()
         return self._gate
+
+    def _take_rollback(self):
+        """After a SYNC rollback (the job went back to a checkpoint): drops the open exchanges, takes the
+        checkpoint's values and goes on from its clock. False when there was none."""
+        to = self._client.take_rollback()
+        if to is None:
+            return False
+        print(f"tessera: worker {self.rank}: the job went back to clock {to} (from {self.clock}); training on "
+              "from there", flush=True)
+        self._current = None
+        self._previous = None
+        self._client.pull(self.names, self._values)
+        if self._mirror is not None:
+            self._mirror.load_values(range(len(self._params)))
+        self._take_buffers()
+        self._gate = {"clock": to, "stop": False, "stop_reason": "", "rolled_back": True}
+        return True
 
     def _abandon(self):
         self._current = None
