@@ -178,50 +178,17 @@ def test_sigterm_to_the_launcher_stops_the_scripts_and_writes_the_summary(tmp_pa
         assert "stopped at clock" in (tmp_path / "run" / "logs" / f"worker-{rank}.log").read_text()
 
 
-def worker_process(launcher_pid, rank):
-    """The pid of the launcher's child running the example as `rank`, or None."""
+def child_of(launcher_pid, needle, variable=None):
+    """The pid of the launcher's child whose command line holds `needle` (and whose environment holds
+    `variable`, "NAME=VALUE", when given), or None."""
     for entry in pathlib.Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            if ppid != launcher_pid or b"fashion_mnist.py" not in (entry / "cmdline").read_bytes():
+            if ppid != launcher_pid or needle.encode() not in (entry / "cmdline").read_bytes():
                 continue
-            if f"TESSERA_RANK={rank}".encode() in (entry / "environ").read_bytes().split(b"\0"):
-                return int(entry.name)
-        except (OSError, IndexError, ValueError):
-            continue
-    return None
-
-
-def test_a_killed_script_is_restarted_and_rejoins_where_the_job_is(tmp_path):
-    launcher = launch(tmp_path, "--restart_workers=3", f"--job_override={SYNTHETIC_MLP} stop {{ max_steps: 3000 epochs: 1000 }}",
-                      command=[sys.executable, str(EXAMPLE), "--model=mlp"], wait=False)
-    log = tmp_path / "run" / "logs" / "worker-1.log"
-    deadline = time.time() + 90
-    while not (log.exists() and "test accuracy" in (tmp_path / "run" / "logs" / "worker-0.log").read_text()):
-        assert launcher.poll() is None and time.time() < deadline, launcher.stdout.read()
-        time.sleep(0.2)
-    pid = worker_process(launcher.pid, 1)
-    assert pid is not None
-    os.kill(pid, signal.SIGKILL)
-    output = launcher.communicate(timeout=240)[0]
-    assert launcher.returncode == 0, output
-    s = summary(tmp_path)
-    assert s["completed"] is True and s["steps"] == 3000, s
-    starts = [line for line in log.read_text().splitlines() if "from clock" in line]
-    assert len(starts) == 2, log.read_text()
-    assert not starts[1].endswith("from clock 0"), starts  # it went on where the job was
-
-
-def child_of(launcher_pid, needle):
-    """The pid of the launcher's child whose command line holds `needle`, or None."""
-    for entry in pathlib.Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            if ppid == launcher_pid and needle.encode() in (entry / "cmdline").read_bytes():
+            if variable is None or variable.encode() in (entry / "environ").read_bytes().split(b"\0"):
                 return int(entry.name)
         except (OSError, IndexError, ValueError):
             continue
@@ -239,6 +206,27 @@ def wait_for_clock(launcher, tmp_path, clock, timeout=120):
             return
         assert launcher.poll() is None and time.time() < deadline, launcher.stdout.read()
         time.sleep(0.2)
+
+
+def kill_and_finish(launcher, tmp_path, pid, steps):
+    """SIGKILLs the launcher's child `pid`; the job still completes its `steps` and the launcher exits 0."""
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    output = launcher.communicate(timeout=240)[0]
+    assert launcher.returncode == 0, output
+    s = summary(tmp_path)
+    assert s["completed"] is True and s["steps"] == steps, s
+
+
+def test_a_killed_script_is_restarted_and_rejoins_where_the_job_is(tmp_path):
+    launcher = launch(tmp_path, "--restart_workers=3",
+                      f"--job_override={SYNTHETIC_MLP} stop {{ max_steps: 3000 epochs: 1000 }}", command=[sys.executable, str(EXAMPLE), "--model=mlp"], wait=False)
+    wait_for_clock(launcher, tmp_path, 200)
+    kill_and_finish(launcher, tmp_path, child_of(launcher.pid, "fashion_mnist.py", "TESSERA_RANK=1"), 3000)
+    log = tmp_path / "run" / "logs" / "worker-1.log"
+    starts = [line for line in log.read_text().splitlines() if "from clock" in line]
+    assert len(starts) == 2, log.read_text()
+    assert not starts[1].endswith("from clock 0"), starts  # it went on where the job was
 
 
 def test_a_stopped_script_job_resumes_from_its_checkpoint(tmp_path):
@@ -266,13 +254,7 @@ def test_a_lost_server_rolls_the_scripts_back_to_the_checkpoint_and_they_go_on(t
                       f"--job_override={SYNTHETIC_MLP} stop {{ max_steps: 2500 epochs: 1000 }}",
                       command=[sys.executable, str(EXAMPLE), "--model=mlp"], wait=False)
     wait_for_clock(launcher, tmp_path, 400)
-    server = child_of(launcher.pid, "--id=0")
-    assert server is not None
-    os.kill(server, signal.SIGKILL)
-    output = launcher.communicate(timeout=240)[0]
-    assert launcher.returncode == 0, output
-    s = summary(tmp_path)
-    assert s["completed"] is True and s["steps"] == 2500, s
+    kill_and_finish(launcher, tmp_path, child_of(launcher.pid, "--id=0"), 2500)
     for rank in range(2):
         log = (tmp_path / "run" / "logs" / f"worker-{rank}.log").read_text()
         assert "the job went back to clock" in log, log[-2000:]

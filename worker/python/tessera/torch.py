@@ -525,7 +525,8 @@ class DistributedModel(torch.nn.Module):
                 p.grad = torch.from_numpy(g)
         else:
             self._mirror.values_free()
-            for _, p in self._params:
+            for (_, p), g in zip(self._params, self._grads):
+                g.fill(0)  # what a parameter without a gradient this step sends
                 p.grad = None
         self._waited = 0.0
         self._sent = [False] * len(self._params)
