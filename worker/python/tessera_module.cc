@@ -15,7 +15,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/cluster_environment.h"
+#include "common/daemon_init.h"
 #include "common/job_spec.h"
 #include "glog/logging.h"
 #include "google/protobuf/util/json_util.h"
@@ -262,6 +264,11 @@ PYBIND11_MODULE(_tessera, m) {
   using tessera::PyClient;
   using tessera::PyStep;
   m.doc() = "Tessera's client library: join a job, declare parameters, exchange gradients and values.";
+  // As in the daemons and tessera-worker (common/daemon_init.h): large message buffers stay mapped between calls
+  // (otherwise every large push and pull page-faults its memory in again), and Abseil's deadlock detection, a
+  // graph search on every lock, is off.
+  tessera::KeepTransientBuffersMapped();
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   // The library's logs go to stderr, as the daemons' do.
   if (!google::IsGoogleLoggingInitialized()) {
     FLAGS_logtostderr = true;

@@ -39,7 +39,8 @@ import torch
 
 from . import Error, connect
 
-__all__ = ["BackgroundEvaluator", "DistributedModel", "Sampler", "evaluate", "init", "load_split", "stop_signal"]
+__all__ = ["BackgroundEvaluator", "DistributedModel", "Sampler", "evaluate", "init", "load_split", "match_blas_threads",
+           "stop_signal"]
 
 _signal = 0  # the SIGTERM or SIGINT that asked this worker to stop (0: none)
 
@@ -70,6 +71,29 @@ def init(handle_signals=True, **overrides):
         except ValueError:
             pass  # not the main thread: the caller handles signals
     return job
+
+
+def match_blas_threads(threads=None):
+    """Gives OpenBLAS (the BLAS of Debian's PyTorch) `threads` threads, default torch.get_num_threads(); returns
+    the number set, or None when this process has no OpenBLAS. torch.set_num_threads does not reach it, and its
+    idle threads yield the CPU in a loop: on a worker they take it from the exchange's threads and from the
+    servers beside it (on 2 cores, a third of a step). DistributedModel calls it."""
+    import ctypes
+
+    threads = torch.get_num_threads() if threads is None else int(threads)
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libopenblas" in line}
+    except OSError:
+        return None
+    for path in sorted(p for p in paths if p.startswith("/")):
+        try:
+            library = ctypes.CDLL(path)  # the copy already loaded
+            library.openblas_set_num_threads(ctypes.c_int(threads))
+            return threads
+        except (OSError, AttributeError):
+            continue
+    return None
 
 
 def load_split(job, train=True):
@@ -288,6 +312,7 @@ class DistributedModel(torch.nn.Module):
         self.module = module
         self.job = job
         self._client = job.client
+        match_blas_threads()
         self._params = []
         for name, p in module.named_parameters():
             if not p.requires_grad:
