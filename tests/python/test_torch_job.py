@@ -159,6 +159,18 @@ def test_the_cnn_example_trains_on_fashion_mnist_through_the_launcher(tmp_path):
     assert "cnn, 29" in log and "test accuracy" in log, log
 
 
+def test_a_sync_job_that_reaches_its_target_ends_every_script_cleanly(tmp_path):
+    # Rank 0's score stops the job while the other worker's last round can never close: every script still ends
+    # with exit 0 and the summary names the target.
+    done = launch(tmp_path, f"--job_override={SYNTHETIC_MLP} stop {{ target_accuracy: 0.5 epochs: 1000 }}",
+                  command=[sys.executable, str(EXAMPLE), "--model=mlp"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    s = summary(tmp_path)
+    assert s["completed"] is True and "reached the target 0.5" in s["stop_reason"], s
+    for rank in range(2):
+        assert "stopped at clock" in (tmp_path / "run" / "logs" / f"worker-{rank}.log").read_text()
+
+
 def test_sigterm_to_the_launcher_stops_the_scripts_and_writes_the_summary(tmp_path):
     launcher = launch(tmp_path, f"--job_override={SYNTHETIC_MLP} stop {{ epochs: 100000 }}",
                       command=[sys.executable, str(EXAMPLE), "--model=mlp"], wait=False)

@@ -472,7 +472,11 @@ class DistributedModel(torch.nn.Module):
         or Ctrl-C, that it stopped (and exits with status 130 after Ctrl-C)."""
         self._settle()
         if self._buffers and self.rank == 0:
-            self._send_buffers()
+            try:
+                self._send_buffers()
+            except Error:
+                if not self._gate["stop"]:
+                    raise  # a job that is over may no longer take them
         if _signal:
             why = f"{self.stop_reason}: worker {self.rank} stopped at clock {self.clock}"
             self._client.fail(why)
@@ -594,9 +598,14 @@ class DistributedModel(torch.nn.Module):
         if self._previous is None:
             return
         if self._gate["stop"]:
-            # Rounds the job stopped in may never close, and the values may be partly written: the servers' own.
+            # Rounds the job stopped in may never close, and the values may be partly written: the servers' own,
+            # while they still answer (a stopping job's calls are given up on, not waited out).
             self._previous = None
-            self._client.pull(self.names, self._values)
+            try:
+                self._client.pull(self.names, self._values)
+            except Error as e:
+                print(f"tessera: worker {self.rank}: the job is over and its servers' values could not be pulled "
+                      f"({e}); the parameters keep this worker's last values", flush=True)
             if self._mirror is not None:
                 self._mirror.load_values(range(len(self._params)))
             return
