@@ -18,7 +18,7 @@ model {{ mlp {{ hidden_sizes: 4 }} }}
 data {{ format: SYNTHETIC }}
 optimizer {{ kind: SGD learning_rate: {lr} momentum: {momentum} }}
 batch_size: {batch_size}
-consistency {{ mode: {mode} }}
+consistency {{ mode: {mode} {consistency} }}
 stop {{ max_steps: {max_steps} }}
 cluster {{ num_servers: {servers} num_workers: {workers} }}
 chunk_bytes: {chunk_bytes}
@@ -57,12 +57,13 @@ class Cluster:
     """A scheduler and its servers, each its own process; `address` is the scheduler's HOST:PORT."""
 
     def __init__(self, tmp, mode, servers, workers, lr, token_file=None, momentum=0.0, chunk_bytes=16, batch_size=4,
-                 max_steps=1000):
+                 max_steps=1000, consistency=""):
         self.processes = []
         self.tmp = tmp
         job = tmp / "job.pbtxt"
         job.write_text(JOB.format(mode=mode, servers=servers, workers=workers, lr=lr, momentum=momentum,
-                                  chunk_bytes=chunk_bytes, batch_size=batch_size, max_steps=max_steps))
+                                  chunk_bytes=chunk_bytes, batch_size=batch_size, max_steps=max_steps,
+                                  consistency=consistency))
         address_file = tmp / "scheduler.address"
         address_file.unlink(missing_ok=True)  # a cluster started before in this folder
         security = [f"--token_file={token_file}"] if token_file else []
@@ -104,9 +105,9 @@ def start_cluster(tmp_path):
     clusters = []
 
     def start(mode="SYNC", servers=2, workers=1, lr=0.5, token_file=None, momentum=0.0, chunk_bytes=16, batch_size=4,
-              max_steps=1000):
+              max_steps=1000, consistency=""):
         cluster = Cluster(tmp_path, mode, servers, workers, lr, token_file, momentum, chunk_bytes, batch_size,
-                          max_steps)
+                          max_steps, consistency)
         clusters.append(cluster)
         return cluster
 

@@ -39,6 +39,35 @@ def test_the_workers_slices_are_one_process_batch_of_the_global_size():
         tessera.BatchSchedule(10, batch, workers, 0, 9)
 
 
+def test_throughput_balance_gives_a_slow_script_a_smaller_slice(start_cluster):
+    """balance: THROUGHPUT with scripts: each step's compute time reaches the scheduler, and the sampler hands each
+    worker the slice the scheduler decided (worker 1 computes 20 ms longer a step from step 20 on)."""
+    cluster = start_cluster(mode="SYNC", servers=1, workers=2, lr=0.01, batch_size=32, max_steps=160,
+                            consistency="balance: THROUGHPUT")
+    slices = {}
+
+    def worker(rank):
+        torch.manual_seed(0)
+        net = torch.nn.Linear(8, 2)
+        model = tt.DistributedModel(net, tt.init(scheduler=cluster.address, rank=rank))
+        g = torch.Generator().manual_seed(5)
+        x, y = torch.randn(4096, 8, generator=g), torch.randint(0, 2, (4096,), generator=g)
+        sizes = []
+        for indices in model.sampler(len(x)):
+            with model.step(batch_size=len(indices)):
+                torch.nn.functional.cross_entropy(model(x[indices]), y[indices]).backward()
+                if rank == 1 and model.clock >= 20:
+                    time.sleep(0.02)
+            sizes.append(len(indices))
+        slices[rank] = sizes
+        model.done()
+
+    run_workers(2, worker)
+    assert len(slices[0]) == len(slices[1]) == 160
+    assert all(a + b == 64 for a, b in zip(slices[0], slices[1]))  # every round is the whole global batch
+    assert slices[1][-1] * 4 < slices[0][-1], (slices[0][-20:], slices[1][-20:])
+
+
 def test_module_buffers_follow_rank_0_and_the_servers_hold_them(start_cluster):
     cluster = start_cluster(mode="SYNC", servers=2, workers=2, lr=0.1, chunk_bytes=64)
     finished = threading.Barrier(2)
