@@ -45,6 +45,18 @@ def run_workers(count, body, timeout=240):
         raise errors[0]
 
 
+def launch_job(tmp_path, *extra, job, command, wait=True, timeout_s=240):
+    """tessera-launch with `job` (None: the job comes from --resume in `extra`), RUN_DIR tmp_path/run, and
+    `command` as the workers. wait: the finished process (output captured), else the running one (output on
+    its stdout pipe)."""
+    argv = [str(BIN / "tessera-launch"), *([f"--job={job}"] if job else []), f"--run_dir={tmp_path / 'run'}",
+            "--linger_s=0", f"--timeout_s={timeout_s}", *extra, "--", *command]
+    if not wait:
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=child_environment())
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s + 60, env=child_environment())
+
+
 def child_environment(**extra):
     """This process's environment for a child, with `extra` added. The daemons read TESSERA_ variables as flags:
     the tests' own (the binaries' folder) is not one."""

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import BIN, REPO
+from conftest import BIN, REPO, launch_job
 
 pytest.importorskip("torch", reason="Debian's python3-torch is not installed")
 
@@ -15,9 +15,7 @@ JOB = REPO / "deploy" / "jobs" / "python_mlp_synthetic.pbtxt"
 
 
 def launch(tmp_path, *extra, command=None):
-    argv = [str(BIN / "tessera-launch"), f"--job={JOB}", f"--run_dir={tmp_path / 'run'}", "--linger_s=0",
-            "--timeout_s=120", *extra, "--", *(command or [sys.executable, str(EXAMPLE)])]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=180)
+    return launch_job(tmp_path, *extra, job=JOB, command=command or [sys.executable, str(EXAMPLE)], timeout_s=120)
 
 
 @pytest.mark.parametrize("mode", ["SYNC", "ASYNC", "SSP"])

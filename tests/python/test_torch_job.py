@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import BIN, REPO, child_environment, run_workers
+from conftest import REPO, child_environment, launch_job, run_workers
 
 torch = pytest.importorskip("torch", reason="Debian's python3-torch is not installed")
 import tessera  # noqa: E402
@@ -129,33 +129,31 @@ def test_refused_credentials_raise_with_the_schedulers_message(start_cluster, tm
         tt.init(scheduler="127.0.0.1:1", connect_timeout_s=1)
 
 
-def start_script(cluster, rank, *args):
+def start_script(cluster, rank, output, *args):
+    """The example as worker `rank` of `cluster`, its output going to the file `output`."""
     env = child_environment(TESSERA_SCHEDULER=cluster.address, TESSERA_RANK=rank)
-    return subprocess.Popen([sys.executable, str(EXAMPLE), "--model=mlp", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    with open(output, "w") as out:
+        return subprocess.Popen([sys.executable, str(EXAMPLE), "--model=mlp", *args], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, text=True)
 
 
-def wait_for_line(process, text, timeout=60):
-    """Reads the process's output until a line holds `text`; returns everything read."""
-    seen = []
+def wait_for_text(process, output, text, timeout=60):
+    """Waits until the file `output` holds `text`; fails when the process ends first or the deadline passes."""
     deadline = time.time() + timeout
-    while time.time() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        if text in line:
-            return "".join(seen)
-    raise AssertionError(f"no line with {text!r}: " + "".join(seen))
+    while text not in output.read_text():
+        assert process.poll() is None and time.time() < deadline, f"no {text!r}: " + output.read_text()
+        time.sleep(0.1)
 
 
 @pytest.mark.parametrize("sig, status", [(signal.SIGTERM, 0), (signal.SIGINT, 130)])
-def test_a_signal_stops_the_script_after_its_step_and_tells_the_scheduler(start_cluster, sig, status):
+def test_a_signal_stops_the_script_after_its_step_and_tells_the_scheduler(start_cluster, tmp_path, sig, status):
     cluster = start_cluster(mode="ASYNC", servers=1, workers=1, max_steps=10 ** 6)
-    script = start_script(cluster, 0, "--eval_every=100")
-    wait_for_line(script, "clock 200")
+    log = tmp_path / "script.log"
+    script = start_script(cluster, 0, log, "--eval_every=100")
+    wait_for_text(script, log, "clock 200")
     script.send_signal(sig)
-    output = script.communicate(timeout=30)[0]
+    script.wait(timeout=30)
+    output = log.read_text()
     assert script.returncode == status, output
     name = signal.Signals(sig).name
     assert f"stopped by {name}" in output, output
@@ -166,12 +164,7 @@ def test_a_signal_stops_the_script_after_its_step_and_tells_the_scheduler(start_
 
 
 def launch(tmp_path, *extra, job=CNN_JOB, command=None, wait=True):
-    argv = [str(BIN / "tessera-launch"), *([f"--job={job}"] if job else []), f"--run_dir={tmp_path / 'run'}",
-            "--linger_s=0", "--timeout_s=240", *extra, "--", *(command or [sys.executable, str(EXAMPLE)])]
-    if not wait:
-        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=child_environment())
-    return subprocess.run(argv, capture_output=True, text=True, timeout=300, env=child_environment())
+    return launch_job(tmp_path, *extra, job=job, command=command or [sys.executable, str(EXAMPLE)], wait=wait)
 
 
 def summary(tmp_path):

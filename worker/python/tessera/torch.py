@@ -77,7 +77,7 @@ def match_blas_threads(threads=None):
     """Gives OpenBLAS (the BLAS of Debian's PyTorch) `threads` threads, default torch.get_num_threads(); returns
     the number set, or None when this process has no OpenBLAS. torch.set_num_threads does not reach it, and its
     idle threads yield the CPU in a loop: on a worker they take it from the exchange's threads and from the
-    servers beside it (on 2 cores, a third of a step). DistributedModel calls it."""
+    servers beside it (a fifth of a worker's CPU on 2 cores, measured). DistributedModel calls it."""
     import ctypes
 
     threads = torch.get_num_threads() if threads is None else int(threads)
@@ -243,6 +243,8 @@ class _Step:
         except Error:
             if not model._take_rollback():
                 raise
+            self.gate = model._gate
+            return False
         if model._take_rollback():
             self.gate = model._gate
         return False
