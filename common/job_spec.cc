@@ -257,6 +257,10 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
   const bool synthetic = data.format() == DataSpec::SYNTHETIC;
   TESSERA_RETURN_IF_ERROR(CheckModelSize(job, synthetic ? data.synthetic_features() : 0,
                                          synthetic ? data.synthetic_classes() : 0));
+  if (job.transport() == tessera::v1::UCX && !job.trusted_network()) {
+    return FieldError("transport", "UCX does not encrypt: set trusted_network: true for a private fabric, or keep "
+                                   "transport GRPC (TLS) on any other network");
+  }
   const ConsistencySpec& c = job.consistency();
   if (c.staleness() < 0) return FieldError("consistency.staleness", absl::StrCat("expected >= 0, got ", c.staleness()));
   if (c.mode() != ConsistencySpec::SSP && c.staleness() != 0) {

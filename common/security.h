@@ -60,6 +60,9 @@ class Security {
 
   // Client side: the job token on `context`.
   void Authorize(grpc::ClientContext& context) const;
+  // The authorization header's value that Authorize sends (empty without a token), for transports without
+  // gRPC's metadata.
+  const std::string& authorization() const { return bearer_; }
   // Server side: OK when the call carries the job token (always, when there is none). UNAUTHENTICATED otherwise.
   [[nodiscard]] absl::Status Authenticate(const grpc::ServerContextBase& context) const;
   // The same for an HTTP request's Authorization header.

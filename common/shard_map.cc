@@ -149,8 +149,14 @@ absl::StatusOr<std::vector<const ChunkPlacement*>> ShardMapIndex::Chunks(const s
 }
 
 absl::StatusOr<std::string> ShardMapIndex::ServerAddress(int server_id) const {
+  absl::StatusOr<const tessera::v1::ServerInfo*> server = Server(server_id);
+  if (!server.ok()) return server.status();
+  return (*server)->address();
+}
+
+absl::StatusOr<const tessera::v1::ServerInfo*> ShardMapIndex::Server(int server_id) const {
   for (const auto& s : map_.servers()) {
-    if (s.id() == server_id) return s.address();
+    if (s.id() == server_id) return &s;
   }
   return absl::NotFoundError(absl::StrCat("no server ", server_id, " in shard map epoch ", map_.epoch()));
 }

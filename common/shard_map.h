@@ -47,6 +47,8 @@ class ShardMapIndex {
   absl::StatusOr<std::vector<const tessera::v1::ChunkPlacement*>> Chunks(const std::string& name) const;
   // The address of a server id, or NOT_FOUND.
   absl::StatusOr<std::string> ServerAddress(int server_id) const;
+  // A server's entry, or NOT_FOUND.
+  absl::StatusOr<const tessera::v1::ServerInfo*> Server(int server_id) const;
 
  private:
   tessera::v1::ShardMap map_;

@@ -10,7 +10,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgoogle-glog-dev libgflags-dev libssl-dev zlib1g-dev
   libopenblas-dev nlohmann-json3-dev libcpp-httplib-dev libgtest-dev libgmock-dev
-  dataset-fashion-mnist openssl
+  dataset-fashion-mnist openssl libucx-dev
   pybind11-dev python3-dev python3-pybind11 python3-numpy python3-pytest python3-torch
   "$@"
 )

@@ -67,6 +67,7 @@ absl::StatusOr<ClusterView::Joined> ClusterView::JoinSlot(const tessera::v1::Reg
   }
   if (server && request.address().empty()) return absl::InvalidArgumentError("a server must register with its address");
   TESSERA_RETURN_IF_ERROR(CheckLength("register: address", request.address(), kMaxAddressBytes));
+  TESSERA_RETURN_IF_ERROR(CheckLength("register: fabric address", request.fabric_address(), kMaxAddressBytes));
   TESSERA_RETURN_IF_ERROR(CheckLength("register: hostname", request.hostname(), kMaxNameBytes));
   TESSERA_RETURN_IF_ERROR(CheckLength("register: device", request.device(), kMaxNameBytes));
   TESSERA_RETURN_IF_ERROR(CheckLength("register: control_key", request.control_key(), kMaxNameBytes));
@@ -122,6 +123,7 @@ absl::StatusOr<ClusterView::Joined> ClusterView::JoinSlot(const tessera::v1::Reg
   slot->incarnation += 1;
   slot->state = MemberState::kAlive;
   slot->address = request.address();
+  slot->fabric_address = request.fabric_address();
   slot->hostname = request.hostname();
   slot->device = request.device();
   slot->last_seen = now;
@@ -281,6 +283,7 @@ absl::StatusOr<ClusterView::Placed> ClusterView::Place(const std::vector<tessera
       auto* info = map.add_servers();
       info->set_id(s.id);
       info->set_address(s.address);
+    info->set_fabric_address(s.fabric_address);
     }
   }
   const int64_t placed_params = map.params_size();
@@ -363,6 +366,7 @@ tessera::v1::ShardMap ClusterView::MapLocked() const {
     auto* info = map.add_servers();
     info->set_id(s.id);
     info->set_address(s.address);
+    info->set_fabric_address(s.fabric_address);
     info->set_incarnation(s.incarnation);
   }
   for (const Member& w : workers_) {

@@ -21,6 +21,7 @@ struct Member {
   uint64_t incarnation = 0;  // 0: nobody ever held the slot
   MemberState state = MemberState::kVacant;
   std::string address;
+  std::string fabric_address;  // servers: the UCX listener's HOST:PORT; empty when none
   std::string hostname;
   std::string device;
   absl::Time last_seen;

@@ -79,17 +79,33 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                              }}}}));
   }
 
+  if (options.fabric_port >= 0) {
+    absl::StatusOr<std::unique_ptr<FabricService>> fabric =
+        FabricService::Start(server->store_.get(), server->updates_.get(), options.inline_update_bytes,
+                             options.security, options.listen_host, options.fabric_port);
+    if (fabric.ok()) {
+      server->fabric_ = *std::move(fabric);
+    } else {
+      LOG(WARNING) << "no UCX listener (jobs with transport UCX cannot use this server): " << fabric.status();
+    }
+  }
+
   server->scheduler_ = std::make_unique<SchedulerClient>(options.scheduler_address, options.security);
   tessera::v1::RegisterRequest request;
   request.set_role(tessera::v1::SERVER);
   request.set_address(server->address_);
+  if (server->fabric_) request.set_fabric_address(JoinHostPort(host, server->fabric_->port()));
   request.set_control_key(control_key);
   if (options.id >= 0) request.set_requested_id(options.id);
   TESSERA_ASSIGN_OR_RETURN(tessera::v1::RegisterResponse registered,
                            server->scheduler_->Register(request, absl::Seconds(options.connect_timeout_s)));
   server->id_ = registered.id();
+  if (server->fabric_ && registered.job().transport() != tessera::v1::UCX) {
+    server->fabric_.reset();  // no unencrypted port stays open for a gRPC job
+  }
   LOG(INFO) << "server " << server->id_ << " serving at " << server->address_ << " for job '"
             << registered.job().name() << "' of scheduler " << options.scheduler_address
+            << (server->fabric_ ? absl::StrCat("; UCX at ", JoinHostPort(host, server->fabric_->port())) : "")
             << (server->http_ ? absl::StrCat("; metrics at ", options.security->tls() ? "https" : "http", "://", options.listen_host, ":", server->http_->port(),
                                              "/metrics")
                               : "");

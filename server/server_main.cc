@@ -29,6 +29,9 @@ DEFINE_int32(http_port, 0, "port of /healthz and /metrics on --host; 0 picks a f
 DEFINE_int32(heartbeat_timeout_ms, 10000,
              "exit when the scheduler has not answered for this long (a scheduler that says its own timeout wins)");
 DEFINE_int32(update_threads, 2, "threads that apply large pushes, so that gRPC's threads keep reading the network");
+DEFINE_int32(fabric_port, 0,
+             "port of the UCX listener on --host, for jobs with transport: UCX (a trusted network); 0 picks a free "
+             "one, -1 starts none. A job whose transport is GRPC closes it at once");
 DEFINE_int32(inline_update_bytes, 64 << 10,
              "pushes smaller than this many bytes are applied on the gRPC thread that received them");
 TESSERA_DEFINE_SECURITY_FLAGS()
@@ -62,6 +65,7 @@ int main(int argc, char** argv) {
   }
   options.heartbeat_timeout_ms = FLAGS_heartbeat_timeout_ms;
   options.http_port = FLAGS_http_port;
+  options.fabric_port = FLAGS_fabric_port;
   options.update_threads = FLAGS_update_threads;
   options.inline_update_bytes = FLAGS_inline_update_bytes;
   auto security = tessera::Security::Load(SecurityFlags());

@@ -19,6 +19,9 @@ struct ServerOptions {
   int id = -1;                           // the server id to take (kept across restarts); -1: the first free one
   int heartbeat_timeout_ms = 10000;      // exit when the scheduler is silent this long
   int http_port = 0;                     // /healthz and /metrics on listen_host; 0: a free port; -1: off
+  // The UCX listener for jobs with transport UCX, on listen_host; 0: a free port; -1: none. Closed at once when
+  // the job's transport is gRPC.
+  int fabric_port = 0;
   int update_threads = 2;                // threads that apply pushes of at least inline_update_bytes
   int inline_update_bytes = 64 << 10;    // smaller pushes are applied on the gRPC thread (microseconds)
   std::shared_ptr<const Security> security = Security::Plaintext();  // TLS and the job token (common/security.h)

@@ -357,6 +357,29 @@ absl::StatusOr<ChunkValues> ShardStore::Pull(const ChunkPull& request) const {
   return ValuesLocked(chunk, *found.roster);
 }
 
+absl::Status ShardStore::CheckMemberKey(int worker, std::string_view key) const {
+  std::shared_ptr<const Roster> roster;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    roster = roster_;
+  }
+  if (roster == nullptr) return absl::UnavailableError("this server has no cluster view yet");
+  if (worker < 0 || static_cast<size_t>(worker) >= roster->key_digest.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("worker id ", worker, " out of range: the job has ",
+                                                   roster->key_digest.size(), " workers"));
+  }
+  if (!roster->key_digest[worker].empty() && !SecretsEqual(KeyDigest(absl::string_view(key.data(), key.size())), roster->key_digest[worker])) {
+    return absl::UnauthenticatedError(
+        absl::StrCat("worker ", worker, ": ", key.empty() ? "no member key" : "wrong member key"));
+  }
+  return absl::OkStatus();
+}
+
+tessera::v1::JobSpec ShardStore::job() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return config_ ? config_->job : tessera::v1::JobSpec();
+}
+
 absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& request, const FloatPayload& payload,
                                                               const std::shared_ptr<ExchangeWaiter>* waiter) {
   TESSERA_ASSIGN_OR_RETURN(Found found, Find(request.address));

@@ -89,6 +89,13 @@ class ShardStore {
   // a SYNC round that is not open yet (a worker that joined ahead of the others: retry).
   [[nodiscard]] absl::StatusOr<PushOutcome> Push(const ChunkPush& request, const FloatPayload& values);
 
+  // Whether `key` is worker `worker`'s member key in this server's view, as every push of that worker is
+  // checked (a connection's check, for transports that authenticate once per connection). UNAUTHENTICATED
+  // when it is not; INVALID_ARGUMENT for a worker id out of range; UNAVAILABLE before the first view.
+  [[nodiscard]] absl::Status CheckMemberKey(int worker, std::string_view key) const;
+  // The job this server serves (transport, trusted network); empty before the first view.
+  tessera::v1::JobSpec job() const;
+
   // Push, then completes `waiter` with the chunk's values after it: at once, except in SYNC while the push's
   // round is still open, when the waiter is completed by the push that closes it. Errors complete the waiter
   // with the status Push would return. Never blocks on other workers.

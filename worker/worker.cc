@@ -41,6 +41,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
     client_options.connect_timeout = absl::Seconds(options.connect_timeout_s);
     client_options.clock_wait_timeout = absl::Milliseconds(options.clock_wait_timeout_ms);
     client_options.security = options.security;
+    client_options.transport = options.transport;
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client, PsClient::Connect(client_options));
     worker->source_ = std::make_unique<RemoteSource>(std::move(client));
   }

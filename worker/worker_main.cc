@@ -38,6 +38,9 @@ DEFINE_string(host, "127.0.0.1", "address /healthz and /metrics listen on (loopb
 DEFINE_int32(http_port, 0, "port of /healthz and /metrics; 0 picks a free one (logged), -1 turns them off");
 DEFINE_int32(connect_timeout_s, 120, "how long to wait for the scheduler at start-up (tried again every second)");
 DEFINE_int32(clock_wait_timeout_ms, 300000, "longest wait for slower workers at the clock gate");
+DEFINE_string(transport, "",
+              "what carries pushes and pulls: empty takes the job's (transport:), grpc or ucx override it; ucx needs "
+              "a job with trusted_network: true");
 DEFINE_int32(inject_slowdown_ms, 0, "experiments: every step takes this many milliseconds longer (a straggler)");
 DEFINE_double(slow_factor, 1.0, "experiments: compute this many times slower than this device does (a slower GPU)");
 DEFINE_double(stall_probability, 0, "experiments: each step stalls with this probability for --stall_ms");
@@ -91,6 +94,7 @@ int main(int argc, char** argv) {
   options.http_port = FLAGS_http_port;
   options.connect_timeout_s = FLAGS_connect_timeout_s;
   options.clock_wait_timeout_ms = FLAGS_clock_wait_timeout_ms;
+  options.transport = FLAGS_transport;
   options.trainer.straggler.delay_ms = FLAGS_inject_slowdown_ms;
   options.trainer.straggler.slow_factor = FLAGS_slow_factor;
   options.trainer.straggler.stall_probability = FLAGS_stall_probability;

@@ -24,6 +24,7 @@ struct WorkerOptions {
   SecurityOptions security;       // TLS files and the job token (common/security.h)
   int connect_timeout_s = 120;    // how long to wait for the scheduler at start-up
   int clock_wait_timeout_ms = 300000;
+  std::string transport;          // the chunk calls' transport: "" the job's, or "grpc" / "ucx" to override it
   TrainerOptions trainer;
 };
 

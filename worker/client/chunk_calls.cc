@@ -3,64 +3,14 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "common/grpc_status.h"
-#include "common/rpc.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
-#include "common/wire_payload.h"
-#include "proto/ps.pb.h"
 
 namespace tessera {
-
-using tessera::v1::PullRequest;
-using tessera::v1::PullResponse;
-using tessera::v1::PushRequest;
-using tessera::v1::PushResponse;
-
-namespace {
-
-const char* MethodName(ChunkOp op) {
-  switch (op) {
-    case kPull:
-      return "/tessera.v1.ParameterServer/Pull";
-    case kExchange:
-      return "/tessera.v1.ParameterServer/PushPull";
-    default:
-      return "/tessera.v1.ParameterServer/Push";
-  }
-}
-
-absl::Status Decode(ChunkCall& c) {
-  if (c.op == kPush || c.op == kAssign) {
-    PushResponse reply;
-    ReceivedPayload none;
-    TESSERA_RETURN_IF_ERROR(ParseWithPayload(c.response, /*field_number=*/0, &reply, &none));
-    c.version = reply.version();
-    return absl::OkStatus();
-  }
-  PullResponse header;
-  ReceivedPayload payload;
-  TESSERA_RETURN_IF_ERROR(ParseWithPayload(c.response, PullResponse::kDataFieldNumber, &header, &payload));
-  c.version = header.version();
-  c.clock_version = header.clock_version();
-  if (payload.empty()) return absl::OkStatus();  // unchanged since the version the pull named
-  // Servers check every value that enters a chunk, so values that leave one need no second check here.
-  TESSERA_RETURN_IF_ERROR(payload.CopyFloatsTo(c.dst, /*check_finite=*/false, c.What()));
-  c.bytes = static_cast<int64_t>(payload.size());
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 std::string ChunkCall::What() const {
   return absl::StrCat(op == kPull ? "Pull " : op == kExchange ? "PushPull " : "Push ", placement->param(), "/",
                       placement->index(), " at ", server);
-}
-
-grpc::GenericStub* ChunkCaller::StubFor(const ShardMapIndex& map, int server_id, int lane) {
-  absl::StatusOr<std::string> address = map.ServerAddress(server_id);
-  const std::string host_port = address.ok() ? *address : "";
-  return stubs_.Get(host_port, lane);
 }
 
 absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> ChunkCaller::Make(
@@ -93,24 +43,20 @@ absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> ChunkCaller::Make(
     call->name_index = name_index;
     call->server_id = placement->server_id();
     call->server = map->ServerAddress(placement->server_id()).value_or("?");
-    call->stub = StubFor(*map, call->server_id, placement->index() % connections_per_server_);
-    SetTimeout(call->context, timeout);
-    security_->Authorize(call->context);
-    call->context.AddMetadata(kMemberKeyHeader, who.member_key);
+    call->timeout = timeout;
+    call->transport = transport_.get();
     auto cached = pulled.find({placement->param(), placement->index()});
     if (receives) call->dst = out.subspan(placement->offset(), placement->length());
     if (op == kPull) {
-      PullRequest r;
+      tessera::v1::PullRequest& r = call->pull;
       r.set_epoch(map->epoch());
       r.set_worker_id(who.worker_id);
       r.mutable_key()->set_param(placement->param());
       r.mutable_key()->set_index(placement->index());
       const bool same_memory = cached != pulled.end() && cached->second.where == call->dst.data();
       r.set_have_version(same_memory ? cached->second.version : -1);
-      grpc::Slice slice(r.SerializeAsString());
-      call->request = grpc::ByteBuffer(&slice, 1);
     } else {
-      PushRequest r;
+      tessera::v1::PushRequest& r = call->push;
       r.set_epoch(map->epoch());
       r.set_worker_id(who.worker_id);
       r.set_incarnation(who.incarnation);
@@ -118,12 +64,12 @@ absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> ChunkCaller::Make(
       r.set_clock(stamp.clock);
       r.set_read_clock_version(cached == pulled.end() ? stamp.clock : cached->second.clock_version);
       r.set_batch_size(batch_size);
-      r.set_kind(op == kAssign ? PushRequest::ASSIGN : PushRequest::GRADIENT);
+      r.set_kind(op == kAssign ? tessera::v1::PushRequest::ASSIGN : tessera::v1::PushRequest::GRADIENT);
       r.mutable_key()->set_param(placement->param());
       r.mutable_key()->set_index(placement->index());
-      call->request = SerializeWithPayload(r, PushRequest::kDataFieldNumber,
-                                           BorrowedFloatsSlice(grad.subspan(placement->offset(), placement->length())));
+      call->src = grad.subspan(placement->offset(), placement->length());
     }
+    TESSERA_RETURN_IF_ERROR(transport_->Prepare(*call, who));
     calls.push_back(std::move(call));
   }
   return calls;
@@ -136,7 +82,6 @@ ChunkBatch::~ChunkBatch() {
 
 void ChunkBatch::Add(std::unique_ptr<ChunkCall> call) {
   ChunkCall* c = call.get();
-  c->context.set_wait_for_ready(false);
   bool start = false;
   {
   absl::MutexLock lock(&mu_);
@@ -207,7 +152,7 @@ std::vector<ChunkCall*> ChunkBatch::calls() {
 void ChunkBatch::CancelAll() {
   absl::MutexLock lock(&mu_);
   cancelled_ = true;
-  for (auto& c : calls_) c->context.TryCancel();
+  for (auto& c : calls_) c->transport->Cancel(c.get());
   for (auto& [id, s] : servers_) {
     pending_ -= s.queue.size();
     for (auto& [prio, c] : s.queue) {
@@ -219,14 +164,9 @@ void ChunkBatch::CancelAll() {
   call_done_.SignalAll();
 }
 
-void ChunkBatch::Launch(ChunkCall* c) {
-  c->stub->UnaryCall(&c->context, MethodName(c->op), grpc::StubOptions(), &c->request, &c->response,
-                     [this, c](grpc::Status status) { OnDone(c, status); });
-}
+void ChunkBatch::Launch(ChunkCall* c) { c->transport->Start(c, [this, c] { OnDone(c); }); }
 
-void ChunkBatch::OnDone(ChunkCall* c, const grpc::Status& status) {
-  c->status = FromGrpcStatus(status, c->context, c->What());
-  if (c->status.ok()) c->status = Decode(*c);
+void ChunkBatch::OnDone(ChunkCall* c) {
   ChunkCall* next = nullptr;
   {
   absl::MutexLock lock(&mu_);

@@ -1,11 +1,9 @@
-// The client library's data plane: one RPC per parameter chunk (pull, push, assign or push-pull), made from a
-// shard map, sent over gRPC's callback API at most `window` per server, and decoded on gRPC's threads straight
-// into the caller's memory. This is the one part of the client library that knows the transport; PsClient and
-// the step protocols program against ChunkCaller and ChunkBatch.
+// The client library's data plane: one call per parameter chunk (pull, push, assign or push-pull), made from a
+// shard map and sent at most `window` per server through a ChunkTransport (chunk_transport.h), which writes the
+// answers straight into the caller's memory. PsClient and the step protocols program against ChunkCaller and
+// ChunkBatch, whatever the transport.
 #ifndef TESSERA_WORKER_CLIENT_CHUNK_CALLS_H_
 #define TESSERA_WORKER_CLIENT_CHUNK_CALLS_H_
-
-#include <grpcpp/generic/generic_stub.h>
 
 #include <functional>
 #include <map>
@@ -18,48 +16,19 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "common/rpc.h"
-#include "common/security.h"
 #include "common/shard_map.h"
 #include "common/thread_pool.h"
+#include "worker/client/chunk_transport.h"
 #include "worker/client/chunk_types.h"
 
 namespace tessera {
 
-// One chunk's RPC: owns everything the callback API needs until the call completes.
-struct ChunkCall {
-  ChunkOp op = kPull;
-  // The map the call was made from, kept alive with it: a step's calls outlive a refresh of the client's map.
-  std::shared_ptr<const ShardMapIndex> map;
-  const tessera::v1::ChunkPlacement* placement = nullptr;  // in `map`
-  size_t name_index = 0;  // also the priority: lower goes first at a busy server
-  int server_id = 0;
-  std::string server;
-  grpc::GenericStub* stub = nullptr;  // one of the server's connections
-  absl::Span<float> dst;  // pull and exchange: where the chunk's values go
-  grpc::ClientContext context;
-  grpc::ByteBuffer request;
-  grpc::ByteBuffer response;
-  // Filled on completion.
-  absl::Status status;
-  int64_t version = -1;
-  int64_t clock_version = 0;
-  int64_t bytes = 0;  // value bytes received
-
-  std::pair<std::string, int> key() const { return {placement->param(), placement->index()}; }
-  std::string What() const;
-};
-
-// Makes chunk calls; holds the connections to the servers (connections_per_server per address, by lane).
-// Not thread-safe: one client's loop uses it.
+// Makes chunk calls over one transport. Not thread-safe: one client's loop uses it.
 class ChunkCaller {
  public:
-  ChunkCaller(std::shared_ptr<const Security> security, int connections_per_server)
-      : security_(security),
-        connections_per_server_(connections_per_server),
-        stubs_(std::move(security), [](std::shared_ptr<grpc::Channel> channel) {
-          return std::make_unique<grpc::GenericStub>(channel);
-        }) {}
+  explicit ChunkCaller(std::unique_ptr<ChunkTransport> transport) : transport_(std::move(transport)) {}
+
+  ChunkTransport& transport() { return *transport_; }
 
   // The calls, one per chunk, of parameter `name` (index `name_index` of the caller's list) for `op` in `map`:
   // `grad` is sent (push, assign, exchange) and `out` receives (pull, exchange). INVALID_ARGUMENT for a span
@@ -72,15 +41,11 @@ class ChunkCaller {
       const PulledChunks& pulled, absl::Duration timeout);
 
  private:
-  grpc::GenericStub* StubFor(const ShardMapIndex& map, int server_id, int lane);
-
-  const std::shared_ptr<const Security> security_;
-  const int connections_per_server_;
-  StubCache<grpc::GenericStub> stubs_;  // by address and lane: a connection each
+  const std::unique_ptr<ChunkTransport> transport_;
 };
 
-// The chunk RPCs of one call or step: at most `window` in flight per server, the rest queued by priority.
-// Replies are decoded on gRPC's threads, straight into the destination spans. Thread-safe.
+// The chunk calls of one call or step: at most `window` in flight per server, the rest queued by priority.
+// Replies are written on the transport's threads, straight into the destination spans. Thread-safe.
 class ChunkBatch {
  public:
   // With `launcher` (not owned; must outlive the batch), calls are started there instead of on the adding
@@ -109,8 +74,8 @@ class ChunkBatch {
   };
 
   void Launch(ChunkCall* c);
-  // On a gRPC thread.
-  void OnDone(ChunkCall* c, const grpc::Status& status);
+  // On a transport thread.
+  void OnDone(ChunkCall* c);
 
   const int window_;
   ThreadPool* const launcher_;  // not owned; null: calls start on the adding thread

@@ -11,6 +11,8 @@
 #include "common/tensor_codec.h"
 #include "glog/logging.h"
 #include "worker/client/chunk_calls.h"
+#include "worker/client/grpc_chunk_transport.h"
+#include "worker/client/ucx_chunk_transport.h"
 #include "worker/client/step_protocols.h"
 
 namespace tessera {
@@ -21,6 +23,37 @@ PsClient::~PsClient() {
   if (heartbeater_) heartbeater_->Stop();
 }
 
+namespace {
+
+// The job's transport for chunk calls, or the one `options` names instead.
+absl::StatusOr<std::unique_ptr<ChunkTransport>> MakeChunkTransport(const tessera::v1::JobSpec& job,
+                                                                    const PsClient::Options& options,
+                                                                    std::shared_ptr<const Security> security,
+                                                                    CallerIdentity who) {
+  tessera::v1::Transport transport = job.transport();
+  if (options.transport == "grpc") {
+    transport = tessera::v1::GRPC;
+  } else if (options.transport == "ucx") {
+    transport = tessera::v1::UCX;
+  } else if (!options.transport.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transport '", options.transport, "': expected grpc or ucx (or empty: the job's)"));
+  }
+  if (transport == tessera::v1::GRPC) {
+    return std::make_unique<GrpcChunkTransport>(std::move(security), options.connections_per_server);
+  }
+  if (!job.trusted_network()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job.name(), "' does not say trusted_network: true, so its chunks may not travel over UCX, which "
+        "does not encrypt; use transport grpc"));
+  }
+  absl::StatusOr<std::unique_ptr<UcxChunkTransport>> ucx = UcxChunkTransport::Start(std::move(security), who);
+  if (!ucx.ok()) return ucx.status();
+  return std::unique_ptr<ChunkTransport>(*std::move(ucx));
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(const Options& options) {
   if (options.scheduler_address.empty()) return absl::InvalidArgumentError("scheduler address is required");
   if (options.window_per_server < 1 || options.connections_per_server < 1) {
@@ -30,7 +63,6 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(const Options& optio
   TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<const Security> security, Security::Load(options.security));
   std::unique_ptr<PsClient> client(new PsClient(options));
   client->security_ = security;
-  client->caller_ = std::make_unique<ChunkCaller>(security, options.connections_per_server);
   client->scheduler_ = std::make_unique<SchedulerClient>(options.scheduler_address, security);
   tessera::v1::RegisterRequest request;
   request.set_role(tessera::v1::WORKER);
@@ -44,6 +76,10 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(const Options& optio
   client->clock_ = registered.start_clock();
   client->slice_ = {registered.batch_offset(), registered.batch_count()};
   client->job_ = registered.job();
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<ChunkTransport> transport,
+                           MakeChunkTransport(client->job_, options, security,
+                                              {client->worker_id_, client->incarnation_, client->member_key_}));
+  client->caller_ = std::make_unique<ChunkCaller>(std::move(transport));
   if (options.heartbeat) {
     client->heartbeater_ = client->scheduler_->StartHeartbeats(
         tessera::v1::WORKER, client->worker_id_, client->incarnation_,

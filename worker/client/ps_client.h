@@ -97,6 +97,9 @@ class PsClient {
     absl::Duration unavailable_window = absl::Seconds(30);
     int window_per_server = 8;                       // chunk RPCs in flight per server
     int connections_per_server = 1;                  // TCP connections per server; chunks alternate among them
+    // What carries the chunk calls: "" the job's (JobSpec.transport), or "grpc" or "ucx" to override it. UCX
+    // needs a job with trusted_network: true.
+    std::string transport;
     bool heartbeat = true;
     SecurityOptions security;                        // TLS files and the job token (common/security.h)
     // Called once (on the heartbeat thread) when the scheduler has not answered for its heartbeat timeout, or

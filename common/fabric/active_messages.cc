@@ -1,0 +1,85 @@
+#include "common/fabric/active_messages.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/fabric/ucx_worker.h"
+
+namespace tessera {
+namespace {
+
+// What a request in flight holds until UCX is done with it.
+struct InFlight {
+  std::string header;
+  std::shared_ptr<const void> keep;
+  std::function<void(const absl::Status&)> done;
+};
+
+void Finish(InFlight* f, ucs_status_t status, const char* what) {
+  if (f->done) f->done(FromUcsStatus(status, what));
+  delete f;
+}
+
+}  // namespace
+
+void* SendActiveMessage(ucp_ep_h ep, FabricMessage id, std::string header, const void* data, size_t length,
+                        std::shared_ptr<const void> keep, std::function<void(const absl::Status&)> on_sent) {
+  auto* f = new InFlight{std::move(header), std::move(keep), std::move(on_sent)};
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = UCP_AM_SEND_FLAG_REPLY;  // the receiver answers on the endpoint the message came from
+  param.user_data = f;
+  param.cb.send = [](void* request, ucs_status_t status, void* user_data) {
+    Finish(static_cast<InFlight*>(user_data), status, "UCX send");
+    ucp_request_free(request);
+  };
+  ucs_status_ptr_t request =
+      ucp_am_send_nbx(ep, id, f->header.data(), f->header.size(), data, data == nullptr ? 0 : length, &param);
+  if (request == nullptr) {
+    Finish(f, UCS_OK, "UCX send");
+    return nullptr;
+  }
+  if (UCS_PTR_IS_ERR(request)) {
+    Finish(f, UCS_PTR_STATUS(request), "UCX send");
+    return nullptr;
+  }
+  return request;
+}
+
+void* ReceiveActiveMessageData(ucp_worker_h worker, void* desc, void* dst, size_t length,
+                               std::function<void(const absl::Status&)> on_received) {
+  auto* f = new InFlight{{}, nullptr, std::move(on_received)};
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  param.user_data = f;
+  param.cb.recv_am = [](void* request, ucs_status_t status, size_t, void* user_data) {
+    Finish(static_cast<InFlight*>(user_data), status, "UCX receive");
+    ucp_request_free(request);
+  };
+  ucs_status_ptr_t request = ucp_am_recv_data_nbx(worker, desc, dst, length, &param);
+  if (request == nullptr) {
+    Finish(f, UCS_OK, "UCX receive");
+    return nullptr;
+  }
+  if (UCS_PTR_IS_ERR(request)) {
+    Finish(f, UCS_PTR_STATUS(request), "UCX receive");
+    return nullptr;
+  }
+  return request;
+}
+
+tessera::v1::FabricReply ReplyWithStatus(uint64_t request_id, const absl::Status& status) {
+  tessera::v1::FabricReply reply;
+  reply.set_request_id(request_id);
+  reply.set_code(static_cast<int>(status.code()));
+  reply.set_message(std::string(status.message()));
+  return reply;
+}
+
+absl::Status StatusOfReply(const tessera::v1::FabricReply& reply, std::string_view what) {
+  if (reply.code() == 0) return absl::OkStatus();
+  const int code = reply.code() > 0 && reply.code() <= static_cast<int>(absl::StatusCode::kUnauthenticated)
+                       ? reply.code()
+                       : static_cast<int>(absl::StatusCode::kUnknown);
+  return absl::Status(static_cast<absl::StatusCode>(code), absl::StrCat(std::string(what), ": ", reply.message()));
+}
+
+}  // namespace tessera

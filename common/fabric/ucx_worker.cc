@@ -1,0 +1,205 @@
+#include "common/fabric/ucx_worker.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <poll.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/rpc.h"
+#include "glog/logging.h"
+
+namespace tessera {
+
+absl::Status FromUcsStatus(ucs_status_t status, std::string_view what) {
+  if (status == UCS_OK) return absl::OkStatus();
+  const std::string message = absl::StrCat(std::string(what), ": ", ucs_status_string(status));
+  switch (status) {
+    case UCS_ERR_CANCELED:
+      return absl::CancelledError(message);
+    case UCS_ERR_TIMED_OUT:
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+      return absl::DeadlineExceededError(message);
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_NOT_CONNECTED:
+    case UCS_ERR_REJECTED:
+    case UCS_ERR_IO_ERROR:
+    case UCS_ERR_NO_RESOURCE:
+    case UCS_ERR_BUSY:
+    case UCS_ERR_SOME_CONNECTS_FAILED:
+      return absl::UnavailableError(message);
+    default:
+      return absl::InternalError(message);
+  }
+}
+
+absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Start(std::string name) {
+  std::unique_ptr<UcxWorker> w(new UcxWorker(std::move(name)));
+  ucp_config_t* config = nullptr;
+  ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
+  if (status != UCS_OK) return FromUcsStatus(status, "UCX: reading its configuration");
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+  params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+  params.mt_workers_shared = 0;
+  status = ucp_init(&params, config, &w->context_);
+  ucp_config_release(config);
+  if (status != UCS_OK) {
+    return absl::UnavailableError(absl::StrCat("UCX could not start for ", w->name_, ": ", ucs_status_string(status)));
+  }
+  ucp_worker_params_t worker_params{};
+  worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;
+  status = ucp_worker_create(w->context_, &worker_params, &w->worker_);
+  if (status != UCS_OK) return FromUcsStatus(status, absl::StrCat("UCX worker of ", w->name_));
+  status = ucp_worker_get_efd(w->worker_, &w->event_fd_);
+  if (status != UCS_OK) return FromUcsStatus(status, absl::StrCat("UCX event descriptor of ", w->name_));
+  UcxWorker* self = w.get();
+  w->thread_ = std::thread([self] { self->Loop(); });
+  return w;
+}
+
+UcxWorker::~UcxWorker() {
+  if (thread_.joinable()) {
+    stopping_ = true;
+    ucp_worker_signal(worker_);
+    thread_.join();
+  }
+  if (worker_ != nullptr) ucp_worker_destroy(worker_);
+  if (context_ != nullptr) ucp_cleanup(context_);
+}
+
+void UcxWorker::Post(std::function<void()> fn) {
+  {
+    absl::MutexLock lock(&mu_);
+    posted_.push_back(std::move(fn));
+  }
+  ucp_worker_signal(worker_);  // thread-safe: wakes a thread asleep on the event descriptor
+}
+
+void UcxWorker::Run(std::function<void()> fn) {
+  absl::Notification ran;
+  Post([&] {
+    fn();
+    ran.Notify();
+  });
+  ran.WaitForNotification();
+}
+
+void UcxWorker::SetTick(absl::Duration every, std::function<void()> fn) {
+  absl::MutexLock lock(&mu_);
+  tick_every_ = every;
+  tick_ = std::move(fn);
+}
+
+void UcxWorker::SetOnStop(std::function<void()> fn) {
+  absl::MutexLock lock(&mu_);
+  on_stop_ = std::move(fn);
+}
+
+absl::Status UcxWorker::SetHandler(unsigned id, ucp_am_recv_callback_t cb, void* arg) {
+  ucp_am_handler_param_t param{};
+  param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
+                     UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+  param.id = id;
+  param.cb = cb;
+  param.arg = arg;
+  param.flags = UCP_AM_FLAG_WHOLE_MSG;
+  return FromUcsStatus(ucp_worker_set_am_recv_handler(worker_, &param),
+                       absl::StrCat("UCX handler ", id, " of ", name_));
+}
+
+bool UcxWorker::RunPosted() {
+  std::vector<std::function<void()>> run;
+  {
+    absl::MutexLock lock(&mu_);
+    run.swap(posted_);
+  }
+  for (auto& fn : run) fn();
+  return !run.empty();
+}
+
+void UcxWorker::Loop() {
+  // How long to keep polling after the last event before sleeping: a reply that follows a request within this
+  // is taken without a wakeup's system calls.
+  constexpr absl::Duration kSpin = absl::Microseconds(50);
+  absl::Time next_tick = absl::Now();
+  absl::Time last_event = absl::Now();
+  auto tick = [&] {
+    absl::Time now = absl::Now();
+    if (now < next_tick) return;
+    std::function<void()> fn;
+    absl::Duration every;
+    {
+      absl::MutexLock lock(&mu_);
+      fn = tick_;
+      every = tick_every_;
+    }
+    next_tick = every == absl::InfiniteDuration() ? now + absl::Milliseconds(100) : now + every;
+    if (fn) fn();
+  };
+  while (!stopping_) {
+    bool busy = false;
+    while (ucp_worker_progress(worker_) != 0) busy = true;
+    if (RunPosted()) busy = true;
+    tick();
+    if (busy) {
+      last_event = absl::Now();
+      continue;
+    }
+    if (absl::Now() - last_event < kSpin) continue;
+    const ucs_status_t armed = ucp_worker_arm(worker_);
+    if (armed == UCS_ERR_BUSY) continue;  // events arrived meanwhile
+    if (armed != UCS_OK) LOG(ERROR) << FromUcsStatus(armed, absl::StrCat("UCX worker of ", name_, ": arming"));
+    pollfd fd{event_fd_, POLLIN, 0};
+    const int timeout_ms =
+        static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(next_tick - absl::Now()) + 1));
+    poll(&fd, 1, armed == UCS_OK ? timeout_ms : 1);
+    last_event = absl::Now();
+  }
+  // Closing: what the owner closes completes while the thread still polls.
+  std::function<void()> on_stop;
+  {
+    absl::MutexLock lock(&mu_);
+    on_stop = std::move(on_stop_);
+  }
+  RunPosted();
+  if (on_stop) on_stop();
+  const absl::Time until = absl::Now() + absl::Milliseconds(500);
+  while (absl::Now() < until) {
+    const bool progressed = ucp_worker_progress(worker_) != 0;
+    if (!RunPosted() && !progressed) absl::SleepFor(absl::Microseconds(200));
+  }
+}
+
+absl::StatusOr<SocketAddress> ResolveHostPort(const std::string& host_port) {
+  std::string host;
+  int port = 0;
+  if (absl::Status s = SplitHostPort(host_port, &host, &port); !s.ok()) return s;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV | (host.empty() ? AI_PASSIVE : 0);
+  addrinfo* found = nullptr;
+  const std::string service = absl::StrCat(port);
+  const int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found);
+  if (rc != 0 || found == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot resolve '", host, "' of ", host_port, ": ", gai_strerror(rc)));
+  }
+  SocketAddress out;
+  std::memcpy(&out.storage, found->ai_addr, found->ai_addrlen);
+  out.length = found->ai_addrlen;
+  freeaddrinfo(found);
+  return out;
+}
+
+int PortOf(const sockaddr_storage& address) {
+  if (address.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(address).sin_port);
+  if (address.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(address).sin6_port);
+  return 0;
+}
+
+}  // namespace tessera

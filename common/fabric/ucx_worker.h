@@ -1,0 +1,96 @@
+// One UCX context and worker, driven by a progress thread of its own: the base of the fabric transport's client
+// (worker/client/ucx_chunk_transport.h) and server (server/fabric_service.h).
+//
+// Every UCX call of the worker runs on its progress thread (the worker is single-threaded, so UCX takes no
+// locks); other threads hand work to it with Post, which wakes it. The thread polls while there is traffic and
+// sleeps on the worker's event file descriptor when there is none, so an idle process costs no CPU.
+//
+//   absl::StatusOr<std::unique_ptr<UcxWorker>> w = UcxWorker::Start("server 0");
+//   (*w)->Post([&] { ucp_am_send_nbx((*w)->worker(), ...); });   // on the progress thread
+//   (*w)->SetTick(absl::Milliseconds(20), [&] { ... });              // deadlines, on the same thread
+#ifndef TESSERA_COMMON_FABRIC_UCX_WORKER_H_
+#define TESSERA_COMMON_FABRIC_UCX_WORKER_H_
+
+#include <ucp/api/ucp.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace tessera {
+
+// A UCX status as an absl status: UNAVAILABLE for a peer or connection failure (what gRPC's UNAVAILABLE means
+// to the callers' recovery paths), DEADLINE_EXCEEDED for a timeout, CANCELLED, INTERNAL otherwise.
+absl::Status FromUcsStatus(ucs_status_t status, std::string_view what);
+
+// Thread-safe: Post and SetTick from any thread; worker() only on the progress thread.
+class UcxWorker {
+ public:
+  // Creates the context and worker (active messages and wakeup) and starts the progress thread. `name` names
+  // the thread's errors. UNAVAILABLE when UCX cannot start (no transport usable here).
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<UcxWorker>> Start(std::string name);
+  // Runs `on_stop` (closing endpoints and listeners) on the progress thread, then stops it and frees the worker.
+  ~UcxWorker();
+
+  UcxWorker(const UcxWorker&) = delete;
+  UcxWorker& operator=(const UcxWorker&) = delete;
+
+  ucp_worker_h worker() const { return worker_; }
+  const std::string& name() const { return name_; }
+
+  // Runs `fn` on the progress thread, soon; in the order posted.
+  void Post(std::function<void()> fn);
+  // Runs `fn` on the progress thread and waits for it (never from the progress thread).
+  void Run(std::function<void()> fn);
+  // `fn` runs on the progress thread at least every `every` (deadline checks).
+  void SetTick(absl::Duration every, std::function<void()> fn);
+  // Runs once on the progress thread when the worker is destroyed, before it stops polling: close endpoints
+  // here (their requests complete while the thread still polls).
+  void SetOnStop(std::function<void()> fn);
+  bool OnProgressThread() const { return std::this_thread::get_id() == thread_.get_id(); }
+
+  // Registers `cb` for active messages of `id` (whole messages; see ucp_am_handler_param_t). Progress thread.
+  [[nodiscard]] absl::Status SetHandler(unsigned id, ucp_am_recv_callback_t cb, void* arg);
+
+ private:
+  explicit UcxWorker(std::string name) : name_(std::move(name)) {}
+  void Loop();
+  // Runs what was posted; true when anything ran.
+  bool RunPosted();
+
+  const std::string name_;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  int event_fd_ = -1;
+  std::thread thread_;
+  std::atomic<bool> stopping_{false};
+
+  absl::Mutex mu_;
+  std::vector<std::function<void()>> posted_ ABSL_GUARDED_BY(mu_);
+  absl::Duration tick_every_ ABSL_GUARDED_BY(mu_) = absl::InfiniteDuration();
+  std::function<void()> tick_ ABSL_GUARDED_BY(mu_);
+  std::function<void()> on_stop_ ABSL_GUARDED_BY(mu_);
+};
+
+// "HOST:PORT" as a socket address for UCX's connection manager. INVALID_ARGUMENT for an unparsable one,
+// UNAVAILABLE when the host does not resolve.
+struct SocketAddress {
+  sockaddr_storage storage{};
+  socklen_t length = 0;
+  const sockaddr* get() const { return reinterpret_cast<const sockaddr*>(&storage); }
+};
+[[nodiscard]] absl::StatusOr<SocketAddress> ResolveHostPort(const std::string& host_port);
+// The port of a bound socket address.
+int PortOf(const sockaddr_storage& address);
+
+}  // namespace tessera
+
+#endif  // TESSERA_COMMON_FABRIC_UCX_WORKER_H_

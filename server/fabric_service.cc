@@ -1,0 +1,267 @@
+#include "server/fabric_service.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/fabric/active_messages.h"
+#include "common/float_payload.h"
+#include "common/rpc.h"
+#include "glog/logging.h"
+#include "server/server_service.h"
+
+namespace tessera {
+
+using tessera::v1::FabricHello;
+using tessera::v1::FabricReply;
+using tessera::v1::FabricRequest;
+
+namespace {
+
+FabricReply ReplyWithValues(uint64_t request_id, const ChunkValues& values) {
+  FabricReply reply;
+  reply.set_request_id(request_id);
+  reply.set_version(values.version);
+  reply.set_clock_version(values.clock_version);
+  return reply;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<FabricService>> FabricService::Start(ShardStore* store, ThreadPool* updates,
+                                                                    size_t inline_update_bytes,
+                                                                    std::shared_ptr<const Security> security,
+                                                                    const std::string& host, int port) {
+  std::unique_ptr<FabricService> s(new FabricService(store, updates, inline_update_bytes, std::move(security)));
+  absl::StatusOr<SocketAddress> address = ResolveHostPort(JoinHostPort(host, port));
+  if (!address.ok()) return address.status();
+  absl::StatusOr<std::unique_ptr<UcxWorker>> worker = UcxWorker::Start("the server's fabric listener");
+  if (!worker.ok()) return worker.status();
+  s->worker_ = *std::move(worker);
+  FabricService* self = s.get();
+  absl::Status started;
+  s->worker_->Run([&] {
+    started = self->worker_->SetHandler(
+        kFabricHello,
+        [](void* arg, const void* header, size_t header_length, void* data, size_t,
+           const ucp_am_recv_param_t* param) {
+          return static_cast<FabricService*>(arg)->OnHello(header, header_length, data, param);
+        },
+        self);
+    if (started.ok()) {
+      started = self->worker_->SetHandler(
+          kFabricRequest,
+          [](void* arg, const void* header, size_t header_length, void* data, size_t length,
+             const ucp_am_recv_param_t* param) {
+            return static_cast<FabricService*>(arg)->OnRequest(header, header_length, data, length, param);
+          },
+          self);
+    }
+    if (!started.ok()) return;
+    ucp_listener_params_t params{};
+    params.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+    params.sockaddr.addr = address->get();
+    params.sockaddr.addrlen = address->length;
+    params.conn_handler.arg = self;
+    params.conn_handler.cb = [](ucp_conn_request_h request, void* arg) {
+      static_cast<FabricService*>(arg)->Accept(request);
+    };
+    ucs_status_t status = ucp_listener_create(self->worker_->worker(), &params, &self->listener_);
+    if (status != UCS_OK) {
+      started = absl::UnavailableError(absl::StrCat("UCX cannot listen on ", JoinHostPort(host, port), ": ",
+                                                    ucs_status_string(status)));
+      return;
+    }
+    ucp_listener_attr_t attr{};
+    attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+    status = ucp_listener_query(self->listener_, &attr);
+    if (status != UCS_OK) {
+      started = FromUcsStatus(status, "UCX listener's address");
+      return;
+    }
+    self->port_ = PortOf(attr.sockaddr);
+  });
+  if (!started.ok()) return started;
+  s->worker_->SetOnStop([self] {
+    if (self->listener_ != nullptr) ucp_listener_destroy(self->listener_);
+    self->listener_ = nullptr;
+    std::vector<ucp_ep_h> open;
+    for (auto& [ep, c] : self->connections_) open.push_back(ep);
+    for (ucp_ep_h ep : open) self->Close(ep);
+  });
+  return s;
+}
+
+FabricService::~FabricService() { worker_.reset(); }
+
+void FabricService::Accept(ucp_conn_request_h request) {
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLER |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+  params.conn_request = request;
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler.arg = this;
+  params.err_handler.cb = [](void* arg, ucp_ep_h ep, ucs_status_t status) {
+    VLOG(1) << "UCX connection closed: " << ucs_status_string(status);
+    static_cast<FabricService*>(arg)->Close(ep);
+  };
+  ucp_ep_h ep = nullptr;
+  if (ucs_status_t status = ucp_ep_create(worker_->worker(), &params, &ep); status != UCS_OK) {
+    LOG(WARNING) << FromUcsStatus(status, "UCX: accepting a connection");
+    return;
+  }
+  connections_[ep].ep = ep;
+}
+
+void FabricService::Close(ucp_ep_h ep) {
+  if (connections_.erase(ep) == 0) return;
+  ucp_request_param_t close{};
+  close.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  close.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  ucs_status_ptr_t closing = ucp_ep_close_nbx(ep, &close);
+  if (closing != nullptr && !UCS_PTR_IS_ERR(closing)) ucp_request_free(closing);
+}
+
+ucs_status_t FabricService::OnHello(const void* header, size_t header_length, void* data,
+                                    const ucp_am_recv_param_t* param) {
+  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) ucp_am_data_release(worker_->worker(), data);
+  auto connection = connections_.find(param->reply_ep);
+  FabricHello hello;
+  if (connection == connections_.end() || !hello.ParseFromArray(header, static_cast<int>(header_length))) {
+    LOG(WARNING) << "UCX: a hello that does not parse, or from no connection; dropped";
+    return UCS_OK;
+  }
+  absl::Status accepted = security_->AuthenticateHeader(hello.authorization());
+  const tessera::v1::JobSpec job = store_->job();
+  if (accepted.ok() && job.transport() != tessera::v1::UCX) {
+    accepted = absl::FailedPreconditionError(absl::StrCat("job '", job.name(), "' does not use transport UCX"));
+  }
+  if (accepted.ok()) accepted = store_->CheckMemberKey(hello.worker_id(), hello.member_key());
+  Connection& c = connection->second;
+  c.accepted = accepted.ok();
+  c.worker_id = hello.worker_id();
+  c.member_key = hello.member_key();
+  if (!accepted.ok()) LOG(WARNING) << "UCX: refused a connection of worker " << hello.worker_id() << ": " << accepted;
+  Reply(c.ep, ReplyWithStatus(hello.request_id(), accepted));
+  return UCS_OK;
+}
+
+ucs_status_t FabricService::OnRequest(const void* header, size_t header_length, void* data, size_t length,
+                                      const ucp_am_recv_param_t* param) {
+  const bool rendezvous = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+  auto release = [&] {
+    if (rendezvous) ucp_am_data_release(worker_->worker(), data);
+  };
+  auto request = std::make_shared<FabricRequest>();
+  if (!request->ParseFromArray(header, static_cast<int>(header_length))) {
+    LOG(WARNING) << "UCX: a request that does not parse (" << header_length << " header bytes); dropped";
+    release();
+    return UCS_OK;
+  }
+  ucp_ep_h ep = param->reply_ep;
+  auto connection = connections_.find(ep);
+  if (connection == connections_.end() || !connection->second.accepted) {
+    release();
+    Reply(ep, ReplyWithStatus(request->request_id(),
+                              absl::UnauthenticatedError("this connection was not accepted: its first message must be "
+                                                         "a hello with the job token and the worker's member key")));
+    return UCS_OK;
+  }
+  if (request->op() == FabricRequest::PULL) {
+    release();
+    const tessera::v1::PullRequest& r = request->pull();
+    absl::StatusOr<ChunkValues> values = store_->Pull(
+        ChunkPull{{r.epoch(), r.key().param(), r.key().index()}, r.have_version(), r.worker_id()});
+    if (!values.ok()) {
+      Reply(ep, ReplyWithStatus(request->request_id(), values.status()));
+    } else {
+      Reply(ep, ReplyWithValues(request->request_id(), *values), values->bytes, values->length);
+    }
+    return UCS_OK;
+  }
+  if (length % sizeof(float) != 0 || length > static_cast<size_t>(kMaxMessageBytes)) {
+    release();
+    Reply(ep, ReplyWithStatus(request->request_id(),
+                              absl::InvalidArgumentError(absl::StrCat("a push of ", length, " bytes: expected float32 "
+                                                                      "values, at most ", kMaxMessageBytes, " bytes"))));
+    return UCS_OK;
+  }
+  std::shared_ptr<PooledBuffer> values = buffers_.Get(std::max<size_t>(length, 1));
+  if (!rendezvous) {
+    if (length > 0) std::memcpy(values->data(), data, length);
+    Apply(ep, std::move(request), std::move(values), length);
+    return UCS_OK;
+  }
+  ReceiveActiveMessageData(worker_->worker(), data, values->data(), length,
+                           [this, ep, request, values, length](const absl::Status& received) {
+                             if (!received.ok()) {
+                               LOG(WARNING) << "UCX: a push's values did not arrive: " << received;
+                               return;  // the connection failed: its caller retries elsewhere
+                             }
+                             Apply(ep, request, values, length);
+                           });
+  return UCS_OK;
+}
+
+void FabricService::Apply(ucp_ep_h ep, std::shared_ptr<const FabricRequest> request,
+                          std::shared_ptr<const PooledBuffer> values, size_t length) {
+  auto connection = connections_.find(ep);
+  if (connection == connections_.end()) return;  // closed while the values arrived: the caller retries
+  const Connection& c = connection->second;
+  absl::StatusOr<ChunkPush> push = ToChunkPush(request->push(), c.member_key);
+  if (push.ok() && push->worker_id != c.worker_id) {
+    push = absl::PermissionDeniedError(absl::StrCat("a push as worker ", push->worker_id,
+                                                    " on the connection of worker ", c.worker_id));
+  }
+  if (!push.ok()) {
+    Reply(ep, ReplyWithStatus(request->request_id(), push.status()));
+    return;
+  }
+  const uint64_t id = request->request_id();
+  auto apply = [this, ep, id, request, values, length, push = *std::move(push)] {
+    SpanPayload payload(absl::MakeConstSpan(reinterpret_cast<const float*>(values->data()), length / sizeof(float)));
+    if (request->op() == FabricRequest::PUSH) {
+      absl::StatusOr<PushOutcome> outcome = store_->Push(push, payload);
+      if (!outcome.ok()) {
+        Reply(ep, ReplyWithStatus(id, outcome.status()));
+        return;
+      }
+      FabricReply reply;
+      reply.set_request_id(id);
+      reply.set_version(outcome->version);
+      reply.set_duplicate(outcome->duplicate);
+      reply.set_late(outcome->late);
+      Reply(ep, std::move(reply));
+      return;
+    }
+    auto waiter = std::make_shared<ExchangeWaiter>([this, ep, id](absl::StatusOr<ChunkValues> after) {
+      if (!after.ok()) {
+        Reply(ep, ReplyWithStatus(id, after.status()));
+      } else {
+        Reply(ep, ReplyWithValues(id, *after), after->bytes, after->length);
+      }
+    });
+    store_->PushPull(push, payload, waiter);
+  };
+  if (length < inline_update_bytes_) {
+    apply();
+  } else {
+    updates_->Submit(std::move(apply));
+  }
+}
+
+void FabricService::Reply(ucp_ep_h ep, FabricReply reply, std::shared_ptr<const PooledBuffer> values,
+                          size_t length) {
+  auto send = [this, ep, reply = std::move(reply), values = std::move(values), length]() mutable {
+    if (connections_.find(ep) == connections_.end()) return;  // closed meanwhile: the caller retries
+    const void* data = values != nullptr ? values->data() : nullptr;
+    SendActiveMessage(ep, kFabricReply, reply.SerializeAsString(), data, data == nullptr ? 0 : length,
+                      std::move(values), nullptr);
+  };
+  if (worker_->OnProgressThread()) {
+    send();
+  } else {
+    worker_->Post(std::move(send));
+  }
+}
+
+}  // namespace tessera

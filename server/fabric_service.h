@@ -1,0 +1,81 @@
+// The UCX adapter of a parameter server (jobs with transport: UCX on a trusted network): the data plane's pull,
+// push and exchange as active messages (proto/ps.proto: FabricHello, FabricRequest, FabricReply), served from
+// the same store as the gRPC service (server_service.h), with the same statuses.
+//
+// Every connection is authenticated before any value moves: its first message carries the job token and the
+// worker's member key, checked as gRPC calls and pushes are; until the server accepted them, every request on
+// the connection is refused UNAUTHENTICATED. Pushes on a connection are taken as its worker's only.
+//
+// A push's values are received into a pooled buffer (straight from the sender's memory when UCX uses
+// rendezvous), applied on the update pool when large, and a reply's values are sent from the chunk's pooled
+// reply buffer. All UCX calls run on the service's progress thread (common/fabric/ucx_worker.h).
+#ifndef TESSERA_SERVER_FABRIC_SERVICE_H_
+#define TESSERA_SERVER_FABRIC_SERVICE_H_
+
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "absl/status/statusor.h"
+#include "common/buffer_pool.h"
+#include "common/fabric/ucx_worker.h"
+#include "common/security.h"
+#include "common/thread_pool.h"
+#include "proto/ps.pb.h"
+#include "server/shard_store.h"
+
+namespace tessera {
+
+class FabricService {
+ public:
+  // Listens on `host`:`port` (0: any free port). `store` and `updates` are not owned and must outlive the
+  // service; pushes of at least `inline_update_bytes` are applied on `updates`. UNAVAILABLE when UCX cannot
+  // start or listen there.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<FabricService>> Start(
+      ShardStore* store, ThreadPool* updates, size_t inline_update_bytes, std::shared_ptr<const Security> security,
+      const std::string& host, int port);
+  // Closes the listener and every connection.
+  ~FabricService();
+
+  int port() const { return port_; }
+
+ private:
+  struct Connection {
+    ucp_ep_h ep = nullptr;
+    bool accepted = false;  // its hello carried the token and the worker's key
+    int worker_id = -1;
+    std::string member_key;
+  };
+
+  FabricService(ShardStore* store, ThreadPool* updates, size_t inline_update_bytes,
+                std::shared_ptr<const Security> security)
+      : store_(store), updates_(updates), inline_update_bytes_(inline_update_bytes), security_(std::move(security)) {}
+
+  // Progress thread.
+  void Accept(ucp_conn_request_h request);
+  void Close(ucp_ep_h ep);
+  ucs_status_t OnHello(const void* header, size_t header_length, void* data, const ucp_am_recv_param_t* param);
+  ucs_status_t OnRequest(const void* header, size_t header_length, void* data, size_t length,
+                         const ucp_am_recv_param_t* param);
+  // A push's values are in `values`: applies it (on the update pool when large) and answers.
+  void Apply(ucp_ep_h ep, std::shared_ptr<const tessera::v1::FabricRequest> request,
+             std::shared_ptr<const PooledBuffer> values, size_t length);
+
+  // Any thread: sends `reply` (and `values`' first `length` bytes) on `ep`, if it is still connected.
+  void Reply(ucp_ep_h ep, tessera::v1::FabricReply reply, std::shared_ptr<const PooledBuffer> values = nullptr,
+             size_t length = 0);
+
+  ShardStore* const store_;
+  ThreadPool* const updates_;
+  const size_t inline_update_bytes_;
+  const std::shared_ptr<const Security> security_;
+  BufferPool buffers_;  // received push values
+  std::unique_ptr<UcxWorker> worker_;
+  ucp_listener_h listener_ = nullptr;
+  int port_ = 0;
+  std::unordered_map<ucp_ep_h, Connection> connections_;  // progress thread only
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_FABRIC_SERVICE_H_

@@ -1,0 +1,74 @@
+// The seam between the client library and what carries its chunk calls. One ChunkCall is one chunk's pull,
+// push, assign or exchange, described without the transport; a ChunkTransport moves it: gRPC (the default,
+// with TLS: grpc_chunk_transport.h) or UCX on a trusted fabric (ucx_chunk_transport.h). The control plane
+// (scheduler, registration, views) is gRPC whatever carries the chunks.
+#ifndef TESSERA_WORKER_CLIENT_CHUNK_TRANSPORT_H_
+#define TESSERA_WORKER_CLIENT_CHUNK_TRANSPORT_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/shard_map.h"
+#include "proto/ps.pb.h"
+#include "worker/client/chunk_types.h"
+
+namespace tessera {
+
+class ChunkTransport;
+
+// What a transport keeps for one call until it completes.
+struct ChunkCallWire {
+  virtual ~ChunkCallWire() = default;
+};
+
+// One chunk's call: what to send and where its answer goes. Owned by a ChunkBatch until it completed.
+struct ChunkCall {
+  ChunkOp op = kPull;
+  // The map the call was made from, kept alive with it: a step's calls outlive a refresh of the client's map.
+  std::shared_ptr<const ShardMapIndex> map;
+  const tessera::v1::ChunkPlacement* placement = nullptr;  // in `map`
+  size_t name_index = 0;  // also the priority: lower goes first at a busy server
+  int server_id = 0;
+  std::string server;     // the server's address, naming it in errors
+  tessera::v1::PullRequest pull;  // kPull: the request
+  tessera::v1::PushRequest push;  // the others: the request, without its values (`src`)
+  absl::Span<const float> src;    // push, assign, exchange: the chunk's values to send
+  absl::Span<float> dst;          // pull, exchange: where the chunk's values go
+  absl::Duration timeout = absl::Seconds(30);
+  ChunkTransport* transport = nullptr;  // not owned
+  std::unique_ptr<ChunkCallWire> wire;
+  // Filled on completion.
+  absl::Status status;
+  int64_t version = -1;
+  int64_t clock_version = 0;
+  int64_t bytes = 0;  // value bytes received
+
+  std::pair<std::string, int> key() const { return {placement->param(), placement->index()}; }
+  std::string What() const;
+};
+
+// Carries chunk calls to the servers. Prepare runs on the caller's thread; Start and Cancel from any thread.
+class ChunkTransport {
+ public:
+  virtual ~ChunkTransport() = default;
+  // "grpc" or "ucx".
+  virtual const char* name() const = 0;
+  // Readies `call` (its request and spans filled) for Start, as `who`. An error ends the call unstarted.
+  [[nodiscard]] virtual absl::Status Prepare(ChunkCall& call, const CallerIdentity& who) = 0;
+  // Starts a prepared call. `done` runs once, on a transport thread, when the call completed: its status,
+  // version, clock_version and bytes set and the values in `dst`. The call, `src` and `dst` must stay valid
+  // until then. A failure of the server's process or connection is UNAVAILABLE, as for every transport.
+  virtual void Start(ChunkCall* call, std::function<void()> done) = 0;
+  // Ends a started call early (CANCELLED) unless it completed; `done` still runs once.
+  virtual void Cancel(ChunkCall* call) = 0;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_WORKER_CLIENT_CHUNK_TRANSPORT_H_

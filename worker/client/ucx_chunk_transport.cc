@@ -1,0 +1,334 @@
+#include "worker/client/ucx_chunk_transport.h"
+
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/fabric/active_messages.h"
+#include "glog/logging.h"
+
+namespace tessera {
+
+using tessera::v1::FabricHello;
+using tessera::v1::FabricReply;
+using tessera::v1::FabricRequest;
+
+struct UcxChunkTransport::Wire final : ChunkCallWire {
+  std::string address;             // the server's fabric listener
+  std::atomic<uint64_t> id{0};     // 0 until started
+  std::function<void()> done;
+  absl::Time deadline;
+  Endpoint* endpoint = nullptr;
+  void* send_request = nullptr;    // UCX requests in flight for the call
+  void* recv_request = nullptr;
+  bool decided = false;            // call->status is final
+};
+
+namespace {
+constexpr absl::Duration kDeadlineCheck = absl::Milliseconds(20);
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<UcxChunkTransport>> UcxChunkTransport::Start(std::shared_ptr<const Security> security,
+                                                                            CallerIdentity who) {
+  std::unique_ptr<UcxChunkTransport> t(new UcxChunkTransport(std::move(security), std::move(who)));
+  absl::StatusOr<std::unique_ptr<UcxWorker>> worker = UcxWorker::Start(absl::StrCat("worker ", t->who_.worker_id));
+  if (!worker.ok()) return worker.status();
+  t->worker_ = *std::move(worker);
+  UcxChunkTransport* self = t.get();
+  absl::Status handler;
+  t->worker_->Run([&] {
+    handler = self->worker_->SetHandler(
+        kFabricReply,
+        [](void* arg, const void* header, size_t header_length, void* data, size_t length,
+           const ucp_am_recv_param_t* param) {
+          return static_cast<UcxChunkTransport*>(arg)->OnReply(header, header_length, data, length, param);
+        },
+        self);
+  });
+  if (!handler.ok()) return handler;
+  t->worker_->SetTick(kDeadlineCheck, [self] { self->CheckDeadlines(); });
+  t->worker_->SetOnStop([self] {
+    std::vector<Endpoint*> all;
+    for (auto& [address, e] : self->endpoints_) all.push_back(e.get());
+    for (Endpoint* e : all) self->Drop(e, absl::CancelledError("the client is closing"));
+  });
+  return t;
+}
+
+UcxChunkTransport::~UcxChunkTransport() { worker_.reset(); }
+
+absl::Status UcxChunkTransport::Prepare(ChunkCall& call, const CallerIdentity&) {
+  absl::StatusOr<const tessera::v1::ServerInfo*> server = call.map->Server(call.server_id);
+  if (!server.ok()) return absl::UnavailableError(server.status().message());
+  if ((*server)->fabric_address().empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "server ", call.server_id, " at ", call.server,
+        " has no UCX listener (started with --fabric_port=-1, or it could not start UCX); this job's transport is UCX"));
+  }
+  auto wire = std::make_unique<Wire>();
+  wire->address = (*server)->fabric_address();
+  call.wire = std::move(wire);
+  return absl::OkStatus();
+}
+
+void UcxChunkTransport::Start(ChunkCall* call, std::function<void()> done) {
+  Wire& wire = static_cast<Wire&>(*call->wire);
+  wire.done = std::move(done);
+  wire.deadline = absl::Now() + call->timeout;
+  wire.id = next_id_++;
+  worker_->Post([this, call] { StartOnThread(call); });
+}
+
+void UcxChunkTransport::Cancel(ChunkCall* call) {
+  const uint64_t id = static_cast<Wire&>(*call->wire).id.load();
+  if (id == 0) return;  // not started: the batch ends it itself
+  worker_->Post([this, id] {
+    if (ChunkCall* c = Find(id)) Fail(c, absl::CancelledError(c->What() + ": cancelled"));
+  });
+}
+
+ChunkCall* UcxChunkTransport::Find(uint64_t id) {
+  auto it = calls_.find(id);
+  return it == calls_.end() ? nullptr : it->second;
+}
+
+void UcxChunkTransport::StartOnThread(ChunkCall* call) {
+  Wire& wire = static_cast<Wire&>(*call->wire);
+  calls_[wire.id] = call;
+  absl::StatusOr<Endpoint*> endpoint = EndpointFor(wire.address);
+  if (!endpoint.ok()) {
+    Fail(call, absl::Status(endpoint.status().code(), absl::StrCat(call->What(), ": ", endpoint.status().message())));
+    return;
+  }
+  wire.endpoint = *endpoint;
+  if ((*endpoint)->ready) {
+    SendRequest(call);
+  } else {
+    (*endpoint)->waiting.push_back(wire.id);
+  }
+}
+
+absl::StatusOr<UcxChunkTransport::Endpoint*> UcxChunkTransport::EndpointFor(const std::string& address) {
+  if (auto it = endpoints_.find(address); it != endpoints_.end()) return it->second.get();
+  absl::StatusOr<SocketAddress> sockaddr = ResolveHostPort(address);
+  if (!sockaddr.ok()) return sockaddr.status();
+  auto endpoint = std::make_unique<Endpoint>();
+  endpoint->address = address;
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_ERR_HANDLER |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+  params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+  params.sockaddr.addr = sockaddr->get();
+  params.sockaddr.addrlen = sockaddr->length;
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler.arg = this;
+  params.err_handler.cb = [](void* arg, ucp_ep_h ep, ucs_status_t status) {
+    auto* self = static_cast<UcxChunkTransport*>(arg);
+    for (auto& [address, e] : self->endpoints_) {
+      if (e->ep == ep) {
+        self->Drop(e.get(), FromUcsStatus(status, absl::StrCat("the UCX connection to ", address, " failed")));
+        return;
+      }
+    }
+  };
+  ucs_status_t status = ucp_ep_create(worker_->worker(), &params, &endpoint->ep);
+  if (status != UCS_OK) return FromUcsStatus(status, absl::StrCat("UCX connection to ", address));
+  Endpoint* e = endpoint.get();
+  endpoints_[address] = std::move(endpoint);
+
+  FabricHello hello;
+  const uint64_t hello_id = next_id_++;
+  hello.set_request_id(hello_id);
+  hello.set_authorization(security_->authorization());
+  hello.set_worker_id(who_.worker_id);
+  hello.set_member_key(who_.member_key);
+  hellos_[hello_id] = e;
+  SendActiveMessage(e->ep, kFabricHello, hello.SerializeAsString(), nullptr, 0, nullptr,
+                    [this, hello_id](const absl::Status& sent) {
+                      if (sent.ok()) return;
+                      auto it = hellos_.find(hello_id);
+                      if (it != hellos_.end()) Drop(it->second, sent);
+                    });
+  return e;
+}
+
+void UcxChunkTransport::SendRequest(ChunkCall* call) {
+  Wire& wire = static_cast<Wire&>(*call->wire);
+  const uint64_t id = wire.id;
+  FabricRequest request;
+  request.set_request_id(id);
+  const void* data = nullptr;
+  size_t length = 0;
+  if (call->op == kPull) {
+    request.set_op(FabricRequest::PULL);
+    *request.mutable_pull() = call->pull;
+  } else {
+    request.set_op(call->op == kExchange ? FabricRequest::PUSH_PULL : FabricRequest::PUSH);
+    *request.mutable_push() = call->push;
+    data = call->src.data();
+    length = call->src.size() * sizeof(float);
+  }
+  // The send may complete at once, running the callback before the request is returned (null then).
+  wire.send_request = reinterpret_cast<void*>(1);
+  void* pending = SendActiveMessage(wire.endpoint->ep, kFabricRequest, request.SerializeAsString(), data, length,
+                                    nullptr, [this, id](const absl::Status& sent) {
+                                      ChunkCall* c = Find(id);
+                                      if (c == nullptr) return;
+                                      static_cast<Wire&>(*c->wire).send_request = nullptr;
+                                      if (!sent.ok()) {
+                                        Fail(c, absl::Status(sent.code(), absl::StrCat(c->What(), ": ", sent.message())));
+                                      } else {
+                                        MaybeFinish(c);
+                                      }
+                                    });
+  if (Find(id) == call && wire.send_request != nullptr) wire.send_request = pending;
+}
+
+void UcxChunkTransport::Fail(ChunkCall* call, const absl::Status& status) {
+  Wire& wire = static_cast<Wire&>(*call->wire);
+  if (!wire.decided) {
+    call->status = status;
+    wire.decided = true;
+  }
+  if (wire.send_request != nullptr) ucp_request_cancel(worker_->worker(), wire.send_request);
+  if (wire.recv_request != nullptr) ucp_request_cancel(worker_->worker(), wire.recv_request);
+  MaybeFinish(call);
+}
+
+void UcxChunkTransport::MaybeFinish(ChunkCall* call) {
+  Wire& wire = static_cast<Wire&>(*call->wire);
+  if (!wire.decided || wire.send_request != nullptr || wire.recv_request != nullptr) return;
+  calls_.erase(wire.id);
+  std::function<void()> done = std::move(wire.done);
+  done();  // the call may be gone after this
+}
+
+void UcxChunkTransport::Drop(Endpoint* endpoint, const absl::Status& why) {
+  std::vector<uint64_t> affected;
+  for (auto& [id, c] : calls_) {
+    if (static_cast<Wire&>(*c->wire).endpoint == endpoint) affected.push_back(id);
+  }
+  for (auto it = hellos_.begin(); it != hellos_.end();) {
+    it = it->second == endpoint ? hellos_.erase(it) : std::next(it);
+  }
+  const std::string address = endpoint->address;
+  ucp_ep_h ep = endpoint->ep;
+  endpoints_.erase(address);  // the next call connects again
+  const absl::Status unavailable =
+      why.code() == absl::StatusCode::kCancelled || why.code() == absl::StatusCode::kUnauthenticated ||
+              why.code() == absl::StatusCode::kPermissionDenied
+          ? why
+          : absl::UnavailableError(why.message());
+  for (uint64_t id : affected) {
+    ChunkCall* c = Find(id);
+    if (c == nullptr) continue;
+    static_cast<Wire&>(*c->wire).endpoint = nullptr;
+    Fail(c, absl::Status(unavailable.code(), absl::StrCat(c->What(), ": ", unavailable.message())));
+  }
+  ucp_request_param_t close{};
+  close.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  close.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  ucs_status_ptr_t closing = ucp_ep_close_nbx(ep, &close);
+  if (closing != nullptr && !UCS_PTR_IS_ERR(closing)) {
+    // Completes from progress; nothing waits for it but the worker's own teardown.
+    ucp_request_free(closing);
+  }
+}
+
+void UcxChunkTransport::CheckDeadlines() {
+  const absl::Time now = absl::Now();
+  std::vector<uint64_t> late;
+  for (auto& [id, c] : calls_) {
+    if (static_cast<Wire&>(*c->wire).deadline < now) late.push_back(id);
+  }
+  for (uint64_t id : late) {
+    ChunkCall* c = Find(id);
+    if (c == nullptr) continue;
+    Fail(c, absl::DeadlineExceededError(absl::StrCat(c->What(), ": no answer within ",
+                                                     absl::FormatDuration(c->timeout))));
+  }
+}
+
+ucs_status_t UcxChunkTransport::OnReply(const void* header, size_t header_length, void* data, size_t length,
+                                        const ucp_am_recv_param_t* param) {
+  const bool rendezvous = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+  auto release = [&] {
+    if (rendezvous) ucp_am_data_release(worker_->worker(), data);
+  };
+  FabricReply reply;
+  if (!reply.ParseFromArray(header, static_cast<int>(header_length))) {
+    LOG(WARNING) << "UCX: a reply that does not parse (" << header_length << " header bytes); dropped";
+    release();
+    return UCS_OK;
+  }
+  if (auto hello = hellos_.find(reply.request_id()); hello != hellos_.end()) {
+    Endpoint* e = hello->second;
+    hellos_.erase(hello);
+    release();
+    absl::Status accepted = StatusOfReply(reply, absl::StrCat("server at ", e->address, " refused this worker"));
+    if (!accepted.ok()) {
+      Drop(e, accepted);
+      return UCS_OK;
+    }
+    e->ready = true;
+    std::vector<uint64_t> waiting;
+    waiting.swap(e->waiting);
+    for (uint64_t id : waiting) {
+      if (ChunkCall* c = Find(id)) SendRequest(c);
+    }
+    return UCS_OK;
+  }
+  ChunkCall* call = Find(reply.request_id());
+  if (call == nullptr || static_cast<Wire&>(*call->wire).decided) {  // given up on already
+    release();
+    return UCS_OK;
+  }
+  Wire& wire = static_cast<Wire&>(*call->wire);
+  absl::Status status = StatusOfReply(reply, call->What());
+  if (!status.ok()) {
+    release();
+    Fail(call, status);
+    return UCS_OK;
+  }
+  call->version = reply.version();
+  call->clock_version = reply.clock_version();
+  if (call->op == kPush || call->op == kAssign || length == 0) {  // no values: a push, or unchanged values
+    release();
+    wire.decided = true;
+    MaybeFinish(call);
+    return UCS_OK;
+  }
+  if (length != call->dst.size() * sizeof(float) || call->op == kPush) {
+    release();
+    Fail(call, absl::InternalError(absl::StrCat(call->What(), ": the reply carries ", length, " bytes for ",
+                                                call->dst.size(), " values")));
+    return UCS_OK;
+  }
+  call->bytes = static_cast<int64_t>(length);
+  if (!rendezvous) {
+    std::memcpy(call->dst.data(), data, length);
+    wire.decided = true;
+    MaybeFinish(call);
+    return UCS_OK;
+  }
+  const uint64_t id = wire.id;
+  wire.recv_request = reinterpret_cast<void*>(1);
+  void* pending = ReceiveActiveMessageData(worker_->worker(), data, call->dst.data(), length,
+                                           [this, id](const absl::Status& received) {
+                                             ChunkCall* c = Find(id);
+                                             if (c == nullptr) return;
+                                             Wire& w = static_cast<Wire&>(*c->wire);
+                                             w.recv_request = nullptr;
+                                             if (!w.decided) {
+                                               c->status = received.ok() ? received
+                                                                         : absl::Status(received.code(), absl::StrCat(
+                                                                               c->What(), ": ", received.message()));
+                                               w.decided = true;
+                                             }
+                                             MaybeFinish(c);
+                                           });
+  if (Find(id) == call && wire.recv_request != nullptr) wire.recv_request = pending;
+  return UCS_OK;
+}
+
+}  // namespace tessera

@@ -1,0 +1,79 @@
+// Chunk calls over UCX (transport: UCX, on a trusted network): shared memory or cross-memory attach between
+// processes of one host, TCP or RDMA between hosts, as UCX chooses at run time.
+//
+// Each call is one active message to the server's fabric listener (its address is in the shard map), answered
+// by one. A push's values leave the caller's memory without a copy, and a large reply's values are received
+// straight into the destination (UCX rendezvous). One connection per server, made on first use: its first
+// message carries the job token and the worker's member key, and no chunk call goes out before the server
+// accepted them. A lost connection or server fails the calls on it UNAVAILABLE, which the client library
+// retries after the view changes, as for gRPC.
+#ifndef TESSERA_WORKER_CLIENT_UCX_CHUNK_TRANSPORT_H_
+#define TESSERA_WORKER_CLIENT_UCX_CHUNK_TRANSPORT_H_
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/fabric/ucx_worker.h"
+#include "common/security.h"
+#include "worker/client/chunk_transport.h"
+
+namespace tessera {
+
+class UcxChunkTransport final : public ChunkTransport {
+ public:
+  // Starts UCX for caller `who`. UNAVAILABLE when UCX cannot start here.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<UcxChunkTransport>> Start(
+      std::shared_ptr<const Security> security, CallerIdentity who);
+  // Calls still running end CANCELLED.
+  ~UcxChunkTransport() override;
+
+  const char* name() const override { return "ucx"; }
+  absl::Status Prepare(ChunkCall& call, const CallerIdentity& who) override;
+  void Start(ChunkCall* call, std::function<void()> done) override;
+  void Cancel(ChunkCall* call) override;
+
+ private:
+  struct Endpoint {
+    std::string address;
+    ucp_ep_h ep = nullptr;
+    bool ready = false;             // the server accepted the hello
+    std::vector<uint64_t> waiting;  // calls to send once it has
+  };
+  struct Wire;
+
+  UcxChunkTransport(std::shared_ptr<const Security> security, CallerIdentity who)
+      : security_(std::move(security)), who_(std::move(who)) {}
+
+  // The rest runs on the progress thread.
+  void StartOnThread(ChunkCall* call);
+  // The connection to `address`, made (and its hello sent) when there is none.
+  absl::StatusOr<Endpoint*> EndpointFor(const std::string& address);
+  void SendRequest(ChunkCall* call);
+  // The call ends with `status` unless its outcome is known; what UCX still does for it is cancelled.
+  void Fail(ChunkCall* call, const absl::Status& status);
+  // Completes the call once its outcome is known and UCX is done with its memory.
+  void MaybeFinish(ChunkCall* call);
+  ChunkCall* Find(uint64_t id);
+  // Fails every call of the connection and closes it.
+  void Drop(Endpoint* endpoint, const absl::Status& why);
+  void CheckDeadlines();
+  ucs_status_t OnReply(const void* header, size_t header_length, void* data, size_t length,
+                       const ucp_am_recv_param_t* param);
+
+  const std::shared_ptr<const Security> security_;
+  const CallerIdentity who_;
+  std::unique_ptr<UcxWorker> worker_;
+  std::atomic<uint64_t> next_id_{1};
+  // Progress thread only.
+  std::map<std::string, std::unique_ptr<Endpoint>> endpoints_;  // by fabric address
+  std::unordered_map<uint64_t, ChunkCall*> calls_;              // started, not completed, by request id
+  std::unordered_map<uint64_t, Endpoint*> hellos_;              // hellos not answered yet, by request id
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_WORKER_CLIENT_UCX_CHUNK_TRANSPORT_H_
