@@ -91,7 +91,9 @@ absl::StatusOr<std::unique_ptr<FabricService>> FabricService::Start(ShardStore* 
   return s;
 }
 
-FabricService::~FabricService() { worker_.reset(); }
+FabricService::~FabricService() {
+  if (worker_) worker_->Stop();
+}
 
 void FabricService::Accept(ucp_conn_request_h request) {
   ucp_ep_params_t params{};
@@ -114,11 +116,8 @@ void FabricService::Accept(ucp_conn_request_h request) {
 
 void FabricService::Close(ucp_ep_h ep) {
   if (connections_.erase(ep) == 0) return;
-  ucp_request_param_t close{};
-  close.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  close.flags = UCP_EP_CLOSE_FLAG_FORCE;
-  ucs_status_ptr_t closing = ucp_ep_close_nbx(ep, &close);
-  if (closing != nullptr && !UCS_PTR_IS_ERR(closing)) ucp_request_free(closing);
+  // Closed from the loop, not from inside UCX's error handling (which may still be using the endpoint).
+  worker_->Post([ep] { CloseEndpoint(ep); });
 }
 
 ucs_status_t FabricService::OnHello(const void* header, size_t header_length, void* data,

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/fabric/ucx_worker.h"
+#include "common/status_macros.h"
 
 namespace tessera {
 namespace {
@@ -71,6 +72,7 @@ tessera::v1::FabricReply ReplyWithStatus(uint64_t request_id, const absl::Status
   reply.set_request_id(request_id);
   reply.set_code(static_cast<int>(status.code()));
   reply.set_message(std::string(status.message()));
+  if (std::optional<uint64_t> epoch = GetCurrentEpoch(status)) reply.set_current_epoch(*epoch);
   return reply;
 }
 
@@ -79,7 +81,9 @@ absl::Status StatusOfReply(const tessera::v1::FabricReply& reply, std::string_vi
   const int code = reply.code() > 0 && reply.code() <= static_cast<int>(absl::StatusCode::kUnauthenticated)
                        ? reply.code()
                        : static_cast<int>(absl::StatusCode::kUnknown);
-  return absl::Status(static_cast<absl::StatusCode>(code), absl::StrCat(std::string(what), ": ", reply.message()));
+  absl::Status status(static_cast<absl::StatusCode>(code), absl::StrCat(std::string(what), ": ", reply.message()));
+  if (reply.current_epoch() > 0) SetCurrentEpoch(status, reply.current_epoch());
+  return status;
 }
 
 }  // namespace tessera

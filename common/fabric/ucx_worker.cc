@@ -38,6 +38,27 @@ absl::Status FromUcsStatus(ucs_status_t status, std::string_view what) {
 
 absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Start(std::string name) {
   std::unique_ptr<UcxWorker> w(new UcxWorker(std::move(name)));
+  // The worker is made, driven and destroyed on the progress thread: UCX checks that a single-threaded worker
+  // is used by one thread.
+  absl::Notification made;
+  absl::Status status;
+  UcxWorker* self = w.get();
+  w->thread_ = std::thread([self, &made, &status] {
+    status = self->Create();
+    const bool ok = status.ok();
+    made.Notify();  // `status` and `made` are gone after this
+    if (ok) self->Loop();
+    self->Destroy();
+  });
+  made.WaitForNotification();
+  if (!status.ok()) {
+    w->thread_.join();
+    return status;
+  }
+  return w;
+}
+
+absl::Status UcxWorker::Create() {
   ucp_config_t* config = nullptr;
   ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
   if (status != UCS_OK) return FromUcsStatus(status, "UCX: reading its configuration");
@@ -45,31 +66,39 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Start(std::string name) {
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
   params.mt_workers_shared = 0;
-  status = ucp_init(&params, config, &w->context_);
+  status = ucp_init(&params, config, &context_);
   ucp_config_release(config);
   if (status != UCS_OK) {
-    return absl::UnavailableError(absl::StrCat("UCX could not start for ", w->name_, ": ", ucs_status_string(status)));
+    return absl::UnavailableError(absl::StrCat("UCX could not start for ", name_, ": ", ucs_status_string(status)));
   }
   ucp_worker_params_t worker_params{};
   worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;
-  status = ucp_worker_create(w->context_, &worker_params, &w->worker_);
-  if (status != UCS_OK) return FromUcsStatus(status, absl::StrCat("UCX worker of ", w->name_));
-  status = ucp_worker_get_efd(w->worker_, &w->event_fd_);
-  if (status != UCS_OK) return FromUcsStatus(status, absl::StrCat("UCX event descriptor of ", w->name_));
-  UcxWorker* self = w.get();
-  w->thread_ = std::thread([self] { self->Loop(); });
-  return w;
+  status = ucp_worker_create(context_, &worker_params, &worker_);
+  if (status != UCS_OK) return FromUcsStatus(status, absl::StrCat("UCX worker of ", name_));
+  status = ucp_worker_get_efd(worker_, &event_fd_);
+  if (status != UCS_OK) return FromUcsStatus(status, absl::StrCat("UCX event descriptor of ", name_));
+  return absl::OkStatus();
 }
 
-UcxWorker::~UcxWorker() {
-  if (thread_.joinable()) {
-    stopping_ = true;
-    ucp_worker_signal(worker_);
-    thread_.join();
+void UcxWorker::Destroy() {
+  ucp_worker_h worker = nullptr;
+  {
+    absl::MutexLock lock(&mu_);  // no Wake() signals it from here on
+    std::swap(worker, worker_);
   }
-  if (worker_ != nullptr) ucp_worker_destroy(worker_);
+  if (worker != nullptr) ucp_worker_destroy(worker);
   if (context_ != nullptr) ucp_cleanup(context_);
+  context_ = nullptr;
+}
+
+UcxWorker::~UcxWorker() { Stop(); }
+
+void UcxWorker::Stop() {
+  if (!thread_.joinable() || OnProgressThread()) return;
+  stopping_ = true;
+  Wake();
+  thread_.join();
 }
 
 void UcxWorker::Post(std::function<void()> fn) {
@@ -77,7 +106,12 @@ void UcxWorker::Post(std::function<void()> fn) {
     absl::MutexLock lock(&mu_);
     posted_.push_back(std::move(fn));
   }
-  ucp_worker_signal(worker_);  // thread-safe: wakes a thread asleep on the event descriptor
+  Wake();
+}
+
+void UcxWorker::Wake() {
+  absl::MutexLock lock(&mu_);
+  if (worker_ != nullptr) ucp_worker_signal(worker_);  // thread-safe: wakes a thread asleep on the event descriptor
 }
 
 void UcxWorker::Run(std::function<void()> fn) {
@@ -168,11 +202,26 @@ void UcxWorker::Loop() {
   }
   RunPosted();
   if (on_stop) on_stop();
+  // Until 20 ms pass without an event (the closes completed), at most half a second.
   const absl::Time until = absl::Now() + absl::Milliseconds(500);
-  while (absl::Now() < until) {
+  absl::Time quiet_since = absl::Now();
+  while (absl::Now() < until && absl::Now() - quiet_since < absl::Milliseconds(20)) {
     const bool progressed = ucp_worker_progress(worker_) != 0;
-    if (!RunPosted() && !progressed) absl::SleepFor(absl::Microseconds(200));
+    if (RunPosted() || progressed) {
+      quiet_since = absl::Now();
+    } else {
+      absl::SleepFor(absl::Microseconds(200));
+    }
   }
+}
+
+void CloseEndpoint(ucp_ep_h ep) {
+  ucp_request_param_t close{};
+  close.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  close.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  ucs_status_ptr_t closing = ucp_ep_close_nbx(ep, &close);
+  // A pending close completes from progress; nothing waits for it but the worker's own teardown.
+  if (closing != nullptr && !UCS_PTR_IS_ERR(closing)) ucp_request_free(closing);
 }
 
 absl::StatusOr<SocketAddress> ResolveHostPort(const std::string& host_port) {

@@ -37,8 +37,11 @@ class UcxWorker {
   // Creates the context and worker (active messages and wakeup) and starts the progress thread. `name` names
   // the thread's errors. UNAVAILABLE when UCX cannot start (no transport usable here).
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<UcxWorker>> Start(std::string name);
-  // Runs `on_stop` (closing endpoints and listeners) on the progress thread, then stops it and frees the worker.
+  // Stop(), then frees.
   ~UcxWorker();
+  // Runs `on_stop` (closing endpoints and listeners) on the progress thread, then stops it and frees the UCX
+  // worker. The owner calls it first in its destructor, so that on_stop still finds it whole. Idempotent.
+  void Stop();
 
   UcxWorker(const UcxWorker&) = delete;
   UcxWorker& operator=(const UcxWorker&) = delete;
@@ -62,13 +65,18 @@ class UcxWorker {
 
  private:
   explicit UcxWorker(std::string name) : name_(std::move(name)) {}
+  // On the progress thread: make and free the context and worker.
+  absl::Status Create();
+  void Destroy();
   void Loop();
+  // Wakes the progress thread (any thread).
+  void Wake();
   // Runs what was posted; true when anything ran.
   bool RunPosted();
 
   const std::string name_;
   ucp_context_h context_ = nullptr;
-  ucp_worker_h worker_ = nullptr;
+  ucp_worker_h worker_ = nullptr;  // written by the progress thread only, under mu_
   int event_fd_ = -1;
   std::thread thread_;
   std::atomic<bool> stopping_{false};
@@ -79,6 +87,10 @@ class UcxWorker {
   std::function<void()> tick_ ABSL_GUARDED_BY(mu_);
   std::function<void()> on_stop_ ABSL_GUARDED_BY(mu_);
 };
+
+// Closes `ep` at once (force: in-flight requests fail), from the progress thread but never from inside one of
+// UCX's callbacks for it.
+void CloseEndpoint(ucp_ep_h ep);
 
 // "HOST:PORT" as a socket address for UCX's connection manager. INVALID_ARGUMENT for an unparsable one,
 // UNAVAILABLE when the host does not resolve.

@@ -81,6 +81,7 @@ DEFINE_string(server_counts, "1,2", "a: numbers of server processes to measure a
 DEFINE_int32(repeats, 7, "a: timed calls per measurement (the median is reported)");
 DEFINE_int32(repeats_large, 3, "a: timed calls per measurement for tensors of 64 MiB or more");
 DEFINE_int64(chunk_bytes, 1 << 20, "a, b, e: the job's chunk_bytes (bytes per chunk)");
+DEFINE_string(transports, "grpc,ucx", "a, b, d: the data-plane transports to measure, each with rows of its own");
 DEFINE_int32(iperf_seconds, 3, "a: length of the iperf3 loopback TCP measurement, in seconds");
 DEFINE_double(roundtrip_seconds, 2.0, "b: how long each round-trip rate is measured, in seconds");
 DEFINE_int32(update_mib, 16, "c: size of the updated array, in MiB of float32");
@@ -360,6 +361,20 @@ absl::StatusOr<std::unique_ptr<Cluster>> StartCluster(const Context& ctx, const 
 
 // A job for the data-plane measurements: ASYNC (pushes apply on arrival, nothing waits at a clock), one worker
 // (this process), SGD with a tiny learning rate so values change but stay small, and no end in sight.
+// "grpc" or "ucx" as the JobSpec says it (UCX with trusted_network: loopback here).
+absl::StatusOr<tessera::v1::Transport> ParseTransport(const std::string& name) {
+  if (name == "grpc") return tessera::v1::GRPC;
+  if (name == "ucx") return tessera::v1::UCX;
+  return absl::InvalidArgumentError(absl::StrCat("--transports: '", name, "' is neither grpc nor ucx"));
+}
+
+void SetTransport(tessera::v1::Transport transport, JobSpec& job) {
+  job.set_transport(transport);
+  job.set_trusted_network(transport == tessera::v1::UCX);
+}
+
+std::string TransportLabel(tessera::v1::Transport transport) { return transport == tessera::v1::UCX ? "UCX" : "gRPC"; }
+
 JobSpec TransferJob(const std::string& name, int servers, int64_t chunk_bytes, float momentum) {
   JobSpec job;
   job.set_name(name);
@@ -458,14 +473,14 @@ absl::StatusOr<Timing> TimeCalls(PsClient& client, int calls, int64_t expect_pul
 }
 
 absl::Status TransferSection(PsClient& client, int servers, const std::vector<int>& sizes_mib, double iperf_gbs,
-                             const std::string& iperf_ref, Table& table) {
+                             const std::string& iperf_ref, const std::string& transport, Table& table) {
   const std::string target = servers >= 2 ? ">= 0.8x" : "";
   for (int mib : sizes_mib) {
     const std::string name = absl::StrCat("a", mib);
     const int64_t n = static_cast<int64_t>(mib * kMiB / sizeof(float));
     const int64_t bytes = n * static_cast<int64_t>(sizeof(float));
     const int calls = std::max(1, mib >= 64 ? FLAGS_repeats_large : FLAGS_repeats);
-    Progress(absl::StrCat("a: ", mib, " MiB, ", servers, " server(s), ", calls, " calls each"));
+    Progress(absl::StrCat("a: ", mib, " MiB, ", servers, " server(s), ", transport, ", ", calls, " calls each"));
     std::vector<float> grad(n, 1.0f);
     std::vector<float> out[2] = {std::vector<float>(n), std::vector<float>(n)};
     const std::vector<std::string> names = {name};
@@ -477,7 +492,8 @@ absl::Status TransferSection(PsClient& client, int servers, const std::vector<in
     if (absl::Status s = pull_alternating(0); !s.ok()) return s;
     if (absl::Status s = pull_alternating(1); !s.ok()) return s;
 
-    const std::string what = absl::StrCat(mib, " MiB, ", servers, servers == 1 ? " server" : " servers");
+    const std::string what =
+        absl::StrCat(mib, " MiB, ", servers, servers == 1 ? " server" : " servers", ", ", transport);
     auto add = [&](const std::string& op, const Timing& t, double payload, bool pulls) {
       const double gbs = payload / t.seconds / kGB;
       std::string label = absl::StrCat(op, " ", what);
@@ -518,7 +534,7 @@ absl::Status TransferSection(PsClient& client, int servers, const std::vector<in
 // ---------------------------------------------------------------------------------------------------------------
 // b. Round trips of a 16-byte tensor.
 
-absl::Status RoundTripSection(PsClient& client, Table& table) {
+absl::Status RoundTripSection(PsClient& client, const std::string& transport, Table& table) {
   const std::vector<std::string> names = {"b16"};
   std::vector<float> grad(4, 1.0f);
   std::vector<float> out[2] = {std::vector<float>(4), std::vector<float>(4)};
@@ -541,7 +557,7 @@ absl::Status RoundTripSection(PsClient& client, Table& table) {
     }
     const double per_second = calls / seconds;
     const bool hit = pulls && client.bytes_pulled() - pulled < calls * 16;
-    table.Add({"b", absl::StrCat(op, " 16 B, 1 server, round trips/s", hit ? " (cache hit)" : ""),
+    table.Add({"b", absl::StrCat(op, " 16 B, 1 server, ", transport, ", round trips/s", hit ? " (cache hit)" : ""),
                absl::StrFormat("%.0f/s", per_second), reference, Ratio(per_second, kTarget), ">= 1.00x",
                absl::StrFormat("%d calls, %.2f ms each", calls, 1e3 * seconds / calls)});
     return absl::OkStatus();
@@ -551,7 +567,19 @@ absl::Status RoundTripSection(PsClient& client, Table& table) {
   return rate("pull", [&](int64_t i) { return client.Pull(names, {absl::MakeSpan(out[i % 2])}); }, true);
 }
 
-// a and b: one cluster per server count.
+// --transports, parsed.
+absl::StatusOr<std::vector<tessera::v1::Transport>> Transports() {
+  std::vector<tessera::v1::Transport> out;
+  for (absl::string_view name : absl::StrSplit(FLAGS_transports, ',', absl::SkipEmpty())) {
+    absl::StatusOr<tessera::v1::Transport> t = ParseTransport(std::string(name));
+    if (!t.ok()) return t.status();
+    out.push_back(*t);
+  }
+  if (out.empty()) return absl::InvalidArgumentError("--transports: name at least one of grpc, ucx");
+  return out;
+}
+
+// a and b: one cluster per transport and server count.
 void TransferSections(const Context& ctx, bool run_a, bool run_b, Table& table) {
   absl::StatusOr<std::vector<int>> sizes = ParseInts("sizes_mib", FLAGS_sizes_mib);
   absl::StatusOr<std::vector<int>> counts = ParseInts("server_counts", FLAGS_server_counts);
@@ -572,12 +600,20 @@ void TransferSections(const Context& ctx, bool run_a, bool run_b, Table& table) 
   if (run_b && std::find(server_counts.begin(), server_counts.end(), 1) == server_counts.end()) {
     server_counts.insert(server_counts.begin(), 1);
   }
+  absl::StatusOr<std::vector<tessera::v1::Transport>> transports = Transports();
+  if (!transports.ok()) {
+    table.Failed(run_a ? "a" : "b", "flags", transports.status());
+    return;
+  }
+  for (tessera::v1::Transport transport : *transports)
   for (int servers : server_counts) {
     const std::string section = run_a ? "a" : "b";
-    Progress(absl::StrCat("a/b: starting a scheduler and ", servers, " server(s)"));
+    const std::string label = TransportLabel(transport);
+    Progress(absl::StrCat("a/b: starting a scheduler and ", servers, " server(s), ", label));
+    JobSpec job = TransferJob("bench-transfer", servers, FLAGS_chunk_bytes, 0);
+    SetTransport(transport, job);
     absl::StatusOr<std::unique_ptr<Cluster>> cluster =
-        StartCluster(ctx, absl::StrCat("transfer-", servers), TransferJob("bench-transfer", servers,
-                                                                          FLAGS_chunk_bytes, 0), 0, {});
+        StartCluster(ctx, absl::StrCat("transfer-", servers, "-", label), job, 0, {});
     if (!cluster.ok()) {
       table.Failed(section, absl::StrCat(servers, " server(s): start"), cluster.status());
       continue;
@@ -594,11 +630,11 @@ void TransferSections(const Context& ctx, bool run_a, bool run_b, Table& table) 
       continue;
     }
     if (run_a) {
-      status = TransferSection(**client, servers, *sizes, iperf_gbs, iperf_ref, table);
+      status = TransferSection(**client, servers, *sizes, iperf_gbs, iperf_ref, label, table);
       if (!status.ok()) table.Failed("a", absl::StrCat(servers, " server(s)"), status);
     }
     if (run_b && servers == 1) {
-      status = RoundTripSection(**client, table);
+      status = RoundTripSection(**client, label, table);
       if (!status.ok()) table.Failed("b", "round trips", status);
     }
     (*client)->Done().IgnoreError();  // the job ends; the daemons exit (or are stopped)

@@ -18,6 +18,8 @@
 #include "tests/cluster/mini_cluster.h"
 #include "tests/testing/raw_rpc.h"
 #include "tests/testing/status_matchers.h"
+#include "worker/client/chunk_calls.h"
+#include "worker/client/ucx_chunk_transport.h"
 
 namespace tessera::testing {
 namespace {
@@ -256,6 +258,61 @@ TEST_F(AuthTest, CredentialFilesAreCheckedAtStartUp) {
   options = {};
   options.tls_cert = dir_ + "/cert.pem";
   EXPECT_THAT(Security::Load(options), StatusIs(absl::StatusCode::kInvalidArgument, "go together"));
+}
+
+// Pushes 1.0 into every value of the 64-value parameter "w" of `map` over UCX as `who`, with `security`'s
+// token: the first failed chunk call's status, or OK.
+absl::Status UcxPushAs(const tessera::v1::ShardMap& map, std::shared_ptr<const Security> security,
+                       const CallerIdentity& who) {
+  absl::StatusOr<std::unique_ptr<UcxChunkTransport>> transport = UcxChunkTransport::Start(std::move(security), who);
+  if (!transport.ok()) return transport.status();
+  ChunkCaller caller(*std::move(transport));
+  const std::vector<float> grad(64, 1.0f);
+  auto calls = caller.Make(kPush, std::make_shared<const ShardMapIndex>(map), 0, "w", grad, 1, {}, Stamp{1000, 0},
+                           who, {}, absl::Seconds(10));
+  if (!calls.ok()) return calls.status();
+  ChunkBatch batch(8);  // destroyed before the transport
+  for (auto& c : *calls) batch.Add(std::move(c));
+  batch.WaitAll();
+  for (ChunkCall* c : batch.calls()) {
+    if (!c->status.ok()) return c->status;
+  }
+  return absl::OkStatus();
+}
+
+// Over UCX (transport: UCX, trusted_network), a connection is accepted only with the job token and the worker's
+// member key; without them no value moves. With them, the same push goes through.
+TEST_F(AuthTest, AUcxConnectionWithoutTheTokenOrTheMemberKeyMovesNoValue) {
+  SecurityOptions security;
+  security.token_file = token_file_;
+  tessera::v1::JobSpec job = TestJob(ConsistencySpec::ASYNC, 2, 1);
+  job.set_transport(tessera::v1::UCX);
+  job.set_trusted_network(true);
+  auto cluster = MiniCluster::Start(job, absl::Minutes(5), security);
+  ASSERT_THAT(cluster, IsOk());
+  auto client = (*cluster)->ConnectClient();
+  ASSERT_THAT(client, IsOk());
+  ASSERT_THAT((*client)->Declare({FloatParam("w", 64)}), IsOk());
+  std::vector<float> before(64);
+  ASSERT_THAT((*client)->Pull({"w"}, {absl::MakeSpan(before)}), IsOk());  // over UCX, with the token and key
+  const tessera::v1::ShardMap map = *(*client)->shard_map();
+  ASSERT_FALSE(map.servers(0).fabric_address().empty()) << map.DebugString();
+  absl::StatusOr<std::shared_ptr<const Security>> with_token = Security::Load(security);
+  ASSERT_THAT(with_token, IsOk());
+  const CallerIdentity who{(*client)->worker_id(), (*client)->incarnation(), (*client)->member_key()};
+
+  EXPECT_THAT(UcxPushAs(map, Security::Plaintext(), who), StatusIs(absl::StatusCode::kUnauthenticated, "token"));
+  CallerIdentity wrong_key = who;
+  wrong_key.member_key = "not-the-member-key";
+  EXPECT_THAT(UcxPushAs(map, *with_token, wrong_key),
+              StatusIs(absl::StatusCode::kUnauthenticated, "wrong member key"));
+  std::vector<float> after(64);
+  ASSERT_THAT((*client)->Pull({"w"}, {absl::MakeSpan(after)}), IsOk());
+  EXPECT_EQ(before, after) << "a refused connection changed values";
+
+  EXPECT_THAT(UcxPushAs(map, *with_token, who), IsOk());
+  ASSERT_THAT((*client)->Pull({"w"}, {absl::MakeSpan(after)}), IsOk());
+  EXPECT_NE(before, after) << "the accepted push was not applied";
 }
 
 }  // namespace

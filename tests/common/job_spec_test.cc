@@ -45,6 +45,14 @@ TEST(JobSpecTest, JsonIsAccepted) {
   EXPECT_EQ(job->stop().max_steps(), 2);
 }
 
+TEST(JobSpecTest, UcxNeedsATrustedNetwork) {
+  tessera::v1::JobSpec job = ParseValid("model { mlp { hidden_sizes: 8 } } stop { max_steps: 3 }");
+  job.set_transport(tessera::v1::UCX);
+  EXPECT_THAT(ValidateJobSpec(job), StatusIs(absl::StatusCode::kInvalidArgument, "trusted_network: true"));
+  job.set_trusted_network(true);
+  EXPECT_THAT(ValidateJobSpec(job), IsOk());
+}
+
 TEST(JobSpecTest, StalenessOutsideSspIsAContradiction) {
   tessera::v1::JobSpec job = ParseValid(
       "model { softmax_regression {} } stop { max_steps: 3 } consistency { mode: SYNC staleness: 2 }");

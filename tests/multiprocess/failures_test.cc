@@ -34,9 +34,10 @@ class FailuresTest : public DaemonTest {
   }
 };
 
-// A small synthetic job that runs for a few seconds on two cores.
-std::string Job(const std::string& mode, int servers, int workers, int steps, float momentum = 0) {
-  return absl::StrCat(R"(
+// A small synthetic job that runs for a few seconds on two cores; `transport` "UCX" moves its chunks over UCX.
+std::string Job(const std::string& mode, int servers, int workers, int steps, float momentum = 0,
+                const std::string& transport = "GRPC") {
+  return absl::StrCat(transport == "UCX" ? "transport: UCX trusted_network: true\n" : "", R"(
 name: "failures"
 model { mlp { hidden_sizes: 32 } }
 data { format: SYNTHETIC synthetic_train_examples: 4096 synthetic_features: 64 synthetic_classes: 8 }
@@ -395,8 +396,13 @@ TEST_F(FailuresTest, AServerLostWithoutACheckpointStopsTheJobNamingIt) {
 // kill -9 of a server during a SYNC job that takes checkpoints: within the heartbeat timeout its chunks move to
 // the other server, restored from the latest checkpoint, every worker goes back to that checkpoint's clock, and
 // the job ends with the parameters of an uninterrupted run. The summary records the recovery.
-TEST_F(FailuresTest, ALostServerIsRecoveredFromTheLatestCheckpoint) {
-  const std::string job = Write("job.pbtxt", Job("SYNC", 2, 2, 4000, /*momentum=*/0.9f));
+class ServerLossTest : public FailuresTest, public ::testing::WithParamInterface<const char*> {};
+
+// kill -9 of a server mid-run, while pushes and exchanges flow to it (over gRPC, or over UCX): the scheduler
+// restores its chunks on the other server from the newest checkpoint, the SYNC job rolls back to it, and it ends
+// with the parameters of an undisturbed run.
+TEST_P(ServerLossTest, ALostServerIsRecoveredFromTheLatestCheckpoint) {
+  const std::string job = Write("job.pbtxt", Job("SYNC", 2, 2, 4000, /*momentum=*/0.9f, GetParam()));
   ASSERT_NO_FATAL_FAILURE(RunUndisturbed(job));
 
   const std::filesystem::path run = dir_ / "run";
@@ -422,6 +428,39 @@ TEST_F(FailuresTest, ALostServerIsRecoveredFromTheLatestCheckpoint) {
   }
   EXPECT_TRUE(recovered) << summary.dump();
   ExpectTheUndisturbedParameters(dump);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ServerLossTest, ::testing::Values("GRPC", "UCX"));
+
+// The same SYNC job over gRPC and over UCX (shared memory or TCP on this host, as UCX picks) ends with the same
+// parameters: the transport moves the values and changes none.
+TEST_F(FailuresTest, AUcxRunEndsWithTheParametersOfAGrpcRun) {
+  ASSERT_NO_FATAL_FAILURE(RunUndisturbed(Write("job.pbtxt", Job("SYNC", 2, 2, 600, /*momentum=*/0.9f))));
+  const std::string job = Write("ucx.pbtxt", Job("SYNC", 2, 2, 600, /*momentum=*/0.9f, "UCX"));
+  const std::filesystem::path run = dir_ / "ucx";
+  const std::string dump = (dir_ / "ucx.params").string();
+  Subprocess launch({kBin + "/tessera-launch", "--linger_s=0", "--job=" + job, "--run_dir=" + run.string(),
+                     "--device=cpu", "--dump_params=" + dump});
+  ASSERT_TRUE(launch.ReadUntilExit(absl::Seconds(120))) << launch.output();
+  ASSERT_EQ(launch.exit_code(), 0) << launch.output();
+  ExpectTheUndisturbedParameters(dump);
+  std::ifstream log(run / "logs/server-0.log");
+  const std::string server_log((std::istreambuf_iterator<char>(log)), {});
+  EXPECT_NE(server_log.find("; UCX at "), std::string::npos) << server_log;
+}
+
+// A UCX job whose servers have no UCX listener: every worker fails at its first chunk call with a message that
+// names the server and what to do, and the launcher exits non-zero; nothing hangs.
+TEST_F(FailuresTest, AUcxJobWithoutAFabricListenerFailsNamingTheServer) {
+  const std::string job = Write("job.pbtxt", Job("SYNC", 1, 1, 100, 0, "UCX"));
+  Subprocess scheduler({kBin + "/tessera-scheduler", "--job=" + job});
+  ASSERT_TRUE(scheduler.ReadUntilLine("scheduler listening on ", absl::Seconds(30))) << scheduler.output();
+  const std::string address = SchedulerAddress(scheduler.output());
+  Subprocess server({kBin + "/tessera-server", "--scheduler=" + address, "--fabric_port=-1"});
+  Subprocess worker({kBin + "/tessera-worker", "--scheduler=" + address, "--device=cpu"});
+  ASSERT_TRUE(worker.ReadUntilExit(absl::Seconds(60))) << worker.output();
+  EXPECT_NE(worker.exit_code(), 0);
+  EXPECT_NE(worker.output().find("has no UCX listener"), std::string::npos) << worker.output();
 }
 
 // The scheduler killed mid-run: servers and workers exit within the heartbeat timeout, naming its address.

@@ -55,7 +55,9 @@ absl::StatusOr<std::unique_ptr<UcxChunkTransport>> UcxChunkTransport::Start(std:
   return t;
 }
 
-UcxChunkTransport::~UcxChunkTransport() { worker_.reset(); }
+UcxChunkTransport::~UcxChunkTransport() {
+  if (worker_) worker_->Stop();
+}
 
 absl::Status UcxChunkTransport::Prepare(ChunkCall& call, const CallerIdentity&) {
   absl::StatusOr<const tessera::v1::ServerInfo*> server = call.map->Server(call.server_id);
@@ -225,14 +227,8 @@ void UcxChunkTransport::Drop(Endpoint* endpoint, const absl::Status& why) {
     static_cast<Wire&>(*c->wire).endpoint = nullptr;
     Fail(c, absl::Status(unavailable.code(), absl::StrCat(c->What(), ": ", unavailable.message())));
   }
-  ucp_request_param_t close{};
-  close.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  close.flags = UCP_EP_CLOSE_FLAG_FORCE;
-  ucs_status_ptr_t closing = ucp_ep_close_nbx(ep, &close);
-  if (closing != nullptr && !UCS_PTR_IS_ERR(closing)) {
-    // Completes from progress; nothing waits for it but the worker's own teardown.
-    ucp_request_free(closing);
-  }
+  // Closed from the loop, not from inside UCX's error handling (which may still be using the endpoint).
+  worker_->Post([ep] { CloseEndpoint(ep); });
 }
 
 void UcxChunkTransport::CheckDeadlines() {
