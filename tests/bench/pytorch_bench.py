@@ -6,11 +6,11 @@ data loading and declaration are left out, and nothing evaluates inside the span
 
   1. a plain PyTorch loop in one process (torch.optim.SGD): the reference;
   2. the same model as a tessera.torch worker through 1 tessera-server + 1 worker, SYNC (tessera-launch; the span
-     is the scheduler's, summary.json "training");
+     is the scheduler's, summary.json "training"), once per --transports (gRPC; UCX with trusted_network);
   3. the same model against a hand-written parameter server on torch.distributed.rpc: one server process holding
      the values and the momentum, the worker pulling the values, computing and pushing the gradients every step;
-  4. Tessera's C++ worker (the built-in MLP, the same shape) through 1 server + 1 worker, SYNC, timed as 2,
-     against its own local baseline (tessera-worker --local, its summary's "training").
+  4. Tessera's C++ worker (the built-in MLP, the same shape) through 1 server + 1 worker, SYNC, timed as 2 (once
+     per transport), against its own local baseline (tessera-worker --local, its summary's "training").
 
 Prints Markdown rows in the data-plane table's columns. The Python layer's cost: what the exchange adds to a
 tessera.torch step (2 - 1) against what it adds to a C++ worker's step (4 - its local baseline), since the two
@@ -42,7 +42,9 @@ eval_every_steps: {steps}
 seed: 42
 chunk_bytes: {chunk_bytes}
 cluster {{ num_servers: 1 num_workers: 1 }}
+{transport}
 """
+TRANSPORTS = {"grpc": ("gRPC", ""), "ucx": ("UCX", "transport: UCX trusted_network: true")}
 LR, MOMENTUM, SEED = 0.05, 0.9, 42
 
 
@@ -105,12 +107,13 @@ def tessera_worker():
     model.done()
 
 
-def launch(args, name, command):
-    """Runs the job through tessera-launch; the scheduler's training span per step."""
+def launch(args, name, command, transport="grpc"):
+    """Runs the job through tessera-launch, its chunks over `transport`; the scheduler's training span per step."""
     work = pathlib.Path(args.work) / name
     work.mkdir(parents=True, exist_ok=True)
     job = work / "job.pbtxt"
-    job.write_text(JOB.format(batch=args.batch, steps=args.steps, chunk_bytes=args.chunk_bytes))
+    job.write_text(JOB.format(batch=args.batch, steps=args.steps, chunk_bytes=args.chunk_bytes,
+                              transport=TRANSPORTS[transport][1]))
     env = dict(os.environ)
     env.pop("TESSERA_BIN_DIR", None)
     argv = [str(pathlib.Path(args.bin) / "tessera-launch"), f"--job={job}", f"--run_dir={work / 'run'}",
@@ -131,7 +134,7 @@ def cpp_local(args):
     work = pathlib.Path(args.work) / "cpp-local"
     work.mkdir(parents=True, exist_ok=True)
     job = work / "job.pbtxt"
-    job.write_text(JOB.format(batch=args.batch, steps=args.steps, chunk_bytes=args.chunk_bytes))
+    job.write_text(JOB.format(batch=args.batch, steps=args.steps, chunk_bytes=args.chunk_bytes, transport=""))
     env = dict(os.environ)
     env.pop("TESSERA_BIN_DIR", None)
     with open(work / "run.log", "w") as log:
@@ -227,6 +230,8 @@ def main():
                              "the RPC server moves whole tensors)")
     parser.add_argument("--bin", default="build/bin", help="folder of tessera-launch and the daemons")
     parser.add_argument("--work", default="runs/bench/pytorch", help="job files, logs and run folders")
+    parser.add_argument("--transports", default="grpc,ucx",
+                        help="the Tessera rows' data-plane transports, each with rows of its own (grpc, ucx)")
     parser.add_argument("--as_worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--rpc_role", choices=["server", "worker"], help=argparse.SUPPRESS)
     parser.add_argument("--rpc_port", type=int, help=argparse.SUPPRESS)
@@ -240,15 +245,21 @@ def main():
     def progress(text):
         print(f"pytorch_bench: {text}", file=sys.stderr, flush=True)
 
-    runs = [
-        ("plain", "plain PyTorch loop", lambda: plain_loop(args)),
-        ("tessera", "tessera.torch worker, 1 server + 1 worker, sync",
-         lambda: launch(args, "tessera-torch", [sys.executable, os.path.abspath(__file__), "--as_worker"])),
-        ("rpc", "torch.distributed.rpc parameter server (1 server process), pull-compute-push",
-         lambda: rpc_server_run(args)),
-        ("local", "C++ local baseline (tessera-worker --local, built-in MLP)", lambda: cpp_local(args)),
-        ("cpp", "Tessera C++ worker (built-in MLP), 1 server + 1 worker, sync", lambda: launch(args, "cpp", None)),
-    ]
+    transports = [t for t in args.transports.split(",") if t]
+    for t in transports:
+        if t not in TRANSPORTS:
+            parser.error(f"--transports: '{t}' is neither grpc nor ucx")
+    me = [sys.executable, os.path.abspath(__file__), "--as_worker"]
+    runs = [("plain", "plain PyTorch loop", lambda: plain_loop(args)),
+            ("rpc", "torch.distributed.rpc parameter server (1 server process), pull-compute-push",
+             lambda: rpc_server_run(args)),
+            ("local", "C++ local baseline (tessera-worker --local, built-in MLP)", lambda: cpp_local(args))]
+    for t in transports:
+        over = TRANSPORTS[t][0]
+        runs.append((f"tessera-{t}", f"tessera.torch worker, 1 server + 1 worker, sync, {over}",
+                     lambda t=t: launch(args, f"tessera-torch-{t}", me, t)))
+        runs.append((f"cpp-{t}", f"Tessera C++ worker (built-in MLP), 1 server + 1 worker, sync, {over}",
+                     lambda t=t: launch(args, f"cpp-{t}", None, t)))
     samples = {key: [] for key, _, _ in runs}
     for repeat in range(args.repeats):  # interleaved, so that a slow moment of the machine touches every run
         for key, label, run in runs:
@@ -276,19 +287,22 @@ def main():
         print(f"| h | {labels[key]}; {what} | {cell(s)} | {reference} | {r} | {target} | {note} |")
 
     row("plain", None)
-    row("tessera", "plain", f"<= {ratio(seconds['rpc'], seconds['plain'])} (the RPC server's)")
     row("rpc", "plain")
+    for t in transports:
+        row(f"tessera-{t}", "plain", f"<= {ratio(seconds['rpc'], seconds['plain'])} (the RPC server's)")
     row("local", None)
-    row("cpp", "local")
+    for t in transports:
+        row(f"cpp-{t}", "local")
     # The Python layer: what the exchange adds to a step through tessera.torch, against what it adds to a step of
     # the C++ worker (each over its own model's local step), as a share of the C++ worker's step.
-    if all(seconds[k] for k in ("tessera", "plain", "cpp", "local")):
-        python_cost = seconds["tessera"] - seconds["plain"]
-        cpp_cost = seconds["cpp"] - seconds["local"]
-        share = (python_cost - cpp_cost) / seconds["cpp"]
-        print(f"| h | Python layer: the exchange's cost per step through tessera.torch over the C++ worker's | "
-              f"{1000 * python_cost:.2f} ms | C++ worker: {1000 * cpp_cost:.2f} ms per step | "
-              f"{100 * share:+.1f}% of the C++ worker's step | < 5% | {note} |")
+    for t in transports:
+        if all(seconds[k] for k in (f"tessera-{t}", "plain", f"cpp-{t}", "local")):
+            python_cost = seconds[f"tessera-{t}"] - seconds["plain"]
+            cpp_cost = seconds[f"cpp-{t}"] - seconds["local"]
+            share = (python_cost - cpp_cost) / seconds[f"cpp-{t}"]
+            print(f"| h | Python layer, {TRANSPORTS[t][0]}: the exchange's cost per step through tessera.torch over "
+                  f"the C++ worker's | {1000 * python_cost:.2f} ms | C++ worker: {1000 * cpp_cost:.2f} ms per step | "
+                  f"{100 * share:+.1f}% of the C++ worker's step | < 5% | {note} |")
     return 0 if all(seconds.values()) else 1
 
 
