@@ -100,7 +100,9 @@ void FabricService::Accept(ucp_conn_request_h request) {
   params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLER |
                       UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
   params.conn_request = request;
-  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  // As the client's (no peer-failure mode, so that UCX may use shared memory): a connection of a worker that died
+  // stays until the service closes; its replies go nowhere.
+  params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
   params.err_handler.arg = this;
   params.err_handler.cb = [](void* arg, ucp_ep_h ep, ucs_status_t status) {
     VLOG(1) << "UCX connection closed: " << ucs_status_string(status);

@@ -6,21 +6,31 @@
 # undisturbed, and the two are compared: the chaos run must finish, with test accuracy within 0.5 points of the
 # clean run. Prints every kill and the time lost to it.
 #
-#   deploy/experiments/chaos.sh [STEPS] [OUT_DIR]     # defaults: 6000, runs/chaos-<time>
+#   deploy/experiments/chaos.sh [STEPS] [OUT_DIR] [TRANSPORT]   # defaults: 6000, runs/chaos-<time>, grpc
+#
+# TRANSPORT ucx moves the data plane over UCX (transport: UCX, trusted_network: true) in both runs.
 set -euo pipefail
 source "$(dirname "$0")/setup.sh"
 steps="${1:-6000}"
 out="${2:-runs/chaos-$(date +%Y%m%d-%H%M%S)}"
+transport="${3:-grpc}"
+case "$transport" in
+  grpc | ucx) ;;
+  *) echo "chaos.sh: TRANSPORT must be grpc or ucx, got '$transport'" >&2; exit 2 ;;
+esac
 mkdir -p "$out"
 
 # The Quick start job, to a fixed step count instead of a target accuracy.
 sed -e 's/^name: .*/name: "chaos"/' -e "s/^stop .*/stop { max_steps: $steps }/" \
   deploy/jobs/fashion_mnist_mlp_sync.pbtxt >"$out/job.pbtxt"
+if [[ $transport == ucx ]]; then
+  echo "transport: UCX trusted_network: true" >>"$out/job.pbtxt"
+fi
 
 now() { date +%s.%N; }
 launch_flags=(--job="$out/job.pbtxt" --device=cpu --heartbeat_timeout_ms=2000)
 
-echo "== chaos run: $steps steps; a server killed every 20 s, a worker every 30 s"
+echo "== chaos run: $steps steps over $transport; a server killed every 20 s, a worker every 30 s"
 : >"$out/kills.tsv"
 start=$(now)
 "$bin/tessera-launch" --linger_s=0 --overwrite "${launch_flags[@]}" --run_dir="$out/chaos" --checkpoint_every_s=5 \

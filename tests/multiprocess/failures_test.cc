@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 #include <httplib.h>
 
@@ -78,14 +79,20 @@ std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<st
   return a;
 }
 
-class WorkerRestartTest : public FailuresTest, public ::testing::WithParamInterface<const char*> {};
+// (consistency mode, transport)
+class WorkerRestartTest : public FailuresTest,
+                          public ::testing::WithParamInterface<std::tuple<const char*, const char*>> {
+ protected:
+  std::string mode() const { return std::get<0>(GetParam()); }
+  std::string transport() const { return std::get<1>(GetParam()); }
+};
 
 // kill -9 of a worker mid-run: the launcher starts it again with its rank, it rejoins the running job with a new
 // incarnation at the clock the others are at, and the job completes. In SYNC every round is applied exactly once.
 TEST_P(WorkerRestartTest, AKilledWorkerRejoinsTheRunningJob) {
   // Enough that in ASYNC, where nothing holds the victim back, it is still mid-run when rank 0 reports step 300.
   const int steps = 4000;
-  const std::string job = Write("job.pbtxt", Job(GetParam(), 2, 2, steps));
+  const std::string job = Write("job.pbtxt", Job(mode(), 2, 2, steps, 0, transport()));
   const std::filesystem::path run = dir_ / "run";
   Subprocess launch({kBin + "/tessera-launch", "--linger_s=0", "--job=" + job, "--run_dir=" + run.string(), "--device=cpu",
                      "--restart_workers=1"});
@@ -107,16 +114,23 @@ TEST_P(WorkerRestartTest, AKilledWorkerRejoinsTheRunningJob) {
   }
   EXPECT_TRUE(rejoined) << summary.dump();
   EXPECT_EQ(summary["steps"], steps) << summary.dump();
-  if (std::string(GetParam()) == "SYNC") {
+  if (mode() == "SYNC") {
     EXPECT_EQ(summary["updates_applied"], steps) << "one update per round, none lost or doubled: " << summary.dump();
   }
   EXPECT_GT(summary["test_accuracy"].get<double>(), 0.5) << summary.dump();
   EXPECT_TRUE(ProcessesMentioning(address).empty()) << "daemons outlived the launcher";
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, WorkerRestartTest, ::testing::Values("SYNC", "ASYNC", "SSP staleness: 2"),
-                         [](const auto& info) { return std::string(info.param).substr(0, 4) == "SSP " ? std::string("SSP")
-                                                                                                     : std::string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Modes, WorkerRestartTest,
+                         ::testing::Values(std::make_tuple("SYNC", "GRPC"), std::make_tuple("ASYNC", "GRPC"),
+                                           std::make_tuple("SSP staleness: 2", "GRPC"),
+                                           std::make_tuple("ASYNC", "UCX")),
+                         [](const auto& info) {
+                           const std::string mode = std::get<0>(info.param);
+                           const std::string transport = std::get<1>(info.param);
+                           return (mode.substr(0, 4) == "SSP " ? std::string("SSP") : mode) +
+                                  (transport == "GRPC" ? "" : "_over_" + transport);
+                         });
 
 // A server that dies before the job starts: the scheduler says whom it waits for and who was lost, and a
 // replacement takes the lost server's place and the job completes.

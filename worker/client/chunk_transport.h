@@ -67,6 +67,9 @@ class ChunkTransport {
   virtual void Start(ChunkCall* call, std::function<void()> done) = 0;
   // Ends a started call early (CANCELLED) unless it completed; `done` still runs once.
   virtual void Cancel(ChunkCall* call) = 0;
+  // The client took a new cluster view: connections to servers no longer in it may be given up on (their calls
+  // then end UNAVAILABLE and are retried where the view says).
+  virtual void OnView(const ShardMapIndex& map) {}
 };
 
 }  // namespace tessera

@@ -102,6 +102,7 @@ absl::Status PsClient::Declare(const std::vector<tessera::v1::ParameterSpec>& pa
   TESSERA_ASSIGN_OR_RETURN(tessera::v1::ShardMap map, scheduler_->Declare(request, options_.declare_timeout));
   rollback_generation_ = map.rollback_generation();  // rollbacks before this worker joined are not its own
   map_ = std::make_shared<const ShardMapIndex>(std::move(map));
+  caller_->transport().OnView(*map_);
   return absl::OkStatus();
 }
 
@@ -122,6 +123,7 @@ absl::Status PsClient::RefreshMap(uint64_t at_least_epoch) {
   NoteRollback(map.rollback_generation(), map.rollback_clock());
   VLOG(1) << "worker " << worker_id_ << ": shard map epoch " << epoch() << " -> " << map.epoch();
   map_ = std::make_shared<const ShardMapIndex>(std::move(map));
+  caller_->transport().OnView(*map_);
   return absl::OkStatus();
 }
 

@@ -1,6 +1,7 @@
 #include "worker/client/ucx_chunk_transport.h"
 
 #include <cstring>
+#include <set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -89,6 +90,22 @@ void UcxChunkTransport::Cancel(ChunkCall* call) {
   });
 }
 
+void UcxChunkTransport::OnView(const ShardMapIndex& map) {
+  std::set<std::string> live;
+  for (const tessera::v1::ServerInfo& s : map.map().servers()) live.insert(s.fabric_address());
+  const uint64_t epoch = map.epoch();
+  worker_->Post([this, live = std::move(live), epoch] {
+    std::vector<Endpoint*> gone;
+    for (auto& [address, e] : endpoints_) {
+      if (live.count(address) == 0) gone.push_back(e.get());
+    }
+    for (Endpoint* e : gone) {
+      Drop(e, absl::UnavailableError(absl::StrCat("the server at ", e->address, " left the cluster view (epoch ", epoch,
+                                                  ")")));
+    }
+  });
+}
+
 ChunkCall* UcxChunkTransport::Find(uint64_t id) {
   auto it = calls_.find(id);
   return it == calls_.end() ? nullptr : it->second;
@@ -122,7 +139,9 @@ absl::StatusOr<UcxChunkTransport::Endpoint*> UcxChunkTransport::EndpointFor(cons
   params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
   params.sockaddr.addr = sockaddr->get();
   params.sockaddr.addrlen = sockaddr->length;
-  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  // No peer-failure mode: with it UCX 1.13 keeps to transports that watch their peer (TCP), never shared memory.
+  // A lost server shows in the view instead (OnView), and a call whose server went silent ends at its deadline.
+  params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
   params.err_handler.arg = this;
   params.err_handler.cb = [](void* arg, ucp_ep_h ep, ucs_status_t status) {
     auto* self = static_cast<UcxChunkTransport*>(arg);

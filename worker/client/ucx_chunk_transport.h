@@ -35,6 +35,9 @@ class UcxChunkTransport final : public ChunkTransport {
   absl::Status Prepare(ChunkCall& call, const CallerIdentity& who) override;
   void Start(ChunkCall* call, std::function<void()> done) override;
   void Cancel(ChunkCall* call) override;
+  // Closes the connections to fabric addresses the view no longer has (a lost or replaced server): UCX's
+  // endpoints here do not watch their peer (so that UCX may use shared memory), so the view says who is gone.
+  void OnView(const ShardMapIndex& map) override;
 
  private:
   struct Endpoint {
