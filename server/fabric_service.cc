@@ -117,9 +117,8 @@ void FabricService::Accept(ucp_conn_request_h request) {
 }
 
 void FabricService::Close(ucp_ep_h ep) {
-  if (connections_.erase(ep) == 0) return;
-  // Closed from the loop, not from inside UCX's error handling (which may still be using the endpoint).
-  worker_->Post([ep] { CloseEndpoint(ep); });
+  if (connections_.erase(ep) == 0) return;  // no reply goes there from now on
+  worker_->CloseLater(ep);
 }
 
 ucs_status_t FabricService::OnHello(const void* header, size_t header_length, void* data,

@@ -123,6 +123,8 @@ void UcxWorker::Run(std::function<void()> fn) {
   ran.WaitForNotification();
 }
 
+void UcxWorker::CloseLater(ucp_ep_h ep) { closing_.emplace_back(absl::Now() + absl::Seconds(1), ep); }
+
 void UcxWorker::SetTick(absl::Duration every, std::function<void()> fn) {
   absl::MutexLock lock(&mu_);
   tick_every_ = every;
@@ -165,6 +167,14 @@ void UcxWorker::Loop() {
   auto tick = [&] {
     absl::Time now = absl::Now();
     if (now < next_tick) return;
+    for (auto it = closing_.begin(); it != closing_.end();) {
+      if (it->first > now) {
+        ++it;
+        continue;
+      }
+      CloseEndpoint(it->second);
+      it = closing_.erase(it);
+    }
     std::function<void()> fn;
     absl::Duration every;
     {
@@ -202,6 +212,9 @@ void UcxWorker::Loop() {
   }
   RunPosted();
   if (on_stop) on_stop();
+  RunPosted();
+  for (auto& [when, ep] : closing_) CloseEndpoint(ep);
+  closing_.clear();
   // Until 20 ms pass without an event (the closes completed), at most half a second.
   const absl::Time until = absl::Now() + absl::Milliseconds(500);
   absl::Time quiet_since = absl::Now();

@@ -59,6 +59,10 @@ class UcxWorker {
   // here (their requests complete while the thread still polls).
   void SetOnStop(std::function<void()> fn);
   bool OnProgressThread() const { return std::this_thread::get_id() == thread_.get_id(); }
+  // Progress thread: closes `ep` (force) a second from now, or when the worker stops. A failed peer's messages
+  // already received (an acknowledgement in a shared-memory queue, say) are handled first: UCX 1.13 aborts when
+  // one arrives for a request that closing the endpoint completed.
+  void CloseLater(ucp_ep_h ep);
 
   // Registers `cb` for active messages of `id` (whole messages; see ucp_am_handler_param_t). Progress thread.
   [[nodiscard]] absl::Status SetHandler(unsigned id, ucp_am_recv_callback_t cb, void* arg);
@@ -86,6 +90,7 @@ class UcxWorker {
   absl::Duration tick_every_ ABSL_GUARDED_BY(mu_) = absl::InfiniteDuration();
   std::function<void()> tick_ ABSL_GUARDED_BY(mu_);
   std::function<void()> on_stop_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<absl::Time, ucp_ep_h>> closing_;  // progress thread only
 };
 
 // Closes `ep` at once (force: in-flight requests fail), from the progress thread but never from inside one of

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/fabric/active_messages.h"
+#include "common/rpc.h"
 #include "glog/logging.h"
 
 namespace tessera {
@@ -114,7 +115,7 @@ ChunkCall* UcxChunkTransport::Find(uint64_t id) {
 void UcxChunkTransport::StartOnThread(ChunkCall* call) {
   Wire& wire = static_cast<Wire&>(*call->wire);
   calls_[wire.id] = call;
-  absl::StatusOr<Endpoint*> endpoint = EndpointFor(wire.address);
+  absl::StatusOr<Endpoint*> endpoint = EndpointFor(wire.address, call->server);
   if (!endpoint.ok()) {
     Fail(call, absl::Status(endpoint.status().code(), absl::StrCat(call->What(), ": ", endpoint.status().message())));
     return;
@@ -127,12 +128,15 @@ void UcxChunkTransport::StartOnThread(ChunkCall* call) {
   }
 }
 
-absl::StatusOr<UcxChunkTransport::Endpoint*> UcxChunkTransport::EndpointFor(const std::string& address) {
+absl::StatusOr<UcxChunkTransport::Endpoint*> UcxChunkTransport::EndpointFor(const std::string& address,
+                                                                          const std::string& server) {
   if (auto it = endpoints_.find(address); it != endpoints_.end()) return it->second.get();
   absl::StatusOr<SocketAddress> sockaddr = ResolveHostPort(address);
   if (!sockaddr.ok()) return sockaddr.status();
   auto endpoint = std::make_unique<Endpoint>();
   endpoint->address = address;
+  endpoint->watch = MakeChannel(server, *security_);
+  endpoint->watch->GetState(/*try_to_connect=*/true);
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_ERR_HANDLER |
                       UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
@@ -234,6 +238,9 @@ void UcxChunkTransport::Drop(Endpoint* endpoint, const absl::Status& why) {
   }
   const std::string address = endpoint->address;
   ucp_ep_h ep = endpoint->ep;
+  if (why.code() != absl::StatusCode::kCancelled) {
+    LOG(WARNING) << "UCX connection to " << address << " closed, " << affected.size() << " calls on it failed: " << why;
+  }
   endpoints_.erase(address);  // the next call connects again
   const absl::Status unavailable =
       why.code() == absl::StatusCode::kCancelled || why.code() == absl::StatusCode::kUnauthenticated ||
@@ -243,14 +250,33 @@ void UcxChunkTransport::Drop(Endpoint* endpoint, const absl::Status& why) {
   for (uint64_t id : affected) {
     ChunkCall* c = Find(id);
     if (c == nullptr) continue;
-    static_cast<Wire&>(*c->wire).endpoint = nullptr;
+    Wire& wire = static_cast<Wire&>(*c->wire);
+    wire.endpoint = nullptr;
+    // The call ends now; what UCX still holds for it ends when the endpoint is closed (a receive is cancelled
+    // first, so that nothing is written into the caller's memory after the call ended).
+    if (wire.recv_request != nullptr) ucp_request_cancel(worker_->worker(), wire.recv_request);
+    wire.send_request = nullptr;
+    wire.recv_request = nullptr;
     Fail(c, absl::Status(unavailable.code(), absl::StrCat(c->What(), ": ", unavailable.message())));
   }
-  // Closed from the loop, not from inside UCX's error handling (which may still be using the endpoint).
-  worker_->Post([ep] { CloseEndpoint(ep); });
+  worker_->CloseLater(ep);
+}
+
+void UcxChunkTransport::CheckServers() {
+  std::vector<Endpoint*> gone;
+  for (auto& [address, e] : endpoints_) {
+    // A dropped connection turns the channel idle; asked to connect again, it fails at once when nobody listens.
+    const grpc_connectivity_state state = e->watch->GetState(/*try_to_connect=*/true);
+    if (state == GRPC_CHANNEL_TRANSIENT_FAILURE || state == GRPC_CHANNEL_SHUTDOWN) gone.push_back(e.get());
+  }
+  for (Endpoint* e : gone) {
+    Drop(e, absl::UnavailableError(absl::StrCat("the server at ", e->address, " is unreachable (its process ended, or "
+                                                "the network to it failed)")));
+  }
 }
 
 void UcxChunkTransport::CheckDeadlines() {
+  CheckServers();
   const absl::Time now = absl::Now();
   std::vector<uint64_t> late;
   for (auto& [id, c] : calls_) {
