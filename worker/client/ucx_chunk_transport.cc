@@ -6,7 +6,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/fabric/active_messages.h"
-#include "common/rpc.h"
 #include "glog/logging.h"
 
 namespace tessera {
@@ -115,7 +114,7 @@ ChunkCall* UcxChunkTransport::Find(uint64_t id) {
 void UcxChunkTransport::StartOnThread(ChunkCall* call) {
   Wire& wire = static_cast<Wire&>(*call->wire);
   calls_[wire.id] = call;
-  absl::StatusOr<Endpoint*> endpoint = EndpointFor(wire.address, call->server);
+  absl::StatusOr<Endpoint*> endpoint = EndpointFor(wire.address);
   if (!endpoint.ok()) {
     Fail(call, absl::Status(endpoint.status().code(), absl::StrCat(call->What(), ": ", endpoint.status().message())));
     return;
@@ -128,15 +127,12 @@ void UcxChunkTransport::StartOnThread(ChunkCall* call) {
   }
 }
 
-absl::StatusOr<UcxChunkTransport::Endpoint*> UcxChunkTransport::EndpointFor(const std::string& address,
-                                                                          const std::string& server) {
+absl::StatusOr<UcxChunkTransport::Endpoint*> UcxChunkTransport::EndpointFor(const std::string& address) {
   if (auto it = endpoints_.find(address); it != endpoints_.end()) return it->second.get();
   absl::StatusOr<SocketAddress> sockaddr = ResolveHostPort(address);
   if (!sockaddr.ok()) return sockaddr.status();
   auto endpoint = std::make_unique<Endpoint>();
   endpoint->address = address;
-  endpoint->watch = MakeChannel(server, *security_);
-  endpoint->watch->GetState(/*try_to_connect=*/true);
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_ERR_HANDLER |
                       UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
@@ -252,9 +248,8 @@ void UcxChunkTransport::Drop(Endpoint* endpoint, const absl::Status& why) {
     if (c == nullptr) continue;
     Wire& wire = static_cast<Wire&>(*c->wire);
     wire.endpoint = nullptr;
-    // The call ends now; what UCX still holds for it ends when the endpoint is closed (a receive is cancelled
-    // first, so that nothing is written into the caller's memory after the call ended).
-    if (wire.recv_request != nullptr) ucp_request_cancel(worker_->worker(), wire.recv_request);
+    // The call ends now; what UCX still holds for it ends when the endpoint is closed. (Its peer failed or left
+    // the view, so no more of its bytes arrive.)
     wire.send_request = nullptr;
     wire.recv_request = nullptr;
     Fail(c, absl::Status(unavailable.code(), absl::StrCat(c->What(), ": ", unavailable.message())));
@@ -262,21 +257,7 @@ void UcxChunkTransport::Drop(Endpoint* endpoint, const absl::Status& why) {
   worker_->CloseLater(ep);
 }
 
-void UcxChunkTransport::CheckServers() {
-  std::vector<Endpoint*> gone;
-  for (auto& [address, e] : endpoints_) {
-    // A dropped connection turns the channel idle; asked to connect again, it fails at once when nobody listens.
-    const grpc_connectivity_state state = e->watch->GetState(/*try_to_connect=*/true);
-    if (state == GRPC_CHANNEL_TRANSIENT_FAILURE || state == GRPC_CHANNEL_SHUTDOWN) gone.push_back(e.get());
-  }
-  for (Endpoint* e : gone) {
-    Drop(e, absl::UnavailableError(absl::StrCat("the server at ", e->address, " is unreachable (its process ended, or "
-                                                "the network to it failed)")));
-  }
-}
-
 void UcxChunkTransport::CheckDeadlines() {
-  CheckServers();
   const absl::Time now = absl::Now();
   std::vector<uint64_t> late;
   for (auto& [id, c] : calls_) {

@@ -17,8 +17,6 @@
 #include <unordered_map>
 #include <vector>
 
-#include <grpcpp/channel.h>
-
 #include "common/fabric/ucx_worker.h"
 #include "common/security.h"
 #include "worker/client/chunk_transport.h"
@@ -47,9 +45,6 @@ class UcxChunkTransport final : public ChunkTransport {
     ucp_ep_h ep = nullptr;
     bool ready = false;             // the server accepted the hello
     std::vector<uint64_t> waiting;  // calls to send once it has
-    // The server's liveness: a gRPC connection to its gRPC address, which closes when the server's process
-    // dies (UCX's endpoints here do not watch their peer).
-    std::shared_ptr<grpc::Channel> watch;
   };
   struct Wire;
 
@@ -58,9 +53,8 @@ class UcxChunkTransport final : public ChunkTransport {
 
   // The rest runs on the progress thread.
   void StartOnThread(ChunkCall* call);
-  // The connection to `address` (of the server at gRPC address `server`), made (and its hello sent) when there
-  // is none.
-  absl::StatusOr<Endpoint*> EndpointFor(const std::string& address, const std::string& server);
+  // The connection to `address`, made (and its hello sent) when there is none.
+  absl::StatusOr<Endpoint*> EndpointFor(const std::string& address);
   void SendRequest(ChunkCall* call);
   // The call ends with `status` unless its outcome is known; what UCX still does for it is cancelled.
   void Fail(ChunkCall* call, const absl::Status& status);
@@ -69,9 +63,8 @@ class UcxChunkTransport final : public ChunkTransport {
   ChunkCall* Find(uint64_t id);
   // Fails every call of the connection and closes it.
   void Drop(Endpoint* endpoint, const absl::Status& why);
-  // Every tick: calls past their deadline fail; connections to servers whose process is gone are dropped.
+  // Every tick: calls past their deadline fail.
   void CheckDeadlines();
-  void CheckServers();
   ucs_status_t OnReply(const void* header, size_t header_length, void* data, size_t length,
                        const ucp_am_recv_param_t* param);
 
