@@ -5,7 +5,7 @@
 //   build/bin/tessera-bench --sections=a,b,c --repeats=3   # a part of it, from the repository root
 //
 // Sections (rows of the table):
-// Sections a, b and d have rows for each of --transports (gRPC, and UCX with trusted_network).
+// Sections a, b, d and e have rows for each of --transports (gRPC, and UCX with trusted_network).
 //   a. push, pull and push-then-pull (one PsClient::PushPull) of a float32 tensor of --sizes_mib between this
 //      process (a PsClient) and 1 and 2 real tessera-server processes (with a real tessera-scheduler) over
 //      loopback, as GB/s of payload and as a ratio to iperf3's single-stream loopback TCP. Each timed pull moves
@@ -83,7 +83,7 @@ DEFINE_string(server_counts, "1,2", "a: numbers of server processes to measure a
 DEFINE_int32(repeats, 7, "a: timed calls per measurement (the median is reported)");
 DEFINE_int32(repeats_large, 3, "a: timed calls per measurement for tensors of 64 MiB or more");
 DEFINE_int64(chunk_bytes, 1 << 20, "a, b, e: the job's chunk_bytes (bytes per chunk)");
-DEFINE_string(transports, "grpc,ucx", "a, b, d: the data-plane transports to measure, each with rows of its own");
+DEFINE_string(transports, "grpc,ucx", "a, b, d, e: the data-plane transports to measure, each with rows of its own");
 DEFINE_int32(iperf_seconds, 3, "a: length of the iperf3 loopback TCP measurement, in seconds");
 DEFINE_double(roundtrip_seconds, 2.0, "b: how long each round-trip rate is measured, in seconds");
 DEFINE_int32(update_mib, 16, "c: size of the updated array, in MiB of float32");
@@ -976,19 +976,28 @@ void StandInSection(const Context& ctx, Table& table) {
   const double compute_only = 1000.0 / t_ms;
   const std::string reference = absl::StrFormat("1000/T = %.1f steps/s (T = %d ms)", compute_only, FLAGS_simulate_compute_ms);
   const bool supported = WorkerHasFlag(ctx, "simulate_compute_ms");
+  absl::StatusOr<std::vector<tessera::v1::Transport>> transports = Transports();
+  if (!transports.ok()) {
+    table.Failed("e", "flags", transports.status());
+    return;
+  }
+  for (tessera::v1::Transport transport : *transports)
   for (int workers : {1, 2}) {
+    const std::string over = TransportLabel(transport);
     const std::string what =
         absl::StrCat("GPU stand-in, 16 MiB MLP, 2 servers + ", workers, workers == 1 ? " worker" : " workers",
-                     ", sync: steps/s");
+                     ", sync, ", over, ": steps/s");
     const std::string target = workers == 1 ? ">= 0.9x" : ">= 0.8x";
     if (!supported) {
       table.Add({"e", what, "n/a (needs --simulate_compute_ms)", reference, "n/a", target,
                  "tessera-worker has no --simulate_compute_ms yet"});
       continue;
     }
-    Progress(absl::StrCat("e: GPU stand-in, ", workers, " worker(s), ", FLAGS_gpu_steps, " steps"));
+    Progress(absl::StrCat("e: GPU stand-in, ", workers, " worker(s), ", over, ", ", FLAGS_gpu_steps, " steps"));
+    JobSpec job = StandInJob(workers);
+    SetTransport(transport, job);
     absl::StatusOr<std::unique_ptr<Cluster>> cluster =
-        StartCluster(ctx, absl::StrCat("stand-in-", workers), StandInJob(workers), workers,
+        StartCluster(ctx, absl::StrCat("stand-in-", workers, "-", over), job, workers,
                      {"--device=" + FLAGS_device, absl::StrCat("--simulate_compute_ms=", FLAGS_simulate_compute_ms)});
     absl::Status status = cluster.ok() ? (*cluster)->WaitForJob(absl::Seconds(FLAGS_run_timeout_s)) : cluster.status();
     if (!status.ok()) {
