@@ -108,11 +108,11 @@ grpc::ServerUnaryReactor* ServerService::Pull(grpc::CallbackServerContext* conte
   return Finish(context, absl::OkStatus());
 }
 
-void ServerService::RunUpdate(size_t bytes, std::function<void()> apply) {
-  if (bytes < inline_update_bytes_) {
+void RunUpdate(ThreadPool* updates, size_t inline_update_bytes, size_t bytes, std::function<void()> apply) {
+  if (bytes < inline_update_bytes) {
     apply();
   } else {
-    updates_->Submit(std::move(apply));
+    updates->Submit(std::move(apply));
   }
 }
 
@@ -127,7 +127,7 @@ grpc::ServerUnaryReactor* ServerService::Push(grpc::CallbackServerContext* conte
   absl::StatusOr<ChunkPush> push = ToChunkPush(*r, ClientMetadata(*context, kMemberKeyHeader));
   if (!push.ok()) return Finish(context, push.status());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  RunUpdate(payload->size(), [this, context, response, reactor, r, push = *std::move(push), payload] {
+  RunUpdate(updates_, inline_update_bytes_, payload->size(), [this, context, response, reactor, r, push = *std::move(push), payload] {
     absl::StatusOr<PushOutcome> outcome = store_->Push(push, *payload);
     if (!outcome.ok()) {
       reactor->Finish(ToGrpcStatus(outcome.status(), context));
@@ -156,7 +156,7 @@ grpc::ServerUnaryReactor* ServerService::PushPull(grpc::CallbackServerContext* c
   if (!push.ok()) return Finish(context, push.status());
   auto* reactor = new ExchangeReactor(context, response);
   std::shared_ptr<ExchangeWaiter> waiter = reactor->waiter();
-  RunUpdate(payload->size(), [this, r, push = *std::move(push), payload, waiter] {
+  RunUpdate(updates_, inline_update_bytes_, payload->size(), [this, r, push = *std::move(push), payload, waiter] {
     store_->PushPull(push, *payload, waiter);
   });
   return reactor;

@@ -18,6 +18,10 @@
 
 namespace tessera {
 
+// Runs `apply` (a push's update) on `updates` when the push carries at least `inline_update_bytes`, else on the
+// calling thread (small updates take microseconds). Both the gRPC and the UCX adapter apply pushes this way.
+void RunUpdate(ThreadPool* updates, size_t inline_update_bytes, size_t bytes, std::function<void()> apply);
+
 // The store's view of a push request (its key points into `r`), made with the caller's member key.
 // INVALID_ARGUMENT for a kind that is neither GRADIENT nor ASSIGN.
 [[nodiscard]] absl::StatusOr<ChunkPush> ToChunkPush(const tessera::v1::PushRequest& r, absl::string_view member_key);
@@ -67,8 +71,6 @@ class ServerService final : public ParameterServerBase {
                                  grpc::ByteBuffer* response) override;
 
  private:
-  // Runs `apply` on the update pool when the push carries at least inline_update_bytes_, else here.
-  void RunUpdate(size_t bytes, std::function<void()> apply);
   // OK when the call carries the scheduler's control key.
   absl::Status CheckControlKey(const grpc::CallbackServerContext& context) const;
 

@@ -19,6 +19,19 @@ void Finish(InFlight* f, ucs_status_t status, const char* what) {
   delete f;
 }
 
+// What an nbx call returned: done at once (null), failed at once, or in flight (the request, for cancelling).
+void* Track(ucs_status_ptr_t request, InFlight* f, const char* what) {
+  if (request == nullptr) {
+    Finish(f, UCS_OK, what);
+    return nullptr;
+  }
+  if (UCS_PTR_IS_ERR(request)) {
+    Finish(f, UCS_PTR_STATUS(request), what);
+    return nullptr;
+  }
+  return request;
+}
+
 }  // namespace
 
 void* SendActiveMessage(ucp_ep_h ep, FabricMessage id, std::string header, const void* data, size_t length,
@@ -32,17 +45,8 @@ void* SendActiveMessage(ucp_ep_h ep, FabricMessage id, std::string header, const
     Finish(static_cast<InFlight*>(user_data), status, "UCX send");
     ucp_request_free(request);
   };
-  ucs_status_ptr_t request =
-      ucp_am_send_nbx(ep, id, f->header.data(), f->header.size(), data, data == nullptr ? 0 : length, &param);
-  if (request == nullptr) {
-    Finish(f, UCS_OK, "UCX send");
-    return nullptr;
-  }
-  if (UCS_PTR_IS_ERR(request)) {
-    Finish(f, UCS_PTR_STATUS(request), "UCX send");
-    return nullptr;
-  }
-  return request;
+  return Track(ucp_am_send_nbx(ep, id, f->header.data(), f->header.size(), data, data == nullptr ? 0 : length, &param),
+               f, "UCX send");
 }
 
 void* ReceiveActiveMessageData(ucp_worker_h worker, void* desc, void* dst, size_t length,
@@ -55,16 +59,7 @@ void* ReceiveActiveMessageData(ucp_worker_h worker, void* desc, void* dst, size_
     Finish(static_cast<InFlight*>(user_data), status, "UCX receive");
     ucp_request_free(request);
   };
-  ucs_status_ptr_t request = ucp_am_recv_data_nbx(worker, desc, dst, length, &param);
-  if (request == nullptr) {
-    Finish(f, UCS_OK, "UCX receive");
-    return nullptr;
-  }
-  if (UCS_PTR_IS_ERR(request)) {
-    Finish(f, UCS_PTR_STATUS(request), "UCX receive");
-    return nullptr;
-  }
-  return request;
+  return Track(ucp_am_recv_data_nbx(worker, desc, dst, length, &param), f, "UCX receive");
 }
 
 tessera::v1::FabricReply ReplyWithStatus(uint64_t request_id, const absl::Status& status) {

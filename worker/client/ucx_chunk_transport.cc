@@ -189,8 +189,7 @@ void UcxChunkTransport::SendRequest(ChunkCall* call) {
     data = call->src.data();
     length = call->src.size() * sizeof(float);
   }
-  // The send may complete at once, running the callback before the request is returned (null then).
-  wire.send_request = reinterpret_cast<void*>(1);
+  // A send that completes (or fails) at once runs its callback before returning null; the call may be gone then.
   void* pending = SendActiveMessage(wire.endpoint->ep, kFabricRequest, request.SerializeAsString(), data, length,
                                     nullptr, [this, id](const absl::Status& sent) {
                                       ChunkCall* c = Find(id);
@@ -202,7 +201,7 @@ void UcxChunkTransport::SendRequest(ChunkCall* call) {
                                         MaybeFinish(c);
                                       }
                                     });
-  if (Find(id) == call && wire.send_request != nullptr) wire.send_request = pending;
+  if (pending != nullptr) wire.send_request = pending;
 }
 
 void UcxChunkTransport::Fail(ChunkCall* call, const absl::Status& status) {
@@ -334,7 +333,7 @@ ucs_status_t UcxChunkTransport::OnReply(const void* header, size_t header_length
     return UCS_OK;
   }
   const uint64_t id = wire.id;
-  wire.recv_request = reinterpret_cast<void*>(1);
+  // As for a send: a receive done at once has run its callback, and the call may be gone.
   void* pending = ReceiveActiveMessageData(worker_->worker(), data, call->dst.data(), length,
                                            [this, id](const absl::Status& received) {
                                              ChunkCall* c = Find(id);
@@ -349,7 +348,7 @@ ucs_status_t UcxChunkTransport::OnReply(const void* header, size_t header_length
                                              }
                                              MaybeFinish(c);
                                            });
-  if (Find(id) == call && wire.recv_request != nullptr) wire.recv_request = pending;
+  if (pending != nullptr) wire.recv_request = pending;
   return UCS_OK;
 }
 
