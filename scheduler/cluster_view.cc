@@ -268,6 +268,10 @@ absl::StatusOr<ClusterView::Placed> ClusterView::Place(const std::vector<tessera
   tessera::v1::ShardMap map;
   if (placement_) {
     map = MapLocked();  // new parameters go to the servers alive now
+    if (map.servers_size() == 0) {
+      // A resumed job whose servers have not registered again yet (or all lost): the declaration waits for them.
+      return absl::UnavailableError("waiting for servers: none of the job's servers is alive");
+    }
   } else {
     std::vector<std::string> missing;
     for (const Member& m : servers_) {
@@ -283,7 +287,7 @@ absl::StatusOr<ClusterView::Placed> ClusterView::Place(const std::vector<tessera
       auto* info = map.add_servers();
       info->set_id(s.id);
       info->set_address(s.address);
-    info->set_fabric_address(s.fabric_address);
+      info->set_fabric_address(s.fabric_address);
     }
   }
   const int64_t placed_params = map.params_size();
