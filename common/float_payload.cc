@@ -1,6 +1,6 @@
 #include "common/float_payload.h"
 
-#include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -9,14 +9,32 @@
 
 namespace tessera {
 
-absl::Status SpanPayload::CopyFloatsTo(absl::Span<float> out, bool check_finite, std::string_view what) const {
-  if (values_.size() != out.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": expected ", out.size() * sizeof(float),
-                                                   " bytes (", out.size(), " float32 values), got ", size()));
+absl::Status FloatPayload::CopyFloatsTo(absl::Span<float> out, bool check_finite, std::string_view what) const {
+  const WireEncoding& e = encoding();
+  if (!e.sparse && e.precision == tessera::v1::WireSpec::FP32) {
+    if (size() != out.size() * sizeof(float)) {
+      return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": expected ", out.size() * sizeof(float),
+                                                     " bytes (", out.size(), " float32 values), got ", size()));
+    }
+    return CopyFloat32To(out, check_finite, what);
   }
-  if (check_finite) TESSERA_RETURN_IF_ERROR(CheckFinite(values_, what));
-  std::copy(values_.begin(), values_.end(), out.begin());
-  return absl::OkStatus();
+  // Every encoding but top-k is at most as long as the float32 values; top-k longer than that is refused.
+  if (size() > out.size() * sizeof(float)) {
+    return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": ", size(), " bytes for ", out.size(),
+                                                   " values in ", PrecisionName(e.precision)));
+  }
+  CopyBytesTo(reinterpret_cast<char*>(out.data()));
+  TESSERA_RETURN_IF_ERROR(DecodeInPlace(out, size(), e, what));
+  return check_finite ? CheckFinite(out, what) : absl::OkStatus();
+}
+
+absl::Status FloatPayload::CopyFloat32To(absl::Span<float> out, bool check_finite, std::string_view what) const {
+  CopyBytesTo(reinterpret_cast<char*>(out.data()));
+  return check_finite ? CheckFinite(out, what) : absl::OkStatus();
+}
+
+void SpanPayload::CopyBytesTo(char* out) const {
+  if (!bytes_.empty() && out != bytes_.data()) std::memcpy(out, bytes_.data(), bytes_.size());
 }
 
 }  // namespace tessera

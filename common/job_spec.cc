@@ -261,6 +261,15 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
     return FieldError("transport", "UCX does not encrypt: set trusted_network: true for a private fabric, or keep "
                                    "transport GRPC (TLS) on any other network");
   }
+  const tessera::v1::WireSpec& wire = job.wire();
+  if (!tessera::v1::WireSpec::Precision_IsValid(wire.gradients()) ||
+      !tessera::v1::WireSpec::Precision_IsValid(wire.values())) {
+    return FieldError("wire", "precisions are FP32, BF16 or FP16");
+  }
+  if (!(wire.gradient_top_k() >= 0 && wire.gradient_top_k() <= 0.5f)) {
+    return FieldError("wire.gradient_top_k",
+                      absl::StrCat("expected a fraction in (0, 0.5] (0: dense), got ", wire.gradient_top_k()));
+  }
   const ConsistencySpec& c = job.consistency();
   if (c.staleness() < 0) return FieldError("consistency.staleness", absl::StrCat("expected >= 0, got ", c.staleness()));
   if (c.mode() != ConsistencySpec::SSP && c.staleness() != 0) {

@@ -78,8 +78,8 @@ class SliceReader {
 
 }  // namespace
 
-grpc::Slice BorrowedFloatsSlice(absl::Span<const float> values) {
-  return grpc::Slice(values.data(), values.size() * sizeof(float), grpc::Slice::STATIC_SLICE);
+grpc::Slice BorrowedBytesSlice(std::string_view bytes) {
+  return grpc::Slice(bytes.data(), bytes.size(), grpc::Slice::STATIC_SLICE);
 }
 
 grpc::ByteBuffer SerializeWithPayload(const google::protobuf::MessageLite& header, int field_number,
@@ -152,11 +152,15 @@ absl::Status ParseWithPayload(const grpc::ByteBuffer& buffer, int field_number,
   return absl::OkStatus();
 }
 
-absl::Status ReceivedPayload::CopyFloatsTo(absl::Span<float> out, bool check_finite, std::string_view what) const {
-  if (size_ != out.size() * sizeof(float)) {
-    return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": expected ", out.size() * sizeof(float),
-                                                   " bytes (", out.size(), " float32 values), got ", size_));
+void ReceivedPayload::CopyBytesTo(char* out) const {
+  size_t done = 0;
+  for (std::string_view fragment : fragments_) {
+    std::memcpy(out + done, fragment.data(), fragment.size());
+    done += fragment.size();
   }
+}
+
+absl::Status ReceivedPayload::CopyFloat32To(absl::Span<float> out, bool check_finite, std::string_view what) const {
   // Copy and check block by block, so each block is checked while it is still in cache.
   char* dst = reinterpret_cast<char*>(out.data());
   size_t done = 0;      // bytes copied

@@ -7,7 +7,8 @@
 // while the payload goes from the tensor's memory to the socket without being copied into a string first.
 //
 // Receiving: the fields other than the payload are parsed into the message; the payload stays in gRPC's slices
-// (no copy) until CopyFloatsTo writes it, once, into its destination, checking finiteness on the way.
+// (no copy) until CopyFloatsTo writes it, once, into its destination, decoding it from its wire precision and
+// checking finiteness on the way.
 //
 //   grpc::ByteBuffer wire = SerializeWithPayload(header, /*field=*/8, PayloadSlice(grad));
 //   ...
@@ -31,9 +32,9 @@
 
 namespace tessera {
 
-// A slice over `values` without copying; the memory must stay valid and unchanged until the call that sends
+// A slice over `bytes` without copying; the memory must stay valid and unchanged until the call that sends
 // it has completed.
-grpc::Slice BorrowedFloatsSlice(absl::Span<const float> values);
+grpc::Slice BorrowedBytesSlice(std::string_view bytes);
 
 // `header` (whose payload field must be empty) followed by field `field_number` holding `payload`.
 grpc::ByteBuffer SerializeWithPayload(const google::protobuf::MessageLite& header, int field_number,
@@ -44,7 +45,10 @@ class ReceivedPayload final : public FloatPayload {
  public:
   size_t size() const override { return size_; }
   bool empty() const { return size_ == 0; }
-  absl::Status CopyFloatsTo(absl::Span<float> out, bool check_finite, std::string_view what) const override;
+
+ protected:
+  void CopyBytesTo(char* out) const override;
+  absl::Status CopyFloat32To(absl::Span<float> out, bool check_finite, std::string_view what) const override;
 
  private:
   friend absl::Status ParseWithPayload(const grpc::ByteBuffer&, int, google::protobuf::MessageLite*,

@@ -6,6 +6,8 @@
 #include <string>
 #include <string_view>
 
+#include "common/wire_format.h"
+
 namespace tessera {
 
 // Which chunk, and under which shard-map epoch the sender addresses it.
@@ -19,6 +21,7 @@ struct ChunkPull {
   ChunkAddress address;
   int64_t have_version = -1;  // the version the caller holds; its bytes are not sent again. -1: none
   int worker_id = 0;          // the caller's rank
+  WirePrecision precision = tessera::v1::WireSpec::FP32;  // of the values answered
 };
 
 struct ChunkPush {

@@ -10,16 +10,18 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/buffer_pool.h"
+#include "common/wire_format.h"
 
 namespace tessera {
 
-// A chunk's values at one version. `bytes` holds `length` bytes of float32 values; null when the caller already
-// held this version.
+// A chunk's values at one version. `bytes` holds `length` bytes of values in `precision`; null when the caller
+// already held this version.
 struct ChunkValues {
   int64_t version = 0;
   int64_t clock_version = 0;
   std::shared_ptr<const PooledBuffer> bytes;
   size_t length = 0;
+  WirePrecision precision = tessera::v1::WireSpec::FP32;
 };
 
 // One PushPull waiting for its answer. Exactly one Complete() runs `done`; later ones do nothing, so the round

@@ -22,6 +22,7 @@ FabricReply ReplyWithValues(uint64_t request_id, const ChunkValues& values) {
   reply.set_request_id(request_id);
   reply.set_version(values.version);
   reply.set_clock_version(values.clock_version);
+  reply.set_data_precision(values.precision);
   return reply;
 }
 
@@ -169,8 +170,7 @@ ucs_status_t FabricService::OnRequest(const void* header, size_t header_length, 
   if (request->op() == FabricRequest::PULL) {
     release();
     const tessera::v1::PullRequest& r = request->pull();
-    absl::StatusOr<ChunkValues> values = store_->Pull(
-        ChunkPull{{r.epoch(), r.key().param(), r.key().index()}, r.have_version(), r.worker_id()});
+    absl::StatusOr<ChunkValues> values = store_->Pull(ToChunkPull(r));
     if (!values.ok()) {
       Reply(ep, ReplyWithStatus(request->request_id(), values.status()));
     } else {
@@ -178,14 +178,19 @@ ucs_status_t FabricService::OnRequest(const void* header, size_t header_length, 
     }
     return UCS_OK;
   }
-  if (length % sizeof(float) != 0 || length > static_cast<size_t>(kMaxMessageBytes)) {
+  const WireEncoding encoding = EncodingOf(request->push());
+  const size_t width = BytesPerValue(encoding.precision);
+  if ((!encoding.sparse && length % width != 0) || length > static_cast<size_t>(kMaxMessageBytes)) {
     release();
     Reply(ep, ReplyWithStatus(request->request_id(),
-                              absl::InvalidArgumentError(absl::StrCat("a push of ", length, " bytes: expected float32 "
-                                                                      "values, at most ", kMaxMessageBytes, " bytes"))));
+                              absl::InvalidArgumentError(absl::StrCat(
+                                  "a push of ", length, " bytes: expected ", PrecisionName(encoding.precision),
+                                  " values, at most ", kMaxMessageBytes, " bytes"))));
     return UCS_OK;
   }
-  std::shared_ptr<PooledBuffer> values = buffers_.Get(std::max<size_t>(length, 1));
+  // Room for the values decoded (dense ones are decoded where they arrived: no second copy).
+  const size_t decoded = encoding.sparse ? length : length / width * sizeof(float);
+  std::shared_ptr<PooledBuffer> values = buffers_.Get(std::max<size_t>(decoded, 1));
   if (!rendezvous) {
     if (length > 0) std::memcpy(values->data(), data, length);
     Apply(ep, std::move(request), std::move(values), length);
@@ -203,7 +208,7 @@ ucs_status_t FabricService::OnRequest(const void* header, size_t header_length, 
 }
 
 void FabricService::Apply(ucp_ep_h ep, std::shared_ptr<const FabricRequest> request,
-                          std::shared_ptr<const PooledBuffer> values, size_t length) {
+                          std::shared_ptr<PooledBuffer> values, size_t length) {
   auto connection = connections_.find(ep);
   if (connection == connections_.end()) return;  // closed while the values arrived: the caller retries
   const Connection& c = connection->second;
@@ -218,7 +223,8 @@ void FabricService::Apply(ucp_ep_h ep, std::shared_ptr<const FabricRequest> requ
   }
   const uint64_t id = request->request_id();
   auto apply = [this, ep, id, request, values, length, push = *std::move(push)] {
-    SpanPayload payload(absl::MakeConstSpan(reinterpret_cast<const float*>(values->data()), length / sizeof(float)));
+    SpanPayload payload(values->data(), length, values->capacity());
+    payload.set_encoding(EncodingOf(request->push()));
     if (request->op() == FabricRequest::PUSH) {
       absl::StatusOr<PushOutcome> outcome = store_->Push(push, payload);
       if (!outcome.ok()) {

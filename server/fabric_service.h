@@ -59,7 +59,7 @@ class FabricService {
                          const ucp_am_recv_param_t* param);
   // A push's values are in `values`: applies it (on the update pool when large) and answers.
   void Apply(ucp_ep_h ep, std::shared_ptr<const tessera::v1::FabricRequest> request,
-             std::shared_ptr<const PooledBuffer> values, size_t length);
+             std::shared_ptr<PooledBuffer> values, size_t length);
 
   // Any thread: sends `reply` (and `values`' first `length` bytes) on `ep`, if it is still connected.
   void Reply(ucp_ep_h ep, tessera::v1::FabricReply reply, std::shared_ptr<const PooledBuffer> values = nullptr,

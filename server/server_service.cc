@@ -32,6 +32,7 @@ void WriteValues(const ChunkValues& values, grpc::ByteBuffer* response) {
   PullResponse header;
   header.set_version(values.version);
   header.set_clock_version(values.clock_version);
+  header.set_data_precision(values.precision);
   if (values.bytes == nullptr) {
     grpc::Slice head(header.SerializeAsString());
     *response = grpc::ByteBuffer(&head, 1);
@@ -60,13 +61,27 @@ absl::StatusOr<ChunkPush> ToChunkPush(const PushRequest& r, absl::string_view me
   return push;
 }
 
+ChunkPull ToChunkPull(const PullRequest& r) {
+  return ChunkPull{{r.epoch(), r.key().param(), r.key().index()}, r.have_version(), r.worker_id(),
+                   r.reply_precision()};
+}
+
+WireEncoding EncodingOf(const PushRequest& r) {
+  WireEncoding encoding;
+  encoding.precision = r.data_precision();
+  encoding.sparse = r.data_sparse();
+  return encoding;
+}
+
 namespace {
 
 // A push's request, authenticated and parsed, its values left in gRPC's slices.
 absl::Status ParsePush(const grpc::CallbackServerContext& context, const grpc::ByteBuffer& request,
                        const Security& security, PushRequest* r, ReceivedPayload* payload) {
   TESSERA_RETURN_IF_ERROR(security.Authenticate(context));
-  return ParseWithPayload(request, kPushDataField, r, payload);
+  TESSERA_RETURN_IF_ERROR(ParseWithPayload(request, kPushDataField, r, payload));
+  payload->set_encoding(EncodingOf(*r));
+  return absl::OkStatus();
 }
 
 // A PushPull in flight. The store completes its waiter, from this call's thread or from the push that closes
@@ -101,8 +116,7 @@ grpc::ServerUnaryReactor* ServerService::Pull(grpc::CallbackServerContext* conte
   absl::Status parsed = security_->Authenticate(*context);
   if (parsed.ok()) parsed = ParseWithPayload(*request, /*field_number=*/0, &r, &unused);
   if (!parsed.ok()) return Finish(context, parsed);
-  absl::StatusOr<ChunkValues> values =
-      store_->Pull(ChunkPull{{r.epoch(), r.key().param(), r.key().index()}, r.have_version(), r.worker_id()});
+  absl::StatusOr<ChunkValues> values = store_->Pull(ToChunkPull(r));
   if (!values.ok()) return Finish(context, values.status());
   WriteValues(*values, response);
   return Finish(context, absl::OkStatus());

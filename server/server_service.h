@@ -25,6 +25,10 @@ void RunUpdate(ThreadPool* updates, size_t inline_update_bytes, size_t bytes, st
 // The store's view of a push request (its key points into `r`), made with the caller's member key.
 // INVALID_ARGUMENT for a kind that is neither GRADIENT nor ASSIGN.
 [[nodiscard]] absl::StatusOr<ChunkPush> ToChunkPush(const tessera::v1::PushRequest& r, absl::string_view member_key);
+// The store's view of a pull request (its key points into `r`).
+ChunkPull ToChunkPull(const tessera::v1::PullRequest& r);
+// How a push request's values are encoded.
+WireEncoding EncodingOf(const tessera::v1::PushRequest& r);
 
 // Every method takes its request as bytes: the store parses pushes without copying their values, and every
 // method answers a missing token or an unparsable request the same way (common/rpc_handler.h).

@@ -258,7 +258,7 @@ void ShardStore::CloseCompleteRounds(const JobConfig& config, const Roster& rost
     std::vector<std::shared_ptr<ExchangeWaiter>> waiters;
     if (!config.policy->CloseIfCompleteLocked(*chunk, roster, dropped, waiters)) continue;
     cut_.OfferLocked(*chunk);
-    closed.emplace_back(std::move(waiters), ValuesLocked(*chunk, roster));
+    closed.emplace_back(std::move(waiters), ValuesLocked(*chunk, roster, config.job.wire().values()));
   }
   if (dropped > 0) {
     absl::MutexLock counters_lock(&counters_mu_);
@@ -328,13 +328,14 @@ absl::StatusOr<ShardStore::Found> ShardStore::Find(const ChunkAddress& address) 
   return Found{it->second.get(), config_.get(), roster_};
 }
 
-ChunkValues ShardStore::ValuesLocked(const Chunk& chunk, const Roster& roster) const {
+ChunkValues ShardStore::ValuesLocked(const Chunk& chunk, const Roster& roster, WirePrecision precision) const {
   ChunkValues values;
   values.version = chunk.version;
   values.clock_version = ClockVersionLocked(chunk, roster);
-  values.length = chunk.values.size() * sizeof(float);
+  values.precision = precision;
+  values.length = chunk.values.size() * BytesPerValue(precision);
   std::shared_ptr<PooledBuffer> buffer = buffers_.Get(values.length);
-  if (values.length > 0) std::memcpy(buffer->data(), chunk.values.data(), values.length);
+  EncodeValues(chunk.values, precision, buffer->data());
   values.bytes = std::move(buffer);
   return values;
 }
@@ -354,7 +355,7 @@ absl::StatusOr<ChunkValues> ShardStore::Pull(const ChunkPull& request) const {
     unchanged.clock_version = ClockVersionLocked(chunk, *found.roster);
     return unchanged;
   }
-  return ValuesLocked(chunk, *found.roster);
+  return ValuesLocked(chunk, *found.roster, request.precision);
 }
 
 absl::Status ShardStore::CheckMemberKey(int worker, std::string_view key) const {
@@ -425,8 +426,14 @@ absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& re
     absl::ReaderMutexLock lock(&chunk.mu);
     length = chunk.values.size();
   }
-  std::shared_ptr<PooledBuffer> scratch = buffers_.Get(length * sizeof(float));
-  absl::Span<float> values(reinterpret_cast<float*>(scratch->data()), length);
+  // Decoded where the payload lies when it has room, else into a buffer of its own.
+  std::shared_ptr<PooledBuffer> scratch;
+  float* room = payload.Room(length);
+  if (room == nullptr) {
+    scratch = buffers_.Get(length * sizeof(float));
+    room = reinterpret_cast<float*>(scratch->data());
+  }
+  absl::Span<float> values(room, length);
   // Nothing non-finite enters the values, gradient or assignment.
   TESSERA_RETURN_IF_ERROR(payload.CopyFloatsTo(values, /*check_finite=*/true, what));
 
@@ -458,7 +465,7 @@ absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& re
     if (waiter != nullptr && admission.round_open) {
       chunk.round.Park(*waiter);
     } else if (waiter != nullptr || !admission.closed_waiters.empty()) {
-      applied.values = ValuesLocked(chunk, roster);
+      applied.values = ValuesLocked(chunk, roster, job.wire().values());
     }
   }
 

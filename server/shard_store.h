@@ -163,8 +163,9 @@ class ShardStore {
   absl::StatusOr<Applied> PushInternal(const ChunkPush& request, const FloatPayload& payload,
                                        const std::shared_ptr<ExchangeWaiter>* waiter);
 
-  // A copy of the chunk's values into a pooled buffer.
-  ChunkValues ValuesLocked(const Chunk& chunk, const Roster& roster) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  // The chunk's values in `precision`, in a pooled buffer.
+  ChunkValues ValuesLocked(const Chunk& chunk, const Roster& roster, WirePrecision precision) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
 
   // After a new view or a round decision: closes every chunk's round that is complete now, into `closed`, and
   // counts the late gradients the rounds left out.

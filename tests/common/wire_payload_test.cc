@@ -39,6 +39,10 @@ std::string Flatten(const grpc::ByteBuffer& buffer) {
   return out;
 }
 
+std::string_view BytesOf(const std::vector<float>& values) {
+  return {reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float)};
+}
+
 // Re-cuts `bytes` into slices of `piece` bytes, as a network read may deliver them.
 grpc::ByteBuffer Recut(const std::string& bytes, size_t piece) {
   std::vector<grpc::Slice> slices;
@@ -49,7 +53,7 @@ grpc::ByteBuffer Recut(const std::string& bytes, size_t piece) {
 TEST(WirePayloadTest, SerialisedMessageIsTheOrdinaryProtobufMessage) {
   std::vector<float> values = {1.5f, -2.0f, 3.25f};
   grpc::ByteBuffer wire =
-      SerializeWithPayload(Header(), PushRequest::kDataFieldNumber, BorrowedFloatsSlice(values));
+      SerializeWithPayload(Header(), PushRequest::kDataFieldNumber, BorrowedBytesSlice(BytesOf(values)));
   PushRequest parsed;
   ASSERT_TRUE(parsed.ParseFromString(Flatten(wire)));
   EXPECT_EQ(parsed.seq(), 11u);
@@ -77,9 +81,35 @@ TEST(WirePayloadTest, ParsesAMessageFromAnyProtobufWriterCutAnywhere) {
   }
 }
 
+// A bfloat16 payload cut anywhere decodes to the values it encodes, and a wrong length is refused.
+TEST(WirePayloadTest, DecodesABf16PayloadCutAnywhere) {
+  std::vector<float> values(1001);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i % 256) - 128.0f;  // exact in BF16
+  std::string encoded(values.size() * 2, '\0');
+  EncodeValues(values, tessera::v1::WireSpec::BF16, encoded.data());
+  PushRequest full = Header();
+  full.set_data(encoded);
+  WireEncoding bf16;
+  bf16.precision = tessera::v1::WireSpec::BF16;
+  for (size_t piece : {1, 3, 7, 100, 100000}) {
+    PushRequest header;
+    ReceivedPayload payload;
+    ASSERT_THAT(ParseWithPayload(Recut(full.SerializeAsString(), piece), PushRequest::kDataFieldNumber, &header,
+                                 &payload),
+                IsOk());
+    payload.set_encoding(bf16);
+    std::vector<float> out(values.size());
+    ASSERT_THAT(payload.CopyFloatsTo(absl::MakeSpan(out), true, "w"), IsOk());
+    EXPECT_EQ(out, values) << piece;
+    std::vector<float> fewer(values.size() - 1);
+    EXPECT_THAT(payload.CopyFloatsTo(absl::MakeSpan(fewer), true, "push to w/0"),
+                StatusIs(absl::StatusCode::kInvalidArgument, "expected 2000 bytes (1000 BF16 values), got 2002"));
+  }
+}
+
 TEST(WirePayloadTest, WrongLengthAndNonFiniteValuesAreInvalidArguments) {
   std::vector<float> values = {1, 2, std::numeric_limits<float>::quiet_NaN(), 4};
-  grpc::ByteBuffer wire = SerializeWithPayload(Header(), PushRequest::kDataFieldNumber, BorrowedFloatsSlice(values));
+  grpc::ByteBuffer wire = SerializeWithPayload(Header(), PushRequest::kDataFieldNumber, BorrowedBytesSlice(BytesOf(values)));
   PushRequest header;
   ReceivedPayload payload;
   ASSERT_THAT(ParseWithPayload(wire, PushRequest::kDataFieldNumber, &header, &payload), IsOk());

@@ -13,6 +13,45 @@ std::string ChunkCall::What() const {
                       placement->index(), " at ", server);
 }
 
+namespace {
+
+WireEncoding GradientEncoding(const tessera::v1::WireSpec& wire) {
+  WireEncoding encoding;
+  encoding.precision = wire.gradients();
+  encoding.sparse = wire.gradient_top_k() > 0;
+  encoding.top_k = wire.gradient_top_k();
+  return encoding;
+}
+
+std::string_view BytesOf(absl::Span<const float> values) {
+  return {reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float)};
+}
+
+}  // namespace
+
+ChunkCaller::ChunkCaller(std::unique_ptr<ChunkTransport> transport, const tessera::v1::WireSpec& wire)
+    : transport_(std::move(transport)), gradients_(GradientEncoding(wire)), values_(wire.values()) {}
+
+void ChunkCaller::EncodeGradientOf(ChunkCall& call, absl::Span<const float> grad, uint64_t seq) {
+  tessera::v1::PushRequest& r = call.push;
+  if (!gradients_.sparse && gradients_.precision == tessera::v1::WireSpec::FP32) {
+    call.src = BytesOf(grad);  // exact: straight from the caller's memory
+    return;
+  }
+  Feedback& f = feedback_[call.key()];
+  if (f.sent == nullptr || f.seq != seq) {
+    if (f.residual.size() != grad.size()) f.residual.assign(grad.size(), 0.0f);
+    std::shared_ptr<PooledBuffer> buffer = buffers_.Get(std::max<size_t>(MaxEncodedBytes(gradients_, grad.size()), 1));
+    f.length = EncodeGradient(grad, absl::MakeSpan(f.residual), gradients_, buffer->data());
+    f.sent = std::move(buffer);
+    f.seq = seq;
+  }
+  call.src = std::string_view(f.sent->data(), f.length);
+  call.src_owner = f.sent;
+  r.set_data_precision(gradients_.precision);
+  r.set_data_sparse(gradients_.sparse);
+}
+
 absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> ChunkCaller::Make(
     ChunkOp op, const std::shared_ptr<const ShardMapIndex>& map, size_t name_index, const std::string& name,
     absl::Span<const float> grad, int batch_size, absl::Span<float> out, Stamp stamp, const CallerIdentity& who,
@@ -46,15 +85,20 @@ absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> ChunkCaller::Make(
     call->timeout = timeout;
     call->transport = transport_.get();
     auto cached = pulled.find({placement->param(), placement->index()});
-    if (receives) call->dst = out.subspan(placement->offset(), placement->length());
+    if (receives) {
+      call->dst = out.subspan(placement->offset(), placement->length());
+      call->reply_precision = values_;
+    }
     if (op == kPull) {
       tessera::v1::PullRequest& r = call->pull;
       r.set_epoch(map->epoch());
       r.set_worker_id(who.worker_id);
       r.mutable_key()->set_param(placement->param());
       r.mutable_key()->set_index(placement->index());
-      const bool same_memory = cached != pulled.end() && cached->second.where == call->dst.data();
+      const bool same_memory = cached != pulled.end() && cached->second.where == call->dst.data() &&
+                               cached->second.precision == values_;
       r.set_have_version(same_memory ? cached->second.version : -1);
+      r.set_reply_precision(values_);
     } else {
       tessera::v1::PushRequest& r = call->push;
       r.set_epoch(map->epoch());
@@ -67,7 +111,13 @@ absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> ChunkCaller::Make(
       r.set_kind(op == kAssign ? tessera::v1::PushRequest::ASSIGN : tessera::v1::PushRequest::GRADIENT);
       r.mutable_key()->set_param(placement->param());
       r.mutable_key()->set_index(placement->index());
-      call->src = grad.subspan(placement->offset(), placement->length());
+      r.set_priority(static_cast<uint32_t>(name_index));
+      const absl::Span<const float> chunk = grad.subspan(placement->offset(), placement->length());
+      if (op == kAssign) {
+        call->src = BytesOf(chunk);  // assignments are exact
+      } else {
+        EncodeGradientOf(*call, chunk, stamp.seq);
+      }
     }
     TESSERA_RETURN_IF_ERROR(transport_->Prepare(*call, who));
     calls.push_back(std::move(call));

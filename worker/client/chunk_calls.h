@@ -16,17 +16,23 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/buffer_pool.h"
 #include "common/shard_map.h"
 #include "common/thread_pool.h"
+#include "common/wire_format.h"
 #include "worker/client/chunk_transport.h"
 #include "worker/client/chunk_types.h"
 
 namespace tessera {
 
-// Makes chunk calls over one transport. Not thread-safe: one client's loop uses it.
+// Makes chunk calls over one transport, in the job's wire precision (JobSpec.wire): gradients are encoded with
+// error feedback (each chunk's residual carried into its next gradient; a retry of a push sends the bytes its
+// original sent), pulls and exchanges ask for values in the job's precision. Not thread-safe: one client's loop
+// uses it.
 class ChunkCaller {
  public:
-  explicit ChunkCaller(std::unique_ptr<ChunkTransport> transport) : transport_(std::move(transport)) {}
+  explicit ChunkCaller(std::unique_ptr<ChunkTransport> transport,
+                       const tessera::v1::WireSpec& wire = tessera::v1::WireSpec());
 
   ChunkTransport& transport() { return *transport_; }
 
@@ -41,7 +47,22 @@ class ChunkCaller {
       const PulledChunks& pulled, absl::Duration timeout);
 
  private:
+  // What error feedback keeps for one chunk: the residual, and the last encoding sent (reused by retries).
+  struct Feedback {
+    std::vector<float> residual;
+    uint64_t seq = 0;
+    std::shared_ptr<const PooledBuffer> sent;
+    size_t length = 0;
+  };
+
+  // Points `call` at the bytes of gradient `grad` (one chunk of it) for push seq `seq`.
+  void EncodeGradientOf(ChunkCall& call, absl::Span<const float> grad, uint64_t seq);
+
   const std::unique_ptr<ChunkTransport> transport_;
+  const WireEncoding gradients_;
+  const WirePrecision values_;
+  std::map<std::pair<std::string, int>, Feedback> feedback_;
+  BufferPool buffers_;
 };
 
 // The chunk calls of one call or step: at most `window` in flight per server, the rest queued by priority.

@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/buffer_pool.h"
 #include "common/shard_map.h"
 #include "proto/ps.pb.h"
 #include "worker/client/chunk_types.h"
@@ -38,8 +39,12 @@ struct ChunkCall {
   std::string server;     // the server's address, naming it in errors
   tessera::v1::PullRequest pull;  // kPull: the request
   tessera::v1::PushRequest push;  // the others: the request, without its values (`src`)
-  absl::Span<const float> src;    // push, assign, exchange: the chunk's values to send
-  absl::Span<float> dst;          // pull, exchange: where the chunk's values go
+  // Push, assign, exchange: the bytes to send, in push.data_precision (the caller's float32 values, or an
+  // encoding of them that `src_owner` holds).
+  std::string_view src;
+  std::shared_ptr<const PooledBuffer> src_owner;
+  absl::Span<float> dst;          // pull, exchange: where the chunk's values go (decoded from the reply's precision)
+  tessera::v1::WireSpec::Precision reply_precision = tessera::v1::WireSpec::FP32;  // pull, exchange: as asked
   absl::Duration timeout = absl::Seconds(30);
   ChunkTransport* transport = nullptr;  // not owned
   std::unique_ptr<ChunkCallWire> wire;

@@ -47,6 +47,9 @@ absl::Status Decode(ChunkCall& c) {
   c.version = header.version();
   c.clock_version = header.clock_version();
   if (payload.empty()) return absl::OkStatus();  // unchanged since the version the pull named
+  WireEncoding encoding;
+  encoding.precision = header.data_precision();
+  payload.set_encoding(encoding);
   // Servers check every value that enters a chunk, so values that leave one need no second check here.
   TESSERA_RETURN_IF_ERROR(payload.CopyFloatsTo(c.dst, /*check_finite=*/false, c.What()));
   c.bytes = static_cast<int64_t>(payload.size());
@@ -73,7 +76,7 @@ absl::Status GrpcChunkTransport::Prepare(ChunkCall& call, const CallerIdentity& 
     grpc::Slice slice(call.pull.SerializeAsString());
     wire->request = grpc::ByteBuffer(&slice, 1);
   } else {
-    wire->request = SerializeWithPayload(call.push, PushRequest::kDataFieldNumber, BorrowedFloatsSlice(call.src));
+    wire->request = SerializeWithPayload(call.push, PushRequest::kDataFieldNumber, BorrowedBytesSlice(call.src));
   }
   call.wire = std::move(wire);
   return absl::OkStatus();

@@ -79,7 +79,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(const Options& optio
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<ChunkTransport> transport,
                            MakeChunkTransport(client->job_, options, security,
                                               {client->worker_id_, client->incarnation_, client->member_key_}));
-  client->caller_ = std::make_unique<ChunkCaller>(std::move(transport));
+  client->caller_ = std::make_unique<ChunkCaller>(std::move(transport), client->job_.wire());
   if (options.heartbeat) {
     client->heartbeater_ = client->scheduler_->StartHeartbeats(
         tessera::v1::WORKER, client->worker_id_, client->incarnation_,
@@ -166,6 +166,7 @@ absl::StatusOr<PsClient::Absorbed> PsClient::Absorb(const std::vector<ChunkCall*
         cached.version = call->version;
         cached.clock_version = call->clock_version;
         cached.where = call->dst.data();
+        cached.precision = call->reply_precision;
       }
       continue;
     }

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/fabric/active_messages.h"
+#include "common/wire_format.h"
 #include "glog/logging.h"
 
 namespace tessera {
@@ -23,11 +24,17 @@ struct UcxChunkTransport::Wire final : ChunkCallWire {
   void* send_request = nullptr;    // UCX requests in flight for the call
   void* recv_request = nullptr;
   bool decided = false;            // call->status is final
+  WireEncoding encoding;           // of the reply's values
 };
 
 namespace {
 constexpr absl::Duration kDeadlineCheck = absl::Milliseconds(20);
 }  // namespace
+
+void UcxChunkTransport::Decode(ChunkCall* call) {
+  const WireEncoding& encoding = static_cast<Wire&>(*call->wire).encoding;
+  call->status = DecodeInPlace(call->dst, static_cast<size_t>(call->bytes), encoding, call->What());
+}
 
 absl::StatusOr<std::unique_ptr<UcxChunkTransport>> UcxChunkTransport::Start(std::shared_ptr<const Security> security,
                                                                             CallerIdentity who) {
@@ -187,7 +194,7 @@ void UcxChunkTransport::SendRequest(ChunkCall* call) {
     request.set_op(call->op == kExchange ? FabricRequest::PUSH_PULL : FabricRequest::PUSH);
     *request.mutable_push() = call->push;
     data = call->src.data();
-    length = call->src.size() * sizeof(float);
+    length = call->src.size();
   }
   // A send that completes (or fails) at once runs its callback before returning null; the call may be gone then.
   void* pending = SendActiveMessage(wire.endpoint->ep, kFabricRequest, request.SerializeAsString(), data, length,
@@ -319,16 +326,21 @@ ucs_status_t UcxChunkTransport::OnReply(const void* header, size_t header_length
     MaybeFinish(call);
     return UCS_OK;
   }
-  if (length != call->dst.size() * sizeof(float) || call->op == kPush) {
+  WireEncoding encoding;
+  encoding.precision = reply.data_precision();
+  if (length != call->dst.size() * BytesPerValue(encoding.precision)) {
     release();
     Fail(call, absl::InternalError(absl::StrCat(call->What(), ": the reply carries ", length, " bytes for ",
-                                                call->dst.size(), " values")));
+                                                call->dst.size(), " ", PrecisionName(encoding.precision),
+                                                " values")));
     return UCS_OK;
   }
   call->bytes = static_cast<int64_t>(length);
+  wire.encoding = encoding;
   if (!rendezvous) {
     std::memcpy(call->dst.data(), data, length);
     wire.decided = true;
+    Decode(call);
     MaybeFinish(call);
     return UCS_OK;
   }
@@ -345,6 +357,7 @@ ucs_status_t UcxChunkTransport::OnReply(const void* header, size_t header_length
                                                                          : absl::Status(received.code(), absl::StrCat(
                                                                                c->What(), ": ", received.message()));
                                                w.decided = true;
+                                               if (received.ok()) Decode(c);
                                              }
                                              MaybeFinish(c);
                                            });

@@ -60,6 +60,8 @@ class UcxChunkTransport final : public ChunkTransport {
   void Fail(ChunkCall* call, const absl::Status& status);
   // Completes the call once its outcome is known and UCX is done with its memory.
   void MaybeFinish(ChunkCall* call);
+  // A reply's values arrived at the front of the call's destination: decodes them there.
+  static void Decode(ChunkCall* call);
   ChunkCall* Find(uint64_t id);
   // Fails every call of the connection and closes it.
   void Drop(Endpoint* endpoint, const absl::Status& why);
