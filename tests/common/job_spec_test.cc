@@ -53,6 +53,19 @@ TEST(JobSpecTest, UcxNeedsATrustedNetwork) {
   EXPECT_THAT(ValidateJobSpec(job), IsOk());
 }
 
+TEST(JobSpecTest, WirePrecisionsParseAndTopKIsAFraction) {
+  tessera::v1::JobSpec job = ParseValid(
+      "model { mlp { hidden_sizes: 8 } } stop { max_steps: 3 } wire { gradients: BF16 values: FP16 }");
+  EXPECT_EQ(job.wire().gradients(), tessera::v1::WireSpec::BF16);
+  EXPECT_EQ(job.wire().values(), tessera::v1::WireSpec::FP16);
+  job.mutable_wire()->set_gradient_top_k(0.01f);
+  EXPECT_THAT(ValidateJobSpec(job), IsOk());
+  job.mutable_wire()->set_gradient_top_k(0.6f);
+  EXPECT_THAT(ValidateJobSpec(job), StatusIs(absl::StatusCode::kInvalidArgument, "wire.gradient_top_k"));
+  job.mutable_wire()->set_gradient_top_k(-0.1f);
+  EXPECT_THAT(ValidateJobSpec(job), StatusIs(absl::StatusCode::kInvalidArgument, "wire.gradient_top_k"));
+}
+
 TEST(JobSpecTest, StalenessOutsideSspIsAContradiction) {
   tessera::v1::JobSpec job = ParseValid(
       "model { softmax_regression {} } stop { max_steps: 3 } consistency { mode: SYNC staleness: 2 }");
