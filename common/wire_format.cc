@@ -15,16 +15,15 @@ using tessera::v1::WireSpec;
 
 constexpr float kHalfMax = 65504.0f;
 
-// bfloat16: the upper half of a float32, rounded to nearest even. A finite value that would round to infinity
-// is clamped to the largest finite one; NaN stays NaN.
+// bfloat16: the upper half of a float32, rounded to nearest even. Magnitudes that would round past the largest
+// finite bfloat16 are clamped to it (so is NaN, which never reaches here: values are checked finite first).
+// Integer operations only, so that loops over it vectorise.
 inline uint16_t ToBf16(float f) {
   const uint32_t u = absl::bit_cast<uint32_t>(f);
-  const uint32_t magnitude = u & 0x7fffffffu;
-  uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const uint32_t sign = (u >> 16) & 0x8000u;
-  r = (magnitude < 0x7f800000u && (r & 0x7fffu) == 0x7f80u) ? (sign | 0x7f7fu) : r;
-  r = magnitude > 0x7f800000u ? ((u >> 16) | 0x40u) : r;
-  return static_cast<uint16_t>(r);
+  const auto magnitude = static_cast<int32_t>(u & 0x7fffffffu);
+  const uint32_t clamped =
+      (u & 0x80000000u) | static_cast<uint32_t>(magnitude > 0x7f7f7fff ? 0x7f7f7fff : magnitude);
+  return static_cast<uint16_t>((clamped + 0x7fffu + ((clamped >> 16) & 1u)) >> 16);
 }
 
 inline float FromBf16(uint16_t h) { return absl::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
@@ -77,19 +76,38 @@ inline float Put(float value, WirePrecision precision, char* out) {
   return From16(h, precision);
 }
 
+// The hot loops, in a version for AVX2 beside the baseline one where the compiler can pick at run time.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define TESSERA_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define TESSERA_VECTOR_CLONES
+#endif
+
+// Branch-free, so the compiler vectorises it: the common case.
+TESSERA_VECTOR_CLONES void EncodeBf16Gradient(const float* __restrict grad, float* __restrict residual,
+                                              uint16_t* __restrict out, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const float t = grad[i] + residual[i];
+    const uint16_t h = ToBf16(t);
+    out[i] = h;
+    residual[i] = t - FromBf16(h);
+  }
+}
+
+TESSERA_VECTOR_CLONES void EncodeBf16Values(const float* __restrict values, uint16_t* __restrict out, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = ToBf16(values[i]);
+}
+
+TESSERA_VECTOR_CLONES void DecodeBf16(const uint16_t* __restrict in, float* __restrict out, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = FromBf16(in[i]);
+}
+
 void EncodeDenseGradient(absl::Span<const float> grad, absl::Span<float> residual, WirePrecision precision,
                          char* out) {
   const size_t n = grad.size();
   float* r = residual.data();
   if (precision == WireSpec::BF16) {
-    // Branch-free, so the compiler vectorises it: the common case.
-    uint16_t* o = reinterpret_cast<uint16_t*>(out);
-    for (size_t i = 0; i < n; ++i) {
-      const float t = grad[i] + r[i];
-      const uint16_t h = ToBf16(t);
-      o[i] = h;
-      r[i] = t - FromBf16(h);
-    }
+    EncodeBf16Gradient(grad.data(), r, reinterpret_cast<uint16_t*>(out), n);
     return;
   }
   for (size_t i = 0; i < n; ++i) {
@@ -134,7 +152,7 @@ void Widen16InPlace(absl::Span<float> out, WirePrecision precision) {
     std::memcpy(block, bytes + begin * sizeof(uint16_t), count * sizeof(uint16_t));
     float* dst = out.data() + begin;
     if (precision == WireSpec::BF16) {
-      for (size_t i = 0; i < count; ++i) dst[i] = FromBf16(block[i]);
+      DecodeBf16(block, dst, count);
     } else {
       for (size_t i = 0; i < count; ++i) dst[i] = FromHalf(block[i]);
     }
@@ -175,7 +193,7 @@ void EncodeValues(absl::Span<const float> values, WirePrecision precision, char*
   }
   uint16_t* o = reinterpret_cast<uint16_t*>(out);
   if (precision == WireSpec::BF16) {
-    for (size_t i = 0; i < values.size(); ++i) o[i] = ToBf16(values[i]);
+    EncodeBf16Values(values.data(), o, values.size());
   } else {
     for (size_t i = 0; i < values.size(); ++i) o[i] = ToHalf(values[i]);
   }

@@ -5,7 +5,8 @@
 //   build/bin/tessera-bench --sections=a,b,c --repeats=3   # a part of it, from the repository root
 //
 // Sections (rows of the table):
-// Sections a, b, d and e have rows for each of --transports (gRPC, and UCX with trusted_network).
+// Sections a, b, d and e have rows for each of --transports (gRPC, and UCX with trusted_network); d and e also
+// for each of --wires (the precision of gradients and values on the wire).
 //   a. push, pull and push-then-pull (one PsClient::PushPull) of a float32 tensor of --sizes_mib between this
 //      process (a PsClient) and 1 and 2 real tessera-server processes (with a real tessera-scheduler) over
 //      loopback, as GB/s of payload and as a ratio to iperf3's single-stream loopback TCP. Each timed pull moves
@@ -51,6 +52,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -64,6 +66,7 @@
 #include "common/command_line.h"
 #include "common/daemon_init.h"
 #include "common/job_spec.h"
+#include "common/wire_format.h"
 #include "common/security.h"
 #include "common/signals.h"
 #include "common/status_macros.h"
@@ -84,6 +87,9 @@ DEFINE_int32(repeats, 7, "a: timed calls per measurement (the median is reported
 DEFINE_int32(repeats_large, 3, "a: timed calls per measurement for tensors of 64 MiB or more");
 DEFINE_int64(chunk_bytes, 1 << 20, "a, b, e: the job's chunk_bytes (bytes per chunk)");
 DEFINE_string(transports, "grpc,ucx", "a, b, d, e: the data-plane transports to measure, each with rows of its own");
+DEFINE_string(wires, "fp32,bf16",
+              "d, e: wire precisions of gradients and values (fp32, bf16, fp16), each with rows of its own for every "
+              "transport");
 DEFINE_int32(iperf_seconds, 3, "a: length of the iperf3 loopback TCP measurement, in seconds");
 DEFINE_double(roundtrip_seconds, 2.0, "b: how long each round-trip rate is measured, in seconds");
 DEFINE_int32(update_mib, 16, "c: size of the updated array, in MiB of float32");
@@ -581,6 +587,42 @@ absl::StatusOr<std::vector<tessera::v1::Transport>> Transports() {
   return out;
 }
 
+// What carries a run's gradients and values: a transport and a wire precision.
+struct DataPlane {
+  tessera::v1::Transport transport;
+  WirePrecision wire;
+};
+
+// --transports x --wires, parsed.
+absl::StatusOr<std::vector<DataPlane>> DataPlanes() {
+  absl::StatusOr<std::vector<tessera::v1::Transport>> transports = Transports();
+  if (!transports.ok()) return transports.status();
+  std::vector<WirePrecision> wires;
+  for (absl::string_view name : absl::StrSplit(FLAGS_wires, ',', absl::SkipEmpty())) {
+    WirePrecision p;
+    if (!tessera::v1::WireSpec::Precision_Parse(absl::AsciiStrToUpper(name), &p)) {
+      return absl::InvalidArgumentError(absl::StrCat("--wires: '", name, "' is none of fp32, bf16, fp16"));
+    }
+    wires.push_back(p);
+  }
+  if (wires.empty()) return absl::InvalidArgumentError("--wires: name at least one of fp32, bf16, fp16");
+  std::vector<DataPlane> out;
+  for (tessera::v1::Transport t : *transports) {
+    for (WirePrecision w : wires) out.push_back({t, w});
+  }
+  return out;
+}
+
+void SetDataPlane(const DataPlane& plane, JobSpec& job) {
+  SetTransport(plane.transport, job);
+  job.mutable_wire()->set_gradients(plane.wire);
+  job.mutable_wire()->set_values(plane.wire);
+}
+
+std::string DataPlaneLabel(const DataPlane& plane) {
+  return absl::StrCat(TransportLabel(plane.transport), ", ", PrecisionName(plane.wire));
+}
+
 // a and b: one cluster per transport and server count.
 void TransferSections(const Context& ctx, bool run_a, bool run_b, Table& table) {
   absl::StatusOr<std::vector<int>> sizes = ParseInts("sizes_mib", FLAGS_sizes_mib);
@@ -607,7 +649,7 @@ void TransferSections(const Context& ctx, bool run_a, bool run_b, Table& table) 
     table.Failed(run_a ? "a" : "b", "flags", transports.status());
     return;
   }
-  for (tessera::v1::Transport transport : *transports)
+  for (tessera::v1::Transport transport : *transports) {
   for (int servers : server_counts) {
     const std::string section = run_a ? "a" : "b";
     const std::string label = TransportLabel(transport);
@@ -642,6 +684,7 @@ void TransferSections(const Context& ctx, bool run_a, bool run_b, Table& table) 
     (*client)->Done().IgnoreError();  // the job ends; the daemons exit (or are stopped)
     client->reset();
     (*cluster)->WaitForJob(absl::Seconds(10)).IgnoreError();
+  }
   }
 }
 
@@ -838,24 +881,24 @@ void EndToEndSection(const Context& ctx, Table& table) {
     int servers, workers;
     int batch;           // per worker (or the local batch)
     int reference;       // index of the local config this one is compared with; -1: itself a reference
-    tessera::v1::Transport transport = tessera::v1::GRPC;
+    DataPlane plane = {tessera::v1::GRPC, tessera::v1::WireSpec::FP32};
   };
   std::vector<Config> configs = {
       {absl::StrCat("local baseline, batch ", per_worker_batch), true, 0, 1, per_worker_batch, -1},
       {absl::StrCat("local baseline, batch ", 2 * per_worker_batch), true, 0, 1, 2 * per_worker_batch, -1},
   };
-  absl::StatusOr<std::vector<tessera::v1::Transport>> transports = Transports();
-  if (!transports.ok()) {
-    table.Failed("d", "flags", transports.status());
+  absl::StatusOr<std::vector<DataPlane>> planes = DataPlanes();
+  if (!planes.ok()) {
+    table.Failed("d", "flags", planes.status());
     return;
   }
-  for (tessera::v1::Transport transport : *transports) {
-    const std::string over = TransportLabel(transport);
+  for (const DataPlane& plane : *planes) {
+    const std::string over = DataPlaneLabel(plane);
     configs.push_back({absl::StrCat("1 server + 1 worker, sync, ", over, ", batch ", per_worker_batch), false, 1, 1,
-                       per_worker_batch, 0, transport});
+                       per_worker_batch, 0, plane});
     configs.push_back({absl::StrCat("2 servers + 2 workers, sync, ", over, ", batch ", per_worker_batch, "/worker (",
                                     2 * per_worker_batch, " global)"),
-                       false, 2, 2, per_worker_batch, 1, transport});
+                       false, 2, 2, per_worker_batch, 1, plane});
   }
   // kind 0: fixed steps; kind 1: to the target accuracy.
   for (int kind = 0; kind < 2; ++kind) {
@@ -866,7 +909,7 @@ void EndToEndSection(const Context& ctx, Table& table) {
       JobSpec job = c.local ? *local_job : *sync_job;
       job.set_batch_size(c.batch);
       job.mutable_stop()->Clear();
-      SetTransport(c.transport, job);
+      if (!c.local) SetDataPlane(c.plane, job);
       if (kind == 0) {
         job.mutable_stop()->set_max_steps(FLAGS_steps);
         // Every run of the fixed steps evaluates once, after its last step: nothing evaluates while it is timed.
@@ -924,7 +967,12 @@ void EndToEndSection(const Context& ctx, Table& table) {
         reference = absl::StrCat(configs[c.reference].label, ": ",
                                  std::isfinite(ref_value) ? absl::StrFormat("%.2f %s", ref_value, unit) : "n/a");
         ratio = Ratio(value, ref_value);
-        if (kind == 0 && c.workers == 1) target = c.transport == tessera::v1::UCX ? "<= 1.5x" : "<= 2.3x";
+        // The targets: gRPC with float32, and UCX with bfloat16.
+        const bool ucx = c.plane.transport == tessera::v1::UCX;
+        if (kind == 0 && c.workers == 1 && ucx == (c.plane.wire == tessera::v1::WireSpec::BF16) &&
+            (ucx || c.plane.wire == tessera::v1::WireSpec::FP32)) {
+          target = ucx ? "<= 1.5x" : "<= 2.3x";
+        }
         if (kind == 1 && c.workers == 2) target = "<= 1.5x";
       }
       table.Add({"d", what, value_text, reference, ratio, target,
@@ -976,14 +1024,14 @@ void StandInSection(const Context& ctx, Table& table) {
   const double compute_only = 1000.0 / t_ms;
   const std::string reference = absl::StrFormat("1000/T = %.1f steps/s (T = %d ms)", compute_only, FLAGS_simulate_compute_ms);
   const bool supported = WorkerHasFlag(ctx, "simulate_compute_ms");
-  absl::StatusOr<std::vector<tessera::v1::Transport>> transports = Transports();
-  if (!transports.ok()) {
-    table.Failed("e", "flags", transports.status());
+  absl::StatusOr<std::vector<DataPlane>> planes = DataPlanes();
+  if (!planes.ok()) {
+    table.Failed("e", "flags", planes.status());
     return;
   }
-  for (tessera::v1::Transport transport : *transports)
+  for (const DataPlane& plane : *planes) {
   for (int workers : {1, 2}) {
-    const std::string over = TransportLabel(transport);
+    const std::string over = DataPlaneLabel(plane);
     const std::string what =
         absl::StrCat("GPU stand-in, 16 MiB MLP, 2 servers + ", workers, workers == 1 ? " worker" : " workers",
                      ", sync, ", over, ": steps/s");
@@ -995,7 +1043,7 @@ void StandInSection(const Context& ctx, Table& table) {
     }
     Progress(absl::StrCat("e: GPU stand-in, ", workers, " worker(s), ", over, ", ", FLAGS_gpu_steps, " steps"));
     JobSpec job = StandInJob(workers);
-    SetTransport(transport, job);
+    SetDataPlane(plane, job);
     absl::StatusOr<std::unique_ptr<Cluster>> cluster =
         StartCluster(ctx, absl::StrCat("stand-in-", workers, "-", over), job, workers,
                      {"--device=" + FLAGS_device, absl::StrCat("--simulate_compute_ms=", FLAGS_simulate_compute_ms)});
@@ -1020,6 +1068,7 @@ void StandInSection(const Context& ctx, Table& table) {
     }
     table.Add({"e", what, std::isfinite(per_second) ? absl::StrFormat("%.1f steps/s", per_second) : "n/a", reference,
                Ratio(per_second, compute_only), target, note});
+  }
   }
 }
 
