@@ -14,9 +14,9 @@ ThreadPool::~ThreadPool() {
   for (std::thread& t : threads_) t.join();
 }
 
-void ThreadPool::Submit(std::function<void()> task) {
+void ThreadPool::Submit(std::function<void()> task, uint32_t priority) {
   absl::MutexLock lock(&mu_);
-  tasks_.push_back(std::move(task));
+  tasks_.emplace(std::make_pair(priority, submitted_++), std::move(task));
 }
 
 void ThreadPool::Run() {
@@ -27,8 +27,8 @@ void ThreadPool::Run() {
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !tasks_.empty(); };
       mu_.Await(absl::Condition(&ready));
       if (tasks_.empty()) return;  // stopping, and everything submitted has run
-      task = std::move(tasks_.front());
-      tasks_.pop_front();
+      task = std::move(tasks_.begin()->second);
+      tasks_.erase(tasks_.begin());
     }
     task();
   }

@@ -248,7 +248,7 @@ void FabricService::Apply(ucp_ep_h ep, std::shared_ptr<const FabricRequest> requ
     });
     store_->PushPull(push, payload, waiter);
   };
-  RunUpdate(updates_, inline_update_bytes_, length, std::move(apply));
+  RunUpdate(updates_, inline_update_bytes_, request->push(), length, std::move(apply));
 }
 
 void FabricService::Reply(ucp_ep_h ep, FabricReply reply, std::shared_ptr<const PooledBuffer> values,

@@ -122,11 +122,14 @@ grpc::ServerUnaryReactor* ServerService::Pull(grpc::CallbackServerContext* conte
   return Finish(context, absl::OkStatus());
 }
 
-void RunUpdate(ThreadPool* updates, size_t inline_update_bytes, size_t bytes, std::function<void()> apply) {
-  if (bytes < inline_update_bytes) {
+void RunUpdate(ThreadPool* updates, size_t inline_update_bytes, const PushRequest& r, size_t wire_bytes,
+               std::function<void()> apply) {
+  const size_t width = BytesPerValue(r.data_precision());
+  const size_t decoded = r.data_sparse() ? wire_bytes : wire_bytes / width * sizeof(float);
+  if (decoded < inline_update_bytes) {
     apply();
   } else {
-    updates->Submit(std::move(apply));
+    updates->Submit(std::move(apply), r.priority());
   }
 }
 
@@ -141,7 +144,7 @@ grpc::ServerUnaryReactor* ServerService::Push(grpc::CallbackServerContext* conte
   absl::StatusOr<ChunkPush> push = ToChunkPush(*r, ClientMetadata(*context, kMemberKeyHeader));
   if (!push.ok()) return Finish(context, push.status());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  RunUpdate(updates_, inline_update_bytes_, payload->size(), [this, context, response, reactor, r, push = *std::move(push), payload] {
+  RunUpdate(updates_, inline_update_bytes_, *r, payload->size(), [this, context, response, reactor, r, push = *std::move(push), payload] {
     absl::StatusOr<PushOutcome> outcome = store_->Push(push, *payload);
     if (!outcome.ok()) {
       reactor->Finish(ToGrpcStatus(outcome.status(), context));
@@ -170,7 +173,7 @@ grpc::ServerUnaryReactor* ServerService::PushPull(grpc::CallbackServerContext* c
   if (!push.ok()) return Finish(context, push.status());
   auto* reactor = new ExchangeReactor(context, response);
   std::shared_ptr<ExchangeWaiter> waiter = reactor->waiter();
-  RunUpdate(updates_, inline_update_bytes_, payload->size(), [this, r, push = *std::move(push), payload, waiter] {
+  RunUpdate(updates_, inline_update_bytes_, *r, payload->size(), [this, r, push = *std::move(push), payload, waiter] {
     store_->PushPull(push, *payload, waiter);
   });
   return reactor;

@@ -18,9 +18,12 @@
 
 namespace tessera {
 
-// Runs `apply` (a push's update) on `updates` when the push carries at least `inline_update_bytes`, else on the
-// calling thread (small updates take microseconds). Both the gRPC and the UCX adapter apply pushes this way.
-void RunUpdate(ThreadPool* updates, size_t inline_update_bytes, size_t bytes, std::function<void()> apply);
+// Runs `apply` (push `r`'s update, whose values took `wire_bytes`) on `updates` when the push carries at least
+// `inline_update_bytes` of float32 values once decoded, else on the calling thread (small updates take
+// microseconds). On the pool, pushes of earlier layers (a lower r.priority()) go first: the next forward pass
+// needs them first. Both the gRPC and the UCX adapter apply pushes this way.
+void RunUpdate(ThreadPool* updates, size_t inline_update_bytes, const tessera::v1::PushRequest& r, size_t wire_bytes,
+               std::function<void()> apply);
 
 // The store's view of a push request (its key points into `r`), made with the caller's member key.
 // INVALID_ARGUMENT for a kind that is neither GRADIENT nor ASSIGN.

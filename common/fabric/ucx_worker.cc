@@ -6,6 +6,9 @@
 
 #include <cstring>
 
+#include <cstdlib>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/rpc.h"
@@ -158,10 +161,19 @@ bool UcxWorker::RunPosted() {
   return !run.empty();
 }
 
+absl::Duration SpinAfterEvents() {
+  if (const char* us = std::getenv("TESSERA_UCX_SPIN_US"); us != nullptr && *us != '\0') {
+    int64_t value = 0;
+    if (absl::SimpleAtoi(us, &value) && value >= 0) return absl::Microseconds(value);
+    LOG(WARNING) << "TESSERA_UCX_SPIN_US='" << us << "' is not a number of microseconds; ignored";
+  }
+  return std::thread::hardware_concurrency() > 4 ? absl::Microseconds(50) : absl::ZeroDuration();
+}
+
 void UcxWorker::Loop() {
   // How long to keep polling after the last event before sleeping: a reply that follows a request within this
   // is taken without a wakeup's system calls.
-  constexpr absl::Duration kSpin = absl::Microseconds(50);
+  const absl::Duration kSpin = SpinAfterEvents();
   absl::Time next_tick = absl::Now();
   absl::Time last_event = absl::Now();
   auto tick = [&] {

@@ -4,7 +4,12 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/security.h"
+#include "common/thread_pool.h"
 #include "common/wire_format.h"
+#include "worker/client/chunk_calls.h"
+#include "worker/client/grpc_chunk_transport.h"
 
 #include "gtest/gtest.h"
 #include "tests/cluster/mini_cluster.h"
@@ -180,6 +185,80 @@ TEST(PsClientTest, ConcurrentExchangesFromSeveralWorkersNeverMixTheirReplies) {
   for (auto& t : threads) t.join();
   for (const auto& e : errors) EXPECT_THAT(e, IsOk());
   EXPECT_EQ(pushes.load(), 80);
+}
+
+// The real gRPC transport, recording the order in which calls start.
+class RecordingTransport final : public ChunkTransport {
+ public:
+  const char* name() const override { return "grpc"; }
+  absl::Status Prepare(ChunkCall& call, const CallerIdentity& who) override { return grpc_.Prepare(call, who); }
+  void Start(ChunkCall* call, std::function<void()> done) override {
+    bool first;
+    {
+      absl::MutexLock lock(&mu_);
+      first = started_.empty();
+      started_.push_back(call->key());
+    }
+    if (!first) {
+      grpc_.Start(call, std::move(done));
+      return;
+    }
+    // The first call completes only once the test has added every call.
+    grpc_.Start(call, [this, done = std::move(done)] {
+      release_.WaitForNotification();
+      done();
+    });
+  }
+  void Cancel(ChunkCall* call) override { grpc_.Cancel(call); }
+
+  void Release() { release_.Notify(); }
+  std::vector<std::pair<std::string, int>> started() {
+    absl::MutexLock lock(&mu_);
+    return started_;
+  }
+
+ private:
+  GrpcChunkTransport grpc_{Security::Plaintext(), 1};
+  absl::Notification release_;
+  absl::Mutex mu_;
+  std::vector<std::pair<std::string, int>> started_ ABSL_GUARDED_BY(mu_);
+};
+
+// Backward sends the last layer first and the first layer last, but the next forward pass needs the first layer
+// first: at a busy server (here a window of one call), the first layer's pieces, sent last, overtake the last
+// layer's that still wait.
+TEST(PsClientTest, TheFirstLayersPiecesOvertakeTheLastLayersOnTheWire) {
+  tessera::v1::JobSpec job = TestJob(tessera::v1::ConsistencySpec::ASYNC, /*servers=*/1, /*workers=*/1);
+  auto cluster = MiniCluster::Start(job);  // chunk_bytes 256: 64 values a piece
+  ASSERT_THAT(cluster, IsOk());
+  auto client = (*cluster)->ConnectClient();
+  ASSERT_THAT(client, IsOk());
+  ASSERT_THAT((*client)->Declare({FloatParam("layer0", 640), FloatParam("layer2", 640)}), IsOk());
+  auto map = std::make_shared<const ShardMapIndex>(*(*client)->shard_map());
+  auto recorder = std::make_unique<RecordingTransport>();
+  RecordingTransport* recording = recorder.get();
+  ChunkCaller caller(std::move(recorder));
+  const CallerIdentity who{(*client)->worker_id(), (*client)->incarnation(), (*client)->member_key()};
+  const std::vector<float> grad(640, 1.0f);
+  SerialExecutor launcher;
+  {
+    ChunkBatch batch(/*window=*/1, &launcher);
+    uint64_t seq = 1;
+    for (auto [name, index] : {std::pair<std::string, size_t>{"layer2", 2}, {"layer0", 0}}) {  // backward's order
+      auto calls = caller.Make(kPush, map, index, name, grad, 1, {}, Stamp{seq++, 0}, who, {}, absl::Seconds(10));
+      ASSERT_THAT(calls, IsOk());
+      ASSERT_EQ(calls->size(), 10u);
+      for (auto& c : *calls) batch.Add(std::move(c));
+    }
+    recording->Release();
+    batch.WaitAll();
+    for (ChunkCall* c : batch.calls()) ASSERT_THAT(c->status, IsOk());
+  }
+  const auto started = recording->started();
+  ASSERT_EQ(started.size(), 20u);
+  EXPECT_EQ(started[0], std::make_pair(std::string("layer2"), 0)) << "the server was idle: it went at once";
+  for (int i = 1; i <= 10; ++i) EXPECT_EQ(started[i].first, "layer0") << i;
+  for (int i = 11; i < 20; ++i) EXPECT_EQ(started[i].first, "layer2") << i;
 }
 
 // A job with a 16-bit wire, over each transport: gradients pushed in 16 bits reach the server with nothing lost

@@ -57,6 +57,29 @@ TEST(ThreadPoolTest, SubmitNeverWaitsForABusyPoolAndEveryThreadWorks) {
   release.Notify();
 }
 
+// A server's update pool: while its thread is busy, the first layer's update (priority 0) submitted last
+// overtakes the later layers' that waited before it; tasks of one priority keep their order.
+TEST(ThreadPoolTest, WaitingTasksOfALowerPriorityRunFirst) {
+  std::vector<int> order;  // written only by the pool's thread, read after it has joined
+  absl::Notification release;
+  {
+    ThreadPool pool(1);
+    absl::Notification busy;
+    pool.Submit([&] {
+      busy.Notify();
+      release.WaitForNotification();
+    });
+    ASSERT_TRUE(busy.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    pool.Submit([&] { order.push_back(30); }, 3);
+    pool.Submit([&] { order.push_back(31); }, 3);
+    pool.Submit([&] { order.push_back(99); });  // no priority: after every task that has one
+    pool.Submit([&] { order.push_back(10); }, 1);
+    pool.Submit([&] { order.push_back(0); }, 0);
+    release.Notify();
+  }
+  EXPECT_EQ(order, (std::vector<int>{0, 10, 30, 31, 99}));
+}
+
 TEST(ThreadPoolTest, TheDestructorRunsEverythingSubmittedBeforeIt) {
   std::atomic<int> done{0};
   {

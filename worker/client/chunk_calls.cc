@@ -148,7 +148,8 @@ void ChunkBatch::Add(std::unique_ptr<ChunkCall> call) {
   }
   if (!start) return;
   if (launcher_ != nullptr) {
-    launcher_->Submit([this, c] { Launch(c); });  // the destructor waits for every call, launched or not
+    // Earlier layers first there too. The destructor waits for every call, launched or not.
+    launcher_->Submit([this, c] { Launch(c); }, static_cast<uint32_t>(c->name_index));
   } else {
     Launch(c);
   }
