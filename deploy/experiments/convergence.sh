@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Experiment (not a test): do ASYNC and SSP(3) converge as well as SYNC? Two models, each trained in every mode
+# Experiment (not a test): do ASYNC and SSP(3) converge as well as SYNC, and SYNC over a bfloat16 wire (gradients
+# and values in 16 bits, with error feedback) as well as over float32? Two models, each trained in every mode
 # with 4 workers and 2 servers, and one table of the epochs each needed and their ratio to SYNC's:
 #   mlp  the built-in worker: the Quick start job with batch 32, SGD lr 0.02 and momentum 0.9, to 0.88 test
 #        accuracy (at most 15 epochs); about 4 minutes on 2 cores;
@@ -10,7 +11,8 @@
 #   deploy/experiments/convergence.sh [OUT_DIR] [EXTRA_JOB_OVERRIDE]
 #       defaults: runs/convergence-<time>, none. EXTRA_JOB_OVERRIDE (text format, e.g.
 #       'consistency { async_momentum: AS_GIVEN }') is merged over every run's job. MODELS="cnn" and
-#       MODES="async ssp3" run a subset (the table reads the other runs from OUT_DIR when they are there).
+#       MODES="async ssp3" run a subset of the modes sync, async, ssp3 and sync_bf16 (the table reads the other
+#       runs from OUT_DIR when they are there).
 # Runs: OUT_DIR/MODE (the MLP) and OUT_DIR/cnn-MODE; the table also goes to OUT_DIR/table.md.
 set -euo pipefail
 source "$(dirname "$0")/setup.sh"
@@ -25,14 +27,15 @@ stop { target_accuracy: 0.88 epochs: 15 } eval_every_steps: 100'
 eval_every_steps: 200')
 declare -A prefix=([mlp]="" [cnn]="cnn-")
 declare -A modes=([sync]="consistency { mode: SYNC }" [async]="consistency { mode: ASYNC }"
-                  [ssp3]="consistency { mode: SSP staleness: 3 }")
+                  [ssp3]="consistency { mode: SSP staleness: 3 }"
+                  [sync_bf16]="consistency { mode: SYNC } wire { gradients: BF16 values: BF16 }")
 for model in ${MODELS:-mlp cnn}; do
   command=()
   if [[ $model == cnn ]]; then
     [[ -d "$bin/../python/tessera" ]] || bash deploy/build.sh _tessera
     command=(-- /usr/bin/python3 worker/python/examples/fashion_mnist.py)
   fi
-  for mode in ${MODES:-sync async ssp3}; do
+  for mode in ${MODES:-sync async ssp3 sync_bf16}; do
     echo "== $model $mode"
     "$bin/tessera-launch" --linger_s=0 --overwrite --timeout_s=3600 --job="${job[$model]}" \
       --run_dir="$out/${prefix[$model]}$mode" --job_override="${common[$model]} ${modes[$mode]} $extra" \
@@ -60,7 +63,7 @@ for model, prefix, target in models:
     base = None
     if os.path.exists(os.path.join(out, prefix + "sync", "metrics.jsonl")):
         base = first_epoch(prefix + "sync", target)[0]
-    for mode in ["sync", "async", "ssp3"]:
+    for mode in ["sync", "async", "ssp3", "sync_bf16"]:
         run = prefix + mode
         if not os.path.exists(os.path.join(out, run, "summary.json")):
             continue
