@@ -31,11 +31,11 @@ FabricReply ReplyWithValues(uint64_t request_id, const ChunkValues& values) {
 absl::StatusOr<std::unique_ptr<FabricService>> FabricService::Start(ShardStore* store, ThreadPool* updates,
                                                                     size_t inline_update_bytes,
                                                                     std::shared_ptr<const Security> security,
-                                                                    const std::string& host, int port) {
+                                                                    const std::string& host, int port, int spin_us) {
   std::unique_ptr<FabricService> s(new FabricService(store, updates, inline_update_bytes, std::move(security)));
   absl::StatusOr<SocketAddress> address = ResolveHostPort(JoinHostPort(host, port));
   if (!address.ok()) return address.status();
-  absl::StatusOr<std::unique_ptr<UcxWorker>> worker = UcxWorker::Start("the server's fabric listener");
+  absl::StatusOr<std::unique_ptr<UcxWorker>> worker = UcxWorker::Start("the server's fabric listener", spin_us);
   if (!worker.ok()) return worker.status();
   s->worker_ = *std::move(worker);
   FabricService* self = s.get();

@@ -29,11 +29,12 @@ namespace tessera {
 class FabricService {
  public:
   // Listens on `host`:`port` (0: any free port). `store` and `updates` are not owned and must outlive the
-  // service; pushes of at least `inline_update_bytes` are applied on `updates`. UNAVAILABLE when UCX cannot
-  // start or listen there.
+  // service; pushes of at least `inline_update_bytes` are applied on `updates`. `spin_us`: how long its
+  // progress thread polls after events (common/fabric/ucx_worker.h; -1: by the machine's cores). UNAVAILABLE
+  // when UCX cannot start or listen there.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<FabricService>> Start(
       ShardStore* store, ThreadPool* updates, size_t inline_update_bytes, std::shared_ptr<const Security> security,
-      const std::string& host, int port);
+      const std::string& host, int port, int spin_us = -1);
   // Closes the listener and every connection.
   ~FabricService();
 

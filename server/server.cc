@@ -82,7 +82,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (options.fabric_port >= 0) {
     absl::StatusOr<std::unique_ptr<FabricService>> fabric =
         FabricService::Start(server->store_.get(), server->updates_.get(), options.inline_update_bytes,
-                             options.security, options.listen_host, options.fabric_port);
+                             options.security, options.listen_host, options.fabric_port, options.fabric_spin_us);
     if (fabric.ok()) {
       server->fabric_ = *std::move(fabric);
     } else {

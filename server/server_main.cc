@@ -32,6 +32,9 @@ DEFINE_int32(update_threads, 2, "threads that apply large pushes, so that gRPC's
 DEFINE_int32(fabric_port, 0,
              "port of the UCX listener on --host, for jobs with transport: UCX (a trusted network); 0 picks a free "
              "one, -1 starts none. A job whose transport is GRPC closes it at once");
+DEFINE_int32(fabric_spin_us, -1,
+             "microseconds the UCX progress thread keeps polling after its last event before it sleeps; -1: 50 on "
+             "machines of more than 4 cores, 0 on smaller ones (where polling takes a core from the updates)");
 DEFINE_int32(inline_update_bytes, 64 << 10,
              "pushes smaller than this many bytes are applied on the gRPC thread that received them");
 TESSERA_DEFINE_SECURITY_FLAGS()
@@ -66,6 +69,7 @@ int main(int argc, char** argv) {
   options.heartbeat_timeout_ms = FLAGS_heartbeat_timeout_ms;
   options.http_port = FLAGS_http_port;
   options.fabric_port = FLAGS_fabric_port;
+  options.fabric_spin_us = FLAGS_fabric_spin_us;
   options.update_threads = FLAGS_update_threads;
   options.inline_update_bytes = FLAGS_inline_update_bytes;
   auto security = tessera::Security::Load(SecurityFlags());

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/command_line.h"
+#include "common/fabric/ucx_worker.h"
 #include "common/rpc.h"
 
 namespace tessera {
@@ -16,6 +17,7 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
   if (absl::Status s = CheckPortOption("--port", options.port, /*off_allowed=*/false); !s.ok()) return s;
   if (absl::Status s = CheckPortOption("--http_port", options.http_port, /*off_allowed=*/true); !s.ok()) return s;
   if (absl::Status s = CheckPortOption("--fabric_port", options.fabric_port, /*off_allowed=*/true); !s.ok()) return s;
+  if (absl::Status s = CheckSpinOption(options.fabric_spin_us); !s.ok()) return s;
   if (options.id < -1) return absl::InvalidArgumentError(absl::StrCat("--id: expected >= 0, or -1 (any), got ", options.id));
   if (options.connect_timeout_s < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--connect_timeout_s: expected >= 1, got ", options.connect_timeout_s));

@@ -22,6 +22,7 @@ struct ServerOptions {
   // The UCX listener for jobs with transport UCX, on listen_host; 0: a free port; -1: none. Closed at once when
   // the job's transport is gRPC.
   int fabric_port = 0;
+  int fabric_spin_us = -1;               // UCX polling after events (common/fabric/ucx_worker.h); -1: automatic
   int update_threads = 2;                // threads that apply pushes of at least inline_update_bytes
   int inline_update_bytes = 64 << 10;    // smaller pushes are applied on the gRPC thread (microseconds)
   std::shared_ptr<const Security> security = Security::Plaintext();  // TLS and the job token (common/security.h)

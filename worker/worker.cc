@@ -42,6 +42,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
     client_options.clock_wait_timeout = absl::Milliseconds(options.clock_wait_timeout_ms);
     client_options.security = options.security;
     client_options.transport = options.transport;
+    client_options.fabric_spin_us = options.fabric_spin_us;
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client, PsClient::Connect(client_options));
     worker->source_ = std::make_unique<RemoteSource>(std::move(client));
   }

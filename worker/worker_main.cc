@@ -41,6 +41,9 @@ DEFINE_int32(clock_wait_timeout_ms, 300000, "longest wait for slower workers at 
 DEFINE_string(transport, "",
               "what carries pushes and pulls: empty takes the job's (transport:), grpc or ucx override it; ucx needs "
               "a job with trusted_network: true");
+DEFINE_int32(fabric_spin_us, -1,
+             "microseconds the UCX progress thread keeps polling after its last event before it sleeps; -1: 50 on "
+             "machines of more than 4 cores, 0 on smaller ones (where polling takes a core from training)");
 DEFINE_int32(inject_slowdown_ms, 0, "experiments: every step takes this many milliseconds longer (a straggler)");
 DEFINE_double(slow_factor, 1.0, "experiments: compute this many times slower than this device does (a slower GPU)");
 DEFINE_double(stall_probability, 0, "experiments: each step stalls with this probability for --stall_ms");
@@ -95,6 +98,7 @@ int main(int argc, char** argv) {
   options.connect_timeout_s = FLAGS_connect_timeout_s;
   options.clock_wait_timeout_ms = FLAGS_clock_wait_timeout_ms;
   options.transport = FLAGS_transport;
+  options.fabric_spin_us = FLAGS_fabric_spin_us;
   options.trainer.straggler.delay_ms = FLAGS_inject_slowdown_ms;
   options.trainer.straggler.slow_factor = FLAGS_slow_factor;
   options.trainer.straggler.stall_probability = FLAGS_stall_probability;

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/command_line.h"
+#include "common/fabric/ucx_worker.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
 #include "worker/backend/backend.h"
@@ -28,6 +29,7 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& options) {
     }
   }
   if (absl::Status s = CheckPortOption("--http_port", options.http_port, /*off_allowed=*/true); !s.ok()) return s;
+  if (absl::Status s = CheckSpinOption(options.fabric_spin_us); !s.ok()) return s;
   if (options.rank < -1) {
     return absl::InvalidArgumentError(absl::StrCat("--rank: expected >= 0, or -1 (any), got ", options.rank));
   }

@@ -25,6 +25,7 @@ struct WorkerOptions {
   int connect_timeout_s = 120;    // how long to wait for the scheduler at start-up
   int clock_wait_timeout_ms = 300000;
   std::string transport;          // the chunk calls' transport: "" the job's, or "grpc" / "ucx" to override it
+  int fabric_spin_us = -1;        // UCX polling after events (PsClient::Options); -1: automatic
   TrainerOptions trainer;
 };
 

@@ -6,9 +6,6 @@
 
 #include <cstring>
 
-#include <cstdlib>
-
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/rpc.h"
@@ -39,8 +36,8 @@ absl::Status FromUcsStatus(ucs_status_t status, std::string_view what) {
   }
 }
 
-absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Start(std::string name) {
-  std::unique_ptr<UcxWorker> w(new UcxWorker(std::move(name)));
+absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Start(std::string name, int spin_us) {
+  std::unique_ptr<UcxWorker> w(new UcxWorker(std::move(name), SpinAfterEvents(spin_us)));
   // The worker is made, driven and destroyed on the progress thread: UCX checks that a single-threaded worker
   // is used by one thread.
   absl::Notification made;
@@ -161,19 +158,21 @@ bool UcxWorker::RunPosted() {
   return !run.empty();
 }
 
-absl::Duration SpinAfterEvents() {
-  if (const char* us = std::getenv("TESSERA_UCX_SPIN_US"); us != nullptr && *us != '\0') {
-    int64_t value = 0;
-    if (absl::SimpleAtoi(us, &value) && value >= 0) return absl::Microseconds(value);
-    LOG(WARNING) << "TESSERA_UCX_SPIN_US='" << us << "' is not a number of microseconds; ignored";
-  }
+absl::Duration SpinAfterEvents(int spin_us) {
+  if (spin_us >= 0) return absl::Microseconds(spin_us);
   return std::thread::hardware_concurrency() > 4 ? absl::Microseconds(50) : absl::ZeroDuration();
+}
+
+absl::Status CheckSpinOption(int spin_us) {
+  if (spin_us >= -1 && spin_us <= 1000000) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("--fabric_spin_us: expected -1 (automatic) or 0 to 1000000 microseconds, got ", spin_us));
 }
 
 void UcxWorker::Loop() {
   // How long to keep polling after the last event before sleeping: a reply that follows a request within this
   // is taken without a wakeup's system calls.
-  const absl::Duration kSpin = SpinAfterEvents();
+  const absl::Duration kSpin = spin_;
   absl::Time next_tick = absl::Now();
   absl::Time last_event = absl::Now();
   auto tick = [&] {

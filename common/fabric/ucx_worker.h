@@ -7,7 +7,7 @@
 // last event it keeps polling for SpinAfterEvents() (a reply that follows within it costs no wakeup), but only
 // where cores are spare: on a machine of 4 cores or fewer, a polling thread takes a core from the training or
 // the updates, which costs more than the wakeups (on 2 cores, 1 server + 1 worker SYNC steps take 2.13 ms
-// without polling against 2.52 ms with 50 us of it). TESSERA_UCX_SPIN_US in the environment overrides it.
+// without polling against 2.52 ms with 50 us of it). The daemons' --fabric_spin_us overrides it.
 //
 //   absl::StatusOr<std::unique_ptr<UcxWorker>> w = UcxWorker::Start("server 0");
 //   (*w)->Post([&] { ucp_am_send_nbx((*w)->worker(), ...); });   // on the progress thread
@@ -35,16 +35,19 @@ namespace tessera {
 // to the callers' recovery paths), DEADLINE_EXCEEDED for a timeout, CANCELLED, INTERNAL otherwise.
 absl::Status FromUcsStatus(ucs_status_t status, std::string_view what);
 
-// How long a progress thread polls after its last event before sleeping: TESSERA_UCX_SPIN_US if set, else 50 us
-// on machines of more than 4 cores and none on smaller ones.
-absl::Duration SpinAfterEvents();
+// How long a progress thread polls after its last event before sleeping: `spin_us` microseconds when it is at
+// least 0, else (automatic) 50 us on machines of more than 4 cores and none on smaller ones.
+absl::Duration SpinAfterEvents(int spin_us);
+// INVALID_ARGUMENT naming --fabric_spin_us unless `spin_us` is -1 or 0 .. 1000000.
+[[nodiscard]] absl::Status CheckSpinOption(int spin_us);
 
 // Thread-safe: Post and SetTick from any thread; worker() only on the progress thread.
 class UcxWorker {
  public:
   // Creates the context and worker (active messages and wakeup) and starts the progress thread. `name` names
   // the thread's errors. UNAVAILABLE when UCX cannot start (no transport usable here).
-  [[nodiscard]] static absl::StatusOr<std::unique_ptr<UcxWorker>> Start(std::string name);
+  // `spin_us`: see SpinAfterEvents.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<UcxWorker>> Start(std::string name, int spin_us = -1);
   // Stop(), then frees.
   ~UcxWorker();
   // Runs `on_stop` (closing endpoints and listeners) on the progress thread, then stops it and frees the UCX
@@ -76,7 +79,7 @@ class UcxWorker {
   [[nodiscard]] absl::Status SetHandler(unsigned id, ucp_am_recv_callback_t cb, void* arg);
 
  private:
-  explicit UcxWorker(std::string name) : name_(std::move(name)) {}
+  UcxWorker(std::string name, absl::Duration spin) : name_(std::move(name)), spin_(spin) {}
   // On the progress thread: make and free the context and worker.
   absl::Status Create();
   void Destroy();
@@ -87,6 +90,7 @@ class UcxWorker {
   bool RunPosted();
 
   const std::string name_;
+  const absl::Duration spin_;  // polling after the last event
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;  // written by the progress thread only, under mu_
   int event_fd_ = -1;

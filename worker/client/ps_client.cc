@@ -47,7 +47,7 @@ absl::StatusOr<std::unique_ptr<ChunkTransport>> MakeChunkTransport(const tessera
         "job '", job.name(), "' does not say trusted_network: true, so its chunks may not travel over UCX, which "
         "does not encrypt; use transport grpc"));
   }
-  absl::StatusOr<std::unique_ptr<UcxChunkTransport>> ucx = UcxChunkTransport::Start(std::move(security), who);
+  absl::StatusOr<std::unique_ptr<UcxChunkTransport>> ucx = UcxChunkTransport::Start(std::move(security), who, options.fabric_spin_us);
   if (!ucx.ok()) return ucx.status();
   return std::unique_ptr<ChunkTransport>(*std::move(ucx));
 }

@@ -37,9 +37,9 @@ void UcxChunkTransport::Decode(ChunkCall* call) {
 }
 
 absl::StatusOr<std::unique_ptr<UcxChunkTransport>> UcxChunkTransport::Start(std::shared_ptr<const Security> security,
-                                                                            CallerIdentity who) {
+                                                                            CallerIdentity who, int spin_us) {
   std::unique_ptr<UcxChunkTransport> t(new UcxChunkTransport(std::move(security), std::move(who)));
-  absl::StatusOr<std::unique_ptr<UcxWorker>> worker = UcxWorker::Start(absl::StrCat("worker ", t->who_.worker_id));
+  absl::StatusOr<std::unique_ptr<UcxWorker>> worker = UcxWorker::Start(absl::StrCat("worker ", t->who_.worker_id), spin_us);
   if (!worker.ok()) return worker.status();
   t->worker_ = *std::move(worker);
   UcxChunkTransport* self = t.get();

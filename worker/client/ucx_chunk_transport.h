@@ -25,9 +25,9 @@ namespace tessera {
 
 class UcxChunkTransport final : public ChunkTransport {
  public:
-  // Starts UCX for caller `who`. UNAVAILABLE when UCX cannot start here.
+  // Starts UCX for caller `who`; `spin_us` as for UcxWorker::Start. UNAVAILABLE when UCX cannot start here.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<UcxChunkTransport>> Start(
-      std::shared_ptr<const Security> security, CallerIdentity who);
+      std::shared_ptr<const Security> security, CallerIdentity who, int spin_us = -1);
   // Calls still running end CANCELLED.
   ~UcxChunkTransport() override;
 
