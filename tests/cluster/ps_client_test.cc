@@ -10,6 +10,7 @@
 #include "common/wire_format.h"
 #include "worker/client/chunk_calls.h"
 #include "worker/client/grpc_chunk_transport.h"
+#include "worker/client/ucx_chunk_transport.h"
 
 #include "gtest/gtest.h"
 #include "tests/cluster/mini_cluster.h"
@@ -260,6 +261,55 @@ TEST(PsClientTest, TheFirstLayersPiecesOvertakeTheLastLayersOnTheWire) {
   for (int i = 1; i <= 10; ++i) EXPECT_EQ(started[i].first, "layer0") << i;
   for (int i = 11; i < 20; ++i) EXPECT_EQ(started[i].first, "layer2") << i;
 }
+
+// A step whose exchanges were still waiting for the launcher when it was cancelled (the job stopped) ends at
+// once: none of them starts, where each would wait for a SYNC round that never closes (here the other worker
+// never pushes) until its deadline. Over UCX a transport does not know a call it has not started.
+class CancelTest : public ::testing::TestWithParam<tessera::v1::Transport> {};
+
+TEST_P(CancelTest, ACancelledBatchStartsNoneOfTheCallsStillWaitingToLaunch) {
+  tessera::v1::JobSpec job = TestJob(tessera::v1::ConsistencySpec::SYNC, /*servers=*/1, /*workers=*/2);
+  job.set_transport(GetParam());
+  job.set_trusted_network(true);
+  auto cluster = MiniCluster::Start(job);
+  ASSERT_THAT(cluster, IsOk());
+  auto client = (*cluster)->ConnectClient();
+  ASSERT_THAT(client, IsOk());
+  ASSERT_THAT((*client)->Declare({FloatParam("w", 640)}), IsOk());
+  auto map = std::make_shared<const ShardMapIndex>(*(*client)->shard_map());
+  absl::StatusOr<std::unique_ptr<UcxChunkTransport>> ucx;
+  std::unique_ptr<ChunkTransport> transport;
+  const CallerIdentity who{(*client)->worker_id(), (*client)->incarnation(), (*client)->member_key()};
+  if (GetParam() == tessera::v1::UCX) {
+    ucx = UcxChunkTransport::Start(Security::Plaintext(), who);
+    ASSERT_THAT(ucx, IsOk());
+    transport = *std::move(ucx);
+  } else {
+    transport = std::make_unique<GrpcChunkTransport>(Security::Plaintext(), 1);
+  }
+  ChunkCaller caller(std::move(transport));
+  const std::vector<float> grad(640, 1.0f);
+  std::vector<float> out(640);
+  SerialExecutor launcher;
+  absl::Notification release;
+  launcher.Submit([&] { release.WaitForNotification(); });  // the launcher is busy
+  const absl::Time start = absl::Now();
+  {
+    ChunkBatch batch(/*window=*/8, &launcher);
+    auto calls = caller.Make(kExchange, map, 0, "w", grad, 1, absl::MakeSpan(out), Stamp{1, 0}, who, {},
+                             absl::Seconds(60));
+    ASSERT_THAT(calls, IsOk());
+    for (auto& c : *calls) batch.Add(std::move(c));
+    batch.CancelAll();
+    release.Notify();
+    batch.WaitAll();
+    for (ChunkCall* c : batch.calls()) EXPECT_THAT(c->status, StatusIs(absl::StatusCode::kCancelled, "cancelled")) << c->What();
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20)) << "a cancelled call started and waited for its round";
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, CancelTest, ::testing::Values(tessera::v1::GRPC, tessera::v1::UCX),
+                         [](const auto& info) { return tessera::v1::Transport_Name(info.param); });
 
 // A job with a 16-bit wire, over each transport: gradients pushed in 16 bits reach the server with nothing lost
 // (error feedback carries each rounding into the next push, so the server's float32 values end where float32

@@ -215,7 +215,21 @@ void ChunkBatch::CancelAll() {
   call_done_.SignalAll();
 }
 
-void ChunkBatch::Launch(ChunkCall* c) { c->transport->Start(c, [this, c] { OnDone(c); }); }
+void ChunkBatch::Launch(ChunkCall* c) {
+  bool cancelled;
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled = cancelled_;
+  }
+  // A call still waiting for the launcher when the batch was cancelled never starts (a transport may not know
+  // a call it has not started, and one that started now could wait for a round that never closes).
+  if (cancelled) {
+    c->status = absl::CancelledError(c->What() + ": cancelled");
+    OnDone(c);
+    return;
+  }
+  c->transport->Start(c, [this, c] { OnDone(c); });
+}
 
 void ChunkBatch::OnDone(ChunkCall* c) {
   ChunkCall* next = nullptr;

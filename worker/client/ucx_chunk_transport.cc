@@ -24,6 +24,7 @@ struct UcxChunkTransport::Wire final : ChunkCallWire {
   void* send_request = nullptr;    // UCX requests in flight for the call
   void* recv_request = nullptr;
   bool decided = false;            // call->status is final
+  std::atomic<bool> cancelled{false};  // Cancel came, maybe before Start
   WireEncoding encoding;           // of the reply's values
 };
 
@@ -85,13 +86,23 @@ void UcxChunkTransport::Start(ChunkCall* call, std::function<void()> done) {
   Wire& wire = static_cast<Wire&>(*call->wire);
   wire.done = std::move(done);
   wire.deadline = absl::Now() + call->timeout;
-  wire.id = next_id_++;
+  const uint64_t id = next_id_++;
+  wire.id = id;
+  // A Cancel that raced with this start may have seen no id: it is carried out here (of the two, one sees the
+  // other's write). Read before the call is handed over: it may be gone once posted.
+  const bool cancelled = wire.cancelled.load();
   worker_->Post([this, call] { StartOnThread(call); });
+  if (cancelled) CancelOnThread(id);
 }
 
 void UcxChunkTransport::Cancel(ChunkCall* call) {
-  const uint64_t id = static_cast<Wire&>(*call->wire).id.load();
-  if (id == 0) return;  // not started: the batch ends it itself
+  Wire& wire = static_cast<Wire&>(*call->wire);
+  wire.cancelled = true;
+  const uint64_t id = wire.id.load();
+  if (id != 0) CancelOnThread(id);  // else Start carries it out
+}
+
+void UcxChunkTransport::CancelOnThread(uint64_t id) {
   worker_->Post([this, id] {
     if (ChunkCall* c = Find(id)) Fail(c, absl::CancelledError(c->What() + ": cancelled"));
   });

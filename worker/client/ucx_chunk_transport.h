@@ -51,6 +51,8 @@ class UcxChunkTransport final : public ChunkTransport {
   UcxChunkTransport(std::shared_ptr<const Security> security, CallerIdentity who)
       : security_(std::move(security)), who_(std::move(who)) {}
 
+  // Any thread: fails call `id` (CANCELLED) on the progress thread, unless it completed.
+  void CancelOnThread(uint64_t id);
   // The rest runs on the progress thread.
   void StartOnThread(ChunkCall* call);
   // The connection to `address`, made (and its hello sent) when there is none.
