@@ -188,6 +188,23 @@ TEST(PsClientTest, ConcurrentExchangesFromSeveralWorkersNeverMixTheirReplies) {
   EXPECT_EQ(pushes.load(), 80);
 }
 
+// A client whose options are wrong fails before it registers: it takes no worker's place in the job.
+TEST(PsClientTest, AnUnknownTransportFailsBeforeRegistering) {
+  auto cluster = MiniCluster::Start(TestJob(tessera::v1::ConsistencySpec::ASYNC, /*servers=*/1, /*workers=*/1));
+  ASSERT_THAT(cluster, IsOk());
+  PsClient::Options options;
+  options.scheduler_address = (*cluster)->scheduler_address();
+  options.heartbeat = false;
+  options.transport = "rdma";
+  EXPECT_THAT(PsClient::Connect(options), StatusIs(absl::StatusCode::kInvalidArgument, "expected grpc or ucx"));
+  options.transport = "";
+  options.fabric_spin_us = -5;
+  EXPECT_THAT(PsClient::Connect(options), StatusIs(absl::StatusCode::kInvalidArgument, "--fabric_spin_us"));
+  auto client = (*cluster)->ConnectClient();  // the job's one worker slot is still free
+  ASSERT_THAT(client, IsOk());
+  EXPECT_EQ((*client)->worker_id(), 0);
+}
+
 // The real gRPC transport, recording the order in which calls start.
 class RecordingTransport final : public ChunkTransport {
  public:

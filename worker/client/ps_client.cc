@@ -1,8 +1,10 @@
 #include "worker/client/ps_client.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "common/fabric/ucx_worker.h"
 #include "common/heartbeater.h"
 #include "common/rpc.h"
 #include "common/scheduler_client.h"
@@ -25,20 +27,23 @@ PsClient::~PsClient() {
 
 namespace {
 
+// The transport `options` names instead of the job's (nullopt: the job's). INVALID_ARGUMENT for another name,
+// checked before the client registers.
+absl::StatusOr<std::optional<tessera::v1::Transport>> TransportOverride(const PsClient::Options& options) {
+  if (options.transport.empty()) return std::nullopt;
+  if (options.transport == "grpc") return tessera::v1::GRPC;
+  if (options.transport == "ucx") return tessera::v1::UCX;
+  return absl::InvalidArgumentError(
+      absl::StrCat("transport '", options.transport, "': expected grpc or ucx (or empty: the job's)"));
+}
+
 // The job's transport for chunk calls, or the one `options` names instead.
 absl::StatusOr<std::unique_ptr<ChunkTransport>> MakeChunkTransport(const tessera::v1::JobSpec& job,
                                                                     const PsClient::Options& options,
                                                                     std::shared_ptr<const Security> security,
                                                                     CallerIdentity who) {
-  tessera::v1::Transport transport = job.transport();
-  if (options.transport == "grpc") {
-    transport = tessera::v1::GRPC;
-  } else if (options.transport == "ucx") {
-    transport = tessera::v1::UCX;
-  } else if (!options.transport.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("transport '", options.transport, "': expected grpc or ucx (or empty: the job's)"));
-  }
+  TESSERA_ASSIGN_OR_RETURN(std::optional<tessera::v1::Transport> override, TransportOverride(options));
+  const tessera::v1::Transport transport = override.value_or(job.transport());
   if (transport == tessera::v1::GRPC) {
     return std::make_unique<GrpcChunkTransport>(std::move(security), options.connections_per_server);
   }
@@ -60,6 +65,8 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(const Options& optio
     return absl::InvalidArgumentError(absl::StrCat("window_per_server and connections_per_server must be at least 1, got ",
                                                    options.window_per_server, " and ", options.connections_per_server));
   }
+  TESSERA_RETURN_IF_ERROR(TransportOverride(options).status());
+  TESSERA_RETURN_IF_ERROR(CheckSpinOption(options.fabric_spin_us));
   TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<const Security> security, Security::Load(options.security));
   std::unique_ptr<PsClient> client(new PsClient(options));
   client->security_ = security;
