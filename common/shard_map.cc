@@ -131,11 +131,17 @@ ShardMapIndex::ShardMapIndex(ShardMap map) : map_(std::move(map)) {
 }
 
 absl::StatusOr<const ParameterSpec*> ShardMapIndex::Param(const std::string& name) const {
+  absl::StatusOr<int> position = ParamPosition(name);
+  if (!position.ok()) return position.status();
+  return &map_.params(*position);
+}
+
+absl::StatusOr<int> ShardMapIndex::ParamPosition(const std::string& name) const {
   auto it = param_index_.find(name);
   if (it == param_index_.end()) {
     return absl::NotFoundError(absl::StrCat("unknown parameter '", name, "' (shard map epoch ", map_.epoch(), ")"));
   }
-  return &map_.params(it->second);
+  return static_cast<int>(it->second);
 }
 
 absl::StatusOr<std::vector<const ChunkPlacement*>> ShardMapIndex::Chunks(const std::string& name) const {

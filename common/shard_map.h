@@ -43,6 +43,9 @@ class ShardMapIndex {
 
   // The parameter's declaration, or NOT_FOUND naming it.
   absl::StatusOr<const tessera::v1::ParameterSpec*> Param(const std::string& name) const;
+  // The parameter's position in the map's list (the declaration order, which is the model's: first layer 0),
+  // or NOT_FOUND.
+  absl::StatusOr<int> ParamPosition(const std::string& name) const;
   // The parameter's chunks in offset order, or NOT_FOUND.
   absl::StatusOr<std::vector<const tessera::v1::ChunkPlacement*>> Chunks(const std::string& name) const;
   // The address of a server id, or NOT_FOUND.

@@ -164,12 +164,14 @@ void Widen16InPlace(absl::Span<float> out, WirePrecision precision) {
 
 const char* PrecisionName(WirePrecision precision) {
   switch (precision) {
+    case WireSpec::FP32:
+      return "FP32";
     case WireSpec::BF16:
       return "BF16";
     case WireSpec::FP16:
       return "FP16";
     default:
-      return "FP32";
+      return "an unknown precision";
   }
 }
 
@@ -181,8 +183,16 @@ size_t TopKCount(float top_k, size_t n) {
   return std::clamp<size_t>(k, 1, n);
 }
 
+namespace {
+// Whether top-k entries of `n` values are smaller than the dense values (else the chunk goes dense).
+bool TopKIsSmaller(const WireEncoding& encoding, size_t n) {
+  const size_t width = BytesPerValue(encoding.precision);
+  return TopKCount(encoding.top_k, n) * (sizeof(uint32_t) + width) < n * width;
+}
+}  // namespace
+
 size_t MaxEncodedBytes(const WireEncoding& encoding, size_t n) {
-  if (!encoding.sparse) return n * BytesPerValue(encoding.precision);
+  if (!encoding.sparse || !TopKIsSmaller(encoding, n)) return n * BytesPerValue(encoding.precision);
   return TopKCount(encoding.top_k, n) * (sizeof(uint32_t) + BytesPerValue(encoding.precision));
 }
 
@@ -199,18 +209,28 @@ void EncodeValues(absl::Span<const float> values, WirePrecision precision, char*
   }
 }
 
-size_t EncodeGradient(absl::Span<const float> grad, absl::Span<float> residual, const WireEncoding& encoding,
-                      char* out) {
-  if (encoding.sparse) return EncodeTopKGradient(grad, residual, encoding, out);
-  if (encoding.precision == WireSpec::FP32) {  // exact: nothing is owed
-    EncodeValues(grad, encoding.precision, out);
-    return grad.size() * sizeof(float);
+EncodedGradient EncodeGradient(absl::Span<const float> grad, absl::Span<float> residual, const WireEncoding& encoding,
+                               char* out) {
+  if (encoding.sparse && TopKIsSmaller(encoding, grad.size())) {
+    return {EncodeTopKGradient(grad, residual, encoding, out), true};
+  }
+  if (encoding.precision == WireSpec::FP32) {  // exact: only what the residual held is owed, and it goes now
+    for (size_t i = 0; i < grad.size(); ++i) {
+      const float t = grad[i] + residual[i];
+      residual[i] = 0.0f;
+      std::memcpy(out + i * sizeof(float), &t, sizeof(float));
+    }
+    return {grad.size() * sizeof(float), false};
   }
   EncodeDenseGradient(grad, residual, encoding.precision, out);
-  return grad.size() * BytesPerValue(encoding.precision);
+  return {grad.size() * BytesPerValue(encoding.precision), false};
 }
 
 absl::Status DecodeInPlace(absl::Span<float> out, size_t bytes, const WireEncoding& encoding, std::string_view what) {
+  if (!WireSpec::Precision_IsValid(encoding.precision)) {
+    return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": unknown precision ",
+                                                   static_cast<int>(encoding.precision)));
+  }
   const size_t n = out.size();
   const size_t width = BytesPerValue(encoding.precision);
   if (!encoding.sparse) {
@@ -222,7 +242,7 @@ absl::Status DecodeInPlace(absl::Span<float> out, size_t bytes, const WireEncodi
     return absl::OkStatus();
   }
   const size_t entry = sizeof(uint32_t) + width;
-  if (bytes % entry != 0 || bytes / entry > n || bytes > n * sizeof(float)) {
+  if (bytes % entry != 0 || bytes / entry > n || bytes >= n * width) {
     return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": ", bytes, " bytes are not top-k entries of ",
                                                    PrecisionName(encoding.precision), " values for ", n, " values"));
   }

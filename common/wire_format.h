@@ -32,8 +32,6 @@ struct WireEncoding {
   // entries, in (0, 0.5]) says how many an encoder keeps; a decoder reads k from the length.
   bool sparse = false;
   float top_k = 0;
-
-  bool operator==(const WireEncoding& o) const { return precision == o.precision && sparse == o.sparse; }
 };
 
 // "FP32", "BF16", "FP16".
@@ -48,13 +46,20 @@ size_t MaxEncodedBytes(const WireEncoding& encoding, size_t n);
 void EncodeValues(absl::Span<const float> values, WirePrecision precision, char* out);
 
 // A gradient with error feedback: encodes grad + residual and leaves in `residual` what the encoding left out.
-// Returns the bytes written to `out` (at most MaxEncodedBytes). `grad` and `residual` have the same size.
-size_t EncodeGradient(absl::Span<const float> grad, absl::Span<float> residual, const WireEncoding& encoding,
-                      char* out);
+// Returns the bytes written to `out` (at most MaxEncodedBytes) and whether they are top-k entries: a chunk whose
+// top-k entries would take as many bytes as its dense values (a tiny chunk) goes dense. `grad` and `residual`
+// have the same size.
+struct EncodedGradient {
+  size_t bytes = 0;
+  bool sparse = false;
+};
+EncodedGradient EncodeGradient(absl::Span<const float> grad, absl::Span<float> residual, const WireEncoding& encoding,
+                               char* out);
 
 // Decodes `bytes` encoded bytes that lie at the front of `out`'s memory into out.size() float32 values, in
-// place. INVALID_ARGUMENT naming `what` for a length that does not fit the encoding and out.size(), or top-k
-// indices that are out of range or not ascending. Values are not checked for finiteness here.
+// place. INVALID_ARGUMENT naming `what` for an unknown precision, a length that does not fit the encoding and
+// out.size() (top-k entries must take fewer bytes than the dense values), or top-k indices that are out of
+// range or not ascending. Values are not checked for finiteness here.
 [[nodiscard]] absl::Status DecodeInPlace(absl::Span<float> out, size_t bytes, const WireEncoding& encoding,
                                          std::string_view what);
 

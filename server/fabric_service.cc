@@ -189,7 +189,7 @@ ucs_status_t FabricService::OnRequest(const void* header, size_t header_length, 
     return UCS_OK;
   }
   // Room for the values decoded (dense ones are decoded where they arrived: no second copy).
-  const size_t decoded = encoding.sparse ? length : length / width * sizeof(float);
+  const size_t decoded = encoding.sparse ? length : DecodedBytes(request->push(), length);
   std::shared_ptr<PooledBuffer> values = buffers_.Get(std::max<size_t>(decoded, 1));
   if (!rendezvous) {
     if (length > 0) std::memcpy(values->data(), data, length);

@@ -33,8 +33,8 @@ DEFINE_int32(fabric_port, 0,
              "port of the UCX listener on --host, for jobs with transport: UCX (a trusted network); 0 picks a free "
              "one, -1 starts none. A job whose transport is GRPC closes it at once");
 DEFINE_int32(fabric_spin_us, -1,
-             "microseconds the UCX progress thread keeps polling after its last event before it sleeps; -1: 50 on "
-             "machines of more than 4 cores, 0 on smaller ones (where polling takes a core from the updates)");
+             "microseconds the UCX progress thread keeps polling after its last event before it sleeps; -1: 50 where "
+             "the process may use more than 4 cores (affinity, cgroup quota), else 0 (where polling takes a core from the updates)");
 DEFINE_int32(inline_update_bytes, 64 << 10,
              "pushes smaller than this many bytes are applied on the gRPC thread that received them");
 TESSERA_DEFINE_SECURITY_FLAGS()

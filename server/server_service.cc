@@ -122,11 +122,14 @@ grpc::ServerUnaryReactor* ServerService::Pull(grpc::CallbackServerContext* conte
   return Finish(context, absl::OkStatus());
 }
 
+size_t DecodedBytes(const PushRequest& r, size_t wire_bytes) {
+  if (r.data_sparse()) return SIZE_MAX;
+  return wire_bytes / BytesPerValue(r.data_precision()) * sizeof(float);
+}
+
 void RunUpdate(ThreadPool* updates, size_t inline_update_bytes, const PushRequest& r, size_t wire_bytes,
                std::function<void()> apply) {
-  const size_t width = BytesPerValue(r.data_precision());
-  const size_t decoded = r.data_sparse() ? wire_bytes : wire_bytes / width * sizeof(float);
-  if (decoded < inline_update_bytes) {
+  if (DecodedBytes(r, wire_bytes) < inline_update_bytes) {
     apply();
   } else {
     updates->Submit(std::move(apply), r.priority());

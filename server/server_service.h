@@ -18,9 +18,13 @@
 
 namespace tessera {
 
+// The bytes push `r`'s values take once decoded into float32, from the `wire_bytes` they took on the wire; for
+// top-k entries, whose chunk's length is not known here, SIZE_MAX.
+size_t DecodedBytes(const tessera::v1::PushRequest& r, size_t wire_bytes);
+
 // Runs `apply` (push `r`'s update, whose values took `wire_bytes`) on `updates` when the push carries at least
-// `inline_update_bytes` of float32 values once decoded, else on the calling thread (small updates take
-// microseconds). On the pool, pushes of earlier layers (a lower r.priority()) go first: the next forward pass
+// `inline_update_bytes` of float32 values once decoded (top-k pushes always), else on the calling thread (small
+// updates take microseconds). On the pool, pushes of earlier layers (a lower r.priority()) go first: the next forward pass
 // needs them first. Both the gRPC and the UCX adapter apply pushes this way.
 void RunUpdate(ThreadPool* updates, size_t inline_update_bytes, const tessera::v1::PushRequest& r, size_t wire_bytes,
                std::function<void()> apply);

@@ -341,6 +341,9 @@ ChunkValues ShardStore::ValuesLocked(const Chunk& chunk, const Roster& roster, W
 }
 
 absl::StatusOr<ChunkValues> ShardStore::Pull(const ChunkPull& request) const {
+  if (!tessera::v1::WireSpec::Precision_IsValid(request.precision)) {
+    return absl::InvalidArgumentError(absl::StrCat("pull in unknown precision ", static_cast<int>(request.precision)));
+  }
   TESSERA_ASSIGN_OR_RETURN(Found found, Find(request.address));
   const int workers = found.config->job.cluster().num_workers();
   if (request.worker_id < 0 || request.worker_id >= workers) {
@@ -410,6 +413,11 @@ absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& re
                                                       roster.incarnation[worker]));
   }
   const std::string what = absl::StrCat("push to ", KeyName(request.address));
+  if (request.assign && (payload.encoding().sparse || payload.encoding().precision != tessera::v1::WireSpec::FP32)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": an assignment carries dense float32 values, got ",
+                                                   PrecisionName(payload.encoding().precision),
+                                                   payload.encoding().sparse ? " top-k entries" : ""));
+  }
   if (!request.assign && request.batch_size <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": batch_size must be > 0, got ", request.batch_size));
   }

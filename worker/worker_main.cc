@@ -42,8 +42,8 @@ DEFINE_string(transport, "",
               "what carries pushes and pulls: empty takes the job's (transport:), grpc or ucx override it; ucx needs "
               "a job with trusted_network: true");
 DEFINE_int32(fabric_spin_us, -1,
-             "microseconds the UCX progress thread keeps polling after its last event before it sleeps; -1: 50 on "
-             "machines of more than 4 cores, 0 on smaller ones (where polling takes a core from training)");
+             "microseconds the UCX progress thread keeps polling after its last event before it sleeps; -1: 50 where "
+             "the process may use more than 4 cores (affinity, cgroup quota), else 0 (where polling takes a core from training)");
 DEFINE_int32(inject_slowdown_ms, 0, "experiments: every step takes this many milliseconds longer (a straggler)");
 DEFINE_double(slow_factor, 1.0, "experiments: compute this many times slower than this device does (a slower GPU)");
 DEFINE_double(stall_probability, 0, "experiments: each step stalls with this probability for --stall_ms");

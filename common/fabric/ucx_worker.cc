@@ -4,8 +4,13 @@
 #include <netdb.h>
 #include <poll.h>
 
-#include <cstring>
+#include <sched.h>
 
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/rpc.h"
@@ -158,9 +163,29 @@ bool UcxWorker::RunPosted() {
   return !run.empty();
 }
 
+namespace {
+
+// The cores this process may use: the CPUs of its affinity mask, fewer when a cgroup (v2) quota allows less
+// (a container limited to 2 CPUs on a large host has 2).
+int UsableCores() {
+  cpu_set_t set;
+  int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set)
+                                                             : static_cast<int>(std::thread::hardware_concurrency());
+  std::ifstream max_file("/sys/fs/cgroup/cpu.max");
+  std::string quota;
+  int64_t period = 0;
+  if (max_file >> quota >> period && quota != "max" && period > 0) {
+    int64_t q = 0;
+    if (absl::SimpleAtoi(quota, &q) && q > 0) cores = std::min<int>(cores, static_cast<int>((q + period - 1) / period));
+  }
+  return std::max(cores, 1);
+}
+
+}  // namespace
+
 absl::Duration SpinAfterEvents(int spin_us) {
   if (spin_us >= 0) return absl::Microseconds(spin_us);
-  return std::thread::hardware_concurrency() > 4 ? absl::Microseconds(50) : absl::ZeroDuration();
+  return UsableCores() > 4 ? absl::Microseconds(50) : absl::ZeroDuration();
 }
 
 absl::Status CheckSpinOption(int spin_us) {

@@ -5,9 +5,9 @@
 // locks); other threads hand work to it with Post, which wakes it. The thread polls while there is traffic and
 // sleeps on the worker's event file descriptor when there is none, so an idle process costs no CPU. After the
 // last event it keeps polling for SpinAfterEvents() (a reply that follows within it costs no wakeup), but only
-// where cores are spare: on a machine of 4 cores or fewer, a polling thread takes a core from the training or
-// the updates, which costs more than the wakeups (on 2 cores, 1 server + 1 worker SYNC steps take 2.13 ms
-// without polling against 2.52 ms with 50 us of it). The daemons' --fabric_spin_us overrides it.
+// where cores are spare. Where the process may use 4 cores or fewer (its affinity mask and cgroup quota), a
+// polling thread takes a core from the training or the updates, which costs more than the wakeups (on 2 cores,
+// 1 server + 1 worker SYNC steps take 2.13 ms without polling against 2.52 ms with 50 us of it). The daemons' --fabric_spin_us overrides it.
 //
 //   absl::StatusOr<std::unique_ptr<UcxWorker>> w = UcxWorker::Start("server 0");
 //   (*w)->Post([&] { ucp_am_send_nbx((*w)->worker(), ...); });   // on the progress thread
@@ -36,7 +36,8 @@ namespace tessera {
 absl::Status FromUcsStatus(ucs_status_t status, std::string_view what);
 
 // How long a progress thread polls after its last event before sleeping: `spin_us` microseconds when it is at
-// least 0, else (automatic) 50 us on machines of more than 4 cores and none on smaller ones.
+// least 0, else (automatic) 50 us where the process may use more than 4 cores (its CPU affinity and cgroup
+// quota) and none otherwise.
 absl::Duration SpinAfterEvents(int spin_us);
 // INVALID_ARGUMENT naming --fabric_spin_us unless `spin_us` is -1 or 0 .. 1000000.
 [[nodiscard]] absl::Status CheckSpinOption(int spin_us);

@@ -382,6 +382,30 @@ TEST_P(WireTest, GradientsLoseNothingAndValuesTakeHalfTheBytes) {
   }
 }
 
+// Top-k over a parameter whose last chunk holds one value (a chunk too small for top-k goes dense): every push
+// is taken, and what top-k held back arrives later, so after 50 equal pushes every value is where 50 float32
+// pushes would have taken it, but for what the residual still owes (at most about 1 / top_k pushes' worth).
+TEST(PsClientTest, TopKPushesOfEveryChunkSizeArriveAndLoseNothing) {
+  tessera::v1::JobSpec job = TestJob(tessera::v1::ConsistencySpec::ASYNC, /*servers=*/2, /*workers=*/1);
+  job.mutable_wire()->set_gradients(tessera::v1::WireSpec::BF16);
+  job.mutable_wire()->set_gradient_top_k(0.1f);
+  auto cluster = MiniCluster::Start(job);  // chunk_bytes 256: 64 values a chunk, so 641 values end in a chunk of 1
+  ASSERT_THAT(cluster, IsOk());
+  auto client = (*cluster)->ConnectClient();
+  ASSERT_THAT(client, IsOk());
+  ASSERT_THAT((*client)->Declare({FloatParam("w", 641)}), IsOk());
+  constexpr int kPushes = 50;
+  constexpr float kLr = 0.1f, kGrad = 0.01f;
+  const std::vector<float> grad(641, kGrad);
+  for (int t = 0; t < kPushes; ++t) ASSERT_THAT((*client)->Push({"w"}, {absl::MakeConstSpan(grad)}, 1), IsOk()) << t;
+  std::vector<float> values(641);
+  ASSERT_THAT((*client)->Pull({"w"}, {absl::MakeSpan(values)}), IsOk());
+  for (int i = 0; i < 641; ++i) {
+    // Owed at most ~1/top_k = 10 pushes' worth (plus one of rounding slack).
+    ASSERT_NEAR(values[i], -kLr * kPushes * kGrad, kLr * 11 * kGrad) << i;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     TransportsAndPrecisions, WireTest,
     ::testing::Combine(::testing::Values(tessera::v1::GRPC, tessera::v1::UCX),

@@ -115,12 +115,16 @@ TEST(WireFormatTest, ErrorFeedbackLosesNothingOfTheGradients) {
     for (int step = 0; step < 200; ++step) {
       std::vector<float> grad(n);
       for (size_t i = 0; i < n; ++i) grad[i] = normal(rng) + (i % 7 == 0 ? 1.0f : 0.0f);  // large and tiny parts
-      const size_t bytes = EncodeGradient(grad, absl::MakeSpan(residual), encoding, wire.data());
+      const EncodedGradient sent = EncodeGradient(grad, absl::MakeSpan(residual), encoding, wire.data());
+      const size_t bytes = sent.bytes;
       ASSERT_LE(bytes, wire.size());
+      ASSERT_EQ(sent.sparse, encoding.sparse);
       if (!encoding.sparse) ASSERT_EQ(bytes, wire.size());
       std::vector<float> out(n);
       std::memcpy(out.data(), wire.data(), bytes);
-      ASSERT_THAT(DecodeInPlace(absl::MakeSpan(out), bytes, encoding, "push"), IsOk());
+      WireEncoding as_sent = encoding;
+      as_sent.sparse = sent.sparse;
+      ASSERT_THAT(DecodeInPlace(absl::MakeSpan(out), bytes, as_sent, "push"), IsOk());
       for (size_t i = 0; i < n; ++i) {
         pushed[i] += grad[i];
         received[i] += out[i];
@@ -139,12 +143,38 @@ TEST(WireFormatTest, TopKSendsTheLargestEntriesInIndexOrder) {
   std::vector<float> residual(grad.size(), 0.0f);
   const WireEncoding encoding = TopK(WireSpec::FP32, 0.3f);  // 3 of 10
   std::vector<char> wire(MaxEncodedBytes(encoding, grad.size()));
-  ASSERT_EQ(EncodeGradient(grad, absl::MakeSpan(residual), encoding, wire.data()), 3u * 8u);
+  const EncodedGradient sent = EncodeGradient(grad, absl::MakeSpan(residual), encoding, wire.data());
+  ASSERT_TRUE(sent.sparse);
+  ASSERT_EQ(sent.bytes, 3u * 8u);
   std::vector<float> out(grad.size());
   std::memcpy(out.data(), wire.data(), 24);
   ASSERT_THAT(DecodeInPlace(absl::MakeSpan(out), 24, encoding, "push"), IsOk());
   EXPECT_EQ(out, (std::vector<float>{0, -5.0f, 0, 3.0f, 0, 0, 4.0f, 0, 0, 0}));
   EXPECT_EQ(residual, (std::vector<float>{0.1f, 0, 0.2f, 0, -0.3f, 0, 0, 0.05f, 0, 0}));
+}
+
+// A chunk so small that its top-k entries would take as many bytes as its values (a scalar, a parameter's short
+// last chunk) goes dense, with its residual, and the decoder refuses top-k entries that long.
+TEST(WireFormatTest, TinyChunksGoDenseUnderTopK) {
+  for (WirePrecision precision : {WireSpec::FP32, WireSpec::BF16, WireSpec::FP16}) {
+    for (size_t n : {1, 2, 3}) {
+      const WireEncoding encoding = TopK(precision, 0.5f);
+      std::vector<float> grad(n, 0.75f), residual(n, 0.25f);
+      std::vector<char> wire(MaxEncodedBytes(encoding, n));
+      const EncodedGradient sent = EncodeGradient(grad, absl::MakeSpan(residual), encoding, wire.data());
+      EXPECT_FALSE(sent.sparse) << n;
+      EXPECT_EQ(sent.bytes, n * BytesPerValue(precision));
+      std::vector<float> out(n);
+      std::memcpy(out.data(), wire.data(), sent.bytes);
+      ASSERT_THAT(DecodeInPlace(absl::MakeSpan(out), sent.bytes, Dense(precision), "push"), IsOk());
+      for (size_t i = 0; i < n; ++i) EXPECT_EQ(out[i] + residual[i], 1.0f) << n;
+    }
+  }
+  std::vector<float> out(1);
+  EXPECT_THAT(DecodeInPlace(absl::MakeSpan(out), 8, TopK(WireSpec::FP32, 0.5f), "push to w/0"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "not top-k entries"));
+  EXPECT_THAT(DecodeInPlace(absl::MakeSpan(out), 2, Dense(static_cast<WirePrecision>(7)), "push to w/0"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "unknown precision 7"));
 }
 
 TEST(WireFormatTest, BadLengthsAndIndicesAreInvalidArguments) {

@@ -51,10 +51,9 @@ void Run(const uint8_t* data, size_t size) {
         if (!r.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) break;
         absl::StatusOr<ChunkPush> push = ToChunkPush(r, with_key ? WorkerKey(r.worker_id()) : "");
         if (!push.ok()) break;
-        const std::string& values = r.data();
-        std::vector<float> floats(values.size() / sizeof(float));
-        if (!floats.empty()) std::memcpy(floats.data(), values.data(), floats.size() * sizeof(float));
-        SpanPayload payload(floats);
+        // The values in whatever precision and layout the request claims (float32, 16-bit, top-k entries).
+        SpanPayload payload(std::string_view(r.data()));
+        payload.set_encoding(EncodingOf(r));
         if ((op & 0x7f) % kOperations == kPush) {
           (void)store.Push(*push, payload);
         } else {
@@ -65,7 +64,7 @@ void Run(const uint8_t* data, size_t size) {
       case kPull: {
         tessera::v1::PullRequest r;
         if (r.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
-          (void)store.Pull(ChunkPull{{r.epoch(), r.key().param(), r.key().index()}, r.have_version(), r.worker_id()});
+          (void)store.Pull(ToChunkPull(r));
         }
         break;
       }

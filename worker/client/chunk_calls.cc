@@ -42,14 +42,16 @@ void ChunkCaller::EncodeGradientOf(ChunkCall& call, absl::Span<const float> grad
   if (f.sent == nullptr || f.seq != seq) {
     if (f.residual.size() != grad.size()) f.residual.assign(grad.size(), 0.0f);
     std::shared_ptr<PooledBuffer> buffer = buffers_.Get(std::max<size_t>(MaxEncodedBytes(gradients_, grad.size()), 1));
-    f.length = EncodeGradient(grad, absl::MakeSpan(f.residual), gradients_, buffer->data());
+    const EncodedGradient sent = EncodeGradient(grad, absl::MakeSpan(f.residual), gradients_, buffer->data());
+    f.length = sent.bytes;
+    f.sparse = sent.sparse;
     f.sent = std::move(buffer);
     f.seq = seq;
   }
   call.src = std::string_view(f.sent->data(), f.length);
   call.src_owner = f.sent;
   r.set_data_precision(gradients_.precision);
-  r.set_data_sparse(gradients_.sparse);
+  r.set_data_sparse(f.sparse);
 }
 
 absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> ChunkCaller::Make(
@@ -67,6 +69,8 @@ absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> ChunkCaller::Make(
                                                    sends && grad.size() != expected ? grad.size() : out.size()));
   }
   TESSERA_ASSIGN_OR_RETURN(std::vector<const tessera::v1::ChunkPlacement*> chunks, map->Chunks(name));
+  TESSERA_ASSIGN_OR_RETURN(const int position, map->ParamPosition(name));
+  const auto priority = static_cast<uint32_t>(position);
   std::vector<std::unique_ptr<ChunkCall>> calls;
   for (const tessera::v1::ChunkPlacement* placement : chunks) {
     // A chunk of a server the view no longer has is moving to another one: retry once the view says where.
@@ -80,23 +84,20 @@ absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> ChunkCaller::Make(
     call->map = map;
     call->placement = placement;
     call->name_index = name_index;
+    call->priority = priority;
     call->server_id = placement->server_id();
     call->server = map->ServerAddress(placement->server_id()).value_or("?");
     call->timeout = timeout;
     call->transport = transport_.get();
     auto cached = pulled.find({placement->param(), placement->index()});
-    if (receives) {
-      call->dst = out.subspan(placement->offset(), placement->length());
-      call->reply_precision = values_;
-    }
+    if (receives) call->dst = out.subspan(placement->offset(), placement->length());
     if (op == kPull) {
       tessera::v1::PullRequest& r = call->pull;
       r.set_epoch(map->epoch());
       r.set_worker_id(who.worker_id);
       r.mutable_key()->set_param(placement->param());
       r.mutable_key()->set_index(placement->index());
-      const bool same_memory = cached != pulled.end() && cached->second.where == call->dst.data() &&
-                               cached->second.precision == values_;
+      const bool same_memory = cached != pulled.end() && cached->second.where == call->dst.data();
       r.set_have_version(same_memory ? cached->second.version : -1);
       r.set_reply_precision(values_);
     } else {
@@ -111,7 +112,7 @@ absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> ChunkCaller::Make(
       r.set_kind(op == kAssign ? tessera::v1::PushRequest::ASSIGN : tessera::v1::PushRequest::GRADIENT);
       r.mutable_key()->set_param(placement->param());
       r.mutable_key()->set_index(placement->index());
-      r.set_priority(static_cast<uint32_t>(name_index));
+      r.set_priority(priority);
       const absl::Span<const float> chunk = grad.subspan(placement->offset(), placement->length());
       if (op == kAssign) {
         call->src = BytesOf(chunk);  // assignments are exact
@@ -143,13 +144,13 @@ void ChunkBatch::Add(std::unique_ptr<ChunkCall> call) {
       ++s.in_flight;
       start = true;
     } else {
-      s.queue.emplace(c->name_index, c);
+      s.queue.emplace(c->priority, c);
     }
   }
   if (!start) return;
   if (launcher_ != nullptr) {
     // Earlier layers first there too. The destructor waits for every call, launched or not.
-    launcher_->Submit([this, c] { Launch(c); }, static_cast<uint32_t>(c->name_index));
+    launcher_->Submit([this, c] { Launch(c); }, c->priority);
   } else {
     Launch(c);
   }

@@ -46,6 +46,9 @@ class ChunkCaller {
       absl::Span<const float> grad, int batch_size, absl::Span<float> out, Stamp stamp, const CallerIdentity& who,
       const PulledChunks& pulled, absl::Duration timeout);
 
+  // Forgets every chunk's residual (a SYNC rollback voided the steps it came from).
+  void ForgetResiduals() { feedback_.clear(); }
+
  private:
   // What error feedback keeps for one chunk: the residual, and the last encoding sent (reused by retries).
   struct Feedback {
@@ -53,6 +56,7 @@ class ChunkCaller {
     uint64_t seq = 0;
     std::shared_ptr<const PooledBuffer> sent;
     size_t length = 0;
+    bool sparse = false;  // the bytes are top-k entries
   };
 
   // Points `call` at the bytes of gradient `grad` (one chunk of it) for push seq `seq`.

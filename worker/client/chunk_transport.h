@@ -34,7 +34,10 @@ struct ChunkCall {
   // The map the call was made from, kept alive with it: a step's calls outlive a refresh of the client's map.
   std::shared_ptr<const ShardMapIndex> map;
   const tessera::v1::ChunkPlacement* placement = nullptr;  // in `map`
-  size_t name_index = 0;  // also the priority: lower goes first at a busy server
+  size_t name_index = 0;  // in the caller's list of names
+  // The parameter's position in the model (the declaration order, first layer 0): lower goes first at a busy
+  // server and in the caller's queues.
+  uint32_t priority = 0;
   int server_id = 0;
   std::string server;     // the server's address, naming it in errors
   tessera::v1::PullRequest pull;  // kPull: the request
@@ -44,7 +47,6 @@ struct ChunkCall {
   std::string_view src;
   std::shared_ptr<const PooledBuffer> src_owner;
   absl::Span<float> dst;          // pull, exchange: where the chunk's values go (decoded from the reply's precision)
-  tessera::v1::WireSpec::Precision reply_precision = tessera::v1::WireSpec::FP32;  // pull, exchange: as asked
   absl::Duration timeout = absl::Seconds(30);
   ChunkTransport* transport = nullptr;  // not owned
   std::unique_ptr<ChunkCallWire> wire;

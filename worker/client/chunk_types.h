@@ -34,7 +34,6 @@ struct PulledChunk {
   int64_t version = -1;
   int64_t clock_version = 0;
   const float* where = nullptr;
-  int precision = 0;  // WireSpec.Precision the values arrived in: a pull in another one moves the bytes again
 };
 using PulledChunks = std::map<std::pair<std::string, int>, PulledChunk>;
 

@@ -173,10 +173,11 @@ absl::StatusOr<PsClient::Absorbed> PsClient::Absorb(const std::vector<ChunkCall*
         cached.version = call->version;
         cached.clock_version = call->clock_version;
         cached.where = call->dst.data();
-        cached.precision = call->reply_precision;
       }
       continue;
     }
+    // The destination may hold part of the chunk now: its cached version no longer describes it.
+    pulled_.erase(call->key());
     std::optional<uint64_t> epoch = GetCurrentEpoch(call->status);
     if (call->status.code() == absl::StatusCode::kFailedPrecondition && epoch) {
       result.newer_epoch = std::max(result.newer_epoch, *epoch);
@@ -184,8 +185,6 @@ absl::StatusOr<PsClient::Absorbed> PsClient::Absorb(const std::vector<ChunkCall*
       return call->status;  // not retryable: the caller must fix something
     }
     result.retry = call->status;
-    // The destination may hold part of the chunk now: its cached version no longer describes it.
-    pulled_.erase(call->key());
     std::vector<size_t>& failed = result.failed_names;
     if (failed.empty() || failed.back() != call->name_index) failed.push_back(call->name_index);
   }
@@ -320,6 +319,7 @@ std::optional<int64_t> PsClient::TakeRollback() {
   rollback_.reset();
   clock_ = *to;
   pulled_.clear();  // what was pulled is from before the rollback
+  caller_->ForgetResiduals();  // and what rounding or top-k left of the voided steps' gradients
   return to;
 }
 

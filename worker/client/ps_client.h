@@ -100,8 +100,8 @@ class PsClient {
     // What carries the chunk calls: "" the job's (JobSpec.transport), or "grpc" or "ucx" to override it. UCX
     // needs a job with trusted_network: true.
     std::string transport;
-    // UCX: microseconds its progress thread polls after events before sleeping; -1: 50 on machines of more than
-    // 4 cores, 0 on smaller ones (common/fabric/ucx_worker.h).
+    // UCX: microseconds its progress thread polls after events before sleeping; -1: 50 where the process may use
+    // more than 4 cores, else 0 (common/fabric/ucx_worker.h).
     int fabric_spin_us = -1;
     bool heartbeat = true;
     SecurityOptions security;                        // TLS files and the job token (common/security.h)

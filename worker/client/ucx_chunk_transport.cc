@@ -24,7 +24,7 @@ struct UcxChunkTransport::Wire final : ChunkCallWire {
   void* send_request = nullptr;    // UCX requests in flight for the call
   void* recv_request = nullptr;
   bool decided = false;            // call->status is final
-  std::atomic<bool> cancelled{false};  // Cancel came, maybe before Start
+  std::atomic<bool> cancelled{false};  // Cancel came, maybe before the call started
   WireEncoding encoding;           // of the reply's values
 };
 
@@ -88,18 +88,16 @@ void UcxChunkTransport::Start(ChunkCall* call, std::function<void()> done) {
   wire.deadline = absl::Now() + call->timeout;
   const uint64_t id = next_id_++;
   wire.id = id;
-  // A Cancel that raced with this start may have seen no id: it is carried out here (of the two, one sees the
-  // other's write). Read before the call is handed over: it may be gone once posted.
-  const bool cancelled = wire.cancelled.load();
   worker_->Post([this, call] { StartOnThread(call); });
-  if (cancelled) CancelOnThread(id);
 }
 
 void UcxChunkTransport::Cancel(ChunkCall* call) {
   Wire& wire = static_cast<Wire&>(*call->wire);
+  // Either StartOnThread sees the flag, or this sees the id and the cancel is posted after StartOnThread (posted
+  // work runs in order): a cancel racing with Start is never lost.
   wire.cancelled = true;
   const uint64_t id = wire.id.load();
-  if (id != 0) CancelOnThread(id);  // else Start carries it out
+  if (id != 0) CancelOnThread(id);
 }
 
 void UcxChunkTransport::CancelOnThread(uint64_t id) {
@@ -132,6 +130,10 @@ ChunkCall* UcxChunkTransport::Find(uint64_t id) {
 void UcxChunkTransport::StartOnThread(ChunkCall* call) {
   Wire& wire = static_cast<Wire&>(*call->wire);
   calls_[wire.id] = call;
+  if (wire.cancelled.load()) {
+    Fail(call, absl::CancelledError(call->What() + ": cancelled"));
+    return;
+  }
   absl::StatusOr<Endpoint*> endpoint = EndpointFor(wire.address);
   if (!endpoint.ok()) {
     Fail(call, absl::Status(endpoint.status().code(), absl::StrCat(call->What(), ": ", endpoint.status().message())));
