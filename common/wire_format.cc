@@ -247,13 +247,17 @@ absl::Status DecodeInPlace(absl::Span<float> out, size_t bytes, const WireEncodi
                                                    PrecisionName(encoding.precision), " values for ", n, " values"));
   }
   const size_t k = bytes / entry;
+  // The entries lie in `out`'s memory, which the decoded values overwrite: copied out once, then scattered.
   std::vector<char> packed(bytes);
   if (bytes > 0) std::memcpy(packed.data(), out.data(), bytes);
-  std::vector<uint32_t> index(k);
-  if (k > 0) std::memcpy(index.data(), packed.data(), k * sizeof(uint32_t));
+  auto index = [&](size_t j) {
+    uint32_t i;
+    std::memcpy(&i, packed.data() + j * sizeof(uint32_t), sizeof(i));
+    return i;
+  };
   for (size_t j = 0; j < k; ++j) {
-    if (index[j] >= n || (j > 0 && index[j] <= index[j - 1])) {
-      return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": top-k index ", index[j], " at entry ", j,
+    if (index(j) >= n || (j > 0 && index(j) <= index(j - 1))) {
+      return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": top-k index ", index(j), " at entry ", j,
                                                      " is out of range or not ascending (", n, " values)"));
     }
   }
@@ -261,11 +265,11 @@ absl::Status DecodeInPlace(absl::Span<float> out, size_t bytes, const WireEncodi
   const char* values = packed.data() + k * sizeof(uint32_t);
   for (size_t j = 0; j < k; ++j) {
     if (width == 4) {
-      std::memcpy(&out[index[j]], values + j * 4, 4);
+      std::memcpy(&out[index(j)], values + j * 4, 4);
     } else {
       uint16_t h;
       std::memcpy(&h, values + j * 2, 2);
-      out[index[j]] = From16(h, encoding.precision);
+      out[index(j)] = From16(h, encoding.precision);
     }
   }
   return absl::OkStatus();

@@ -86,8 +86,7 @@ void UcxChunkTransport::Start(ChunkCall* call, std::function<void()> done) {
   Wire& wire = static_cast<Wire&>(*call->wire);
   wire.done = std::move(done);
   wire.deadline = absl::Now() + call->timeout;
-  const uint64_t id = next_id_++;
-  wire.id = id;
+  wire.id = next_id_++;
   worker_->Post([this, call] { StartOnThread(call); });
 }
 
