@@ -90,13 +90,15 @@ class WorkerRestartTest : public FailuresTest,
 // kill -9 of a worker mid-run: the launcher starts it again with its rank, it rejoins the running job with a new
 // incarnation at the clock the others are at, and the job completes. In SYNC every round is applied exactly once.
 TEST_P(WorkerRestartTest, AKilledWorkerRejoinsTheRunningJob) {
-  // Enough that in ASYNC, where nothing holds the victim back, it is still mid-run when rank 0 reports step 300
-  // (over UCX a step of the victim's costs about a fifth of one over gRPC here).
-  const int steps = transport() == "UCX" ? 20000 : 4000;
+  // In ASYNC nothing holds the victim back: over UCX its steps are fast enough that it could finish before rank 0
+  // reports step 300, so there it takes 2 ms longer a step and is surely mid-run when killed.
+  const int steps = 4000;
   const std::string job = Write("job.pbtxt", Job(mode(), 2, 2, steps, 0, transport()));
   const std::filesystem::path run = dir_ / "run";
-  Subprocess launch({kBin + "/tessera-launch", "--linger_s=0", "--job=" + job, "--run_dir=" + run.string(), "--device=cpu",
-                     "--restart_workers=1"});
+  std::vector<std::string> argv = {kBin + "/tessera-launch", "--linger_s=0", "--job=" + job, "--run_dir=" + run.string(),
+                                   "--device=cpu", "--restart_workers=1"};
+  if (transport() == "UCX") argv.insert(argv.end(), {"--slow_worker=1", "--inject_slowdown_ms=2"});
+  Subprocess launch(argv);
   ASSERT_TRUE(launch.ReadUntilLine("step    300 |", absl::Seconds(120))) << launch.output();
   const std::string address = SchedulerAddress(launch.output());
   const int victim = OnlyProcess(address, "--rank=1");
