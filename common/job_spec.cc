@@ -331,6 +331,12 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
   if (job.cluster().num_workers() <= 0 || job.cluster().num_workers() > 4096) {
     return FieldError("cluster.num_workers", absl::StrCat("expected 1 .. 4096, got ", job.cluster().num_workers()));
   }
+  const int backups = job.replication().backups();
+  if (backups < 0 || backups >= job.cluster().num_servers()) {
+    return FieldError("replication.backups",
+                      absl::StrCat("expected 0 .. num_servers-1 (", job.cluster().num_servers() - 1,
+                                   "): each copy of a chunk needs a server of its own; got ", backups));
+  }
   return absl::OkStatus();
 }
 

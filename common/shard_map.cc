@@ -1,6 +1,7 @@
 #include "common/shard_map.h"
 
 #include <algorithm>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/tensor_codec.h"
@@ -35,7 +36,48 @@ std::map<int, int64_t> BytesPerServer(const ShardMap& map) {
   return bytes;
 }
 
-absl::Status PlaceParameters(const std::vector<ParameterSpec>& params, int64_t chunk_bytes, ShardMap& map) {
+std::vector<ChunkPlacement> FillBackups(int backups, ShardMap& map) {
+  // Bytes of every copy (primary or backup) per live server.
+  std::map<int, int64_t> copies;
+  for (const auto& server : map.servers()) copies[server.id()] = 0;
+  for (const auto& c : map.chunks()) {
+    if (auto it = copies.find(c.server_id()); it != copies.end()) it->second += c.length() * 4;
+    for (int b : c.backup_server_ids()) {
+      if (auto it = copies.find(b); it != copies.end()) it->second += c.length() * 4;
+    }
+  }
+  std::vector<ChunkPlacement*> short_of;
+  for (ChunkPlacement& c : *map.mutable_chunks()) {
+    if (c.backup_server_ids_size() < backups) short_of.push_back(&c);
+  }
+  // Largest first, as primaries are placed.
+  std::stable_sort(short_of.begin(), short_of.end(),
+                   [](const ChunkPlacement* a, const ChunkPlacement* b) { return a->length() > b->length(); });
+  std::vector<ChunkPlacement> given;
+  for (ChunkPlacement* c : short_of) {
+    bool any = false;
+    while (c->backup_server_ids_size() < backups) {
+      auto holds = [&](int id) {
+        return id == c->server_id() ||
+               std::find(c->backup_server_ids().begin(), c->backup_server_ids().end(), id) !=
+                   c->backup_server_ids().end();
+      };
+      auto least = copies.end();
+      for (auto it = copies.begin(); it != copies.end(); ++it) {
+        if (!holds(it->first) && (least == copies.end() || it->second < least->second)) least = it;
+      }
+      if (least == copies.end()) break;  // every live server holds a copy already
+      c->add_backup_server_ids(least->first);
+      least->second += c->length() * 4;
+      any = true;
+    }
+    if (any) given.push_back(*c);
+  }
+  return given;
+}
+
+absl::Status PlaceParameters(const std::vector<ParameterSpec>& params, int64_t chunk_bytes, ShardMap& map,
+                             int backups) {
   if (map.servers_size() == 0) return absl::FailedPreconditionError("cannot place parameters: no servers");
   if (chunk_bytes < 4) return absl::InvalidArgumentError(absl::StrCat("chunk_bytes must be >= 4, got ", chunk_bytes));
   if (params.size() + map.params_size() > static_cast<size_t>(kMaxParameters)) {
@@ -97,28 +139,45 @@ absl::Status PlaceParameters(const std::vector<ParameterSpec>& params, int64_t c
   for (ChunkPlacement& c : chunks) unplaced.push_back(&c);
   AssignToLeastLoaded(unplaced, BytesPerServer(map));
   for (ChunkPlacement& c : chunks) *map.add_chunks() = std::move(c);
+  if (backups > 0) FillBackups(backups, map);
   map.set_epoch(map.epoch() + 1);
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<ChunkPlacement>> MoveChunks(int from_server, ShardMap& map) {
-  std::map<int, int64_t> load = BytesPerServer(map);
-  load.erase(from_server);
+absl::StatusOr<ChunkMoves> MoveChunks(int from_server, ShardMap& map) {
+  std::set<int> live;
+  for (const auto& server : map.servers()) {
+    if (server.id() != from_server) live.insert(server.id());
+  }
+  ChunkMoves moves;
   std::vector<ChunkPlacement*> moving;
   for (ChunkPlacement& c : *map.mutable_chunks()) {
-    if (c.server_id() == from_server) moving.push_back(&c);
+    // Backups on servers that are gone are no copies any more.
+    auto* backups = c.mutable_backup_server_ids();
+    backups->erase(std::remove_if(backups->begin(), backups->end(), [&](int id) { return live.count(id) == 0; }),
+                   backups->end());
+    if (c.server_id() != from_server) continue;
+    if (!backups->empty()) {
+      c.set_server_id(backups->Get(0));
+      backups->erase(backups->begin());
+      moves.promoted.push_back(c);
+    } else {
+      moving.push_back(&c);
+    }
   }
-  if (moving.empty()) return std::vector<ChunkPlacement>();
-  if (load.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("server ", from_server, "'s ", moving.size(), " chunks have no server left to move to"));
+  if (!moving.empty()) {
+    std::map<int, int64_t> load = BytesPerServer(map);
+    load.erase(from_server);
+    if (load.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("server ", from_server, "'s ", moving.size(), " chunks have no server left to move to"));
+    }
+    // Chunks of the lost server count in BytesPerServer only under its id, which is gone from `load`.
+    AssignToLeastLoaded(moving, std::move(load));
+    for (const ChunkPlacement* c : moving) moves.moved.push_back(*c);
   }
-  // Chunks of the lost server count in BytesPerServer only under its id, which is gone from `load`.
-  AssignToLeastLoaded(moving, std::move(load));
-  std::vector<ChunkPlacement> moved;
-  for (const ChunkPlacement* c : moving) moved.push_back(*c);
   map.set_epoch(map.epoch() + 1);
-  return moved;
+  return moves;
 }
 
 ShardMapIndex::ShardMapIndex(ShardMap map) : map_(std::move(map)) {

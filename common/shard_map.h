@@ -3,6 +3,9 @@
 // A dense parameter of n float32 elements is cut into ceil(4n / chunk_bytes) contiguous chunks of near-equal
 // length (so none exceeds chunk_bytes), and chunks go, largest first, to the server holding the fewest bytes.
 // One large tensor therefore spans servers and its chunks travel in parallel.
+//
+// With replication (ReplicationSpec.backups = K), each chunk also has up to K backups, each on a server holding
+// no other copy of it, fewest bytes of copies first. When a primary is lost its first live backup takes over.
 #ifndef TESSERA_COMMON_SHARD_MAP_H_
 #define TESSERA_COMMON_SHARD_MAP_H_
 
@@ -21,16 +24,29 @@ namespace tessera {
 // `map.servers` must be filled in. Parameters already in the map must be declared identically
 // (FAILED_PRECONDITION otherwise, naming the parameter and both shapes); when nothing is new the map is left
 // untouched. INVALID_ARGUMENT on an empty name, a non-positive dimension or an unsupported dtype.
+// New chunks get `backups` backups each (fewer when the map has too few servers).
 [[nodiscard]] absl::Status PlaceParameters(const std::vector<tessera::v1::ParameterSpec>& params, int64_t chunk_bytes,
-                                           tessera::v1::ShardMap& map);
+                                           tessera::v1::ShardMap& map, int backups = 0);
 
-// Moves every chunk placed on `from_server` to the other servers of `map.servers` (largest first, least-loaded
-// bytes first) and advances `map.epoch`; returns the chunks moved, with their new servers. FAILED_PRECONDITION
-// when the map has no other server.
-[[nodiscard]] absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> MoveChunks(int from_server,
-                                                                                 tessera::v1::ShardMap& map);
+// What became of a lost server's chunks.
+struct ChunkMoves {
+  // The primary was lost and a backup on a live server took over: the chunk lives on at the same version.
+  std::vector<tessera::v1::ChunkPlacement> promoted;
+  // No live copy was left: placed anew on the least-loaded server (its state must come from a checkpoint).
+  std::vector<tessera::v1::ChunkPlacement> moved;
+};
 
-// Bytes held by each server id under `map`.
+// `from_server` is gone: it leaves every chunk's backups, and the chunks it was primary of go to their first
+// backup on a server of `map.servers`, or, without one, to the other servers (largest first, least-loaded bytes
+// first). Advances `map.epoch`. FAILED_PRECONDITION when a chunk has to move and the map has no other server.
+[[nodiscard]] absl::StatusOr<ChunkMoves> MoveChunks(int from_server, tessera::v1::ShardMap& map);
+
+// Gives every chunk with fewer than `backups` backups more, on servers of `map.servers` holding no copy of it
+// (fewest bytes of copies first), while there are such servers. Returns the chunks given one, as they are now.
+// Leaves the epoch to the caller.
+std::vector<tessera::v1::ChunkPlacement> FillBackups(int backups, tessera::v1::ShardMap& map);
+
+// Bytes each server id is primary of under `map`.
 std::map<int, int64_t> BytesPerServer(const tessera::v1::ShardMap& map);
 
 // Read-only index over a ShardMap. Thread-compatible.

@@ -12,8 +12,12 @@
 
 namespace tessera {
 
-ClusterView::ClusterView(int num_servers, int num_workers)
-    : num_servers_(num_servers), num_workers_(num_workers), servers_(num_servers), workers_(num_workers) {
+ClusterView::ClusterView(int num_servers, int num_workers, int backups)
+    : num_servers_(num_servers),
+      num_workers_(num_workers),
+      backups_(backups),
+      servers_(num_servers),
+      workers_(num_workers) {
   for (int i = 0; i < num_servers; ++i) {
     servers_[i].role = tessera::v1::SERVER;
     servers_[i].id = i;
@@ -291,7 +295,7 @@ absl::StatusOr<ClusterView::Placed> ClusterView::Place(const std::vector<tessera
     }
   }
   const int64_t placed_params = map.params_size();
-  if (absl::Status s = PlaceParameters(params, chunk_bytes, map); !s.ok()) return s;
+  if (absl::Status s = PlaceParameters(params, chunk_bytes, map, backups_); !s.ok()) return s;
   Placed placed;
   placed.changed = !placement_ || map.params_size() != placed_params;
   placed.base_changes = changes_;
@@ -326,10 +330,14 @@ absl::Status ClusterView::Commit(const Placed& placed) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> ClusterView::MoveChunksOf(int server) {
-  absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> moved = MoveChunksOfUnpublished(server);
-  if (moved.ok() && !moved->empty()) Publish({ChunksMoved(server, *moved)});
-  return moved;
+absl::StatusOr<ChunkMoves> ClusterView::MoveChunksOf(int server) {
+  absl::StatusOr<ChunkMoves> moves = MoveChunksOfUnpublished(server);
+  if (moves.ok() && (!moves->moved.empty() || !moves->promoted.empty())) {
+    std::vector<tessera::v1::ChunkPlacement> chunks = moves->promoted;
+    chunks.insert(chunks.end(), moves->moved.begin(), moves->moved.end());
+    Publish({ChunksMoved(server, chunks)});
+  }
+  return moves;
 }
 
 MembershipEvent ClusterView::ChunksMoved(int server, const std::vector<tessera::v1::ChunkPlacement>& chunks) const {
@@ -343,15 +351,16 @@ MembershipEvent ClusterView::ChunksMoved(int server, const std::vector<tessera::
   return event;
 }
 
-absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> ClusterView::MoveChunksOfUnpublished(int server) {
+absl::StatusOr<ChunkMoves> ClusterView::MoveChunksOfUnpublished(int server) {
   absl::MutexLock lock(&mu_);
-  if (!placement_) return std::vector<tessera::v1::ChunkPlacement>();
+  if (!placement_) return ChunkMoves();
   tessera::v1::ShardMap map = MapLocked();  // the alive servers
-  absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> moved = MoveChunks(server, map);
-  if (!moved.ok()) return moved.status();
+  absl::StatusOr<ChunkMoves> moves = MoveChunks(server, map);
+  if (!moves.ok()) return moves.status();
+  if (backups_ > 0) FillBackups(backups_, map);
   *placement_->mutable_chunks() = map.chunks();
   ChangedLocked();
-  return moved;
+  return moves;
 }
 
 void ClusterView::ChangedLocked() {
@@ -372,6 +381,7 @@ tessera::v1::ShardMap ClusterView::MapLocked() const {
     info->set_address(s.address);
     info->set_fabric_address(s.fabric_address);
     info->set_incarnation(s.incarnation);
+    info->set_key_digest(s.key_digest);
   }
   for (const Member& w : workers_) {
     auto* slot = map.add_workers();
@@ -405,6 +415,14 @@ absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> ClusterView::GiveShareT
     }
   }
   std::vector<tessera::v1::ChunkPlacement> moved;
+  if (backups_ > 0) {
+    // Primaries stay where they are (a move would lose what they applied since a checkpoint); the newcomer
+    // backs up the chunks that lack backups, filled by their primaries.
+    moved = FillBackups(backups_, map);
+    *placement_->mutable_chunks() = map.chunks();
+    if (!moved.empty()) ChangedLocked();
+    return moved;
+  }
   // Largest chunks of the most loaded server first, while a move narrows the gap.
   while (true) {
     auto most = std::max_element(load.begin(), load.end(), [](const auto& a, const auto& b) { return a.second < b.second; });

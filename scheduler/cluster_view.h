@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/shard_map.h"
 #include "proto/cluster.pb.h"
 #include "scheduler/member.h"
 #include "scheduler/membership_events.h"
@@ -38,7 +39,8 @@ namespace tessera {
 // membership_events.h) once made, on the thread that made it.
 class ClusterView {
  public:
-  ClusterView(int num_servers, int num_workers);
+  // Each chunk gets `backups` backups (ReplicationSpec) while enough servers are alive.
+  ClusterView(int num_servers, int num_workers, int backups = 0);
 
   // `listener` hears of every change from now on, after the listeners subscribed before it.
   void Subscribe(MembershipListener listener);
@@ -110,14 +112,20 @@ class ClusterView {
   // place again.
   [[nodiscard]] absl::Status Commit(const Placed& placed);
 
-  // Moves the chunks of the lost `server` to the alive servers, least-loaded bytes first, and advances the
-  // epoch. Returns the chunks moved. FAILED_PRECONDITION when no server is alive.
-  [[nodiscard]] absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> MoveChunksOf(int server);
+  // The lost `server` leaves: a backup on an alive server takes over each chunk it was primary of, chunks
+  // without one move to the alive servers (least-loaded bytes first), it leaves every chunk's backups, and chunks
+  // short of backups get new ones on the alive servers (common/shard_map.h). Advances the epoch. Returns what
+  // became of its chunks. FAILED_PRECONDITION when a chunk has to move and no server is alive.
+  [[nodiscard]] absl::StatusOr<ChunkMoves> MoveChunksOf(int server);
 
-  // Moves chunks from the most loaded servers to `server` (a replacement that holds none) while that narrows
-  // the gap, largest first, and advances the epoch. Returns the chunks moved. FAILED_PRECONDITION while a lost
-  // server's chunks are not moved yet.
+  // `server` (a replacement that holds none) takes a share. Without backups: chunks move to it from the most
+  // loaded servers while that narrows the gap, largest first. With backups: it becomes a backup of the chunks
+  // short of backups (their primaries stay; it is filled by them while training goes on). Advances the epoch.
+  // Returns the chunks moved or given it as a backup. FAILED_PRECONDITION while a lost server's chunks are not
+  // moved yet.
   [[nodiscard]] absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> GiveShareTo(int server);
+
+  int backups() const { return backups_; }
 
   // SYNC recovery: every worker goes on from `clock` (the view's rollback generation grows). Advances the epoch.
   void RollBack(int64_t clock);
@@ -141,7 +149,7 @@ class ClusterView {
   absl::StatusOr<Joined> JoinSlot(const tessera::v1::RegisterRequest& request, absl::Time now,
                                   const std::function<int64_t(const Member&)>& start_clock,
                                   absl::Duration suspect_after) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> MoveChunksOfUnpublished(int server) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<ChunkMoves> MoveChunksOfUnpublished(int server) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> GiveShareToUnpublished(int server) ABSL_LOCKS_EXCLUDED(mu_);
   MembershipEvent ChunksMoved(int server, const std::vector<tessera::v1::ChunkPlacement>& chunks) const
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -154,6 +162,7 @@ class ClusterView {
 
   const int num_servers_;
   const int num_workers_;
+  const int backups_;
   mutable absl::Mutex mu_;
   std::vector<Member> servers_ ABSL_GUARDED_BY(mu_);
   std::vector<Member> workers_ ABSL_GUARDED_BY(mu_);

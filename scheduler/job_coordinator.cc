@@ -57,7 +57,7 @@ JobCoordinator::JobCoordinator(tessera::v1::JobSpec job, std::unique_ptr<RunReco
       servers_(servers),
       on_finished_(std::move(on_finished)),
       start_(absl::Now()),
-      view_(job_.cluster().num_servers(), job_.cluster().num_workers()),
+      view_(job_.cluster().num_servers(), job_.cluster().num_workers(), job_.replication().backups()),
       rules_(ModeRules::ForJob(job_.consistency())),
       clocks_(job_.cluster().num_workers(), rules_.gate_bound, rules_.backup_workers,
               [this](const RoundMembers& round) { OnRoundDecided(round); }),

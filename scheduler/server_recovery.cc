@@ -39,25 +39,58 @@ void ServerRecovery::ServerLost(const Member& lost, absl::Time lost_at) {
     LOG(WARNING) << what << " before the job started; its place waits for a replacement";
     return;
   }
-  if (std::optional<CheckpointInfo> latest = parts_.checkpointer->latest()) {
+  std::optional<CheckpointInfo> latest = parts_.checkpointer->latest();
+  if (parts_.view->backups() > 0) {
+    // Backups take over; a checkpoint is needed only for chunks that lost every copy.
+    LOG(WARNING) << what << "; backups take over its chunks";
+    parts_.executor->Submit([this, lost, latest, lost_at] { Recover(lost, latest, lost_at); });
+    return;
+  }
+  if (latest) {
     LOG(WARNING) << what << "; its chunks move to the other servers, restored from checkpoint " << latest->folder
                  << " (clock " << latest->state.clock() << ")";
-    parts_.executor->Submit([this, lost, info = *latest, lost_at] { Recover(lost, info, lost_at); });
+    parts_.executor->Submit([this, lost, latest, lost_at] { Recover(lost, latest, lost_at); });
     return;
   }
   fail_job_(absl::StrCat(what, "; its chunks cannot be restored without a checkpoint, so the job stops"));
 }
 
-void ServerRecovery::Recover(const Member& lost, const CheckpointInfo& checkpoint, absl::Time lost_at) {
+void ServerRecovery::Recover(const Member& lost, const std::optional<CheckpointInfo>& checkpoint,
+                             absl::Time lost_at) {
   const absl::Time start = absl::Now();
+  const std::string from = checkpoint ? checkpoint->folder : "no checkpoint";
   auto fail = [&](const absl::Status& why) {
-    fail_job_(absl::StrCat(lost.Describe(), " lost and its chunks could not be restored from ", checkpoint.folder,
-                           ": ", why.message()));
+    fail_job_(absl::StrCat(lost.Describe(), " lost and its chunks could not be restored from ", from, ": ",
+                           why.message()));
   };
-  absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> moved = parts_.view->MoveChunksOf(lost.id);
-  if (!moved.ok()) return fail(moved.status());
+  absl::StatusOr<ChunkMoves> moves = parts_.view->MoveChunksOf(lost.id);
+  if (!moves.ok()) return fail(moves.status());
+  if (moves->moved.empty()) {
+    // Every chunk it was primary of had a backup, now its primary at the same version: no restore, no rollback.
+    std::optional<tessera::v1::ShardMap> map = parts_.view->Map();
+    if (absl::Status s = parts_.servers->Assign(*map, *parts_.job); !s.ok()) {
+      // The servers that took the view serve it; one that did not answer is found by the failure detector.
+      LOG(WARNING) << "handing the view without " << lost.Describe() << " to the servers: " << s;
+    }
+    LOG(WARNING) << "recovered from the loss of " << lost.Describe() << ": backups took over "
+                 << moves->promoted.size() << " chunks at cluster view epoch " << map->epoch() << ", "
+                 << absl::FormatDuration(absl::Now() - start) << " after the loss was detected";
+    parts_.records->AddEvent({{"event", "server lost, backups took over"},
+                              {"server", lost.id},
+                              {"address", lost.address},
+                              {"chunks_promoted", moves->promoted.size()},
+                              {"clocks_lost", 0},
+                              {"failover_seconds", absl::ToDoubleSeconds(absl::Now() - start)},
+                              {"seconds_lost", absl::ToDoubleSeconds(absl::Now() - lost_at)}});
+    return;
+  }
+  if (!checkpoint) {
+    return fail(absl::FailedPreconditionError(absl::StrCat(
+        moves->moved.size(), " of its chunks had no live backup and there is no checkpoint to restore them from")));
+  }
+  const std::vector<tessera::v1::ChunkPlacement>& moved = moves->moved;
   const bool sync = parts_.rules->consistent_cut;
-  const int64_t clock = checkpoint.state.clock();
+  const int64_t clock = checkpoint->state.clock();
   const std::vector<int64_t> before = parts_.clocks->Clocks();
   if (sync) {
     // The clock table first, holding every worker at clock + 1: once the view says "rolled back", a worker that
@@ -69,27 +102,43 @@ void ServerRecovery::Recover(const Member& lost, const CheckpointInfo& checkpoin
   std::optional<tessera::v1::ShardMap> map = parts_.view->Map();
   // SYNC: every chunk goes back to the checkpoint; ASYNC and SSP: only the moved chunks come back, with their
   // checkpoint versions, and the others keep going.
-  if (absl::Status s = parts_.servers->Assign(*map, *parts_.job, checkpoint.shard_files, /*restore_all=*/sync);
+  if (absl::Status s = parts_.servers->Assign(*map, *parts_.job, checkpoint->shard_files, /*restore_all=*/sync);
       !s.ok()) {
     return fail(s);
   }
   if (sync) parts_.clocks->Release();  // the servers hold the checkpoint's values: on from `clock`
   const int64_t newest = before.empty() ? 0 : *std::max_element(before.begin(), before.end());
-  LOG(WARNING) << "recovered from the loss of " << lost.Describe() << ": " << moved->size()
+  LOG(WARNING) << "recovered from the loss of " << lost.Describe() << ": " << moved.size()
                << " chunks moved to the other servers at cluster view epoch " << map->epoch()
                << (sync ? absl::StrCat(", every worker back to clock ", clock, " from ", newest) : "") << ", "
                << absl::FormatDuration(absl::Now() - start) << " to restore";
   parts_.records->AddEvent({{"event", "server lost, recovered"},
                             {"server", lost.id},
                             {"address", lost.address},
-                            {"chunks_moved", moved->size()},
-                            {"checkpoint", checkpoint.folder},
+                            {"chunks_moved", moved.size()},
+                            {"chunks_promoted", moves->promoted.size()},
+                            {"checkpoint", checkpoint->folder},
                             {"rolled_back_to", sync ? nlohmann::json(clock) : nlohmann::json()},
                             {"clocks_lost", sync ? newest - clock : 0},
                             {"seconds_lost", absl::ToDoubleSeconds(absl::Now() - lost_at)}});
 }
 
 void ServerRecovery::GiveShareTo(const Member& server) {
+  if (parts_.view->backups() > 0) {
+    // It backs up the chunks short of backups; their primaries fill it while training goes on.
+    absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> given = parts_.view->GiveShareTo(server.id);
+    absl::Status assigned = given.status();
+    if (given.ok() && !given->empty()) assigned = parts_.servers->Assign(*parts_.view->Map(), *parts_.job);
+    if (!assigned.ok()) {
+      LOG(WARNING) << "making " << server.Describe() << " a backup: " << assigned;
+      return;
+    }
+    LOG(INFO) << server.Describe() << " backs up " << given->size() << " chunks from cluster view epoch "
+              << parts_.view->epoch();
+    parts_.records->AddEvent(
+        {{"event", "server joined, backs up chunks"}, {"server", server.id}, {"chunks_backed_up", given->size()}});
+    return;
+  }
   if (!parts_.checkpointer->enabled()) {
     LOG(WARNING) << server.Describe() << " joined the running job; without checkpoints no chunks can move to it";
     return;

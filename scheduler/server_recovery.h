@@ -1,16 +1,22 @@
 // What the scheduler does for the servers of a placed job when one is lost or replaced (it subscribes to the
 // cluster view's membership events):
+//   - with replication (ReplicationSpec.backups > 0), a backup takes over each chunk the lost server was primary
+//     of, at the same version: no restore and no rollback in any mode; chunks short of backups get new ones,
+//     filled by their primaries while training goes on. Only a chunk that lost every copy falls back to the
+//     checkpoint, as below;
 //   - a lost server's chunks move to the servers left and are restored from the latest checkpoint; in SYNC
 //     every chunk and every worker go back to it (a sync round is one cut of the whole model), in ASYNC and SSP
 //     only the moved chunks do, and the others keep going. Without a checkpoint they cannot come back, and the
 //     job stops naming the server;
 //   - a replacement (a server id registered again) takes a share of the chunks, restored from a checkpoint taken
-//     for the move; when its old self was still thought alive, that one is lost first.
+//     for the move (with backups: it becomes a backup of the chunks short of backups); when its old self was
+//     still thought alive, that one is lost first.
 // A server lost before the parameters are placed leaves its slot to a replacement; nothing moves.
 #ifndef TESSERA_SCHEDULER_SERVER_RECOVERY_H_
 #define TESSERA_SCHEDULER_SERVER_RECOVERY_H_
 
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -55,8 +61,9 @@ class ServerRecovery {
  private:
   // Queues the recovery of `lost` (lost at `lost_at`), or stops the job when there is no checkpoint.
   void ServerLost(const Member& lost, absl::Time lost_at);
-  // Executor task: moves and restores the lost server's chunks.
-  void Recover(const Member& lost, const CheckpointInfo& checkpoint, absl::Time lost_at);
+  // Executor task: backups take over the lost server's chunks; chunks without a live copy move and are
+  // restored from `checkpoint`.
+  void Recover(const Member& lost, const std::optional<CheckpointInfo>& checkpoint, absl::Time lost_at);
   // Executor task: a replacement takes a share of the chunks.
   void GiveShareTo(const Member& server);
 

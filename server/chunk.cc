@@ -65,6 +65,14 @@ tessera::v1::ChunkState ChunkStateLocked(const Chunk& chunk) {
   return state;
 }
 
+tessera::v1::ChunkState ReplicaStateLocked(const Chunk& chunk) {
+  tessera::v1::ChunkState state = ChunkStateLocked(chunk);
+  for (const auto& [worker, seq] : chunk.last_seq) {
+    if (chunk.round.Has(worker)) state.mutable_last_seq()->erase(worker);
+  }
+  return state;
+}
+
 void RestoreChunkLocked(const tessera::v1::ChunkState& state, const std::vector<bool>& keep_seq, Chunk& chunk,
                         std::vector<std::shared_ptr<ExchangeWaiter>>& dropped) {
   std::memcpy(chunk.values.data(), state.values().data(), state.values().size());

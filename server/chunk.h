@@ -6,12 +6,14 @@
 #ifndef TESSERA_SERVER_CHUNK_H_
 #define TESSERA_SERVER_CHUNK_H_
 
+#include <functional>
 #include <limits>
 #include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "common/update_rule.h"
@@ -29,6 +31,19 @@ struct Roster {
   // The round rule: does sync round `round` wait for `worker`? (The scheduler's clock gate asks the same of
   // the view it publishes; see scheduler/cluster_view.h.)
   bool InRound(int worker, int64_t round) const { return active[worker] && joined_clock[worker] <= round; }
+};
+
+// Replication (ReplicationSpec). On the chunk's primary: its backups in the adopted view, the newest version every
+// one of them holds, and the callers waiting for their update to reach them. On a backup: whose state it holds.
+struct ChunkReplication {
+  std::vector<int> backups;          // server ids
+  uint64_t generation = 0;           // grows with every change of `backups`
+  int64_t replicated_version = -1;   // every backup holds this version; -1: not known (hand the state over)
+  bool shipping = false;             // a hand-over to the backups is on its way
+  std::vector<std::pair<int64_t, std::function<void(absl::Status)>>> waiting;  // (version, done)
+  // On a backup: the primary the view names, and the view epoch of the last state taken from a primary.
+  int primary = -1;
+  uint64_t taken_epoch = 0;
 };
 
 struct Chunk {
@@ -49,6 +64,7 @@ struct Chunk {
   std::map<int, uint64_t> last_seq ABSL_GUARDED_BY(mu);     // per worker id: the newest push applied
   std::vector<int64_t> applied_clocks ABSL_GUARDED_BY(mu);  // per worker id
   SyncRound round ABSL_GUARDED_BY(mu);                      // SYNC only: the round being collected
+  ChunkReplication replication ABSL_GUARDED_BY(mu);
 };
 
 // The SYNC round the chunk collects: one per update but assignments (an ASSIGN push, e.g. a worker's initial
@@ -69,6 +85,11 @@ int64_t ClockVersionLocked(const Chunk& chunk, const Roster& roster) ABSL_EXCLUS
 
 // The chunk's state as a checkpoint holds it.
 tessera::v1::ChunkState ChunkStateLocked(const Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+
+// The chunk's state as its backups take it: as ChunkStateLocked, but the sequence table holds only applied
+// pushes (SYNC: not those of the round still open, which a backup taking over collects again when they are
+// retried).
+tessera::v1::ChunkState ReplicaStateLocked(const Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
 
 // Takes the chunk's state from a checkpoint (the sizes must match; checked by the caller). Sequence tables are
 // kept only for worker ids with `keep_seq`. The open round is dropped; its exchanges are moved to `dropped`.

@@ -226,17 +226,18 @@ void FabricService::Apply(ucp_ep_h ep, std::shared_ptr<const FabricRequest> requ
     SpanPayload payload(values->data(), length, values->capacity());
     payload.set_encoding(EncodingOf(request->push()));
     if (request->op() == FabricRequest::PUSH) {
-      absl::StatusOr<PushOutcome> outcome = store_->Push(push, payload);
-      if (!outcome.ok()) {
-        Reply(ep, ReplyWithStatus(id, outcome.status()));
-        return;
-      }
-      FabricReply reply;
-      reply.set_request_id(id);
-      reply.set_version(outcome->version);
-      reply.set_duplicate(outcome->duplicate);
-      reply.set_late(outcome->late);
-      Reply(ep, std::move(reply));
+      store_->Push(push, payload, [this, ep, id](absl::StatusOr<PushOutcome> outcome) {
+        if (!outcome.ok()) {
+          Reply(ep, ReplyWithStatus(id, outcome.status()));
+          return;
+        }
+        FabricReply reply;
+        reply.set_request_id(id);
+        reply.set_version(outcome->version);
+        reply.set_duplicate(outcome->duplicate);
+        reply.set_late(outcome->late);
+        Reply(ep, std::move(reply));
+      });
       return;
     }
     auto waiter = std::make_shared<ExchangeWaiter>([this, ep, id](absl::StatusOr<ChunkValues> after) {

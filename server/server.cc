@@ -57,7 +57,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   TESSERA_RETURN_IF_ERROR(ValidateServerOptions(options));
   std::unique_ptr<Server> server(new Server(options));
   Server* self = server.get();
-  server->store_ = std::make_unique<ShardStore>();
+  server->replicas_ = std::make_unique<GrpcReplicaSender>(options.security, absl::Seconds(5));
+  server->store_ = std::make_unique<ShardStore>(64 << 20, server->replicas_.get());
   server->updates_ = std::make_unique<ThreadPool>(options.update_threads);
   // Only the scheduler learns this key (from the registration below): control calls without it are refused.
   const std::string control_key = NewSecret();
@@ -100,6 +101,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   TESSERA_ASSIGN_OR_RETURN(tessera::v1::RegisterResponse registered,
                            server->scheduler_->Register(request, absl::Seconds(options.connect_timeout_s)));
   server->id_ = registered.id();
+  server->replicas_->set_member_key(registered.member_key());
   if (server->fabric_ && registered.job().transport() != tessera::v1::UCX) {
     server->fabric_.reset();  // no unencrypted port stays open for a gRPC job
   }

@@ -22,6 +22,7 @@
 #include "common/thread_pool.h"
 #include "server/fabric_service.h"
 #include "server/server_options.h"
+#include "server/replica_sender.h"
 #include "server/server_service.h"
 #include "server/shard_store.h"
 
@@ -57,6 +58,7 @@ class Server {
   const ServerOptions options_;
   std::atomic<int> id_{-1};  // set once registered (/metrics may be read before)
   std::string address_;
+  std::unique_ptr<GrpcReplicaSender> replicas_;  // to the backups of this server's chunks; outlives store_
   std::unique_ptr<ShardStore> store_;
   std::unique_ptr<FabricService> fabric_;  // the UCX listener (jobs with transport UCX); destroyed after updates_
   std::unique_ptr<ThreadPool> updates_;  // large pushes are applied here

@@ -148,18 +148,19 @@ grpc::ServerUnaryReactor* ServerService::Push(grpc::CallbackServerContext* conte
   if (!push.ok()) return Finish(context, push.status());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   RunUpdate(updates_, inline_update_bytes_, *r, payload->size(), [this, context, response, reactor, r, push = *std::move(push), payload] {
-    absl::StatusOr<PushOutcome> outcome = store_->Push(push, *payload);
-    if (!outcome.ok()) {
-      reactor->Finish(ToGrpcStatus(outcome.status(), context));
-      return;
-    }
-    PushResponse reply;
-    reply.set_version(outcome->version);
-    reply.set_duplicate(outcome->duplicate);
-    reply.set_late(outcome->late);
-    grpc::Slice slice(reply.SerializeAsString());
-    *response = grpc::ByteBuffer(&slice, 1);
-    reactor->Finish(grpc::Status::OK);
+    store_->Push(push, *payload, [context, response, reactor](absl::StatusOr<PushOutcome> outcome) {
+      if (!outcome.ok()) {
+        reactor->Finish(ToGrpcStatus(outcome.status(), context));
+        return;
+      }
+      PushResponse reply;
+      reply.set_version(outcome->version);
+      reply.set_duplicate(outcome->duplicate);
+      reply.set_late(outcome->late);
+      grpc::Slice slice(reply.SerializeAsString());
+      *response = grpc::ByteBuffer(&slice, 1);
+      reactor->Finish(grpc::Status::OK);
+    });
   });
   return reactor;
 }
@@ -185,6 +186,25 @@ grpc::ServerUnaryReactor* ServerService::PushPull(grpc::CallbackServerContext* c
 absl::Status ServerService::CheckControlKey(const grpc::CallbackServerContext& context) const {
   return CheckSecret(ClientMetadata(context, kControlKeyHeader), control_key_,
                      "a control call (only the scheduler may make one)");
+}
+
+grpc::ServerUnaryReactor* ServerService::Replicate(grpc::CallbackServerContext* context,
+                                                   const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
+  using tessera::v1::ReplicateRequest;
+  using tessera::v1::ReplicateResponse;
+  return ServeUnary<ReplicateRequest, ReplicateResponse>(
+      context, request, response, *security_,
+      [this, context](std::shared_ptr<const ReplicateRequest> r, UnaryReply<ReplicateResponse> reply) {
+        const absl::string_view key = ClientMetadata(*context, kMemberKeyHeader);
+        absl::StatusOr<int64_t> held = store_->TakeReplica(*r, std::string_view(key.data(), key.size()));
+        if (!held.ok()) {
+          reply(held.status());
+          return;
+        }
+        ReplicateResponse answer;
+        answer.set_version(*held);
+        reply(std::move(answer));
+      });
 }
 
 grpc::ServerUnaryReactor* ServerService::AssignShards(grpc::CallbackServerContext* context,

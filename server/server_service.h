@@ -47,7 +47,8 @@ using ParameterServerBase = tessera::v1::ParameterServer::WithRawCallbackMethod_
     tessera::v1::ParameterServer::WithRawCallbackMethod_GetStats<
     tessera::v1::ParameterServer::WithRawCallbackMethod_DecideRounds<
     tessera::v1::ParameterServer::WithRawCallbackMethod_Shutdown<
-        tessera::v1::ParameterServer::CallbackService>>>>>>>>;
+    tessera::v1::ParameterServer::WithRawCallbackMethod_Replicate<
+        tessera::v1::ParameterServer::CallbackService>>>>>>>>>;
 
 class ServerService final : public ParameterServerBase {
  public:
@@ -80,6 +81,9 @@ class ServerService final : public ParameterServerBase {
                                  grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Shutdown(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
                                  grpc::ByteBuffer* response) override;
+  // From another server of the job (its member key is checked by the store).
+  grpc::ServerUnaryReactor* Replicate(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
 
  private:
   // OK when the call carries the scheduler's control key.

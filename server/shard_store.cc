@@ -4,6 +4,8 @@
 #include <cstring>
 #include <set>
 
+#include "absl/synchronization/notification.h"
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/param_init.h"
@@ -57,6 +59,20 @@ absl::Status ValidateAssignment(const tessera::v1::ShardMap& map, const tessera:
                                                      max_length));
     }
   }
+  for (const auto& c : map.chunks()) {
+    std::set<int> holders = {c.server_id()};
+    for (int b : c.backup_server_ids()) {
+      if (!holders.insert(b).second) {
+        return absl::InvalidArgumentError(absl::StrCat("shard map chunk ", c.param(), "/", c.index(),
+                                                       " has two copies on server ", b));
+      }
+    }
+  }
+  for (const auto& s : map.servers()) {
+    if (!s.key_digest().empty() && s.key_digest().size() != 32) {
+      return absl::InvalidArgumentError(absl::StrCat("server ", s.id(), ": a key digest is 32 bytes"));
+    }
+  }
   for (const auto& w : map.workers()) {
     if (!w.key_digest().empty() && w.key_digest().size() != 32) {
       return absl::InvalidArgumentError(absl::StrCat("worker ", w.id(), ": a key digest is 32 bytes"));
@@ -64,22 +80,63 @@ absl::Status ValidateAssignment(const tessera::v1::ShardMap& map, const tessera:
   }
   return absl::OkStatus();
 }
+// A chunk state from a checkpoint or a primary fits `chunk` and holds finite values only.
+absl::Status CheckChunkState(const tessera::v1::ChunkState& state, const Chunk& chunk, const std::string& what)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
+  if (state.values().size() != chunk.values.size() * sizeof(float) ||
+      state.optimizer_state().size() != chunk.state.size() * sizeof(float)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " has another size than the job's"));
+  }
+  // Nothing non-finite enters the values, a checkpoint's or a primary's included.
+  for (const std::string* bytes : {&state.values(), &state.optimizer_state()}) {
+    std::vector<float> floats(bytes->size() / sizeof(float));
+    if (!floats.empty()) std::memcpy(floats.data(), bytes->data(), floats.size() * sizeof(float));
+    TESSERA_RETURN_IF_ERROR(CheckFinite(floats, what));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Moved(uint64_t epoch) {
+  return absl::UnavailableError(absl::StrCat("the chunk was restored from a checkpoint or moved to another ",
+                                             "server (cluster view epoch ", epoch, "); ask again"));
+}
 }  // namespace
+
+ShardStore::~ShardStore() {
+  absl::MutexLock lock(&ships_mu_);
+  stopping_ = true;
+  ships_mu_.Await(absl::Condition(
+      +[](int* in_flight) { return *in_flight == 0; }, &ships_in_flight_));
+}
 
 absl::Status ShardStore::Assign(const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job, int server_id,
                                 const std::vector<tessera::v1::ShardCheckpoint>* restore, bool restore_all) {
   // Rounds the new view closes and exchanges of rounds a rollback dropped, answered once no lock is held.
   ClosedRounds closed;
   std::vector<std::shared_ptr<ExchangeWaiter>> dropped;
-  absl::Status status = AdoptView(map, job, server_id, restore, restore_all, closed, dropped);
-  for (auto& [waiters, values] : closed) {
-    for (auto& w : waiters) w->Complete(values);
-  }
-  for (auto& w : dropped) {
-    w->Complete(absl::UnavailableError(absl::StrCat("the chunk was restored from a checkpoint or moved to another ",
-                                                    "server (cluster view epoch ", map.epoch(), "); ask again")));
-  }
+  Released released;
+  std::vector<Chunk*> to_ship;
+  absl::Status status = AdoptView(map, job, server_id, restore, restore_all, closed, dropped, released, to_ship);
+  AnswerClosedRounds(closed);
+  for (auto& w : dropped) w->Complete(Moved(map.epoch()));
+  for (auto& [done, why] : released) done(why);
+  for (Chunk* chunk : to_ship) Ship(*chunk);
   return status;
+}
+
+void ShardStore::AnswerClosedRounds(ClosedRounds& closed) {
+  for (ClosedRound& round : closed) {
+    AfterApplied(*round.chunk, round.values.version,
+                 [waiters = std::move(round.waiters), values = round.values](const absl::Status& held) {
+                   for (const auto& w : waiters) {
+                     if (held.ok()) {
+                       w->Complete(values);
+                     } else {
+                       w->Complete(held);
+                     }
+                   }
+                 });
+  }
 }
 
 absl::StatusOr<tessera::v1::ShardCheckpoint> ShardStore::Snapshot(int64_t at_version, absl::Time deadline,
@@ -111,7 +168,7 @@ absl::Status ShardStore::AdoptView(
     const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job, int server_id,
     const std::vector<tessera::v1::ShardCheckpoint>* restore, bool restore_all,
     ClosedRounds& closed,
-    std::vector<std::shared_ptr<ExchangeWaiter>>& dropped) {
+    std::vector<std::shared_ptr<ExchangeWaiter>>& dropped, Released& released, std::vector<Chunk*>& to_ship) {
   TESSERA_RETURN_IF_ERROR(ValidateAssignment(map, job));
   absl::MutexLock lock(&mu_);
   if (server_id_ != -1 && server_id_ != server_id) {
@@ -127,6 +184,9 @@ absl::Status ShardStore::AdoptView(
   if (map.epoch() <= epoch_) {
     return absl::FailedPreconditionError(
         absl::StrCat("shard map epoch ", map.epoch(), " is not newer than the server's ", epoch_));
+  }
+  if (job.replication().backups() > 0 && replicas_sender_ == nullptr) {
+    return absl::FailedPreconditionError("a job with replication needs a server that can reach its peers");
   }
   if (config_ == nullptr) config_ = std::make_unique<const JobConfig>(job);
   const int slots = config_->rule.state_slots();
@@ -157,67 +217,107 @@ absl::Status ShardStore::AdoptView(
           absl::StrCat("chunk ", key.first, "/", key.second, " is in none of the checkpoint's files"));
     }
     const tessera::v1::ChunkState& state = *it->second;
-    if (state.values().size() != chunk.values.size() * sizeof(float) ||
-        state.optimizer_state().size() != chunk.state.size() * sizeof(float)) {
-      return absl::FailedPreconditionError(absl::StrCat("chunk ", key.first, "/", key.second,
-                                                        " in the checkpoint has another size than the job's"));
-    }
-    // Nothing non-finite enters the values, a checkpoint's included.
-    for (const std::string* bytes : {&state.values(), &state.optimizer_state()}) {
-      std::vector<float> floats(bytes->size() / sizeof(float));
-      if (!floats.empty()) std::memcpy(floats.data(), bytes->data(), floats.size() * sizeof(float));
-      TESSERA_RETURN_IF_ERROR(CheckFinite(floats, absl::StrCat("checkpoint chunk ", key.first, "/", key.second)));
+    if (absl::Status fits = CheckChunkState(state, chunk, absl::StrCat("checkpoint chunk ", key.first, "/", key.second));
+        !fits.ok()) {
+      return absl::FailedPreconditionError(fits.message());
     }
     RestoreChunkLocked(state, keep_seq, chunk, dropped);
     return absl::OkStatus();
   };
   for (const auto& placement : map.chunks()) {
-    if (placement.server_id() != server_id_) continue;
+    const bool primary = placement.server_id() == server_id_;
+    const bool backup = std::find(placement.backup_server_ids().begin(), placement.backup_server_ids().end(),
+                                  server_id_) != placement.backup_server_ids().end();
+    if (!primary && !backup) continue;
     auto key = std::make_pair(placement.param(), placement.index());
-    if (chunks_.count(key) != 0) {
-      if (restore != nullptr && restore_all) {
-        Chunk& chunk = *chunks_[key];
-        absl::MutexLock chunk_lock(&chunk.mu);
-        TESSERA_RETURN_IF_ERROR(restore_into(key, chunk));
+    auto& home = primary ? chunks_ : replicas_;
+    auto& other = primary ? replicas_ : chunks_;
+    if (home.count(key) == 0 && other.count(key) != 0) {
+      // A backup taking over (its state is the chunk's), or a primary becoming a backup.
+      home[key] = std::move(other[key]);
+      other.erase(key);
+      Chunk& chunk = *home[key];
+      absl::MutexLock chunk_lock(&chunk.mu);
+      for (auto& w : chunk.round.TakeWaiters()) dropped.push_back(std::move(w));
+    }
+    if (home.count(key) != 0) {
+      Chunk& chunk = *home[key];
+      absl::MutexLock chunk_lock(&chunk.mu);
+      if (restore != nullptr && restore_all) TESSERA_RETURN_IF_ERROR(restore_into(key, chunk));
+    } else {
+      auto spec = std::find_if(map.params().begin(), map.params().end(),
+                               [&](const auto& p) { return p.name() == placement.param(); });
+      if (spec == map.params().end()) {
+        return absl::InvalidArgumentError(absl::StrCat("shard map places chunk ", placement.param(), "/",
+                                                       placement.index(), " but declares no such parameter"));
       }
+      auto chunk = std::make_unique<Chunk>(placement.param(), placement.index(), placement.length(), slots);
+      chunk->module_state = spec->state();
+      absl::MutexLock chunk_lock(&chunk->mu);
+      chunk->applied_clocks.assign(workers, 0);
+      config_->policy->PrepareChunkLocked(*chunk, workers);
+      if (restore != nullptr) {
+        TESSERA_RETURN_IF_ERROR(restore_into(key, *chunk));
+      } else {
+        // A new job's backups start as their primaries do; a later backup is filled by its primary.
+        FillInit(spec->init(), spec->name(), placement.offset(), absl::MakeSpan(chunk->values));
+      }
+      home[key] = std::move(chunk);
+    }
+    Chunk& chunk = *home[key];
+    absl::MutexLock chunk_lock(&chunk.mu);
+    ChunkReplication& replication = chunk.replication;
+    if (backup) {
+      replication.primary = placement.server_id();
+      replication.backups.clear();
+      for (auto& [version, done] : replication.waiting) released.emplace_back(std::move(done), Moved(map.epoch()));
+      replication.waiting.clear();
       continue;
     }
-    auto spec = std::find_if(map.params().begin(), map.params().end(),
-                                    [&](const auto& p) { return p.name() == placement.param(); });
-    if (spec == map.params().end()) {
-      return absl::InvalidArgumentError(absl::StrCat("shard map places chunk ", placement.param(), "/",
-                                                     placement.index(), " but declares no such parameter"));
+    replication.primary = server_id_;
+    const std::vector<int> backups(placement.backup_server_ids().begin(), placement.backup_server_ids().end());
+    if (backups != replication.backups || (restore != nullptr && restore_all)) {
+      replication.backups = backups;
+      ++replication.generation;
+      replication.replicated_version = -1;  // new backups (or new state): hand it over whole
     }
-    auto chunk = std::make_unique<Chunk>(placement.param(), placement.index(), placement.length(), slots);
-    chunk->module_state = spec->state();
-    absl::MutexLock chunk_lock(&chunk->mu);
-    chunk->applied_clocks.assign(workers, 0);
-    config_->policy->PrepareChunkLocked(*chunk, workers);
-    if (restore != nullptr) {
-      TESSERA_RETURN_IF_ERROR(restore_into(key, *chunk));
-    } else {
-      FillInit(spec->init(), spec->name(), placement.offset(), absl::MakeSpan(chunk->values));
+    if (replication.backups.empty()) {
+      // Nothing to wait for any more (the job is down to one copy).
+      for (auto& [version, done] : replication.waiting) released.emplace_back(std::move(done), absl::OkStatus());
+      replication.waiting.clear();
+    } else if (replication.replicated_version < 0) {
+      to_ship.push_back(&chunk);
     }
-    chunks_[key] = std::move(chunk);
   }
-  // Chunks the view has moved to another server leave this one. They are retired, not freed: a request that
+  // Chunks the view has moved to other servers leave this one. They are retired, not freed: a request that
   // found one before this view keeps a valid object (what it does there no longer counts).
   std::set<std::pair<std::string, int>> here;
   for (const auto& placement : map.chunks()) {
-    if (placement.server_id() == server_id_) here.emplace(placement.param(), placement.index());
-  }
-  for (auto it = chunks_.begin(); it != chunks_.end();) {
-    if (here.count(it->first) != 0) {
-      ++it;
-      continue;
+    const auto& b = placement.backup_server_ids();
+    if (placement.server_id() == server_id_ || std::find(b.begin(), b.end(), server_id_) != b.end()) {
+      here.emplace(placement.param(), placement.index());
     }
-    {
-      absl::MutexLock chunk_lock(&it->second->mu);
-      for (auto& w : it->second->round.TakeWaiters()) dropped.push_back(std::move(w));
-    }
-    retired_.push_back(std::move(it->second));
-    it = chunks_.erase(it);
   }
+  for (auto* held : {&chunks_, &replicas_}) {
+    for (auto it = held->begin(); it != held->end();) {
+      if (here.count(it->first) != 0) {
+        ++it;
+        continue;
+      }
+      {
+        absl::MutexLock chunk_lock(&it->second->mu);
+        for (auto& w : it->second->round.TakeWaiters()) dropped.push_back(std::move(w));
+        ChunkReplication& replication = it->second->replication;
+        for (auto& [version, done] : replication.waiting) released.emplace_back(std::move(done), Moved(map.epoch()));
+        replication.waiting.clear();
+        replication.backups.clear();
+      }
+      retired_.push_back(std::move(it->second));
+      it = held->erase(it);
+    }
+  }
+  servers_.clear();
+  for (const auto& server : map.servers()) servers_[server.id()] = Peer{server.address(), server.key_digest()};
   // The view's workers. A map without them (one built by hand) keeps every worker in, unchecked.
   auto roster = std::make_shared<Roster>();
   roster->active.assign(workers, true);
@@ -237,12 +337,14 @@ absl::Status ShardStore::AdoptView(
   for (int w = 0; w < workers; ++w) {
     if (roster_ != nullptr && roster->incarnation[w] != roster_->incarnation[w]) renewed.push_back(w);
   }
-  for (auto& [key, chunk] : chunks_) {
+  for (auto* held : {&chunks_, &replicas_}) {
+   for (auto& [key, chunk] : *held) {
     absl::MutexLock chunk_lock(&chunk->mu);
     for (int w : renewed) {
       chunk->last_seq.erase(w);
       chunk->applied_clocks[w] = std::max(chunk->applied_clocks[w], roster->joined_clock[w]);
     }
+   }
   }
   // A worker that left may have been the last one a round waited for.
   CloseCompleteRounds(*config_, *roster, closed);
@@ -258,7 +360,8 @@ void ShardStore::CloseCompleteRounds(const JobConfig& config, const Roster& rost
     std::vector<std::shared_ptr<ExchangeWaiter>> waiters;
     if (!config.policy->CloseIfCompleteLocked(*chunk, roster, dropped, waiters)) continue;
     cut_.OfferLocked(*chunk);
-    closed.emplace_back(std::move(waiters), ValuesLocked(*chunk, roster, config.job.wire().values()));
+    closed.push_back(
+        ClosedRound{chunk.get(), std::move(waiters), ValuesLocked(*chunk, roster, config.job.wire().values())});
   }
   if (dropped > 0) {
     absl::MutexLock counters_lock(&counters_mu_);
@@ -298,9 +401,7 @@ absl::Status ShardStore::DecideRounds(const tessera::v1::DecideRoundsRequest& re
     config_->policy->Decide(std::move(rounds));
     CloseCompleteRounds(*config_, *roster_, closed);
   }
-  for (auto& [waiters, values] : closed) {
-    for (auto& w : waiters) w->Complete(values);
-  }
+  AnswerClosedRounds(closed);
   return absl::OkStatus();
 }
 
@@ -446,6 +547,7 @@ absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& re
   TESSERA_RETURN_IF_ERROR(payload.CopyFloatsTo(values, /*check_finite=*/true, what));
 
   Applied applied;
+  applied.chunk = &chunk;
   PushOutcome& outcome = applied.outcome;
   Admission& admission = applied.admission;
   {
@@ -492,11 +594,41 @@ absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& re
   return applied;
 }
 
-absl::StatusOr<PushOutcome> ShardStore::Push(const ChunkPush& request, const FloatPayload& values) {
-  TESSERA_ASSIGN_OR_RETURN(Applied applied, PushInternal(request, values, nullptr));
+void ShardStore::Push(const ChunkPush& request, const FloatPayload& values, PushDone done) {
+  absl::StatusOr<Applied> applied = PushInternal(request, values, nullptr);
+  if (!applied.ok()) {
+    done(applied.status());
+    return;
+  }
   // A plain push that closed a round also answers the exchanges that waited for it.
-  for (auto& w : applied.admission.closed_waiters) w->Complete(applied.values);
-  return applied.outcome;
+  AfterApplied(*applied->chunk, applied->outcome.version,
+               [done = std::move(done), outcome = applied->outcome,
+                waiters = std::move(applied->admission.closed_waiters),
+                after = std::move(applied->values)](const absl::Status& held) {
+                 for (const auto& w : waiters) {
+                   if (held.ok()) {
+                     w->Complete(after);
+                   } else {
+                     w->Complete(held);
+                   }
+                 }
+                 if (held.ok()) {
+                   done(outcome);
+                 } else {
+                   done(held);
+                 }
+               });
+}
+
+absl::StatusOr<PushOutcome> ShardStore::Push(const ChunkPush& request, const FloatPayload& values) {
+  absl::Notification answered;
+  absl::StatusOr<PushOutcome> result;
+  Push(request, values, [&](absl::StatusOr<PushOutcome> outcome) {
+    result = std::move(outcome);
+    answered.Notify();
+  });
+  answered.WaitForNotification();
+  return result;
 }
 
 void ShardStore::PushPull(const ChunkPush& request, const FloatPayload& values,
@@ -506,21 +638,214 @@ void ShardStore::PushPull(const ChunkPush& request, const FloatPayload& values,
     waiter->Complete(applied.status());
     return;
   }
-  // Every exchange of a closed round shares one copy of the new values.
-  for (auto& w : applied->admission.closed_waiters) w->Complete(applied->values);
-  if (!applied->admission.round_open) waiter->Complete(std::move(applied->values));
+  const bool parked = applied->admission.round_open;
+  if (parked && applied->admission.closed_waiters.empty()) return;  // the push that closes the round answers it
+  // Every exchange of a closed round shares one copy of the new values, sent once the backups hold them.
+  std::vector<std::shared_ptr<ExchangeWaiter>> waiters = std::move(applied->admission.closed_waiters);
+  if (!parked) waiters.push_back(std::move(waiter));
+  AfterApplied(*applied->chunk, applied->outcome.version,
+               [waiters = std::move(waiters), after = std::move(applied->values)](const absl::Status& held) {
+                 for (const auto& w : waiters) {
+                   if (held.ok()) {
+                     w->Complete(after);
+                   } else {
+                     w->Complete(held);
+                   }
+                 }
+               });
+}
+
+absl::StatusOr<int64_t> ShardStore::TakeReplica(const tessera::v1::ReplicateRequest& request,
+                                                std::string_view member_key) {
+  const tessera::v1::ChunkState& state = request.state();
+  const std::string name = absl::StrCat(state.param().substr(0, kMaxNameBytes), "/", state.index());
+  absl::ReaderMutexLock lock(&mu_);
+  if (config_ == nullptr) return absl::UnavailableError("this server has no cluster view yet");
+  auto not_backup = [&](const std::string& why) -> absl::Status {
+    if (request.epoch() > epoch_) {
+      return absl::UnavailableError(absl::StrCat("server ", server_id_, " is at cluster view epoch ", epoch_,
+                                                 ", the primary at ", request.epoch(), ": ", why));
+    }
+    return absl::FailedPreconditionError(absl::StrCat("server ", server_id_, " at cluster view epoch ", epoch_,
+                                                      ": ", why));
+  };
+  auto it = replicas_.find({state.param(), state.index()});
+  if (it == replicas_.end()) return not_backup(absl::StrCat("it does not back up chunk ", name));
+  auto sender = servers_.find(request.server_id());
+  if (sender == servers_.end()) return not_backup(absl::StrCat("server ", request.server_id(), " is not in its view"));
+  if (!sender->second.key_digest.empty() &&
+      !SecretsEqual(KeyDigest(absl::string_view(member_key.data(), member_key.size())), sender->second.key_digest)) {
+    return absl::UnauthenticatedError(absl::StrCat("state of chunk ", name, " as server ", request.server_id(), ": ",
+                                                   member_key.empty() ? "no member key" : "wrong member key"));
+  }
+  Chunk& chunk = *it->second;
+  {
+    absl::MutexLock chunk_lock(&chunk.mu);
+    if (chunk.replication.primary != request.server_id()) {
+      return not_backup(absl::StrCat("chunk ", name, "'s primary is server ", chunk.replication.primary, ", not ",
+                                     request.server_id()));
+    }
+    TESSERA_RETURN_IF_ERROR(CheckChunkState(state, chunk, absl::StrCat("state of chunk ", name)));
+    // States of one primary come in order; one from an older view (a primary since replaced) is ignored.
+    if (request.epoch() < chunk.replication.taken_epoch ||
+        (request.epoch() == chunk.replication.taken_epoch && state.version() < chunk.version)) {
+      return chunk.version;
+    }
+    std::vector<std::shared_ptr<ExchangeWaiter>> none;
+    RestoreChunkLocked(state, std::vector<bool>(config_->job.cluster().num_workers(), true), chunk, none);
+    chunk.replication.taken_epoch = request.epoch();
+  }
+  absl::MutexLock counters_lock(&counters_mu_);
+  counters_.replica_bytes_received += static_cast<int64_t>(state.values().size() + state.optimizer_state().size());
+  return state.version();
+}
+
+void ShardStore::AfterApplied(Chunk& chunk, int64_t version, std::function<void(absl::Status)> done) {
+  {
+    absl::MutexLock chunk_lock(&chunk.mu);
+    ChunkReplication& replication = chunk.replication;
+    if (!replication.backups.empty() && version > replication.replicated_version) {
+      replication.waiting.emplace_back(version, std::move(done));
+      done = nullptr;
+    }
+  }
+  if (done) {
+    done(absl::OkStatus());
+    return;
+  }
+  Ship(chunk);
+}
+
+void ShardStore::Ship(Chunk& chunk) {
+  auto request = std::make_shared<tessera::v1::ReplicateRequest>();
+  std::vector<std::string> addresses;
+  uint64_t generation;
+  {
+    absl::MutexLock lock(&ships_mu_);
+    if (stopping_) return;
+    ++ships_in_flight_;
+  }
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    absl::MutexLock chunk_lock(&chunk.mu);
+    ChunkReplication& replication = chunk.replication;
+    const bool wanted = !replication.backups.empty() && !replication.shipping &&
+                        (replication.replicated_version < 0 || !replication.waiting.empty());
+    if (wanted) {
+      replication.shipping = true;
+      generation = replication.generation;
+      request->set_epoch(epoch_);
+      request->set_server_id(server_id_);
+      *request->mutable_state() = ReplicaStateLocked(chunk);
+      for (int b : replication.backups) {
+        auto peer = servers_.find(b);
+        addresses.push_back(peer == servers_.end() ? "" : peer->second.address);
+      }
+    }
+  }
+  if (addresses.empty()) {
+    absl::MutexLock lock(&ships_mu_);
+    --ships_in_flight_;
+    return;
+  }
+  {
+    absl::MutexLock counters_lock(&counters_mu_);
+    counters_.replica_bytes_sent += static_cast<int64_t>(addresses.size() * (request->state().values().size() +
+                                                                             request->state().optimizer_state().size()));
+  }
+  const int64_t version = request->state().version();
+  struct Pending {
+    absl::Mutex mu;
+    size_t left;
+    absl::Status status;
+  };
+  auto pending = std::make_shared<Pending>();
+  pending->left = addresses.size();
+  for (const std::string& address : addresses) {
+    auto one_done = [this, &chunk, pending, generation, version](const absl::Status& status) {
+      absl::Status all;
+      {
+        absl::MutexLock lock(&pending->mu);
+        if (!status.ok() && pending->status.ok()) pending->status = status;
+        if (--pending->left > 0) return;
+        all = pending->status;
+      }
+      Shipped(chunk, generation, version, all);
+      absl::MutexLock lock(&ships_mu_);
+      --ships_in_flight_;
+    };
+    if (address.empty()) {
+      one_done(absl::UnavailableError("a backup is not in this server's view"));
+    } else {
+      replicas_sender_->Send(address, request, std::move(one_done));
+    }
+  }
+}
+
+void ShardStore::Shipped(Chunk& chunk, uint64_t generation, int64_t version, const absl::Status& status) {
+  std::vector<std::function<void(absl::Status)>> ready;
+  bool retry = false;
+  {
+    absl::MutexLock chunk_lock(&chunk.mu);
+    ChunkReplication& replication = chunk.replication;
+    replication.shipping = false;
+    if (generation == replication.generation) {
+      if (status.ok()) {
+        replication.replicated_version = std::max(replication.replicated_version, version);
+      } else {
+        retry = true;
+        LOG_EVERY_N(WARNING, 100) << "chunk " << chunk.key.first << "/" << chunk.key.second
+                                    << ": a backup did not take its state, trying again: " << status;
+      }
+    }
+    auto& waiting = replication.waiting;
+    auto unheld = std::partition(waiting.begin(), waiting.end(), [&](const auto& w) {
+      return w.first > replication.replicated_version;
+    });
+    for (auto it = unheld; it != waiting.end(); ++it) ready.push_back(std::move(it->second));
+    waiting.erase(unheld, waiting.end());
+  }
+  for (auto& done : ready) done(absl::OkStatus());
+  if (retry) {
+    ShipLater(&chunk);
+  } else {
+    Ship(chunk);  // updates that came meanwhile, or backups that changed meanwhile
+  }
+}
+
+void ShardStore::ShipLater(Chunk* chunk) {
+  {
+    absl::MutexLock lock(&retry_mu_);
+    retry_.insert(chunk);
+    if (retry_scheduled_) return;
+    retry_scheduled_ = true;
+  }
+  retries_.Submit([this] {
+    absl::SleepFor(absl::Milliseconds(50));
+    std::set<Chunk*> chunks;
+    {
+      absl::MutexLock lock(&retry_mu_);
+      chunks.swap(retry_);
+      retry_scheduled_ = false;
+    }
+    for (Chunk* chunk : chunks) Ship(*chunk);
+  });
 }
 
 void ShardStore::CancelWaiters(const absl::Status& why) {
   std::vector<std::shared_ptr<ExchangeWaiter>> waiting;
+  std::vector<std::function<void(absl::Status)>> held;
   {
     absl::ReaderMutexLock lock(&mu_);
     for (const auto& [key, chunk] : chunks_) {
       absl::MutexLock chunk_lock(&chunk->mu);
       for (auto& w : chunk->round.TakeWaiters()) waiting.push_back(std::move(w));
+      for (auto& [version, done] : chunk->replication.waiting) held.push_back(std::move(done));
+      chunk->replication.waiting.clear();
     }
   }
   for (auto& w : waiting) w->Complete(why);
+  for (auto& done : held) done(why);
 }
 
 uint64_t ShardStore::epoch() const {
@@ -546,6 +871,7 @@ tessera::v1::ServerStats ShardStore::Stats() const {
       stats.set_optimizer_bytes(stats.optimizer_bytes() + static_cast<int64_t>(chunk->state.size() * sizeof(float)));
     }
     stats.set_chunks(static_cast<int64_t>(chunks_.size()));
+    stats.set_backup_chunks(static_cast<int64_t>(replicas_.size()));
     stats.set_updates_applied(updates);
   }
   absl::MutexLock lock(&counters_mu_);
@@ -554,6 +880,8 @@ tessera::v1::ServerStats ShardStore::Stats() const {
   stats.set_late_pushes(counters_.late_pushes);
   *stats.mutable_staleness() = counters_.staleness.ToProto();
   for (const StalenessHistogram& h : counters_.worker_staleness) *stats.add_worker_staleness() = h.ToProto();
+  stats.set_replica_bytes_sent(counters_.replica_bytes_sent);
+  stats.set_replica_bytes_received(counters_.replica_bytes_received);
   return stats;
 }
 

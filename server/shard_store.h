@@ -12,6 +12,12 @@
 // PushPull is a push whose answer is the chunk's values after it: in SYNC once the push's round has closed
 // (so one exchange per chunk replaces push, clock barrier and pull on a sync step), otherwise at once.
 //
+// Replication (ReplicationSpec.backups > 0): the view names each chunk's primary and backups. This store serves
+// the chunks it is primary of and keeps a copy of those it backs up. After an update, a primary hands the chunk's
+// state to its backups (coalescing the updates that arrive meanwhile into one hand-over) and answers the update's
+// caller only once every backup holds it; a SYNC round's exchanges are answered once the round's update is on
+// the backups. When the view makes a backup the primary, it serves from the state it holds.
+//
 // Staleness of a gradient = its clock minus the chunk's clock_version when the gradient's values were read
 // (read_clock_version): how many clocks of some worker's updates it did not see. clock_version is the smallest
 // count of clocks any worker of the job has had applied to the chunk.
@@ -22,6 +28,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -33,6 +40,7 @@
 #include "common/buffer_pool.h"
 #include "common/float_payload.h"
 #include "common/staleness_histogram.h"
+#include "common/thread_pool.h"
 #include "common/update_rule.h"
 #include "proto/checkpoint.pb.h"
 #include "proto/cluster.pb.h"
@@ -42,14 +50,19 @@
 #include "server/chunk_requests.h"
 #include "server/consistency/policy.h"
 #include "server/exchange_waiter.h"
+#include "server/replica_sender.h"
 
 namespace tessera {
 
 // Thread-safe. Requests to different chunks run in parallel; requests to one chunk are serialised.
 class ShardStore {
  public:
-  // `max_cached_buffer_bytes` bounds the free reply and scratch buffers kept for reuse.
-  explicit ShardStore(size_t max_cached_buffer_bytes = 64 << 20) : buffers_(max_cached_buffer_bytes) {}
+  // `max_cached_buffer_bytes` bounds the free reply and scratch buffers kept for reuse. `replicas` (not owned;
+  // must outlive the store) carries chunk states to backups; a job with backups needs one.
+  explicit ShardStore(size_t max_cached_buffer_bytes = 64 << 20, ReplicaSender* replicas = nullptr)
+      : buffers_(max_cached_buffer_bytes), replicas_sender_(replicas) {}
+  // Waits for hand-overs to backups still on their way.
+  ~ShardStore();
 
   ShardStore(const ShardStore&) = delete;
   ShardStore& operator=(const ShardStore&) = delete;
@@ -87,7 +100,20 @@ class ShardStore {
   // unknown chunk; ABORTED for a second, different push of one worker in one SYNC round; FAILED_PRECONDITION
   // for a worker the view does not have in the job (lost, or an incarnation that was replaced); UNAVAILABLE for
   // a SYNC round that is not open yet (a worker that joined ahead of the others: retry).
+  // `done` runs once the update is on every backup of the chunk (at once without backups), on any thread; an
+  // error there (the chunk moved away meanwhile: UNAVAILABLE) means the caller retries it where the view says.
+  using PushDone = std::function<void(absl::StatusOr<PushOutcome>)>;
+  void Push(const ChunkPush& request, const FloatPayload& values, PushDone done);
+  // Push, waiting for its answer.
   [[nodiscard]] absl::StatusOr<PushOutcome> Push(const ChunkPush& request, const FloatPayload& values);
+
+  // Replication, on a backup: takes the state of a chunk this server backs up from the server the view names as
+  // its primary (`member_key` must be that server's; UNAUTHENTICATED otherwise). A state older than the one held
+  // is ignored. Returns the version held. UNAVAILABLE when the request's view is newer than this server's (it is
+  // on its way: retry); FAILED_PRECONDITION when this server's view has no such backup or another primary;
+  // INVALID_ARGUMENT for a state of another size or with non-finite values.
+  [[nodiscard]] absl::StatusOr<int64_t> TakeReplica(const tessera::v1::ReplicateRequest& request,
+                                                    std::string_view member_key);
 
   // Whether `key` is worker `worker`'s member key in this server's view, as every push of that worker is
   // checked (a connection's check, for transports that authenticate once per connection). UNAUTHENTICATED
@@ -106,7 +132,7 @@ class ShardStore {
   // INVALID_ARGUMENT, changing nothing, for more rounds than are kept or a worker id outside the job.
   [[nodiscard]] absl::Status DecideRounds(const tessera::v1::DecideRoundsRequest& request);
 
-  // Completes every waiting PushPull with `why` (shutdown).
+  // Completes every waiting PushPull and push with `why` (shutdown).
   void CancelWaiters(const absl::Status& why);
 
   tessera::v1::ServerStats Stats() const;
@@ -122,6 +148,8 @@ class ShardStore {
     int64_t late_pushes = 0;
     StalenessHistogram staleness;
     std::vector<StalenessHistogram> worker_staleness;  // by worker id
+    int64_t replica_bytes_sent = 0;
+    int64_t replica_bytes_received = 0;
   };
 
   // What the job fixes for every chunk; set by the first Assign, constant afterwards.
@@ -141,19 +169,44 @@ class ShardStore {
 
   // What one push did under the chunk's lock.
   struct Applied {
+    Chunk* chunk = nullptr;
     PushOutcome outcome;
     Admission admission;
     ChunkValues values;  // after the push (when asked for)
   };
 
-  // Rounds closed outside a push: the exchanges that waited for each, and the values to answer them with.
-  using ClosedRounds = std::vector<std::pair<std::vector<std::shared_ptr<ExchangeWaiter>>, ChunkValues>>;
+  // A round closed outside a push: the exchanges that waited for it, and the values to answer them with once
+  // the chunk's backups hold `values.version`.
+  struct ClosedRound {
+    Chunk* chunk;
+    std::vector<std::shared_ptr<ExchangeWaiter>> waiters;
+    ChunkValues values;
+  };
+  using ClosedRounds = std::vector<ClosedRound>;
+  // Callers the view released from waiting on backups: run once no lock is held.
+  using Released = std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>>;
 
   absl::Status AdoptView(
       const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job, int server_id,
       const std::vector<tessera::v1::ShardCheckpoint>* restore, bool restore_all,
       ClosedRounds& closed,
-      std::vector<std::shared_ptr<ExchangeWaiter>>& dropped) ABSL_LOCKS_EXCLUDED(mu_);
+      std::vector<std::shared_ptr<ExchangeWaiter>>& dropped, Released& released,
+      std::vector<Chunk*>& to_ship) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Answers closed rounds' exchanges, each once its chunk's backups hold the round.
+  void AnswerClosedRounds(ClosedRounds& closed);
+
+  // Replication, on a primary. After an update of `chunk` at `version`: `done` runs once every backup holds that
+  // version (at once without backups; with the error when the chunk leaves this server first).
+  void AfterApplied(Chunk& chunk, int64_t version, std::function<void(absl::Status)> done)
+      ABSL_LOCKS_EXCLUDED(mu_, chunk.mu);
+  // Hands the chunk's state to its backups, unless a hand-over is on its way or they hold it already.
+  void Ship(Chunk& chunk) ABSL_LOCKS_EXCLUDED(mu_, chunk.mu);
+  // A hand-over of `version` to the backups of `generation` ended with `status`.
+  void Shipped(Chunk& chunk, uint64_t generation, int64_t version, const absl::Status& status)
+      ABSL_LOCKS_EXCLUDED(mu_, chunk.mu);
+  // Hands the chunk over again a little later (a backup did not take it).
+  void ShipLater(Chunk* chunk) ABSL_LOCKS_EXCLUDED(retry_mu_);
 
   // The chunk for `address` after checking its epoch, or the error to answer with.
   absl::StatusOr<Found> Find(const ChunkAddress& address) const ABSL_LOCKS_EXCLUDED(mu_);
@@ -180,12 +233,29 @@ class ShardStore {
   std::unique_ptr<const JobConfig> config_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const Roster> roster_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Chunk>> retired_ ABSL_GUARDED_BY(mu_);  // moved to other servers
-  std::map<std::pair<std::string, int>, std::unique_ptr<Chunk>> chunks_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, int>, std::unique_ptr<Chunk>> chunks_ ABSL_GUARDED_BY(mu_);  // primary of
+  std::map<std::pair<std::string, int>, std::unique_ptr<Chunk>> replicas_ ABSL_GUARDED_BY(mu_);  // backup of
+  struct Peer {
+    std::string address;
+    std::string key_digest;
+  };
+  std::map<int, Peer> servers_ ABSL_GUARDED_BY(mu_);  // the view's servers, by id
+
+  ReplicaSender* const replicas_sender_;
+  absl::Mutex ships_mu_;
+  int ships_in_flight_ ABSL_GUARDED_BY(ships_mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(ships_mu_) = false;
+  absl::Mutex retry_mu_;
+  std::set<Chunk*> retry_ ABSL_GUARDED_BY(retry_mu_);
+  bool retry_scheduled_ ABSL_GUARDED_BY(retry_mu_) = false;
 
   CheckpointCut cut_;  // a SYNC checkpoint waiting for chunks to reach its version
 
   mutable absl::Mutex counters_mu_;
   Counters counters_ ABSL_GUARDED_BY(counters_mu_);
+
+  // Last member: hand-overs waiting to be tried again end before the rest goes.
+  SerialExecutor retries_;
 };
 
 }  // namespace tessera

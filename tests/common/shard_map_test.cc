@@ -50,6 +50,56 @@ TEST(ShardMapTest, MlpOnThreeServersIsBalancedWithinTenPercent) {
   EXPECT_EQ(map.epoch(), 1u);
 }
 
+// Every chunk has its backups on servers holding no other copy of it, and copies are spread evenly.
+TEST(ShardMapTest, BackupsAreOnServersWithoutAnotherCopyAndBalanced) {
+  tessera::v1::ShardMap map = MapWithServers(4);
+  ASSERT_THAT(PlaceParameters(MlpParams(), 64 * 1024, map, /*backups=*/2), IsOk());
+  std::map<int, int64_t> copies;
+  for (const auto& c : map.chunks()) {
+    ASSERT_EQ(c.backup_server_ids_size(), 2) << c.param() << "/" << c.index();
+    std::set<int> holders = {c.server_id(), c.backup_server_ids(0), c.backup_server_ids(1)};
+    EXPECT_EQ(holders.size(), 3u) << c.param() << "/" << c.index() << ": two copies on one server";
+    for (int id : holders) copies[id] += c.length() * 4;
+  }
+  int64_t lo = INT64_MAX, hi = 0;
+  for (const auto& [id, b] : copies) {
+    lo = std::min(lo, b);
+    hi = std::max(hi, b);
+  }
+  EXPECT_LE(static_cast<double>(hi - lo) / hi, 0.10) << "bytes of copies per server: " << lo << " .. " << hi;
+  // Two servers cannot hold three copies: the chunks stay one backup short.
+  tessera::v1::ShardMap two = MapWithServers(2);
+  ASSERT_THAT(PlaceParameters(MlpParams(), 64 * 1024, two, /*backups=*/2), IsOk());
+  for (const auto& c : two.chunks()) EXPECT_EQ(c.backup_server_ids_size(), 1);
+}
+
+// A lost primary's chunks go to their first backup; a chunk with no live copy left is placed anew.
+TEST(ShardMapTest, MovingALostServersChunksPromotesTheirBackups) {
+  tessera::v1::ShardMap map = MapWithServers(3);
+  ASSERT_THAT(PlaceParameters({Param("a", {1000})}, 400, map, /*backups=*/1), IsOk());
+  std::map<int, int> backup_of;
+  for (const auto& c : map.chunks()) backup_of[c.index()] = c.backup_server_ids(0);
+  map.mutable_servers()->erase(map.mutable_servers()->begin() + 1);  // server 1 is gone
+  absl::StatusOr<ChunkMoves> moves = MoveChunks(1, map);
+  ASSERT_THAT(moves, IsOk());
+  EXPECT_TRUE(moves->moved.empty());
+  ASSERT_FALSE(moves->promoted.empty());
+  for (const auto& c : moves->promoted) EXPECT_EQ(c.server_id(), backup_of[c.index()]);
+  for (const auto& c : map.chunks()) {
+    EXPECT_NE(c.server_id(), 1);
+    for (int b : c.backup_server_ids()) EXPECT_NE(b, 1);
+  }
+  // Now server 0 goes too: its chunks backed up on 2 are promoted, those whose backup was on 1 are placed anew.
+  size_t on_zero = 0;
+  for (const auto& c : map.chunks()) on_zero += c.server_id() == 0;
+  map.mutable_servers()->erase(map.mutable_servers()->begin());
+  absl::StatusOr<ChunkMoves> again = MoveChunks(0, map);
+  ASSERT_THAT(again, IsOk());
+  for (const auto& c : map.chunks()) EXPECT_EQ(c.server_id(), 2);
+  EXPECT_EQ(again->moved.size() + again->promoted.size(), on_zero);
+  for (const auto& c : again->moved) EXPECT_EQ(c.backup_server_ids_size(), 0);
+}
+
 TEST(ShardMapTest, ChunksRespectChunkBytesAndCoverEachParameterContiguously) {
   tessera::v1::ShardMap map = MapWithServers(2);
   ASSERT_THAT(PlaceParameters(MlpParams(), 64 * 1024, map), IsOk());

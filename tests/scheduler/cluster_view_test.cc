@@ -1,5 +1,8 @@
 #include "scheduler/cluster_view.h"
 
+#include <map>
+
+
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/testing/param_spec.h"
@@ -138,15 +141,76 @@ TEST(ClusterViewTest, ALostServersChunksMoveToTheLeastLoadedSurvivors) {
   ASSERT_THAT(view.Touch(tessera::v1::SERVER, 2, 1, t0 + absl::Seconds(20)), IsOk());
   ASSERT_EQ(view.MarkSilentLost(t0 + absl::Seconds(20), absl::Seconds(10)).size(), 1u);
   const uint64_t before = view.epoch();
-  absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> moved = view.MoveChunksOf(1);
+  absl::StatusOr<ChunkMoves> moved = view.MoveChunksOf(1);
   ASSERT_THAT(moved, IsOk());
-  EXPECT_FALSE(moved->empty());
+  EXPECT_FALSE(moved->moved.empty());
+  EXPECT_TRUE(moved->promoted.empty()) << "no backups in this job";
   EXPECT_GT(view.epoch(), before);
   std::optional<tessera::v1::ShardMap> map = view.Map();
   for (const auto& c : map->chunks()) EXPECT_NE(c.server_id(), 1) << c.param() << "/" << c.index();
   int64_t bytes0 = 0, bytes2 = 0;
   for (const auto& c : map->chunks()) (c.server_id() == 0 ? bytes0 : bytes2) += c.length() * 4;
   EXPECT_LE(std::abs(bytes0 - bytes2), 40) << "within one chunk of each other";
+}
+
+// With backups, every chunk has its copies on distinct servers; a lost primary's chunks go to their backups (no
+// chunk needs a restore), the lost server leaves every backup list, and the chunks short of a backup get one on
+// the servers left.
+TEST(ClusterViewTest, WithBackupsALostPrimarysChunksGoToTheirBackupsAndGetNewOnes) {
+  ClusterView view(3, 1, /*backups=*/1);
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  for (const char* a : {"a:1", "b:1", "c:1"}) ASSERT_THAT(view.Join(Server(a), t0, AtZero).status(), IsOk());
+  ASSERT_THAT(PlaceAndCommit(view, {FloatParam("w", 60), FloatParam("b", 6)}, 40), IsOk());
+  std::optional<tessera::v1::ShardMap> before = view.Map();
+  std::map<std::pair<std::string, int>, int> backup_of;
+  for (const auto& c : before->chunks()) {
+    ASSERT_EQ(c.backup_server_ids_size(), 1) << c.param() << "/" << c.index();
+    EXPECT_NE(c.backup_server_ids(0), c.server_id()) << "two copies on one server";
+    backup_of[{c.param(), c.index()}] = c.backup_server_ids(0);
+  }
+  ASSERT_THAT(view.Touch(tessera::v1::SERVER, 0, 1, t0 + absl::Seconds(20)), IsOk());
+  ASSERT_THAT(view.Touch(tessera::v1::SERVER, 2, 1, t0 + absl::Seconds(20)), IsOk());
+  ASSERT_EQ(view.MarkSilentLost(t0 + absl::Seconds(20), absl::Seconds(10)).size(), 1u);
+  absl::StatusOr<ChunkMoves> moves = view.MoveChunksOf(1);
+  ASSERT_THAT(moves, IsOk());
+  EXPECT_TRUE(moves->moved.empty()) << "every chunk had a backup";
+  EXPECT_FALSE(moves->promoted.empty());
+  std::optional<tessera::v1::ShardMap> after = view.Map();
+  for (const auto& c : after->chunks()) {
+    const std::string name = absl::StrCat(c.param(), "/", c.index());
+    EXPECT_NE(c.server_id(), 1) << name;
+    ASSERT_EQ(c.backup_server_ids_size(), 1) << name << ": a new backup on the servers left";
+    EXPECT_NE(c.backup_server_ids(0), 1) << name;
+    EXPECT_NE(c.backup_server_ids(0), c.server_id()) << name;
+  }
+  for (const auto& p : moves->promoted) {
+    EXPECT_EQ(p.server_id(), (backup_of[{p.param(), p.index()}])) << "the backup took over " << p.param();
+  }
+}
+
+TEST(ClusterViewTest, WithBackupsAReplacementBacksUpTheChunksShortOfBackups) {
+  ClusterView view(2, 1, /*backups=*/1);
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  for (const char* a : {"a:1", "b:1"}) ASSERT_THAT(view.Join(Server(a), t0, AtZero).status(), IsOk());
+  ASSERT_THAT(PlaceAndCommit(view, {FloatParam("w", 60)}, 40), IsOk());
+  ASSERT_THAT(view.Touch(tessera::v1::SERVER, 0, 1, t0 + absl::Seconds(20)), IsOk());
+  ASSERT_EQ(view.MarkSilentLost(t0 + absl::Seconds(20), absl::Seconds(10)).size(), 1u);
+  ASSERT_THAT(view.MoveChunksOf(1), IsOk());
+  const tessera::v1::ShardMap alone = *view.Map();
+  for (const auto& c : alone.chunks()) {
+    EXPECT_EQ(c.server_id(), 0);
+    EXPECT_EQ(c.backup_server_ids_size(), 0) << "one server left: no room for a backup";
+  }
+  ASSERT_THAT(view.Join(Server("c:1", 1), t0 + absl::Seconds(21), AtZero).status(), IsOk());
+  absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> given = view.GiveShareTo(1);
+  ASSERT_THAT(given, IsOk());
+  const tessera::v1::ShardMap after = *view.Map();
+  EXPECT_EQ(given->size(), static_cast<size_t>(after.chunks_size()));
+  for (const auto& c : after.chunks()) {
+    EXPECT_EQ(c.server_id(), 0) << "primaries stay";
+    ASSERT_EQ(c.backup_server_ids_size(), 1);
+    EXPECT_EQ(c.backup_server_ids(0), 1);
+  }
 }
 
 // Every change of members or placement reaches each subscriber once, in the order made, after the change (a
