@@ -158,20 +158,39 @@ absl::StatusOr<tessera::v1::ReportResponse> SchedulerClient::Report(const tesser
   return response;
 }
 
+namespace {
+// An error's text, cut at a character boundary within the limit the scheduler accepts.
+std::string ErrorText(const absl::Status& error) {
+  std::string text = error.ToString();
+  if (text.size() > kMaxErrorBytes) {
+    size_t cut = kMaxErrorBytes;
+    while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+    text.resize(cut);
+  }
+  return text;
+}
+}  // namespace
+
+absl::Status SchedulerClient::ReportServer(tessera::v1::Role role, int member_id, int server_id,
+                                           uint64_t incarnation, const absl::Status& error) {
+  tessera::v1::ReportServerRequest request;
+  request.set_role(role);
+  request.set_member_id(member_id);
+  request.set_server_id(server_id);
+  request.set_incarnation(incarnation);
+  request.set_error(ErrorText(error));
+  grpc::ClientContext context;
+  Prepare(context, kFarewellTimeout);
+  tessera::v1::ReportServerResponse response;
+  return FromGrpcStatus(stub_->ReportServer(&context, request, &response), context,
+                        absl::StrCat("ReportServer to scheduler ", address_));
+}
+
 absl::Status SchedulerClient::Done(int worker_id, int64_t clock, const absl::Status& failure) {
   tessera::v1::DoneRequest request;
   request.set_worker_id(worker_id);
   request.set_clock(clock);
-  if (!failure.ok()) {
-    // Cut at a character boundary within the limit the scheduler accepts.
-    std::string text = failure.ToString();
-    if (text.size() > kMaxErrorBytes) {
-      size_t cut = kMaxErrorBytes;
-      while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
-      text.resize(cut);
-    }
-    request.set_failure(text);
-  }
+  if (!failure.ok()) request.set_failure(ErrorText(failure));
   grpc::ClientContext context;
   // A failing worker is on its way out: it does not wait long for a scheduler that does not answer.
   Prepare(context, failure.ok() ? kControlTimeout : kFarewellTimeout);

@@ -57,6 +57,11 @@ class SchedulerClient {
   // The worker leaves the job: at its end, or, with a `failure`, because of that error (sent as its text, cut
   // to common/wire_limits.h's kMaxErrorBytes; waits at most 2 s for the answer).
   [[nodiscard]] absl::Status Done(int worker_id, int64_t clock, const absl::Status& failure = absl::OkStatus());
+  // Member (`role`, `member_id`) could not reach server `server_id` (incarnation `incarnation`) and says so
+  // (`error`, cut like Done's failure): the scheduler probes it and declares it lost at once when it does not
+  // answer.
+  [[nodiscard]] absl::Status ReportServer(tessera::v1::Role role, int member_id, int server_id, uint64_t incarnation,
+                                          const absl::Status& error);
 
   // The key from the last registration; empty before.
   std::string member_key() const;

@@ -235,6 +235,23 @@ std::optional<Member> ClusterView::Leave(int worker, MemberState state, const st
   return event.member;
 }
 
+std::optional<Member> ClusterView::MarkServerLost(int id, uint64_t incarnation, const std::string& why) {
+  MembershipEvent event;
+  {
+    absl::MutexLock lock(&mu_);
+    if (id < 0 || id >= static_cast<int>(servers_.size())) return std::nullopt;
+    Member& m = servers_[id];
+    if (m.state != MemberState::kAlive || (incarnation != 0 && incarnation != m.incarnation)) return std::nullopt;
+    m.state = MemberState::kLost;
+    ChangedLocked();
+    event.kind = MembershipEvent::kServerLost;
+    event.member = m;
+    event.failure = why;
+  }
+  Publish({event});
+  return event.member;
+}
+
 void ClusterView::SetWorkerDevice(int id, const std::string& device) {
   absl::MutexLock lock(&mu_);
   if (id >= 0 && id < static_cast<int>(workers_.size())) workers_[id].device = device;

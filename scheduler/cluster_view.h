@@ -87,6 +87,11 @@ class ClusterView {
   // `failure`: with kLost, the error the worker stopped on (published with the change).
   std::optional<Member> Leave(int worker, MemberState state, const std::string& failure = "");
 
+  // Declares server `id` lost now when incarnation `incarnation` (0: any) holds it and is alive (a worker could
+  // not reach it, nor could the scheduler); `why` goes with the change. Advances the epoch once parameters are
+  // placed. Returns it as it is now; nullopt when it was not alive (lost already, or replaced).
+  std::optional<Member> MarkServerLost(int id, uint64_t incarnation, const std::string& why);
+
   // Records the device a worker computes on (known to the worker only after it registered).
   void SetWorkerDevice(int id, const std::string& device);
 

@@ -16,6 +16,11 @@
 
 namespace tessera {
 
+namespace {
+// How long a server a worker could not reach has to answer the scheduler before it is declared lost.
+constexpr absl::Duration kServerProbeTimeout = absl::Seconds(1);
+}  // namespace
+
 using tessera::v1::ConsistencySpec;
 
 
@@ -447,6 +452,41 @@ absl::Status JobCoordinator::Done(const tessera::v1::DoneRequest& request) {
   }
   if (!view_.Leave(request.worker_id(), MemberState::kDone)) return absl::FailedPreconditionError(not_in_job);
   LOG(INFO) << "worker " << request.worker_id() << " done at clock " << request.clock();
+  return absl::OkStatus();
+}
+
+absl::Status JobCoordinator::ReportServer(const tessera::v1::ReportServerRequest& request) {
+  if (request.server_id() < 0 || request.server_id() >= job_.cluster().num_servers()) {
+    return absl::InvalidArgumentError(absl::StrCat("report of server ", request.server_id(), "; the job has ",
+                                                   job_.cluster().num_servers()));
+  }
+  TESSERA_RETURN_IF_ERROR(CheckLength("report: error", request.error(), kMaxErrorBytes));
+  const Member server = view_.Servers()[request.server_id()];
+  if (server.state != MemberState::kAlive ||
+      (request.incarnation() != 0 && request.incarnation() != server.incarnation)) {
+    return absl::OkStatus();  // lost or replaced already
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (!probing_.insert(server.id).second) return absl::OkStatus();  // a probe is on its way
+  }
+  const std::string reporter = absl::StrCat(request.role() == tessera::v1::SERVER ? "server " : "worker ",
+                                            request.member_id());
+  prober_.Submit([this, server, reporter, error = request.error()] {
+    const absl::Status answer = servers_->Probe(server.address, kServerProbeTimeout);
+    {
+      absl::MutexLock lock(&mu_);
+      probing_.erase(server.id);
+    }
+    if (!absl::IsUnavailable(answer) && !absl::IsDeadlineExceeded(answer)) {
+      LOG(INFO) << reporter << " could not reach " << server.Describe() << " (" << error
+                << "), but it answers the scheduler";
+      return;
+    }
+    view_.MarkServerLost(server.id, server.incarnation,
+                         absl::StrCat(reporter, " could not reach it (", error,
+                                      "), nor could the scheduler (", answer.message(), ")"));
+  });
   return absl::OkStatus();
 }
 

@@ -26,6 +26,7 @@
 
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <optional>
 #include <string>
@@ -92,6 +93,9 @@ class JobCoordinator {
 
   [[nodiscard]] absl::StatusOr<tessera::v1::ReportResponse> Report(const tessera::v1::ReportRequest& request);
   [[nodiscard]] absl::Status Done(const tessera::v1::DoneRequest& request);
+  // A member could not reach a server: the server is probed at once (off the caller's thread) and declared lost
+  // when it does not answer within a second either. INVALID_ARGUMENT for ids outside the job.
+  [[nodiscard]] absl::Status ReportServer(const tessera::v1::ReportServerRequest& request);
 
   // One failure-detection pass at `now` (tests; the detector's thread calls it otherwise).
   void CheckLiveness(absl::Time now) { failure_detector_.Check(now); }
@@ -183,6 +187,10 @@ class JobCoordinator {
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   nlohmann::json summary_ ABSL_GUARDED_BY(mu_);
   bool rounds_queued_ ABSL_GUARDED_BY(mu_) = false;  // a DecideRounds send is waiting in round_sender_
+  std::set<int> probing_ ABSL_GUARDED_BY(mu_);        // servers a worker reported, being probed
+
+  // Probes servers workers could not reach (ReportServer).
+  SerialExecutor prober_;
 
   // SYNC with backup workers: sends round decisions to the servers, off the clock table's callers.
   SerialExecutor round_sender_;

@@ -34,7 +34,9 @@ struct MembershipEvent {
   Member member;             // as it is after the change (for chunk moves: the server they left or joined)
   MemberState was = MemberState::kVacant;  // joins: the slot's state before
   std::string previous_address;            // joins: the slot's previous holder's address
-  std::string failure;                     // kWorkerLost: the error the worker stopped on; empty: it fell silent
+  // kWorkerLost: the error the worker stopped on; kServerLost: why it was declared lost before its heartbeat
+  // timeout (no worker, nor the scheduler, could reach it). Empty: it fell silent.
+  std::string failure;
   std::vector<tessera::v1::ChunkPlacement> chunks;  // kChunksMoved
   int64_t clock = 0;                                // kRolledBack
 };

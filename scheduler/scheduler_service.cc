@@ -102,4 +102,18 @@ grpc::ServerUnaryReactor* SchedulerService::Done(grpc::CallbackServerContext* co
       });
 }
 
+grpc::ServerUnaryReactor* SchedulerService::ReportServer(grpc::CallbackServerContext* context,
+                                                         const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
+  using tessera::v1::ReportServerRequest;
+  using tessera::v1::ReportServerResponse;
+  return ServeUnary<ReportServerRequest, ReportServerResponse>(
+      context, request, response, *security_,
+      [this, context](std::shared_ptr<const ReportServerRequest> r, UnaryReply<ReportServerResponse> reply) {
+        const tessera::v1::Role role = r->role() == tessera::v1::SERVER ? tessera::v1::SERVER : tessera::v1::WORKER;
+        TESSERA_REPLY_IF_ERROR(reply, CheckMember(*context, role, r->member_id()));
+        TESSERA_REPLY_IF_ERROR(reply, coordinator_->ReportServer(*r));
+        reply(ReportServerResponse());
+      });
+}
+
 }  // namespace tessera

@@ -1,8 +1,8 @@
 // The scheduler's gRPC face: authenticates and parses each call (common/rpc_handler.h), checks that a member
 // acts only for itself, and hands the request to the JobCoordinator.
 //
-// Who may call what: Register and GetShardMap need the job token only; Heartbeat, Declare, AdvanceClock, Report
-// and Done also need the member key of the member they name (RegisterResponse.member_key): a worker cannot
+// Who may call what: Register and GetShardMap need the job token only; Heartbeat, Declare, AdvanceClock, Report,
+// Done and ReportServer also need the member key of the member they name (RegisterResponse.member_key): a worker cannot
 // heartbeat, clock, report or finish for another rank.
 #ifndef TESSERA_SCHEDULER_SCHEDULER_SERVICE_H_
 #define TESSERA_SCHEDULER_SCHEDULER_SERVICE_H_
@@ -22,7 +22,8 @@ using SchedulerBase = tessera::v1::Scheduler::WithRawCallbackMethod_Register<
     tessera::v1::Scheduler::WithRawCallbackMethod_GetShardMap<
     tessera::v1::Scheduler::WithRawCallbackMethod_AdvanceClock<
     tessera::v1::Scheduler::WithRawCallbackMethod_Report<
-    tessera::v1::Scheduler::WithRawCallbackMethod_Done<tessera::v1::Scheduler::CallbackService>>>>>>>;
+    tessera::v1::Scheduler::WithRawCallbackMethod_Done<
+    tessera::v1::Scheduler::WithRawCallbackMethod_ReportServer<tessera::v1::Scheduler::CallbackService>>>>>>>>;
 
 class SchedulerService final : public SchedulerBase {
  public:
@@ -44,6 +45,8 @@ class SchedulerService final : public SchedulerBase {
                                    grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
                                  grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* ReportServer(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
 
  private:
   // OK when the call carries the member key of (role, id).

@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/staleness_histogram.h"
 #include "proto/cluster.pb.h"
 #include "proto/ps.pb.h"
@@ -57,6 +58,9 @@ class ServerControl {
   // Every server's answer, in the map's order (a server that does not answer does not fail the others).
   [[nodiscard]] virtual std::vector<ServerStatsAnswer> Stats(const tessera::v1::ShardMap& map) = 0;
   [[nodiscard]] virtual absl::Status Shutdown(const tessera::v1::ShardMap& map) = 0;
+  // Whether the server at `address` answers a control call within `timeout` (OK when it does; UNAVAILABLE or
+  // DEADLINE_EXCEEDED when nothing answers).
+  [[nodiscard]] virtual absl::Status Probe(const std::string& address, absl::Duration timeout) = 0;
   // SYNC with backup workers: tells every server which workers make the rounds in `request`.
   [[nodiscard]] virtual absl::Status DecideRounds(const tessera::v1::ShardMap& map,
                                                   const tessera::v1::DecideRoundsRequest& request) = 0;

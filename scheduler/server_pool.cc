@@ -64,6 +64,14 @@ std::vector<ServerStatsAnswer> GrpcServerControl::Stats(const tessera::v1::Shard
   return out;
 }
 
+absl::Status GrpcServerControl::Probe(const std::string& address, absl::Duration timeout) {
+  tessera::v1::ServerStats stats;
+  grpc::ClientContext context;
+  Prepare(context, address, timeout);
+  return FromGrpcStatus(StubFor(address)->GetStats(&context, {}, &stats), context,
+                        absl::StrCat("GetStats from ", address));
+}
+
 absl::StatusOr<std::vector<std::string>> GrpcServerControl::Checkpoint(const tessera::v1::ShardMap& map,
                                                                        const std::string& folder, int64_t clock,
                                                                        bool at_version, absl::Duration timeout) {

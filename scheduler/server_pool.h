@@ -30,6 +30,7 @@ class GrpcServerControl final : public ServerControl {
   absl::StatusOr<std::vector<std::string>> Checkpoint(const tessera::v1::ShardMap& map, const std::string& folder,
                                                       int64_t clock, bool at_version, absl::Duration timeout) override;
   std::vector<ServerStatsAnswer> Stats(const tessera::v1::ShardMap& map) override;
+  absl::Status Probe(const std::string& address, absl::Duration timeout) override;
   absl::Status Shutdown(const tessera::v1::ShardMap& map) override;
   absl::Status DecideRounds(const tessera::v1::ShardMap& map, const tessera::v1::DecideRoundsRequest& request) override;
 

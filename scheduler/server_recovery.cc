@@ -18,7 +18,12 @@ ServerRecovery::ServerRecovery(RecoveryParts parts, absl::Duration heartbeat_tim
 
 void ServerRecovery::OnMembership(const MembershipEvent& event) {
   if (event.kind == MembershipEvent::kServerLost) {
-    ServerLost(event.member, absl::Now() - heartbeat_timeout_);
+    if (event.failure.empty()) {
+      ServerLost(event.member, absl::Now() - heartbeat_timeout_,
+                 absl::StrCat("no heartbeat for ", absl::FormatDuration(heartbeat_timeout_)));
+    } else {
+      ServerLost(event.member, absl::Now(), event.failure);
+    }
   } else if (event.kind == MembershipEvent::kServerReplaced && parts_.view->placed()) {
     // A restarted server that took its id back before the old one was declared lost: the old one is lost now.
     // Its chunks move to the others (restored from the checkpoint), then the newcomer takes a share.
@@ -26,15 +31,14 @@ void ServerRecovery::OnMembership(const MembershipEvent& event) {
       Member old = event.member;
       old.incarnation -= 1;
       old.address = event.previous_address;
-      ServerLost(old, absl::Now());
+      ServerLost(old, absl::Now(), "a new process took its id");
     }
     parts_.executor->Submit([this, m = event.member] { GiveShareTo(m); });
   }
 }
 
-void ServerRecovery::ServerLost(const Member& lost, absl::Time lost_at) {
-  const std::string what =
-      absl::StrCat(lost.Describe(), " lost: no heartbeat for ", absl::FormatDuration(heartbeat_timeout_));
+void ServerRecovery::ServerLost(const Member& lost, absl::Time lost_at, const std::string& why) {
+  const std::string what = absl::StrCat(lost.Describe(), " lost: ", why);
   if (!parts_.view->placed()) {
     LOG(WARNING) << what << " before the job started; its place waits for a replacement";
     return;

@@ -59,8 +59,9 @@ class ServerRecovery {
   void OnMembership(const MembershipEvent& event);
 
  private:
-  // Queues the recovery of `lost` (lost at `lost_at`), or stops the job when there is no checkpoint.
-  void ServerLost(const Member& lost, absl::Time lost_at);
+  // Queues the recovery of `lost` (lost at `lost_at`, `why`), or stops the job when nothing can bring its chunks
+  // back.
+  void ServerLost(const Member& lost, absl::Time lost_at, const std::string& why);
   // Executor task: backups take over the lost server's chunks; chunks without a live copy move and are
   // restored from `checkpoint`.
   void Recover(const Member& lost, const std::optional<CheckpointInfo>& checkpoint, absl::Time lost_at);

@@ -6,7 +6,7 @@
 namespace tessera {
 
 GrpcReplicaSender::GrpcReplicaSender(std::shared_ptr<const Security> security, absl::Duration timeout)
-    : timeout_(timeout), stubs_(std::move(security), [](std::shared_ptr<grpc::Channel> channel) {
+    : timeout_(timeout), security_(security), stubs_(std::move(security), [](std::shared_ptr<grpc::Channel> channel) {
         return tessera::v1::ParameterServer::NewStub(std::move(channel));
       }) {}
 
@@ -27,6 +27,7 @@ void GrpcReplicaSender::Send(const std::string& address, std::shared_ptr<const t
   call->request = std::move(request);
   call->done = std::move(done);
   SetTimeout(call->context, timeout_);
+  security_->Authorize(call->context);
   {
     absl::MutexLock lock(&mu_);
     call->context.AddMetadata(kMemberKeyHeader, member_key_);

@@ -39,6 +39,7 @@ class GrpcReplicaSender final : public ReplicaSender {
 
  private:
   const absl::Duration timeout_;
+  const std::shared_ptr<const Security> security_;
   StubCache<tessera::v1::ParameterServer::Stub> stubs_;
   absl::Mutex mu_;
   std::string member_key_ ABSL_GUARDED_BY(mu_);

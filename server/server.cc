@@ -92,6 +92,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
 
   server->scheduler_ = std::make_unique<SchedulerClient>(options.scheduler_address, options.security);
+  // A backup that does not take this server's hand-overs is reported at once (its loss is acted on before the
+  // heartbeat timeout).
+  server->store_->set_on_unreachable([self](int backup, uint64_t incarnation, const absl::Status& why) {
+    if (absl::Status told = self->scheduler_->ReportServer(tessera::v1::SERVER, self->id(), backup, incarnation, why);
+        !told.ok()) {
+      LOG(WARNING) << "telling the scheduler that backup server " << backup << " does not answer: " << told;
+    }
+  });
   tessera::v1::RegisterRequest request;
   request.set_role(tessera::v1::SERVER);
   request.set_address(server->address_);

@@ -317,7 +317,7 @@ absl::Status ShardStore::AdoptView(
     }
   }
   servers_.clear();
-  for (const auto& server : map.servers()) servers_[server.id()] = Peer{server.address(), server.key_digest()};
+  for (const auto& server : map.servers()) servers_[server.id()] = Peer{server.address(), server.key_digest(), server.incarnation()};
   // The view's workers. A map without them (one built by hand) keeps every worker in, unchecked.
   auto roster = std::make_shared<Roster>();
   roster->active.assign(workers, true);
@@ -719,6 +719,7 @@ void ShardStore::AfterApplied(Chunk& chunk, int64_t version, std::function<void(
 void ShardStore::Ship(Chunk& chunk) {
   auto request = std::make_shared<tessera::v1::ReplicateRequest>();
   std::vector<std::string> addresses;
+  std::vector<int> ids;
   uint64_t generation;
   {
     absl::MutexLock lock(&ships_mu_);
@@ -740,6 +741,7 @@ void ShardStore::Ship(Chunk& chunk) {
       for (int b : replication.backups) {
         auto peer = servers_.find(b);
         addresses.push_back(peer == servers_.end() ? "" : peer->second.address);
+        ids.push_back(b);
       }
     }
   }
@@ -758,19 +760,26 @@ void ShardStore::Ship(Chunk& chunk) {
     absl::Mutex mu;
     size_t left;
     absl::Status status;
+    int failed = -1;
   };
   auto pending = std::make_shared<Pending>();
   pending->left = addresses.size();
-  for (const std::string& address : addresses) {
-    auto one_done = [this, &chunk, pending, generation, version](const absl::Status& status) {
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    const std::string& address = addresses[i];
+    auto one_done = [this, &chunk, pending, generation, version, id = ids[i]](const absl::Status& status) {
       absl::Status all;
+      int failed;
       {
         absl::MutexLock lock(&pending->mu);
-        if (!status.ok() && pending->status.ok()) pending->status = status;
+        if (!status.ok() && pending->status.ok()) {
+          pending->status = status;
+          pending->failed = id;
+        }
         if (--pending->left > 0) return;
         all = pending->status;
+        failed = pending->failed;
       }
-      Shipped(chunk, generation, version, all);
+      Shipped(chunk, generation, version, all, failed);
       absl::MutexLock lock(&ships_mu_);
       --ships_in_flight_;
     };
@@ -782,7 +791,8 @@ void ShardStore::Ship(Chunk& chunk) {
   }
 }
 
-void ShardStore::Shipped(Chunk& chunk, uint64_t generation, int64_t version, const absl::Status& status) {
+void ShardStore::Shipped(Chunk& chunk, uint64_t generation, int64_t version, const absl::Status& status,
+                         int failed) {
   std::vector<std::function<void(absl::Status)>> ready;
   bool retry = false;
   {
@@ -807,20 +817,43 @@ void ShardStore::Shipped(Chunk& chunk, uint64_t generation, int64_t version, con
   }
   for (auto& done : ready) done(absl::OkStatus());
   if (retry) {
-    ShipLater(&chunk);
+    ShipLater(&chunk, failed, status);
   } else {
     Ship(chunk);  // updates that came meanwhile, or backups that changed meanwhile
   }
 }
 
-void ShardStore::ShipLater(Chunk* chunk) {
+void ShardStore::ShipLater(Chunk* chunk, int failed, const absl::Status& why) {
   {
     absl::MutexLock lock(&retry_mu_);
     retry_.insert(chunk);
+    if (failed >= 0 && (absl::IsUnavailable(why) || absl::IsDeadlineExceeded(why))) unreachable_[failed] = why;
     if (retry_scheduled_) return;
     retry_scheduled_ = true;
   }
   retries_.Submit([this] {
+    std::map<int, absl::Status> unreachable;
+    {
+      absl::MutexLock lock(&retry_mu_);
+      const absl::Time now = absl::Now();
+      for (auto& [id, why] : unreachable_) {
+        absl::Time& last = reported_[id];
+        if (now - last < absl::Seconds(1)) continue;
+        last = now;
+        unreachable[id] = why;
+      }
+      unreachable_.clear();
+    }
+    if (on_unreachable_) {
+      for (const auto& [id, why] : unreachable) {
+        uint64_t incarnation = 0;
+        {
+          absl::ReaderMutexLock lock(&mu_);
+          if (auto peer = servers_.find(id); peer != servers_.end()) incarnation = peer->second.incarnation;
+        }
+        on_unreachable_(id, incarnation, why);
+      }
+    }
     absl::SleepFor(absl::Milliseconds(50));
     std::set<Chunk*> chunks;
     {

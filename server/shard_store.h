@@ -64,6 +64,12 @@ class ShardStore {
   // Waits for hand-overs to backups still on their way.
   ~ShardStore();
 
+  // Called (on the store's retry thread, at most once a second per server) with a backup that did not answer a
+  // hand-over, so that its loss is noticed before the heartbeat timeout. Set before the first Assign.
+  void set_on_unreachable(std::function<void(int server_id, uint64_t incarnation, const absl::Status&)> report) {
+    on_unreachable_ = std::move(report);
+  }
+
   ShardStore(const ShardStore&) = delete;
   ShardStore& operator=(const ShardStore&) = delete;
 
@@ -202,11 +208,12 @@ class ShardStore {
       ABSL_LOCKS_EXCLUDED(mu_, chunk.mu);
   // Hands the chunk's state to its backups, unless a hand-over is on its way or they hold it already.
   void Ship(Chunk& chunk) ABSL_LOCKS_EXCLUDED(mu_, chunk.mu);
-  // A hand-over of `version` to the backups of `generation` ended with `status`.
-  void Shipped(Chunk& chunk, uint64_t generation, int64_t version, const absl::Status& status)
+  // A hand-over of `version` to the backups of `generation` ended with `status` (`failed`: the first backup
+  // that did not take it, -1 when all did).
+  void Shipped(Chunk& chunk, uint64_t generation, int64_t version, const absl::Status& status, int failed)
       ABSL_LOCKS_EXCLUDED(mu_, chunk.mu);
-  // Hands the chunk over again a little later (a backup did not take it).
-  void ShipLater(Chunk* chunk) ABSL_LOCKS_EXCLUDED(retry_mu_);
+  // Hands the chunk over again a little later (backup `failed` did not take it with `why`).
+  void ShipLater(Chunk* chunk, int failed, const absl::Status& why) ABSL_LOCKS_EXCLUDED(retry_mu_);
 
   // The chunk for `address` after checking its epoch, or the error to answer with.
   absl::StatusOr<Found> Find(const ChunkAddress& address) const ABSL_LOCKS_EXCLUDED(mu_);
@@ -238,6 +245,7 @@ class ShardStore {
   struct Peer {
     std::string address;
     std::string key_digest;
+    uint64_t incarnation = 0;
   };
   std::map<int, Peer> servers_ ABSL_GUARDED_BY(mu_);  // the view's servers, by id
 
@@ -248,6 +256,9 @@ class ShardStore {
   absl::Mutex retry_mu_;
   std::set<Chunk*> retry_ ABSL_GUARDED_BY(retry_mu_);
   bool retry_scheduled_ ABSL_GUARDED_BY(retry_mu_) = false;
+  std::map<int, absl::Status> unreachable_ ABSL_GUARDED_BY(retry_mu_);  // backups that did not answer, to report
+  std::map<int, absl::Time> reported_ ABSL_GUARDED_BY(retry_mu_);       // when each was last reported
+  std::function<void(int, uint64_t, const absl::Status&)> on_unreachable_;
 
   CheckpointCut cut_;  // a SYNC checkpoint waiting for chunks to reach its version
 

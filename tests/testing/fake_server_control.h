@@ -54,6 +54,11 @@ class FakeServerControl final : public ServerControl {
   }
 
   std::vector<ServerStatsAnswer> Stats(const tessera::v1::ShardMap&) override { return {}; }
+  absl::Status Probe(const std::string& address, absl::Duration) override {
+    absl::MutexLock lock(&mu_);
+    probed_.push_back(address);
+    return probe_answer_;
+  }
   absl::Status Shutdown(const tessera::v1::ShardMap&) override {
     absl::MutexLock lock(&mu_);
     ++shutdowns_;
@@ -67,6 +72,15 @@ class FakeServerControl final : public ServerControl {
   void FailAssign(absl::Status error) {
     absl::MutexLock lock(&mu_);
     assign_error_ = std::move(error);
+  }
+  // What every later Probe answers (OK: the server answers).
+  void AnswerProbes(absl::Status answer) {
+    absl::MutexLock lock(&mu_);
+    probe_answer_ = std::move(answer);
+  }
+  std::vector<std::string> probed() {
+    absl::MutexLock lock(&mu_);
+    return probed_;
   }
   void FailCheckpoints(absl::Status error) {
     absl::MutexLock lock(&mu_);
@@ -102,6 +116,8 @@ class FakeServerControl final : public ServerControl {
 
  private:
   mutable absl::Mutex mu_;
+  absl::Status probe_answer_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> probed_ ABSL_GUARDED_BY(mu_);
   absl::Status assign_error_ ABSL_GUARDED_BY(mu_);
   absl::Status checkpoint_error_ ABSL_GUARDED_BY(mu_);
   tessera::v1::ShardMap assigned_ ABSL_GUARDED_BY(mu_);

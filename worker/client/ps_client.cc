@@ -183,6 +183,9 @@ absl::StatusOr<PsClient::Absorbed> PsClient::Absorb(const std::vector<ChunkCall*
       result.newer_epoch = std::max(result.newer_epoch, *epoch);
     } else if (call->status.code() != absl::StatusCode::kUnavailable) {
       return call->status;  // not retryable: the caller must fix something
+    } else if (absl::StatusOr<const tessera::v1::ServerInfo*> server = call->map->Server(call->server_id);
+               server.ok()) {
+      result.unreachable.emplace(std::make_pair(call->server_id, (*server)->incarnation()), call->status);
     }
     result.retry = call->status;
     std::vector<size_t>& failed = result.failed_names;
@@ -233,6 +236,7 @@ absl::Status PsClient::RunChunks(ChunkOp op, const std::vector<std::string>& nam
     todo.insert(todo.end(), unplaceable.begin(), unplaceable.end());
     std::sort(todo.begin(), todo.end());
     if (!absorbed.retry.ok()) last = std::move(absorbed.retry);
+    ReportUnreachable(absorbed.unreachable);
     if (absorbed.newer_epoch > 0) {
       TESSERA_RETURN_IF_ERROR(RefreshMap(absorbed.newer_epoch));
     } else {
@@ -251,6 +255,18 @@ absl::Status PsClient::RunChunks(ChunkOp op, const std::vector<std::string>& nam
     }
   }
   return Annotate(last, absl::StrCat("gave up after ", attempt, " attempts"));
+}
+
+void PsClient::ReportUnreachable(const std::map<std::pair<int, uint64_t>, absl::Status>& servers) {
+  const absl::Time now = absl::Now();
+  for (const auto& [server, error] : servers) {
+    absl::Time& last = reported_[server.first];
+    if (now - last < absl::Seconds(1)) continue;
+    last = now;
+    if (absl::Status told = scheduler_->ReportServer(tessera::v1::WORKER, worker_id_, server.first, server.second, error); !told.ok()) {
+      VLOG(1) << "worker " << worker_id_ << ": telling the scheduler of server " << server.first << ": " << told;
+    }
+  }
 }
 
 absl::Status PsClient::Pull(const std::vector<std::string>& names, const std::vector<absl::Span<float>>& out) {

@@ -240,7 +240,12 @@ class PsClient {
     uint64_t newer_epoch = 0;
     std::vector<size_t> failed_names;
     absl::Status retry;
+    // Servers (id, incarnation) whose calls failed UNAVAILABLE, with one of their errors.
+    std::map<std::pair<int, uint64_t>, absl::Status> unreachable;
   };
+  // Tells the scheduler of servers this worker could not reach (each at most once a second), so that a lost
+  // one is replaced without waiting for its heartbeat timeout.
+  void ReportUnreachable(const std::map<std::pair<int, uint64_t>, absl::Status>& servers);
   // Takes the results of completed calls: caches pulled versions and counts bytes. A call that may not be
   // retried is returned as the error.
   absl::StatusOr<Absorbed> Absorb(const std::vector<ChunkCall*>& calls);
@@ -266,6 +271,7 @@ class PsClient {
   uint64_t seq_ = 0;
   uint64_t rollback_generation_ = 0;
   std::optional<int64_t> rollback_;  // not taken yet
+  std::map<int, absl::Time> reported_;  // when each server id was last reported unreachable
   SerialExecutor clock_executor_;  // SYNC steps advance the clock here, alongside the exchange
   SerialExecutor launcher_;        // a step's exchanges start (and write to their sockets) here
 };

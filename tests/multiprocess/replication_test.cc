@@ -1,0 +1,194 @@
+// Replication (ReplicationSpec) with real processes killed by signal: kill -9 of a server loses no acknowledged
+// update. In ASYNC and SSP a client that pushes known gradients and counts its acknowledgements finds their sum
+// in the values; a SYNC job ends with the parameters of an undisturbed run, bit for bit; neither needs a
+// checkpoint, and the loss is acted on before the heartbeat timeout.
+#include <signal.h>
+
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/daemon_test.h"
+#include "tests/testing/param_spec.h"
+#include "tests/testing/subprocess.h"
+#include "worker/client/ps_client.h"
+#include "worker/param_file.h"
+
+namespace tessera::testing {
+namespace {
+
+// Long enough that only a worker's report can explain a recovery within it.
+constexpr int kHeartbeatTimeoutMs = 20000;
+
+// The tensors of the two parameter files are equal in every bit.
+void ExpectIdenticalParameters(const std::string& a, const std::string& b) {
+  absl::StatusOr<NamedTensors> first = ReadParamFile(a);
+  absl::StatusOr<NamedTensors> second = ReadParamFile(b);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_EQ(first->size(), second->size());
+  for (const auto& [name, values] : *first) {
+    auto other = second->find(name);
+    ASSERT_NE(other, second->end()) << name;
+    ASSERT_EQ(values.size(), other->second.size()) << name;
+    EXPECT_EQ(std::memcmp(values.data(), other->second.data(), values.size() * sizeof(float)), 0)
+        << name << " differs";
+  }
+}
+
+// (consistency mode, transport)
+class ReplicationTest : public DaemonTest,
+                        public ::testing::WithParamInterface<std::tuple<const char*, const char*>> {
+ protected:
+  std::string mode() const { return std::get<0>(GetParam()); }
+  std::string transport() const { return std::get<1>(GetParam()); }
+  std::string TransportLine() const { return transport() == "UCX" ? "transport: UCX trusted_network: true\n" : ""; }
+};
+
+// One client pushes gradients of known values (small integers, so every sum is exact in float32) to 3 servers
+// with one backup per chunk; server 1 is killed while the pushes flow. Every push the servers acknowledged is in
+// the values, once: they equal minus the sum of the acknowledged gradients, element for element.
+TEST_P(ReplicationTest, AKilledServerLosesNoAcknowledgedPush) {
+  const std::string job = Write("job.pbtxt", absl::StrCat(TransportLine(), R"(
+name: "replicated"
+model { mlp { hidden_sizes: 8 } }
+data { format: SYNTHETIC }
+optimizer { kind: SGD learning_rate: 1 }
+consistency { mode: )", mode(), mode() == "SSP" ? " staleness: 2" : "", R"( }
+stop { max_steps: 1000000 }
+chunk_bytes: 4096
+cluster { num_servers: 3 num_workers: 1 }
+replication { backups: 1 }
+)"));
+  Subprocess scheduler({kBin + "/tessera-scheduler", "--job=" + job, "--run_dir=" + (dir_ / "run").string(),
+                        "--heartbeat_interval_ms=100", absl::StrCat("--heartbeat_timeout_ms=", kHeartbeatTimeoutMs)});
+  ASSERT_TRUE(scheduler.ReadUntilLine("scheduler listening on ", absl::Seconds(30))) << scheduler.output();
+  const std::string address = SchedulerAddress(scheduler.output());
+  std::vector<std::unique_ptr<Subprocess>> servers;
+  for (int i = 0; i < 3; ++i) {
+    servers.push_back(std::make_unique<Subprocess>(
+        std::vector<std::string>{kBin + "/tessera-server", "--scheduler=" + address, absl::StrCat("--id=", i)}));
+  }
+  PsClient::Options options;
+  options.scheduler_address = address;
+  options.rank = 0;
+  absl::StatusOr<std::unique_ptr<PsClient>> client = PsClient::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  constexpr int kElements = 10000;  // 10 chunks of 1024 values
+  ASSERT_TRUE((*client)->Declare({FloatParam("w", kElements)}).ok());
+
+  std::atomic<bool> killed{false};
+  absl::Time killed_at;
+  std::thread killer([&] {
+    absl::SleepFor(absl::Milliseconds(1500));
+    killed_at = absl::Now();
+    kill(servers[1]->pid(), SIGKILL);
+    killed = true;
+  });
+  std::vector<double> expected(kElements, 0.0);
+  std::vector<float> grad(kElements);
+  absl::Duration longest_push;
+  int acknowledged = 0, after_kill = 0;
+  for (int i = 0; after_kill < 100; ++i) {
+    for (int e = 0; e < kElements; ++e) grad[e] = static_cast<float>((i + e) % 5 + 1);
+    const bool was_killed = killed;
+    const absl::Time start = absl::Now();
+    absl::Status pushed = (*client)->Push({"w"}, {grad}, /*batch_size=*/1);
+    ASSERT_TRUE(pushed.ok()) << "push " << i << ": " << pushed;
+    longest_push = std::max(longest_push, absl::Now() - start);
+    ++acknowledged;
+    after_kill += was_killed;
+    for (int e = 0; e < kElements; ++e) expected[e] -= grad[e];
+    if (mode() == "SSP") ASSERT_TRUE((*client)->Clock().ok());
+  }
+  killer.join();
+  std::vector<float> values(kElements);
+  ASSERT_TRUE((*client)->Pull({"w"}, {absl::MakeSpan(values)}).ok());
+  int wrong = 0;
+  for (int e = 0; e < kElements; ++e) wrong += values[e] != static_cast<float>(expected[e]);
+  EXPECT_EQ(wrong, 0) << "of " << kElements << " values after " << acknowledged << " acknowledged pushes; w[0] = "
+                      << values[0] << ", expected " << expected[0];
+  // The failover did not wait for the heartbeat timeout: the longest push took far less.
+  EXPECT_LT(longest_push, absl::Milliseconds(kHeartbeatTimeoutMs / 2));
+  std::cout << "acknowledged pushes " << acknowledged << " (" << after_kill << " after the kill); longest push "
+            << absl::FormatDuration(longest_push) << std::endl;
+  ASSERT_TRUE(scheduler.ReadUntilLine("backups took over", absl::Seconds(10))) << scheduler.output();
+}
+
+INSTANTIATE_TEST_SUITE_P(ModesAndTransports, ReplicationTest,
+                         ::testing::Combine(::testing::Values("ASYNC", "SSP"), ::testing::Values("GRPC", "UCX")),
+                         [](const auto& info) {
+                           return absl::StrCat(std::get<0>(info.param), "_over_", std::get<1>(info.param));
+                         });
+
+class SyncReplicationTest : public DaemonTest, public ::testing::WithParamInterface<const char*> {};
+
+// A SYNC job with one backup per chunk and no checkpoints, one of its 3 servers killed mid-run: backups take
+// over at the same version, nothing rolls back, and the job ends with the parameters of an undisturbed run, bit
+// for bit.
+TEST_P(SyncReplicationTest, AKilledServerChangesNoBitOfTheResult) {
+  const std::string job = Write("job.pbtxt", absl::StrCat(std::string(GetParam()) == "UCX" ? "transport: UCX trusted_network: true\n" : "", R"(
+name: "replicated"
+model { mlp { hidden_sizes: 32 } }
+data { format: SYNTHETIC synthetic_train_examples: 4096 synthetic_features: 64 synthetic_classes: 8 }
+optimizer { kind: SGD learning_rate: 0.05 momentum: 0.9 }
+batch_size: 16
+consistency { mode: SYNC }
+stop { max_steps: 3000 }
+eval_every_steps: 100
+chunk_bytes: 4096
+cluster { num_servers: 3 num_workers: 2 }
+replication { backups: 1 }
+)"));
+  const std::string undisturbed = (dir_ / "full.params").string();
+  {
+    Subprocess full({kBin + "/tessera-launch", "--linger_s=0", "--job=" + job, "--run_dir=" + (dir_ / "full").string(),
+                     "--device=cpu", "--dump_params=" + undisturbed});
+    ASSERT_TRUE(full.ReadUntilExit(absl::Seconds(180))) << full.output();
+    ASSERT_EQ(full.exit_code(), 0) << full.output();
+  }
+  const std::filesystem::path run = dir_ / "run";
+  const std::string dump = (dir_ / "run.params").string();
+  Subprocess launch({kBin + "/tessera-launch", "--linger_s=0", "--job=" + job, "--run_dir=" + run.string(),
+                     "--device=cpu", absl::StrCat("--heartbeat_timeout_ms=", kHeartbeatTimeoutMs),
+                     "--dump_params=" + dump});
+  ASSERT_TRUE(launch.ReadUntilLine("step   1500 |", absl::Seconds(120))) << launch.output();
+  std::vector<int> servers;
+  for (int pid : ProcessesMentioning("tessera-server")) {
+    for (int other : ProcessesMentioning(SchedulerAddress(launch.output()))) {
+      if (pid == other) servers.push_back(pid);
+    }
+  }
+  std::sort(servers.begin(), servers.end());
+  ASSERT_EQ(servers.size(), 3u);
+  kill(servers[1], SIGKILL);
+  ASSERT_TRUE(launch.ReadUntilExit(absl::Seconds(180))) << launch.output();
+  ASSERT_EQ(launch.exit_code(), 0) << launch.output();
+
+  const nlohmann::json summary = ReadJson(run / "summary.json");
+  EXPECT_TRUE(summary["completed"].get<bool>()) << summary.dump();
+  bool took_over = false;
+  for (const auto& e : summary["events"]) {
+    EXPECT_NE(e["event"], "server lost, recovered") << "a checkpoint restore: " << e.dump();
+    if (e["event"] == "server lost, backups took over") {
+      took_over = true;
+      EXPECT_GT(e["chunks_promoted"].get<int>(), 0) << e.dump();
+      EXPECT_EQ(e["clocks_lost"].get<int>(), 0) << e.dump();
+      EXPECT_LT(e["seconds_lost"].get<double>(), kHeartbeatTimeoutMs / 2000.0) << "waited for the heartbeat timeout";
+      std::cout << "failover: " << e.dump() << std::endl;
+    }
+  }
+  EXPECT_TRUE(took_over) << summary.dump();
+  ExpectIdenticalParameters(undisturbed, dump);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, SyncReplicationTest, ::testing::Values("GRPC", "UCX"));
+
+}  // namespace
+}  // namespace tessera::testing
