@@ -57,6 +57,8 @@ ClusterStats ProgressRecords::ServerTotals() const {
     sum.pushes += s.pushes();
     sum.duplicate_pushes += s.duplicate_pushes();
     sum.late_pushes += s.late_pushes();
+    sum.push_bytes += s.push_bytes();
+    sum.replica_bytes += s.replica_bytes_sent();
     sum.staleness.Merge(s.staleness());
     if (sum.worker_staleness.size() < static_cast<size_t>(s.worker_staleness_size())) {
       sum.worker_staleness.resize(s.worker_staleness_size());
@@ -162,6 +164,8 @@ nlohmann::json ProgressRecords::SaveSummary(const JobOutcome& outcome, const std
     summary["pushes"] = sum.pushes;
     summary["duplicate_pushes"] = sum.duplicate_pushes;
     summary["late_pushes"] = sum.late_pushes;
+    summary["push_bytes"] = sum.push_bytes;
+    summary["replica_bytes"] = sum.replica_bytes;
     summary["training"] = training_.ToJson();
     const tessera::v1::StalenessHistogram histogram = sum.staleness.ToProto();
     summary["staleness_histogram"] = std::vector<int64_t>(histogram.bucket().begin(), histogram.bucket().end());

@@ -22,6 +22,8 @@ struct ClusterStats {
   int64_t pushes = 0;
   int64_t duplicate_pushes = 0;
   int64_t late_pushes = 0;
+  int64_t push_bytes = 0;     // values of the pushes the servers received
+  int64_t replica_bytes = 0;  // chunk state primaries handed to backups
   StalenessHistogram staleness;
   std::vector<StalenessHistogram> worker_staleness;  // by worker id
 

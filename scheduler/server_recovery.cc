@@ -129,10 +129,11 @@ void ServerRecovery::Recover(const Member& lost, const std::optional<CheckpointI
 
 void ServerRecovery::GiveShareTo(const Member& server) {
   if (parts_.view->backups() > 0) {
-    // It backs up the chunks short of backups; their primaries fill it while training goes on.
+    // It backs up the chunks short of backups; their primaries fill it while training goes on. The view goes to
+    // every server even when it backs up nothing: its registration made a new epoch.
     absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> given = parts_.view->GiveShareTo(server.id);
     absl::Status assigned = given.status();
-    if (given.ok() && !given->empty()) assigned = parts_.servers->Assign(*parts_.view->Map(), *parts_.job);
+    if (given.ok()) assigned = parts_.servers->Assign(*parts_.view->Map(), *parts_.job);
     if (!assigned.ok()) {
       LOG(WARNING) << "making " << server.Describe() << " a backup: " << assigned;
       return;
@@ -145,6 +146,10 @@ void ServerRecovery::GiveShareTo(const Member& server) {
   }
   if (!parts_.checkpointer->enabled()) {
     LOG(WARNING) << server.Describe() << " joined the running job; without checkpoints no chunks can move to it";
+    // Its registration made a new epoch, which every server must hold.
+    if (absl::Status s = parts_.servers->Assign(*parts_.view->Map(), *parts_.job); !s.ok()) {
+      LOG(WARNING) << "handing the view with " << server.Describe() << " to the servers: " << s;
+    }
     return;
   }
   const bool sync = parts_.rules->consistent_cut;
@@ -156,8 +161,10 @@ void ServerRecovery::GiveShareTo(const Member& server) {
   }
   absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> moved = parts_.view->GiveShareTo(server.id);
   absl::Status assigned = moved.status();
-  if (moved.ok() && !moved->empty()) {
-    assigned = parts_.servers->Assign(*parts_.view->Map(), *parts_.job, taken->shard_files);
+  if (moved.ok()) {
+    // Also when nothing moved: its registration made a new epoch, which every server must hold.
+    assigned = parts_.servers->Assign(*parts_.view->Map(), *parts_.job,
+                                      moved->empty() ? std::vector<std::string>() : taken->shard_files);
   }
   if (sync) parts_.clocks->Release();
   if (!assigned.ok()) {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "common/tensor_codec.h"
 #include "glog/logging.h"
 
@@ -38,7 +39,78 @@ bool ApplyUpdateLocked(const UpdateRule& rule, Chunk& chunk, absl::Span<const fl
   chunk.gradient_updates = step;
   ++chunk.version;
   for (int w : workers) chunk.applied_clocks[w] = std::max(chunk.applied_clocks[w], clock + 1);
+  if (!chunk.replication.backups.empty()) LogUpdateLocked(chunk, false, grad, lr_scale, grad_scale, workers, clock);
   return true;
+}
+
+void LogUpdateLocked(Chunk& chunk, bool assign, absl::Span<const float> values, float lr_scale, float grad_scale,
+                     const std::vector<int>& workers, int64_t clock) {
+  ChunkReplication& r = chunk.replication;
+  if (r.log_base < 0) return;  // the next hand-over is the whole state anyway
+  const size_t bytes = values.size() * sizeof(float);
+  if (r.log_bytes + bytes > (chunk.values.size() + chunk.state.size()) * sizeof(float)) {
+    // The whole state is smaller than the updates: send that instead.
+    r.log.clear();
+    r.log_bytes = 0;
+    r.log_base = -1;
+    return;
+  }
+  tessera::v1::ChunkUpdate& u = r.log.emplace_back();
+  u.set_version(chunk.version);
+  u.set_assign(assign);
+  u.set_values(std::string(reinterpret_cast<const char*>(values.data()), bytes));
+  u.set_lr_scale(lr_scale);
+  u.set_grad_scale(grad_scale);
+  for (int w : workers) u.add_workers(w);
+  u.set_clock(clock);
+  r.log_bytes += bytes;
+}
+
+absl::Status ApplyReplicatedLocked(const UpdateRule& rule,
+                                   const google::protobuf::RepeatedPtrField<tessera::v1::ChunkUpdate>& updates,
+                                   const tessera::v1::ChunkState& after, Chunk& chunk) {
+  const size_t n = chunk.values.size();
+  for (int i = 0; i < updates.size(); ++i) {
+    const tessera::v1::ChunkUpdate& u = updates[i];
+    if (u.version() != chunk.version + 1 + i) {
+      return absl::FailedPreconditionError(absl::StrCat("update to version ", u.version(), " does not follow version ",
+                                                        chunk.version + i, " of the backup"));
+    }
+    if (u.values().size() != n * sizeof(float)) {
+      return absl::InvalidArgumentError(absl::StrCat("an update of ", u.values().size(), " bytes for a chunk of ", n,
+                                                     " values"));
+    }
+    for (int w : u.workers()) {
+      if (w < 0 || w >= static_cast<int>(chunk.applied_clocks.size())) {
+        return absl::InvalidArgumentError(absl::StrCat("an update names worker ", w));
+      }
+    }
+  }
+  std::vector<float> values(n);
+  for (const tessera::v1::ChunkUpdate& u : updates) {
+    std::memcpy(values.data(), u.values().data(), n * sizeof(float));
+    if (!std::all_of(values.begin(), values.end(), [](float v) { return std::isfinite(v); })) {
+      return absl::InvalidArgumentError("an update with non-finite values");
+    }
+    if (u.assign()) {
+      chunk.values = values;
+      ++chunk.version;
+      ++chunk.assignments;
+      continue;
+    }
+    const std::vector<int> workers(u.workers().begin(), u.workers().end());
+    if (!ApplyUpdateLocked(rule, chunk, values, u.lr_scale(), u.grad_scale(), workers, u.clock())) {
+      return absl::FailedPreconditionError("an update the primary applied overflowed on the backup");
+    }
+  }
+  chunk.gradient_updates = after.gradient_updates();
+  chunk.assignments = after.assignments();
+  for (int w = 0; w < after.applied_clocks_size() && w < static_cast<int>(chunk.applied_clocks.size()); ++w) {
+    chunk.applied_clocks[w] = after.applied_clocks(w);
+  }
+  chunk.last_seq.clear();
+  for (const auto& [worker, seq] : after.last_seq()) chunk.last_seq[worker] = seq;
+  return absl::OkStatus();
 }
 
 int64_t ClockVersionLocked(const Chunk& chunk, const Roster& roster) {
@@ -65,8 +137,19 @@ tessera::v1::ChunkState ChunkStateLocked(const Chunk& chunk) {
   return state;
 }
 
-tessera::v1::ChunkState ReplicaStateLocked(const Chunk& chunk) {
-  tessera::v1::ChunkState state = ChunkStateLocked(chunk);
+tessera::v1::ChunkState ReplicaStateLocked(const Chunk& chunk, bool values) {
+  tessera::v1::ChunkState state;
+  if (values) {
+    state = ChunkStateLocked(chunk);
+  } else {
+    state.set_param(chunk.key.first);
+    state.set_index(chunk.key.second);
+    state.set_version(chunk.version);
+    state.set_gradient_updates(chunk.gradient_updates);
+    state.set_assignments(chunk.assignments);
+    for (int64_t c : chunk.applied_clocks) state.add_applied_clocks(c);
+    for (const auto& [worker, seq] : chunk.last_seq) (*state.mutable_last_seq())[worker] = seq;
+  }
   for (const auto& [worker, seq] : chunk.last_seq) {
     if (chunk.round.Has(worker)) state.mutable_last_seq()->erase(worker);
   }

@@ -18,6 +18,7 @@
 #include "absl/types/span.h"
 #include "common/update_rule.h"
 #include "proto/checkpoint.pb.h"
+#include "proto/ps.pb.h"
 #include "server/sync_round.h"
 
 namespace tessera {
@@ -39,6 +40,12 @@ struct ChunkReplication {
   std::vector<int> backups;          // server ids
   uint64_t generation = 0;           // grows with every change of `backups`
   int64_t replicated_version = -1;   // every backup holds this version; -1: not known (hand the state over)
+  // The updates applied since version `log_base`, in order: what the next hand-over carries instead of the whole
+  // state while the backups hold `log_base` or later. -1: not kept (the next hand-over is the whole state, and
+  // the log starts from it); dropped when it would be larger than the state.
+  int64_t log_base = -1;
+  std::vector<tessera::v1::ChunkUpdate> log;
+  size_t log_bytes = 0;
   bool shipping = false;             // a hand-over to the backups is on its way
   std::vector<std::pair<int64_t, std::function<void(absl::Status)>>> waiting;  // (version, done)
   // On a backup: the primary the view names, and the view epoch of the last state taken from a primary.
@@ -88,8 +95,23 @@ tessera::v1::ChunkState ChunkStateLocked(const Chunk& chunk) ABSL_EXCLUSIVE_LOCK
 
 // The chunk's state as its backups take it: as ChunkStateLocked, but the sequence table holds only applied
 // pushes (SYNC: not those of the round still open, which a backup taking over collects again when they are
-// retried).
-tessera::v1::ChunkState ReplicaStateLocked(const Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+// retried); without `values`, the values and optimizer state are left out.
+tessera::v1::ChunkState ReplicaStateLocked(const Chunk& chunk, bool values = true)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+
+// Notes an update just applied to a chunk that has backups, for the next hand-over (`values`: the gradient the
+// rule took, or the values assigned).
+void LogUpdateLocked(Chunk& chunk, bool assign, absl::Span<const float> values, float lr_scale, float grad_scale,
+                     const std::vector<int>& workers, int64_t clock) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+
+// A backup applies `updates` (from its primary, in order; the first must follow the chunk's version) with `rule`,
+// then takes the clocks, counters and sequence table of `after`. FAILED_PRECONDITION, changing nothing, when they
+// do not follow the chunk's version (the primary then sends the whole state); INVALID_ARGUMENT for an update of
+// another size or with non-finite values.
+[[nodiscard]] absl::Status ApplyReplicatedLocked(const UpdateRule& rule,
+                                                 const google::protobuf::RepeatedPtrField<tessera::v1::ChunkUpdate>& updates,
+                                                 const tessera::v1::ChunkState& after, Chunk& chunk)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
 
 // Takes the chunk's state from a checkpoint (the sizes must match; checked by the caller). Sequence tables are
 // kept only for worker ids with `keep_seq`. The open round is dropped; its exchanges are moved to `dropped`.

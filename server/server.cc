@@ -31,6 +31,14 @@ std::string ServerMetricsText(const tessera::v1::ServerStats& stats, int server_
        "Pushes received again (a retry) and not applied twice.", stats.duplicate_pushes()},
       {"tessera_server_late_pushes_total", MetricsPage::kCounter, "Pushes for a round that had closed (dropped).",
        stats.late_pushes()},
+      {"tessera_server_push_bytes_total", MetricsPage::kCounter, "Bytes of values pushed to this server.",
+       stats.push_bytes()},
+      {"tessera_server_backup_chunks", MetricsPage::kGauge, "Chunks this server holds a backup copy of.",
+       stats.backup_chunks()},
+      {"tessera_server_replica_bytes_sent_total", MetricsPage::kCounter,
+       "Bytes of chunk state this server handed to the backups of its chunks.", stats.replica_bytes_sent()},
+      {"tessera_server_replica_bytes_received_total", MetricsPage::kCounter,
+       "Bytes of chunk state this server took as a backup.", stats.replica_bytes_received()},
   };
   MetricsPage page;
   for (const Single& m : singles) page.Family(m.name, m.type, m.help).Sample(static_cast<double>(m.value), server);

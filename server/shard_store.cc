@@ -280,6 +280,9 @@ absl::Status ShardStore::AdoptView(
       replication.backups = backups;
       ++replication.generation;
       replication.replicated_version = -1;  // new backups (or new state): hand it over whole
+      replication.log_base = -1;
+      replication.log.clear();
+      replication.log_bytes = 0;
     }
     if (replication.backups.empty()) {
       // Nothing to wait for any more (the job is down to one copy).
@@ -414,8 +417,12 @@ absl::StatusOr<ShardStore::Found> ShardStore::Find(const ChunkAddress& address) 
     return status;
   }
   if (address.epoch > epoch_) {
-    return absl::UnavailableError(absl::StrCat("server ", server_id_, " is at shard map epoch ", epoch_,
-                                               ", request has ", address.epoch, "; its assignment is on the way"));
+    // With the server's epoch: the caller sees this server answered (it is not to be reported as unreachable).
+    absl::Status status = absl::UnavailableError(absl::StrCat("server ", server_id_, " is at shard map epoch ", epoch_,
+                                                              ", request has ", address.epoch,
+                                                              "; its assignment is on the way"));
+    SetCurrentEpoch(status, epoch_);
+    return status;
   }
   auto it = chunks_.find(std::make_pair(std::string(address.param), address.index));
   if (it == chunks_.end()) {
@@ -562,6 +569,7 @@ absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& re
       ++chunk.version;
       ++chunk.assignments;
       chunk.last_seq[worker] = request.seq;
+      if (!chunk.replication.backups.empty()) LogUpdateLocked(chunk, true, values, 1.0f, 1.0f, {}, 0);
     } else if (chunk.module_state) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, ": '", chunk.key.first, "' is module state, set by assignments only, not gradients"));
@@ -581,6 +589,7 @@ absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& re
 
   absl::MutexLock lock(&counters_mu_);
   ++counters_.pushes;
+  counters_.push_bytes += static_cast<int64_t>(payload.size());
   if (outcome.duplicate) ++counters_.duplicate_pushes;
   // A push for a round that had closed is counted here; one left out of a round (backup workers), as the
   // round closes.
@@ -660,11 +669,12 @@ absl::StatusOr<int64_t> ShardStore::TakeReplica(const tessera::v1::ReplicateRequ
   const tessera::v1::ChunkState& state = request.state();
   const std::string name = absl::StrCat(state.param().substr(0, kMaxNameBytes), "/", state.index());
   absl::ReaderMutexLock lock(&mu_);
-  if (config_ == nullptr) return absl::UnavailableError("this server has no cluster view yet");
+  // A view still on its way is ABORTED (try again), not UNAVAILABLE: this server answers.
+  if (config_ == nullptr) return absl::AbortedError("this server has no cluster view yet");
   auto not_backup = [&](const std::string& why) -> absl::Status {
     if (request.epoch() > epoch_) {
-      return absl::UnavailableError(absl::StrCat("server ", server_id_, " is at cluster view epoch ", epoch_,
-                                                 ", the primary at ", request.epoch(), ": ", why));
+      return absl::AbortedError(absl::StrCat("server ", server_id_, " is at cluster view epoch ", epoch_,
+                                             ", the primary at ", request.epoch(), ": ", why));
     }
     return absl::FailedPreconditionError(absl::StrCat("server ", server_id_, " at cluster view epoch ", epoch_,
                                                       ": ", why));
@@ -685,18 +695,24 @@ absl::StatusOr<int64_t> ShardStore::TakeReplica(const tessera::v1::ReplicateRequ
       return not_backup(absl::StrCat("chunk ", name, "'s primary is server ", chunk.replication.primary, ", not ",
                                      request.server_id()));
     }
-    TESSERA_RETURN_IF_ERROR(CheckChunkState(state, chunk, absl::StrCat("state of chunk ", name)));
     // States of one primary come in order; one from an older view (a primary since replaced) is ignored.
     if (request.epoch() < chunk.replication.taken_epoch ||
         (request.epoch() == chunk.replication.taken_epoch && state.version() < chunk.version)) {
       return chunk.version;
     }
-    std::vector<std::shared_ptr<ExchangeWaiter>> none;
-    RestoreChunkLocked(state, std::vector<bool>(config_->job.cluster().num_workers(), true), chunk, none);
+    if (request.updates_size() > 0) {
+      TESSERA_RETURN_IF_ERROR(ApplyReplicatedLocked(config_->rule, request.updates(), state, chunk));
+    } else {
+      TESSERA_RETURN_IF_ERROR(CheckChunkState(state, chunk, absl::StrCat("state of chunk ", name)));
+      std::vector<std::shared_ptr<ExchangeWaiter>> none;
+      RestoreChunkLocked(state, std::vector<bool>(config_->job.cluster().num_workers(), true), chunk, none);
+    }
     chunk.replication.taken_epoch = request.epoch();
   }
+  size_t bytes = state.values().size() + state.optimizer_state().size();
+  for (const auto& u : request.updates()) bytes += u.values().size();
   absl::MutexLock counters_lock(&counters_mu_);
-  counters_.replica_bytes_received += static_cast<int64_t>(state.values().size() + state.optimizer_state().size());
+  counters_.replica_bytes_received += static_cast<int64_t>(bytes);
   return state.version();
 }
 
@@ -737,7 +753,23 @@ void ShardStore::Ship(Chunk& chunk) {
       generation = replication.generation;
       request->set_epoch(epoch_);
       request->set_server_id(server_id_);
-      *request->mutable_state() = ReplicaStateLocked(chunk);
+      // The updates since the version every backup holds, when they are kept; otherwise the whole state, from
+      // which the log starts again.
+      auto& log = replication.log;
+      const bool in_step = replication.replicated_version >= 0 && replication.log_base >= 0 &&
+                           replication.log_base <= replication.replicated_version &&
+                           (log.empty() ? replication.log_base : log.back().version()) == chunk.version;
+      if (in_step) {
+        for (const auto& u : log) {
+          if (u.version() > replication.replicated_version) *request->add_updates() = u;
+        }
+        *request->mutable_state() = ReplicaStateLocked(chunk, /*values=*/false);
+      } else {
+        *request->mutable_state() = ReplicaStateLocked(chunk);
+        replication.log_base = chunk.version;
+        log.clear();
+        replication.log_bytes = 0;
+      }
       for (int b : replication.backups) {
         auto peer = servers_.find(b);
         addresses.push_back(peer == servers_.end() ? "" : peer->second.address);
@@ -752,8 +784,9 @@ void ShardStore::Ship(Chunk& chunk) {
   }
   {
     absl::MutexLock counters_lock(&counters_mu_);
-    counters_.replica_bytes_sent += static_cast<int64_t>(addresses.size() * (request->state().values().size() +
-                                                                             request->state().optimizer_state().size()));
+    size_t bytes = request->state().values().size() + request->state().optimizer_state().size();
+    for (const auto& u : request->updates()) bytes += u.values().size();
+    counters_.replica_bytes_sent += static_cast<int64_t>(addresses.size() * bytes);
   }
   const int64_t version = request->state().version();
   struct Pending {
@@ -802,8 +835,18 @@ void ShardStore::Shipped(Chunk& chunk, uint64_t generation, int64_t version, con
     if (generation == replication.generation) {
       if (status.ok()) {
         replication.replicated_version = std::max(replication.replicated_version, version);
+        // What every backup holds leaves the log.
+        auto& log = replication.log;
+        auto held = std::find_if(log.begin(), log.end(), [&](const auto& u) {
+          return u.version() > replication.replicated_version;
+        });
+        for (auto it = log.begin(); it != held; ++it) replication.log_bytes -= it->values().size();
+        log.erase(log.begin(), held);
+        if (replication.log_base >= 0) replication.log_base = std::max(replication.log_base, replication.replicated_version);
       } else {
         retry = true;
+        // A backup out of step (or refusing): the next hand-over is the whole state.
+        if (!absl::IsUnavailable(status) && !absl::IsDeadlineExceeded(status)) replication.replicated_version = -1;
         LOG_EVERY_N(WARNING, 100) << "chunk " << chunk.key.first << "/" << chunk.key.second
                                     << ": a backup did not take its state, trying again: " << status;
       }
@@ -913,6 +956,7 @@ tessera::v1::ServerStats ShardStore::Stats() const {
   stats.set_late_pushes(counters_.late_pushes);
   *stats.mutable_staleness() = counters_.staleness.ToProto();
   for (const StalenessHistogram& h : counters_.worker_staleness) *stats.add_worker_staleness() = h.ToProto();
+  stats.set_push_bytes(counters_.push_bytes);
   stats.set_replica_bytes_sent(counters_.replica_bytes_sent);
   stats.set_replica_bytes_received(counters_.replica_bytes_received);
   return stats;

@@ -115,9 +115,10 @@ class ShardStore {
 
   // Replication, on a backup: takes the state of a chunk this server backs up from the server the view names as
   // its primary (`member_key` must be that server's; UNAUTHENTICATED otherwise). A state older than the one held
-  // is ignored. Returns the version held. UNAVAILABLE when the request's view is newer than this server's (it is
-  // on its way: retry); FAILED_PRECONDITION when this server's view has no such backup or another primary;
-  // INVALID_ARGUMENT for a state of another size or with non-finite values.
+  // is ignored. Returns the version held. ABORTED when the request's view is newer than this server's (it is on
+  // its way: retry); FAILED_PRECONDITION when this server's view has no such backup or another primary, or
+  // updates that do not follow the version held (the primary then sends the whole state); INVALID_ARGUMENT for
+  // a state of another size or with non-finite values.
   [[nodiscard]] absl::StatusOr<int64_t> TakeReplica(const tessera::v1::ReplicateRequest& request,
                                                     std::string_view member_key);
 
@@ -154,6 +155,7 @@ class ShardStore {
     int64_t late_pushes = 0;
     StalenessHistogram staleness;
     std::vector<StalenessHistogram> worker_staleness;  // by worker id
+    int64_t push_bytes = 0;
     int64_t replica_bytes_sent = 0;
     int64_t replica_bytes_received = 0;
   };

@@ -4,19 +4,26 @@
 # starts the killed daemons again (same id or rank); the scheduler moves a lost server's chunks, rolls the sync
 # job back to the latest checkpoint, and takes each returning daemon back. Then the same job runs once more
 # undisturbed, and the two are compared: the chaos run must finish, with test accuracy within 0.5 points of the
-# clean run. Prints every kill and the time lost to it.
+# clean run. Prints every kill, the time lost to it and the updates it lost.
 #
-#   deploy/experiments/chaos.sh [STEPS] [OUT_DIR] [TRANSPORT]   # defaults: 6000, runs/chaos-<time>, grpc
+#   deploy/experiments/chaos.sh [STEPS] [OUT_DIR] [TRANSPORT] [BACKUPS]   # defaults: 6000, runs/chaos-<time>, grpc, 0
 #
-# TRANSPORT ucx moves the data plane over UCX (transport: UCX, trusted_network: true) in both runs.
+# TRANSPORT ucx moves the data plane over UCX (transport: UCX, trusted_network: true) in both runs. BACKUPS 1
+# gives every chunk a backup (replication { backups: 1 }): a lost server's chunks go to their backups, with no
+# rollback; the job then runs on 3 servers, so that a backup is left after a loss.
 set -euo pipefail
 source "$(dirname "$0")/setup.sh"
 steps="${1:-6000}"
 out="${2:-runs/chaos-$(date +%Y%m%d-%H%M%S)}"
 transport="${3:-grpc}"
+backups="${4:-0}"
 case "$transport" in
   grpc | ucx) ;;
   *) echo "chaos.sh: TRANSPORT must be grpc or ucx, got '$transport'" >&2; exit 2 ;;
+esac
+case "$backups" in
+  0 | 1) ;;
+  *) echo "chaos.sh: BACKUPS must be 0 or 1, got '$backups'" >&2; exit 2 ;;
 esac
 mkdir -p "$out"
 
@@ -26,11 +33,15 @@ sed -e 's/^name: .*/name: "chaos"/' -e "s/^stop .*/stop { max_steps: $steps }/" 
 if [[ $transport == ucx ]]; then
   echo "transport: UCX trusted_network: true" >>"$out/job.pbtxt"
 fi
+if ((backups > 0)); then
+  sed -i -e 's/num_servers: [0-9]*/num_servers: 3/' "$out/job.pbtxt"
+  echo "replication { backups: $backups }" >>"$out/job.pbtxt"
+fi
 
 now() { date +%s.%N; }
 launch_flags=(--job="$out/job.pbtxt" --device=cpu --heartbeat_timeout_ms=2000)
 
-echo "== chaos run: $steps steps over $transport; a server killed every 20 s, a worker every 30 s"
+echo "== chaos run: $steps steps over $transport, $backups backups per chunk; a server killed every 20 s, a worker every 30 s"
 : >"$out/kills.tsv"
 start=$(now)
 "$bin/tessera-launch" --linger_s=0 --overwrite "${launch_flags[@]}" --run_dir="$out/chaos" --checkpoint_every_s=5 \
@@ -85,7 +96,9 @@ SKEW = 1.0
 print(f"\n| run | steps | test accuracy | wall s |\n|---|---|---|---|")
 print(f"| clean | {clean['steps']} | {clean['test_accuracy']:.4f} | {clean_s} |")
 print(f"| chaos | {chaos['steps']} | {chaos['test_accuracy']:.4f} | {chaos_s} |")
-recoveries = [e for e in chaos["events"] if e["event"] == "server lost, recovered"]
+recoveries = [e for e in chaos["events"]
+              if e["event"] in ("server lost, recovered", "server lost, backups took over")]
+steps_lost = sum(e.get("clocks_lost", 0) for e in recoveries)
 rejoins = [e for e in chaos["events"] if e["event"] == "worker rejoined"]
 print(f"\nkills survived: {len(kills)} ({sum(k[1] == 'server' for k in kills)} servers, "
       f"{sum(k[1] == 'worker' for k in kills)} workers)")
@@ -100,8 +113,9 @@ for at, role, name in kills:
         recoveries.remove(r)
         redo = r["clocks_lost"] / steps_per_s
         back = max(0.0, r["wall_seconds"] - at)
-        print(f"| {at} | server {name} | training again {back:.1f} s after the kill; "
-              f"{r['clocks_lost']} steps redone from the checkpoint (~{redo:.1f} s): ~{back + redo:.1f} s lost |")
+        how = ("backups took over, no step lost" if r["event"] == "server lost, backups took over" else
+               f"{r['clocks_lost']} steps redone from the checkpoint (~{redo:.1f} s)")
+        print(f"| {at} | server {name} | training again {back:.1f} s after the kill; {how}: ~{back + redo:.1f} s lost |")
     else:
         r = next((e for e in rejoins if e["wall_seconds"] >= at - SKEW), None)
         if r is not None:
@@ -112,5 +126,6 @@ gap = abs(chaos["test_accuracy"] - clean["test_accuracy"]) * 100
 print(f"\ntest accuracy: chaos {chaos['test_accuracy']:.4f}, clean {clean['test_accuracy']:.4f}: "
       f"{gap:.2f} points apart ({'within' if gap <= 0.5 else 'NOT within'} 0.5); wall time lost overall "
       f"{chaos_s - clean_s:.1f} s")
+print(f"updates lost: {steps_lost} steps rolled back to checkpoints")
 sys.exit(0 if chaos["completed"] and gap <= 0.5 else 1)
 EOF

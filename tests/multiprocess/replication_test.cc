@@ -129,9 +129,9 @@ INSTANTIATE_TEST_SUITE_P(ModesAndTransports, ReplicationTest,
 
 class SyncReplicationTest : public DaemonTest, public ::testing::WithParamInterface<const char*> {};
 
-// A SYNC job with one backup per chunk and no checkpoints, one of its 3 servers killed mid-run: backups take
-// over at the same version, nothing rolls back, and the job ends with the parameters of an undisturbed run, bit
-// for bit.
+// A SYNC job with one backup per chunk and no checkpoints, one of its 3 servers killed mid-run and started again:
+// backups take over at the same version, nothing rolls back, the new process becomes a backup, and the job ends
+// with the parameters of an undisturbed run, bit for bit.
 TEST_P(SyncReplicationTest, AKilledServerChangesNoBitOfTheResult) {
   const std::string job = Write("job.pbtxt", absl::StrCat(std::string(GetParam()) == "UCX" ? "transport: UCX trusted_network: true\n" : "", R"(
 name: "replicated"
@@ -157,7 +157,7 @@ replication { backups: 1 }
   const std::string dump = (dir_ / "run.params").string();
   Subprocess launch({kBin + "/tessera-launch", "--linger_s=0", "--job=" + job, "--run_dir=" + run.string(),
                      "--device=cpu", absl::StrCat("--heartbeat_timeout_ms=", kHeartbeatTimeoutMs),
-                     "--dump_params=" + dump});
+                     "--restart_servers=1", "--dump_params=" + dump});
   ASSERT_TRUE(launch.ReadUntilLine("step   1500 |", absl::Seconds(120))) << launch.output();
   std::vector<int> servers;
   for (int pid : ProcessesMentioning("tessera-server")) {
@@ -185,6 +185,9 @@ replication { backups: 1 }
     }
   }
   EXPECT_TRUE(took_over) << summary.dump();
+  bool rejoined = false;
+  for (const auto& e : summary["events"]) rejoined |= e["event"] == "server joined, backs up chunks";
+  EXPECT_TRUE(rejoined) << summary.dump();
   ExpectIdenticalParameters(undisturbed, dump);
 }
 

@@ -184,7 +184,7 @@ absl::StatusOr<PsClient::Absorbed> PsClient::Absorb(const std::vector<ChunkCall*
     } else if (call->status.code() != absl::StatusCode::kUnavailable) {
       return call->status;  // not retryable: the caller must fix something
     } else if (absl::StatusOr<const tessera::v1::ServerInfo*> server = call->map->Server(call->server_id);
-               server.ok()) {
+               server.ok() && !epoch) {  // (a server that says its epoch answered: it is not unreachable)
       result.unreachable.emplace(std::make_pair(call->server_id, (*server)->incarnation()), call->status);
     }
     result.retry = call->status;
