@@ -24,6 +24,9 @@
 //      a 16 MiB MLP on synthetic data, 2 servers, sync, 1 and 2 workers: steps/s against 1000/T.
 //   f. a server's resident memory (VmRSS) holding a --memory_mib model with SGD momentum, against the bytes it
 //      holds (values + optimizer state).
+//   r. what replication costs (ReplicationSpec.backups): the Quick start MLP on 3 servers + 2 workers over gRPC,
+//      sync and async, --steps fixed steps with backups 0 and 1: milliseconds per step with backups against
+//      without, and the bytes the servers handed to backups per step against the bytes pushed to them.
 //   g. what TLS costs: push and pull of 16 MiB and round trips of 16 B, 1 server, with the job token over mutual
 //      TLS (a CA and certificate made for the run, as tessera-launch --tls does) against the job token over
 //      plaintext, both measured in this run.
@@ -80,7 +83,7 @@
 #include "tests/testing/ports.h"
 #include "worker/client/ps_client.h"
 
-DEFINE_string(sections, "a,b,c,d,e,f,g", "comma-separated sections to run (see the file comment): a,b,c,d,e,f,g");
+DEFINE_string(sections, "a,b,c,d,e,f,g,r", "comma-separated sections to run (see the file comment): a,b,c,d,e,f,g,r");
 DEFINE_string(sizes_mib, "1,4,16,64", "a: tensor sizes in MiB of float32");
 DEFINE_string(server_counts, "1,2", "a: numbers of server processes to measure against");
 DEFINE_int32(repeats, 7, "a: timed calls per measurement (the median is reported)");
@@ -838,6 +841,8 @@ struct RunResult {
   std::optional<double> seconds_to_target;  // summary.json
   double command_seconds = NAN;            // the whole command, as measured here
   int64_t steps = 0;
+  int64_t push_bytes = 0;                  // summary.json: values pushed to the servers
+  int64_t replica_bytes = 0;               // summary.json: what the servers handed to backups
 };
 
 // Runs `argv` to completion and reads `run_dir`/summary.json.
@@ -858,6 +863,8 @@ absl::StatusOr<RunResult> RunToSummary(const std::string& name, const std::vecto
   if ((*summary)["wall_seconds"].is_number()) r.wall_seconds = (*summary)["wall_seconds"].get<double>();
   if ((*summary)["seconds_to_target"].is_number()) r.seconds_to_target = (*summary)["seconds_to_target"].get<double>();
   if ((*summary)["steps"].is_number()) r.steps = (*summary)["steps"].get<int64_t>();
+  if ((*summary)["push_bytes"].is_number()) r.push_bytes = (*summary)["push_bytes"].get<int64_t>();
+  if ((*summary)["replica_bytes"].is_number()) r.replica_bytes = (*summary)["replica_bytes"].get<int64_t>();
   const nlohmann::json& training = (*summary)["training"];
   if (training.is_object() && training["seconds"].is_number()) {
     r.training_seconds = training["seconds"].get<double>();
@@ -979,6 +986,65 @@ void EndToEndSection(const Context& ctx, Table& table) {
                  absl::StrFormat("%d steps; summary wall %.2f s; whole command %.1f s", results[i]->steps,
                                  results[i]->wall_seconds, results[i]->command_seconds)});
     }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// r. Replication's cost.
+
+void ReplicationSection(const Context& ctx, Table& table) {
+  absl::StatusOr<JobSpec> sync_job = LoadJobSpec(FLAGS_sync_job);
+  if (!sync_job.ok()) {
+    table.Failed("r", "job file", sync_job.status());
+    return;
+  }
+  for (const auto mode : {tessera::v1::ConsistencySpec::SYNC, tessera::v1::ConsistencySpec::ASYNC}) {
+    const std::string label = absl::StrCat("3 servers + 2 workers, ", mode == tessera::v1::ConsistencySpec::SYNC ? "sync" : "async", ", gRPC");
+    absl::StatusOr<RunResult> runs[2];
+    for (int backups = 0; backups < 2; ++backups) {
+      JobSpec job = *sync_job;
+      job.mutable_consistency()->set_mode(mode);
+      job.mutable_cluster()->set_num_servers(3);
+      job.mutable_cluster()->set_num_workers(2);
+      job.mutable_replication()->set_backups(backups);
+      job.mutable_stop()->Clear();
+      job.mutable_stop()->set_max_steps(FLAGS_steps);
+      job.set_eval_every_steps(static_cast<int32_t>(FLAGS_steps));  // evaluates once, after the timed span
+      job.set_eval_every_seconds(0);
+      SetDataPlane({tessera::v1::GRPC, tessera::v1::WireSpec::FP32}, job);
+      const std::string name = absl::StrCat("replication-", mode, "-", backups);
+      Progress(absl::StrCat("r: ", label, ", backups ", backups, ", ", FLAGS_steps, " steps"));
+      absl::StatusOr<std::string> dir = MakeDir(ctx, name);
+      absl::Status written = dir.ok() ? WriteJob(job, *dir + "/job.pbtxt") : dir.status();
+      if (!written.ok()) {
+        runs[backups] = written;
+        continue;
+      }
+      const std::string run_dir = *dir + "/run";
+      runs[backups] = RunToSummary(absl::StrCat(label, ", backups ", backups),
+                                   {ctx.bin_dir + "/tessera-launch", "--linger_s=0", "--job=" + *dir + "/job.pbtxt",
+                                    "--run_dir=" + run_dir, "--device=" + FLAGS_device},
+                                   run_dir, *dir + "/run.log");
+    }
+    const std::string what = absl::StrCat(label, ", backups 1: ms per step, ", FLAGS_steps, " steps");
+    if (!runs[0].ok() || !runs[1].ok()) {
+      table.Failed("r", what, runs[0].ok() ? runs[1].status() : runs[0].status());
+      continue;
+    }
+    auto ms = [](const RunResult& r) {
+      return r.training_steps > 0 ? 1e3 * r.training_seconds / r.training_steps : NAN;
+    };
+    table.Add({"r", what, absl::StrFormat("%.2f ms", ms(*runs[1])),
+               absl::StrFormat("backups 0: %.2f ms", ms(*runs[0])), Ratio(ms(*runs[1]), ms(*runs[0])), "",
+               "steady state, end of the first step to end of the last"});
+    const RunResult& r = *runs[1];
+    const double steps = static_cast<double>(std::max<int64_t>(1, r.steps));
+    const double replica_kb = r.replica_bytes / steps / 1024.0, pushed_kb = r.push_bytes / steps / 1024.0;
+    table.Add({"r", absl::StrCat(label, ", backups 1: bytes handed to backups per step"),
+               absl::StrFormat("%.1f KiB", replica_kb), absl::StrFormat("pushed to the servers: %.1f KiB", pushed_kb),
+               Ratio(replica_kb, pushed_kb), "",
+               absl::StrFormat("%lld steps; totals %lld and %lld bytes", static_cast<long long>(r.steps),
+                               static_cast<long long>(r.replica_bytes), static_cast<long long>(r.push_bytes))});
   }
 }
 
@@ -1195,6 +1261,7 @@ int Main(int argc, char** argv) {
   if (want("e")) StandInSection(ctx, table);
   if (want("f")) MemorySection(ctx, table);
   if (want("g")) TlsSection(ctx, table);
+  if (want("r")) ReplicationSection(ctx, table);
 
   std::cout << absl::StrFormat("Tessera data plane, %s, %s, %d cores; tessera-bench %s; %.0f s\n\n",
                                absl::FormatTime("%Y-%m-%d %H:%M", absl::Now(), absl::LocalTimeZone()), CpuModel(),
@@ -1213,7 +1280,8 @@ int Main(int argc, char** argv) {
                "end of the last), the same for every row, with one evaluation after the last step and none inside "
                "the span (the summary's wall time and the whole command's are in the note); the runs to the target "
                "evaluate every 100 steps, so s to target is rounded up to the next evaluation. e: steps/s between the first and the "
-               "last evaluation record. f: VmRSS of the server process after one push.\n";
+               "last evaluation record. f: VmRSS of the server process after one push. r: ms per step as in d; bytes per "
+               "step from the servers' statistics in summary.json, per clock of the job.\n";
   std::cout.flush();
 
   if (temporary && !FLAGS_keep_work_dir) {
