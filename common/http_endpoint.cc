@@ -172,7 +172,9 @@ absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(const std::str
         response.set_content(route.body(), route.content_type.c_str());
         return;
       }
-      absl::StatusOr<std::string> done = route.action();
+      std::map<std::string, std::string> query;
+      for (const auto& [key, value] : request.params) query.emplace(key, value);
+      absl::StatusOr<std::string> done = route.action(query);
       if (done.ok()) {
         response.set_content(*done, route.content_type.c_str());
         return;

@@ -32,7 +32,8 @@ class HttpEndpoint {
     // Instead of `body`, for an action that can fail: an error is answered with the HTTP status its code
     // stands for (FAILED_PRECONDITION 409, RESOURCE_EXHAUSTED 507, UNAVAILABLE 503, DEADLINE_EXCEEDED 504,
     // INVALID_ARGUMENT 400, others 500) and its message.
-    std::function<absl::StatusOr<std::string>()> action;
+    // It gets the request's query parameters (`?server=1`: {"server": "1"}).
+    std::function<absl::StatusOr<std::string>(const std::map<std::string, std::string>&)> action;
   };
 
   // Binds host:port (0: a free port) and serves `routes` plus /healthz ("ok"), over HTTPS when `security` has

@@ -4,6 +4,7 @@
 #include "absl/strings/str_join.h"
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "common/security.h"
 #include "common/shard_map.h"
@@ -81,7 +82,10 @@ absl::StatusOr<ClusterView::Joined> ClusterView::JoinSlot(const tessera::v1::Reg
   absl::MutexLock lock(&mu_);
   std::vector<Member>& slots = server ? servers_ : workers_;
   const char* role = server ? "server" : "worker";
-  auto takeable = [](const Member& m) { return m.state == MemberState::kVacant || m.state == MemberState::kLost; };
+  // A drained server's slot (done) may be taken by a new server.
+  auto takeable = [server](const Member& m) {
+    return m.state == MemberState::kVacant || m.state == MemberState::kLost || (server && m.state == MemberState::kDone);
+  };
   Member* slot = nullptr;
   if (request.has_requested_id()) {
     const int id = request.requested_id();
@@ -92,9 +96,9 @@ absl::StatusOr<ClusterView::Joined> ClusterView::JoinSlot(const tessera::v1::Reg
     }
     if (takeable(slots[id]) || slots[id].state == MemberState::kAlive) slot = &slots[id];
   }
-  for (MemberState wanted : {MemberState::kVacant, MemberState::kLost}) {
+  for (MemberState wanted : {MemberState::kVacant, MemberState::kLost, MemberState::kDone}) {
     for (Member& m : slots) {
-      if (slot == nullptr && m.state == wanted) slot = &m;
+      if (slot == nullptr && m.state == wanted && takeable(m)) slot = &m;
     }
   }
   if (slot == nullptr) {
@@ -455,6 +459,120 @@ absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> ClusterView::GiveShareT
   }
   if (!moved.empty()) ChangedLocked();
   return moved;
+}
+
+absl::StatusOr<std::vector<ClusterView::ChunkMove>> ClusterView::DrainMoves(int server) const {
+  absl::MutexLock lock(&mu_);
+  if (!placement_) return std::vector<ChunkMove>();
+  tessera::v1::ShardMap map = MapLocked();
+  std::map<int, int64_t> copies;
+  for (const auto& s : map.servers()) {
+    if (s.id() != server) copies[s.id()] = 0;
+  }
+  auto holds = [](const tessera::v1::ChunkPlacement& c, int id) {
+    return c.server_id() == id ||
+           std::find(c.backup_server_ids().begin(), c.backup_server_ids().end(), id) != c.backup_server_ids().end();
+  };
+  for (const auto& c : map.chunks()) {
+    for (auto& [id, bytes] : copies) bytes += holds(c, id) ? c.length() * 4 : 0;
+  }
+  std::vector<ChunkMove> moves;
+  for (const auto& c : map.chunks()) {
+    if (!holds(c, server)) continue;
+    auto least = copies.end();
+    for (auto it = copies.begin(); it != copies.end(); ++it) {
+      if (!holds(c, it->first) && (least == copies.end() || it->second < least->second)) least = it;
+    }
+    if (least == copies.end()) {
+      return absl::FailedPreconditionError(absl::StrCat("chunk ", c.param(), "/", c.index(),
+                                                        " has no other server to go to: every live server holds it"));
+    }
+    least->second += c.length() * 4;
+    moves.push_back({c.param(), c.index(), server, least->first});
+  }
+  return moves;
+}
+
+std::vector<ClusterView::ChunkMove> ClusterView::ShareMoves(int server) const {
+  absl::MutexLock lock(&mu_);
+  if (!placement_) return {};
+  tessera::v1::ShardMap map = MapLocked();
+  std::map<int, int64_t> load = BytesPerServer(map);
+  std::vector<ChunkMove> moves;
+  std::set<std::pair<std::string, int>> taken;
+  while (true) {
+    auto most = std::max_element(load.begin(), load.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+    const tessera::v1::ChunkPlacement* pick = nullptr;
+    for (const auto& c : map.chunks()) {
+      if (c.server_id() != most->first || taken.count({c.param(), c.index()}) != 0) continue;
+      // The newcomer must not hold another copy of it.
+      if (std::find(c.backup_server_ids().begin(), c.backup_server_ids().end(), server) != c.backup_server_ids().end()) {
+        continue;
+      }
+      if (pick == nullptr || c.length() > pick->length()) pick = &c;
+    }
+    if (pick == nullptr || most->first == server || load[server] + pick->length() * 4 >= most->second) break;
+    most->second -= pick->length() * 4;
+    load[server] += pick->length() * 4;
+    taken.insert({pick->param(), pick->index()});
+    moves.push_back({pick->param(), pick->index(), most->first, server});
+  }
+  return moves;
+}
+
+absl::Status ClusterView::BeginMoves(const std::vector<ChunkMove>& moves) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!placement_) return absl::FailedPreconditionError("nothing is placed yet");
+    for (const ChunkMove& m : moves) {
+      auto* c = FindChunkLocked(m.param, m.index);
+      if (c == nullptr || m.to < 0 || m.to >= num_servers_ || servers_[m.to].state != MemberState::kAlive) {
+        return absl::FailedPreconditionError(absl::StrCat("chunk ", m.param, "/", m.index, " cannot move to server ", m.to));
+      }
+      auto& b = *c->mutable_backup_server_ids();
+      if (c->server_id() != m.to && std::find(b.begin(), b.end(), m.to) == b.end()) c->add_backup_server_ids(m.to);
+    }
+    ChangedLocked();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ClusterView::FinishMoves(const std::vector<ChunkMove>& moves) {
+  std::vector<tessera::v1::ChunkPlacement> moved;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!placement_) return absl::FailedPreconditionError("nothing is placed yet");
+    for (const ChunkMove& m : moves) {
+      auto* c = FindChunkLocked(m.param, m.index);
+      if (c == nullptr) return absl::FailedPreconditionError(absl::StrCat("no chunk ", m.param, "/", m.index));
+      auto& b = *c->mutable_backup_server_ids();
+      if (c->server_id() == m.from) {
+        c->set_server_id(m.to);
+        b.erase(std::remove(b.begin(), b.end(), m.to), b.end());
+      } else {
+        b.erase(std::remove(b.begin(), b.end(), m.from), b.end());
+      }
+      moved.push_back(*c);
+    }
+    ChangedLocked();
+  }
+  if (!moved.empty()) Publish({ChunksMoved(moves.front().to, moved)});
+  return absl::OkStatus();
+}
+
+std::optional<Member> ClusterView::MarkServerDrained(int server) {
+  absl::MutexLock lock(&mu_);
+  if (server < 0 || server >= num_servers_ || servers_[server].state != MemberState::kAlive) return std::nullopt;
+  servers_[server].state = MemberState::kDone;
+  ChangedLocked();
+  return servers_[server];
+}
+
+tessera::v1::ChunkPlacement* ClusterView::FindChunkLocked(const std::string& param, int index) {
+  for (auto& c : *placement_->mutable_chunks()) {
+    if (c.param() == param && c.index() == index) return &c;
+  }
+  return nullptr;
 }
 
 uint64_t ClusterView::rollback_generation() const {

@@ -132,6 +132,29 @@ class ClusterView {
 
   int backups() const { return backups_; }
 
+  // Moving chunks between live servers, in two phases, with no rollback: first the destination becomes one more
+  // backup of the chunk (its primary fills it while serving on), then the chunk leaves the source (a primary
+  // source hands over to the destination). Each phase advances the epoch.
+  struct ChunkMove {
+    std::string param;
+    int index = 0;
+    int from = 0;
+    int to = 0;
+  };
+  // The moves that empty `server` of every copy it holds, each to the alive server holding no copy of that chunk
+  // with the fewest bytes of copies. FAILED_PRECONDITION when a chunk has no such server.
+  [[nodiscard]] absl::StatusOr<std::vector<ChunkMove>> DrainMoves(int server) const;
+  // The moves that give `server` (alive, holding nothing) a share of primaries: the largest primaries of the most
+  // loaded servers while a move narrows the gap.
+  std::vector<ChunkMove> ShareMoves(int server) const;
+  // Phase 1: `to` becomes a backup of each moved chunk. FAILED_PRECONDITION when a move no longer fits the view.
+  [[nodiscard]] absl::Status BeginMoves(const std::vector<ChunkMove>& moves);
+  // Phase 2: each chunk leaves `from` (a primary `from` is replaced by `to`, which leaves the backups).
+  [[nodiscard]] absl::Status FinishMoves(const std::vector<ChunkMove>& moves);
+  // A drained server leaves the job: it is done (not lost; no recovery follows) and its slot may be taken again.
+  // nullopt when it was not alive.
+  std::optional<Member> MarkServerDrained(int server);
+
   // SYNC recovery: every worker goes on from `clock` (the view's rollback generation grows). Advances the epoch.
   void RollBack(int64_t clock);
   // How many rollbacks the job has had.
@@ -162,6 +185,7 @@ class ClusterView {
   void Publish(const std::vector<MembershipEvent>& events) ABSL_LOCKS_EXCLUDED(mu_, listeners_mu_);
 
   tessera::v1::ShardMap MapLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  tessera::v1::ChunkPlacement* FindChunkLocked(const std::string& param, int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Advances the epoch once parameters are placed.
   void ChangedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

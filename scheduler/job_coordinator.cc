@@ -490,6 +490,22 @@ absl::Status JobCoordinator::ReportServer(const tessera::v1::ReportServerRequest
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> JobCoordinator::Drain(int server) {
+  if (server < 0 || server >= job_.cluster().num_servers()) {
+    return absl::InvalidArgumentError(absl::StrCat("no server ", server, " in the job (0 to ",
+                                                   job_.cluster().num_servers() - 1, ")"));
+  }
+  // On the executor, like every move of chunks, one at a time.
+  auto done = std::make_shared<absl::Notification>();
+  auto result = std::make_shared<absl::StatusOr<std::string>>(absl::UnknownError("not run"));
+  executor_.Submit([this, server, done, result] {
+    *result = recovery_.Drain(server);
+    done->Notify();
+  });
+  done->WaitForNotification();
+  return *result;
+}
+
 void JobCoordinator::OnMembership(const MembershipEvent& event) {
   const Member& m = event.member;
   switch (event.kind) {

@@ -96,6 +96,10 @@ class JobCoordinator {
   // A member could not reach a server: the server is probed at once (off the caller's thread) and declared lost
   // when it does not answer within a second either. INVALID_ARGUMENT for ids outside the job.
   [[nodiscard]] absl::Status ReportServer(const tessera::v1::ReportServerRequest& request);
+  // Moves every copy server `server` holds to the others in two phases (no rollback, no step lost), then tells it
+  // to exit (0); blocks until done. INVALID_ARGUMENT for an id outside the job; FAILED_PRECONDITION for a server
+  // that is not alive, a job not placed yet, or chunks with nowhere to go.
+  [[nodiscard]] absl::StatusOr<std::string> Drain(int server);
 
   // One failure-detection pass at `now` (tests; the detector's thread calls it otherwise).
   void CheckLiveness(absl::Time now) { failure_detector_.Check(now); }

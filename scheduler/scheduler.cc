@@ -2,6 +2,7 @@
 
 #include <fstream>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
 #include "common/rpc.h"
@@ -50,8 +51,20 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Start(const SchedulerOptio
                             {{"/", {"text/html; charset=utf-8", [] { return std::string(kDashboardPage); }}},
                              {"/metrics", {"text/plain; version=0.0.4", [coordinator] { return coordinator->MetricsText(); }}},
                              {"/status", {"application/json", [coordinator] { return coordinator->StatusJson().dump(2); }}},
+                             {"/drain", {"text/plain", nullptr, /*post=*/true,
+                                         [self](const std::map<std::string, std::string>& query)
+                                             -> absl::StatusOr<std::string> {
+                                           auto it = query.find("server");
+                                           int server = -1;
+                                           if (it == query.end() || !absl::SimpleAtoi(it->second, &server)) {
+                                             return absl::InvalidArgumentError(
+                                                 "POST /drain?server=N: name the server id to drain");
+                                           }
+                                           return self->coordinator_->Drain(server);
+                                         }}},
                              {"/checkpoint", {"text/plain", nullptr, /*post=*/true,
-                                              [self]() -> absl::StatusOr<std::string> {
+                                              [self](const std::map<std::string, std::string>&)
+                                                  -> absl::StatusOr<std::string> {
                                 absl::StatusOr<CheckpointInfo> taken = self->coordinator_->Checkpoint("asked over HTTP");
                                 if (!taken.ok()) return Annotate(taken.status(), "no checkpoint");
                                 return absl::StrCat("checkpoint ", taken->number, " at clock ", taken->state.clock(),
@@ -59,7 +72,7 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Start(const SchedulerOptio
                               }}}}));
     scheduler->dashboard_url_ = absl::StrCat(options.security->tls() ? "https" : "http", "://",
                                              JoinHostPort(options.listen_host, scheduler->http_->port()), "/");
-    LOG(INFO) << "dashboard at " << scheduler->dashboard_url_ << " (JSON at /status; POST /checkpoint takes a checkpoint)";
+    LOG(INFO) << "dashboard at " << scheduler->dashboard_url_ << " (JSON at /status; POST /checkpoint takes a checkpoint; POST /drain?server=N moves server N's chunks away and lets it exit)";
   }
   scheduler->coordinator_->StartFailureDetection();
   const auto& job = options.job;

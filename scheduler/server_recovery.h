@@ -58,6 +58,10 @@ class ServerRecovery {
   // Subscribed to the cluster view.
   void OnMembership(const MembershipEvent& event);
 
+  // Moves every copy `server` holds to the other servers in two phases, then tells it to exit. Runs on the
+  // executor's thread (the caller's job). Returns what it did.
+  absl::StatusOr<std::string> Drain(int server);
+
  private:
   // Queues the recovery of `lost` (lost at `lost_at`, `why`), or stops the job when nothing can bring its chunks
   // back.
@@ -65,8 +69,11 @@ class ServerRecovery {
   // Executor task: backups take over the lost server's chunks; chunks without a live copy move and are
   // restored from `checkpoint`.
   void Recover(const Member& lost, const std::optional<CheckpointInfo>& checkpoint, absl::Time lost_at);
-  // Executor task: a replacement takes a share of the chunks.
+  // Executor task: a replacement (or a new server) takes a share of the chunks.
   void GiveShareTo(const Member& server);
+  // Moves chunks in two phases (ClusterView::BeginMoves, FinishMoves), handing each view to the servers and
+  // waiting between the two until every new copy is filled.
+  absl::Status MoveInTwoPhases(const std::vector<ClusterView::ChunkMove>& moves);
 
   const RecoveryParts parts_;
   const absl::Duration heartbeat_timeout_;

@@ -947,6 +947,12 @@ tessera::v1::ServerStats ShardStore::Stats() const {
       stats.set_optimizer_bytes(stats.optimizer_bytes() + static_cast<int64_t>(chunk->state.size() * sizeof(float)));
     }
     stats.set_chunks(static_cast<int64_t>(chunks_.size()));
+    int64_t unfilled = 0;
+    for (const auto& [key, chunk] : chunks_) {
+      absl::MutexLock chunk_lock(&chunk->mu);
+      unfilled += !chunk->replication.backups.empty() && chunk->replication.replicated_version < 0;
+    }
+    stats.set_unfilled_chunks(unfilled);
     stats.set_backup_chunks(static_cast<int64_t>(replicas_.size()));
     stats.set_updates_applied(updates);
   }

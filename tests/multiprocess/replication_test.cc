@@ -7,8 +7,11 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 #include <tuple>
+
+#include <httplib.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -192,6 +195,96 @@ replication { backups: 1 }
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, SyncReplicationTest, ::testing::Values("GRPC", "UCX"));
+
+// POST /drain?server=1 on a running SYNC job (token required): server 1's chunks move to the others in two
+// phases and it exits 0; then a new tessera-server started against the running job takes its slot and a share of
+// the primaries. No step is rolled back, and the job ends with the parameters of an undisturbed run, bit for bit.
+TEST_F(DaemonTest, AServerIsDrainedAndANewOneJoinsWithoutLosingAStep) {
+  const std::string job = Write("job.pbtxt", R"(
+name: "drained"
+model { mlp { hidden_sizes: 32 } }
+data { format: SYNTHETIC synthetic_train_examples: 4096 synthetic_features: 64 synthetic_classes: 8 }
+optimizer { kind: SGD learning_rate: 0.05 momentum: 0.9 }
+batch_size: 16
+consistency { mode: SYNC }
+stop { max_steps: 4000 }
+eval_every_steps: 100
+chunk_bytes: 4096
+cluster { num_servers: 3 num_workers: 2 }
+replication { backups: 1 }
+)");
+  const std::string undisturbed = (dir_ / "full.params").string();
+  {
+    Subprocess full({kBin + "/tessera-launch", "--linger_s=0", "--job=" + job, "--run_dir=" + (dir_ / "full").string(),
+                     "--device=cpu", "--dump_params=" + undisturbed});
+    ASSERT_TRUE(full.ReadUntilExit(absl::Seconds(180))) << full.output();
+    ASSERT_EQ(full.exit_code(), 0) << full.output();
+  }
+  const std::filesystem::path run = dir_ / "run";
+  const std::string dump = (dir_ / "run.params").string();
+  Subprocess launch({kBin + "/tessera-launch", "--linger_s=0", "--job=" + job, "--run_dir=" + run.string(),
+                     "--device=cpu", "--dump_params=" + dump});
+  const std::string marker = "dashboard at http://127.0.0.1:";
+  ASSERT_TRUE(launch.ReadUntilLine(marker, absl::Seconds(60))) << launch.output();
+  const int http_port = std::atoi(launch.output().c_str() + launch.output().find(marker) + marker.size());
+  ASSERT_TRUE(launch.ReadUntilLine("step   1000 |", absl::Seconds(120))) << launch.output();
+  const std::string address = SchedulerAddress(launch.output());
+  std::vector<int> servers;
+  for (int pid : ProcessesMentioning("tessera-server")) {
+    for (int other : ProcessesMentioning(address)) {
+      if (pid == other) servers.push_back(pid);
+    }
+  }
+  std::sort(servers.begin(), servers.end());
+  ASSERT_EQ(servers.size(), 3u);
+
+  httplib::Client client("127.0.0.1", http_port);
+  client.set_read_timeout(120, 0);
+  httplib::Result refused = client.Post("/drain?server=1");
+  ASSERT_TRUE(refused) << httplib::to_string(refused.error());
+  EXPECT_EQ(refused->status, 401) << "a drain without the job token";
+  std::ifstream token_file(run / "secrets/token");
+  std::string token;
+  std::getline(token_file, token);
+  ASSERT_FALSE(token.empty());
+  httplib::Result drained = client.Post("/drain?server=1", {{"Authorization", "Bearer " + token}}, "", "text/plain");
+  ASSERT_TRUE(drained) << httplib::to_string(drained.error());
+  ASSERT_EQ(drained->status, 200) << drained->body;
+  EXPECT_NE(drained->body.find("drained"), std::string::npos) << drained->body;
+  // Server 1 exits (0: the launcher reports no failure, and reaps it).
+  bool gone = false;
+  for (int i = 0; i < 100 && !gone; ++i) {
+    gone = kill(servers[1], 0) != 0;
+    if (!gone) absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_TRUE(gone) << "the drained server did not exit";
+
+  // A new server joins the running job.
+  Subprocess joiner({kBin + "/tessera-server", "--scheduler=" + address, "--token_file=" + (run / "secrets/token").string()});
+  ASSERT_TRUE(launch.ReadUntilExit(absl::Seconds(180))) << launch.output();
+  ASSERT_EQ(launch.exit_code(), 0) << launch.output();
+  EXPECT_EQ(launch.output().find("failed ("), std::string::npos) << launch.output();
+
+  const nlohmann::json summary = ReadJson(run / "summary.json");
+  EXPECT_TRUE(summary["completed"].get<bool>()) << summary.dump();
+  bool was_drained = false, joined = false;
+  for (const auto& e : summary["events"]) {
+    EXPECT_NE(e["event"], "server lost, recovered") << e.dump();
+    if (e["event"] == "server drained") {
+      was_drained = true;
+      EXPECT_GT(e["chunks_moved"].get<int>(), 0) << e.dump();
+      std::cout << "drain: " << e.dump() << std::endl;
+    }
+    if (e["event"] == "server joined, chunks moved to it") {
+      joined = true;
+      EXPECT_GT(e["chunks_moved"].get<int>(), 0) << e.dump();
+      std::cout << "join: " << e.dump() << std::endl;
+    }
+  }
+  EXPECT_TRUE(was_drained) << summary.dump();
+  EXPECT_TRUE(joined) << summary.dump();
+  ExpectIdenticalParameters(undisturbed, dump);
+}
 
 }  // namespace
 }  // namespace tessera::testing

@@ -213,6 +213,43 @@ TEST(ClusterViewTest, WithBackupsAReplacementBacksUpTheChunksShortOfBackups) {
   }
 }
 
+// A drain's moves take every copy off the server, each to a server without a copy; the two phases first add the
+// destination as a backup, then take the chunk off the source; the drained server's slot can be taken again.
+TEST(ClusterViewTest, ADrainMovesEveryCopyOffTheServerInTwoPhases) {
+  ClusterView view(3, 1, /*backups=*/1);
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  for (const char* a : {"a:1", "b:1", "c:1"}) ASSERT_THAT(view.Join(Server(a), t0, AtZero).status(), IsOk());
+  ASSERT_THAT(PlaceAndCommit(view, {FloatParam("w", 60), FloatParam("b", 6)}, 40), IsOk());
+  absl::StatusOr<std::vector<ClusterView::ChunkMove>> moves = view.DrainMoves(1);
+  ASSERT_THAT(moves, IsOk());
+  ASSERT_FALSE(moves->empty());
+  const uint64_t before = view.epoch();
+  ASSERT_THAT(view.BeginMoves(*moves), IsOk());
+  EXPECT_GT(view.epoch(), before);
+  const tessera::v1::ShardMap copying = *view.Map();
+  for (const auto& m : *moves) {
+    for (const auto& c : copying.chunks()) {
+      if (c.param() != m.param || c.index() != m.index) continue;
+      EXPECT_NE(std::find(c.backup_server_ids().begin(), c.backup_server_ids().end(), m.to), c.backup_server_ids().end())
+          << "phase 1: the destination is a backup of " << m.param << "/" << m.index;
+    }
+  }
+  ASSERT_THAT(view.FinishMoves(*moves), IsOk());
+  const tessera::v1::ShardMap after = *view.Map();
+  for (const auto& c : after.chunks()) {
+    EXPECT_NE(c.server_id(), 1) << c.param() << "/" << c.index();
+    EXPECT_EQ(std::count(c.backup_server_ids().begin(), c.backup_server_ids().end(), 1), 0);
+    EXPECT_EQ(c.backup_server_ids_size(), 1) << "still one backup";
+    EXPECT_NE(c.backup_server_ids(0), c.server_id());
+  }
+  ASSERT_TRUE(view.MarkServerDrained(1));
+  EXPECT_EQ(view.Map()->servers_size(), 2);
+  absl::StatusOr<ClusterView::Joined> joined = view.Join(Server("d:1"), t0 + absl::Seconds(1), AtZero);
+  ASSERT_THAT(joined.status(), IsOk());
+  EXPECT_EQ(joined->member.id, 1) << "the drained slot is taken again";
+  EXPECT_FALSE(view.ShareMoves(1).empty()) << "the newcomer gets a share of the primaries";
+}
+
 // Every change of members or placement reaches each subscriber once, in the order made, after the change (a
 // listener reading the view sees it), with what the parts that care need to know.
 TEST(ClusterViewTest, EveryChangeIsPublishedToItsSubscribersOnceMade) {
