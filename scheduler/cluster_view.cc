@@ -427,38 +427,18 @@ absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> ClusterView::GiveShareT
 
 absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> ClusterView::GiveShareToUnpublished(int server) {
   absl::MutexLock lock(&mu_);
-  if (!placement_) return std::vector<tessera::v1::ChunkPlacement>();
+  if (!placement_ || backups_ == 0) return std::vector<tessera::v1::ChunkPlacement>();
   tessera::v1::ShardMap map = MapLocked();
-  std::map<int, int64_t> load = BytesPerServer(map);
   for (const auto& c : map.chunks()) {
     if (std::none_of(map.servers().begin(), map.servers().end(), [&](const auto& s) { return s.id() == c.server_id(); })) {
       return absl::FailedPreconditionError(absl::StrCat("server ", c.server_id(), "'s chunks are not moved yet"));
     }
   }
-  std::vector<tessera::v1::ChunkPlacement> moved;
-  if (backups_ > 0) {
-    // Primaries stay where they are (a move would lose what they applied since a checkpoint); the newcomer
-    // backs up the chunks that lack backups, filled by their primaries.
-    moved = FillBackups(backups_, map);
-    *placement_->mutable_chunks() = map.chunks();
-    if (!moved.empty()) ChangedLocked();
-    return moved;
-  }
-  // Largest chunks of the most loaded server first, while a move narrows the gap.
-  while (true) {
-    auto most = std::max_element(load.begin(), load.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
-    tessera::v1::ChunkPlacement* pick = nullptr;
-    for (auto& c : *placement_->mutable_chunks()) {
-      if (c.server_id() == most->first && (pick == nullptr || c.length() > pick->length())) pick = &c;
-    }
-    if (pick == nullptr || most->first == server || load[server] + pick->length() * 4 >= most->second) break;
-    most->second -= pick->length() * 4;
-    load[server] += pick->length() * 4;
-    pick->set_server_id(server);
-    moved.push_back(*pick);
-  }
-  if (!moved.empty()) ChangedLocked();
-  return moved;
+  // The newcomer (holding nothing, so the least loaded) backs up the chunks that lack backups.
+  std::vector<tessera::v1::ChunkPlacement> given = FillBackups(backups_, map);
+  *placement_->mutable_chunks() = map.chunks();
+  if (!given.empty()) ChangedLocked();
+  return given;
 }
 
 absl::StatusOr<std::vector<ClusterView::ChunkMove>> ClusterView::DrainMoves(int server) const {

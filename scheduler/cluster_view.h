@@ -16,7 +16,7 @@
 //     table gates the clocks (clock_table.h) and, with backup workers, decides each round's members;
 //   - chunks are placed, largest first, on the server holding the fewest bytes, and a lost server's chunks move
 //     the same way to the survivors: common/shard_map.h cuts and places them (this class calls it); a
-//     replacement's share is chosen here (GiveShareTo).
+//     replacement's share is chosen here (ShareMoves), moved in two phases (BeginMoves, FinishMoves).
 #ifndef TESSERA_SCHEDULER_CLUSTER_VIEW_H_
 #define TESSERA_SCHEDULER_CLUSTER_VIEW_H_
 
@@ -123,11 +123,10 @@ class ClusterView {
   // became of its chunks. FAILED_PRECONDITION when a chunk has to move and no server is alive.
   [[nodiscard]] absl::StatusOr<ChunkMoves> MoveChunksOf(int server);
 
-  // `server` (a replacement that holds none) takes a share. Without backups: chunks move to it from the most
-  // loaded servers while that narrows the gap, largest first. With backups: it becomes a backup of the chunks
-  // short of backups (their primaries stay; it is filled by them while training goes on). Advances the epoch.
-  // Returns the chunks moved or given it as a backup. FAILED_PRECONDITION while a lost server's chunks are not
-  // moved yet.
+  // With backups, `server` (a newcomer that holds none) becomes a backup of the chunks short of backups (their
+  // primaries fill it while training goes on), and the epoch advances. Returns the chunks given it; none without
+  // backups. Its share of primaries moves in two phases (ShareMoves). FAILED_PRECONDITION while a lost server's
+  // chunks are not moved yet.
   [[nodiscard]] absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> GiveShareTo(int server);
 
   int backups() const { return backups_; }

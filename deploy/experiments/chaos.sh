@@ -10,7 +10,8 @@
 #
 # TRANSPORT ucx moves the data plane over UCX (transport: UCX, trusted_network: true) in both runs. BACKUPS 1
 # gives every chunk a backup (replication { backups: 1 }): a lost server's chunks go to their backups, with no
-# rollback; the job then runs on 3 servers, so that a backup is left after a loss.
+# rollback; the job then runs on 3 servers, so that a backup is left after a loss. Every 25 s (from 10 s) a
+# random server is also drained (POST /drain?server=N) and a new tessera-server joins in its place.
 set -euo pipefail
 source "$(dirname "$0")/setup.sh"
 steps="${1:-6000}"
@@ -41,7 +42,7 @@ fi
 now() { date +%s.%N; }
 launch_flags=(--job="$out/job.pbtxt" --device=cpu --heartbeat_timeout_ms=2000)
 
-echo "== chaos run: $steps steps over $transport, $backups backups per chunk; a server killed every 20 s, a worker every 30 s"
+echo "== chaos run: $steps steps over $transport, $backups backups per chunk; a server killed every 20 s, a worker every 30 s, a server drained and one joined every 25 s"
 : >"$out/kills.tsv"
 start=$(now)
 "$bin/tessera-launch" --linger_s=0 --overwrite "${launch_flags[@]}" --run_dir="$out/chaos" --checkpoint_every_s=5 \
@@ -49,9 +50,30 @@ start=$(now)
 launcher=$!
 next_server=20
 next_worker=30
+next_drain=10
+joiners=()
 while kill -0 "$launcher" 2>/dev/null; do
   sleep 1  # the kill schedule's tick, not a synchronisation point
   elapsed=$(python3 -c "print(int($(now) - $start))")
+  if ((elapsed >= next_drain)); then
+    next_drain=$((next_drain + 25))
+    address=$(grep -o 'scheduler listening on [^ ]*' "$out/chaos.out" | head -1 | awk '{print $4}')
+    port=$(grep -o 'dashboard at http://127.0.0.1:[0-9]*' "$out/chaos.out" | head -1 | sed 's/.*://')
+    victim=$((RANDOM % 3))
+    if [[ -n $address && -n $port ]] &&
+      python3 - "$port" "$victim" "$out/chaos/secrets/token" >>"$out/drains.log" 2>&1 <<'PY'; then
+import sys, urllib.request
+port, server, token = sys.argv[1], sys.argv[2], open(sys.argv[3]).read().strip()
+request = urllib.request.Request(f"http://127.0.0.1:{port}/drain?server={server}", data=b"", method="POST",
+                                 headers={"Authorization": f"Bearer {token}"})
+print(urllib.request.urlopen(request, timeout=120).read().decode(), end="")
+PY
+      echo "   $(python3 -c "print(round($(now) - $start, 1))") s: drained server $victim; a new server joins"
+      "$bin/tessera-server" --scheduler="$address" --token_file="$out/chaos/secrets/token" \
+        >>"$out/joined-$victim.log" 2>&1 &
+      joiners+=($!)
+    fi
+  fi
   for role in server worker; do
     due_var="next_$role"
     if ((elapsed >= ${!due_var})); then
@@ -70,6 +92,7 @@ while kill -0 "$launcher" 2>/dev/null; do
 done
 status=0
 wait "$launcher" || status=$?
+for joiner in "${joiners[@]}"; do wait "$joiner" || true; done  # they exit when the job ends
 chaos_seconds=$(python3 -c "print(round($(now) - $start, 1))")
 tail -3 "$out/chaos.out"
 if ((status != 0)); then
@@ -99,6 +122,8 @@ print(f"| chaos | {chaos['steps']} | {chaos['test_accuracy']:.4f} | {chaos_s} |"
 recoveries = [e for e in chaos["events"]
               if e["event"] in ("server lost, recovered", "server lost, backups took over")]
 steps_lost = sum(e.get("clocks_lost", 0) for e in recoveries)
+drains = [e for e in chaos["events"] if e["event"] == "server drained"]
+joins = [e for e in chaos["events"] if e["event"] == "server joined, chunks moved to it"]
 rejoins = [e for e in chaos["events"] if e["event"] == "worker rejoined"]
 print(f"\nkills survived: {len(kills)} ({sum(k[1] == 'server' for k in kills)} servers, "
       f"{sum(k[1] == 'worker' for k in kills)} workers)")
@@ -122,6 +147,11 @@ for at, role, name in kills:
             rejoins.remove(r)
         back = f"rejoined {max(0.0, r['wall_seconds'] - at):.1f} s later at clock {r['clock']}" if r else "did not rejoin"
         print(f"| {at} | worker {name} | {back}; the other worker's rounds went on meanwhile |")
+if drains or joins:
+    print("\n| at s | what | chunks | took s |\n|---|---|---|---|")
+    for e in sorted(drains + joins, key=lambda e: e["wall_seconds"]):
+        what = f"server {e['server']} drained" if e["event"] == "server drained" else f"a server joined as {e['server']}"
+        print(f"| {e['wall_seconds']:.1f} | {what} | {e['chunks_moved']} | {e['seconds']:.3f} |")
 gap = abs(chaos["test_accuracy"] - clean["test_accuracy"]) * 100
 print(f"\ntest accuracy: chaos {chaos['test_accuracy']:.4f}, clean {clean['test_accuracy']:.4f}: "
       f"{gap:.2f} points apart ({'within' if gap <= 0.5 else 'NOT within'} 0.5); wall time lost overall "

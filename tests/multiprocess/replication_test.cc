@@ -189,7 +189,7 @@ replication { backups: 1 }
   }
   EXPECT_TRUE(took_over) << summary.dump();
   bool rejoined = false;
-  for (const auto& e : summary["events"]) rejoined |= e["event"] == "server joined, backs up chunks";
+  for (const auto& e : summary["events"]) rejoined |= e["event"] == "server joined, chunks moved to it";
   EXPECT_TRUE(rejoined) << summary.dump();
   ExpectIdenticalParameters(undisturbed, dump);
 }

@@ -287,7 +287,10 @@ TEST(ClusterViewTest, EveryChangeIsPublishedToItsSubscribersOnceMade) {
   ASSERT_THAT(view.MoveChunksOf(1), IsOk());
   view.RollBack(7);
   ASSERT_THAT(view.Join(Server("c:1", 1), t0 + absl::Seconds(21), AtZero).status(), IsOk());
-  ASSERT_THAT(view.GiveShareTo(1), IsOk());
+  const std::vector<ClusterView::ChunkMove> share = view.ShareMoves(1);
+  ASSERT_FALSE(share.empty());
+  ASSERT_THAT(view.BeginMoves(share), IsOk());
+  ASSERT_THAT(view.FinishMoves(share), IsOk());
 
   using E = MembershipEvent;
   const std::vector<std::pair<E::Kind, int>> expected = {
