@@ -671,13 +671,14 @@ absl::StatusOr<int64_t> ShardStore::TakeReplica(const tessera::v1::ReplicateRequ
   absl::ReaderMutexLock lock(&mu_);
   // A view still on its way is ABORTED (try again), not UNAVAILABLE: this server answers.
   if (config_ == nullptr) return absl::AbortedError("this server has no cluster view yet");
+  const uint64_t epoch = epoch_;
+  const int self = server_id_;
   auto not_backup = [&](const std::string& why) -> absl::Status {
-    if (request.epoch() > epoch_) {
-      return absl::AbortedError(absl::StrCat("server ", server_id_, " is at cluster view epoch ", epoch_,
+    if (request.epoch() > epoch) {
+      return absl::AbortedError(absl::StrCat("server ", self, " is at cluster view epoch ", epoch,
                                              ", the primary at ", request.epoch(), ": ", why));
     }
-    return absl::FailedPreconditionError(absl::StrCat("server ", server_id_, " at cluster view epoch ", epoch_,
-                                                      ": ", why));
+    return absl::FailedPreconditionError(absl::StrCat("server ", self, " at cluster view epoch ", epoch, ": ", why));
   };
   auto it = replicas_.find({state.param(), state.index()});
   if (it == replicas_.end()) return not_backup(absl::StrCat("it does not back up chunk ", name));
@@ -837,8 +838,9 @@ void ShardStore::Shipped(Chunk& chunk, uint64_t generation, int64_t version, con
         replication.replicated_version = std::max(replication.replicated_version, version);
         // What every backup holds leaves the log.
         auto& log = replication.log;
-        auto held = std::find_if(log.begin(), log.end(), [&](const auto& u) {
-          return u.version() > replication.replicated_version;
+        const int64_t replicated = replication.replicated_version;
+        auto held = std::find_if(log.begin(), log.end(), [replicated](const auto& u) {
+          return u.version() > replicated;
         });
         for (auto it = log.begin(); it != held; ++it) replication.log_bytes -= it->values().size();
         log.erase(log.begin(), held);
@@ -852,8 +854,9 @@ void ShardStore::Shipped(Chunk& chunk, uint64_t generation, int64_t version, con
       }
     }
     auto& waiting = replication.waiting;
-    auto unheld = std::partition(waiting.begin(), waiting.end(), [&](const auto& w) {
-      return w.first > replication.replicated_version;
+    const int64_t replicated = replication.replicated_version;
+    auto unheld = std::partition(waiting.begin(), waiting.end(), [replicated](const auto& w) {
+      return w.first > replicated;
     });
     for (auto it = unheld; it != waiting.end(); ++it) ready.push_back(std::move(it->second));
     waiting.erase(unheld, waiting.end());

@@ -45,6 +45,27 @@ void ExpectIdenticalParameters(const std::string& a, const std::string& b) {
   }
 }
 
+// Runs `job` to its end with tessera-launch, nothing disturbed; its final parameters go to `dump`.
+void RunUndisturbed(const std::string& job, const std::string& dump) {
+  const std::filesystem::path run = std::filesystem::path(dump).parent_path() / "full";
+  Subprocess full({kBin + "/tessera-launch", "--linger_s=0", "--job=" + job, "--run_dir=" + run.string(),
+                   "--device=cpu", "--dump_params=" + dump});
+  ASSERT_TRUE(full.ReadUntilExit(absl::Seconds(180))) << full.output();
+  ASSERT_EQ(full.exit_code(), 0) << full.output();
+}
+
+// The tessera-server processes of the scheduler at `address`, oldest first.
+std::vector<int> ServerProcesses(const std::string& address) {
+  std::vector<int> servers;
+  for (int pid : ProcessesMentioning("tessera-server")) {
+    for (int other : ProcessesMentioning(address)) {
+      if (pid == other) servers.push_back(pid);
+    }
+  }
+  std::sort(servers.begin(), servers.end());
+  return servers;
+}
+
 // (consistency mode, transport)
 class ReplicationTest : public DaemonTest,
                         public ::testing::WithParamInterface<std::tuple<const char*, const char*>> {
@@ -150,25 +171,14 @@ cluster { num_servers: 3 num_workers: 2 }
 replication { backups: 1 }
 )"));
   const std::string undisturbed = (dir_ / "full.params").string();
-  {
-    Subprocess full({kBin + "/tessera-launch", "--linger_s=0", "--job=" + job, "--run_dir=" + (dir_ / "full").string(),
-                     "--device=cpu", "--dump_params=" + undisturbed});
-    ASSERT_TRUE(full.ReadUntilExit(absl::Seconds(180))) << full.output();
-    ASSERT_EQ(full.exit_code(), 0) << full.output();
-  }
+  ASSERT_NO_FATAL_FAILURE(RunUndisturbed(job, undisturbed));
   const std::filesystem::path run = dir_ / "run";
   const std::string dump = (dir_ / "run.params").string();
   Subprocess launch({kBin + "/tessera-launch", "--linger_s=0", "--job=" + job, "--run_dir=" + run.string(),
                      "--device=cpu", absl::StrCat("--heartbeat_timeout_ms=", kHeartbeatTimeoutMs),
                      "--restart_servers=1", "--dump_params=" + dump});
   ASSERT_TRUE(launch.ReadUntilLine("step   1500 |", absl::Seconds(120))) << launch.output();
-  std::vector<int> servers;
-  for (int pid : ProcessesMentioning("tessera-server")) {
-    for (int other : ProcessesMentioning(SchedulerAddress(launch.output()))) {
-      if (pid == other) servers.push_back(pid);
-    }
-  }
-  std::sort(servers.begin(), servers.end());
+  const std::vector<int> servers = ServerProcesses(SchedulerAddress(launch.output()));
   ASSERT_EQ(servers.size(), 3u);
   kill(servers[1], SIGKILL);
   ASSERT_TRUE(launch.ReadUntilExit(absl::Seconds(180))) << launch.output();
@@ -214,12 +224,7 @@ cluster { num_servers: 3 num_workers: 2 }
 replication { backups: 1 }
 )");
   const std::string undisturbed = (dir_ / "full.params").string();
-  {
-    Subprocess full({kBin + "/tessera-launch", "--linger_s=0", "--job=" + job, "--run_dir=" + (dir_ / "full").string(),
-                     "--device=cpu", "--dump_params=" + undisturbed});
-    ASSERT_TRUE(full.ReadUntilExit(absl::Seconds(180))) << full.output();
-    ASSERT_EQ(full.exit_code(), 0) << full.output();
-  }
+  ASSERT_NO_FATAL_FAILURE(RunUndisturbed(job, undisturbed));
   const std::filesystem::path run = dir_ / "run";
   const std::string dump = (dir_ / "run.params").string();
   Subprocess launch({kBin + "/tessera-launch", "--linger_s=0", "--job=" + job, "--run_dir=" + run.string(),
@@ -229,13 +234,7 @@ replication { backups: 1 }
   const int http_port = std::atoi(launch.output().c_str() + launch.output().find(marker) + marker.size());
   ASSERT_TRUE(launch.ReadUntilLine("step   1000 |", absl::Seconds(120))) << launch.output();
   const std::string address = SchedulerAddress(launch.output());
-  std::vector<int> servers;
-  for (int pid : ProcessesMentioning("tessera-server")) {
-    for (int other : ProcessesMentioning(address)) {
-      if (pid == other) servers.push_back(pid);
-    }
-  }
-  std::sort(servers.begin(), servers.end());
+  const std::vector<int> servers = ServerProcesses(address);
   ASSERT_EQ(servers.size(), 3u);
 
   httplib::Client client("127.0.0.1", http_port);
