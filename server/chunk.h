@@ -51,6 +51,11 @@ struct ChunkReplication {
   // On a backup: the primary the view names, and the view epoch of the last state taken from a primary.
   int primary = -1;
   uint64_t taken_epoch = 0;
+  // On a backup: it has taken a state or updates from a primary (a copy made by this server alone holds only
+  // the initial values). A view that makes an unfilled copy the primary leaves the chunk without its state.
+  bool filled = false;
+  // Promoted before it was filled: the chunk's state is lost on this server, and every request for it says so.
+  bool lost = false;
 };
 
 struct Chunk {

@@ -239,11 +239,23 @@ absl::Status ShardStore::AdoptView(
       Chunk& chunk = *home[key];
       absl::MutexLock chunk_lock(&chunk.mu);
       for (auto& w : chunk.round.TakeWaiters()) dropped.push_back(std::move(w));
+      if (primary && !chunk.replication.filled && !(restore != nullptr && restore_all)) {
+        // Its primary was lost before it filled this copy (two servers lost within moments): what it holds is
+        // not the chunk. Requests for it fail loudly rather than train on initial values.
+        chunk.replication.lost = true;
+        LOG(ERROR) << "chunk " << key.first << "/" << key.second << ": made primary of a copy its primary never "
+                   << "filled; the chunk's state is lost (restore the job from a checkpoint)";
+      }
+      chunk.replication.filled = true;
     }
     if (home.count(key) != 0) {
       Chunk& chunk = *home[key];
       absl::MutexLock chunk_lock(&chunk.mu);
-      if (restore != nullptr && restore_all) TESSERA_RETURN_IF_ERROR(restore_into(key, chunk));
+      if (restore != nullptr && restore_all) {
+        TESSERA_RETURN_IF_ERROR(restore_into(key, chunk));
+        chunk.replication.filled = true;
+        chunk.replication.lost = false;
+      }
     } else {
       auto spec = std::find_if(map.params().begin(), map.params().end(),
                                [&](const auto& p) { return p.name() == placement.param(); });
@@ -256,10 +268,12 @@ absl::Status ShardStore::AdoptView(
       absl::MutexLock chunk_lock(&chunk->mu);
       chunk->applied_clocks.assign(workers, 0);
       config_->policy->PrepareChunkLocked(*chunk, workers);
+      chunk->replication.filled = restore != nullptr;  // a backup's copy from a checkpoint is the primary's
       if (restore != nullptr) {
         TESSERA_RETURN_IF_ERROR(restore_into(key, *chunk));
       } else {
-        // A new job's backups start as their primaries do; a later backup is filled by its primary.
+        // A new job's backups start as their primaries do (and are filled by them at once); a later backup is
+        // filled by its primary.
         FillInit(spec->init(), spec->name(), placement.offset(), absl::MakeSpan(chunk->values));
       }
       home[key] = std::move(chunk);
@@ -432,6 +446,15 @@ absl::StatusOr<ShardStore::Found> ShardStore::Find(const ChunkAddress& address) 
     }
     return absl::NotFoundError(absl::StrCat("unknown parameter chunk '", KeyName(address), "' on server ",
                                             server_id_, " (it holds chunks of: ", absl::StrJoin(held, ", "), ")"));
+  }
+  {
+    absl::MutexLock chunk_lock(&it->second->mu);
+    if (it->second->replication.lost) {
+      return absl::DataLossError(absl::StrCat("chunk '", KeyName(address), "' on server ", server_id_,
+                                              " lost its state: its backup here was made primary before its old "
+                                              "primary filled it (two servers lost within moments); resume the job "
+                                              "from a checkpoint"));
+    }
   }
   return Found{it->second.get(), config_.get(), roster_};
 }
@@ -709,6 +732,7 @@ absl::StatusOr<int64_t> ShardStore::TakeReplica(const tessera::v1::ReplicateRequ
       RestoreChunkLocked(state, std::vector<bool>(config_->job.cluster().num_workers(), true), chunk, none);
     }
     chunk.replication.taken_epoch = request.epoch();
+    chunk.replication.filled = true;
   }
   size_t bytes = state.values().size() + state.optimizer_state().size();
   for (const auto& u : request.updates()) bytes += u.values().size();

@@ -338,5 +338,32 @@ TEST_F(ReplicationTest, AWaitingPushIsAnsweredOnceTheNewBackupHoldsIt) {
   EXPECT_EQ(State(2).values(), primary.values());
 }
 
+// Two servers lost within moments: the primary is lost before it filled a new backup. The view that makes the
+// unfilled copy primary leaves the chunk without its state, and every request for it says so (DATA_LOSS), rather
+// than serving the initial values it holds.
+TEST_F(ReplicationTest, ABackupPromotedBeforeItWasFilledRefusesToServeInitialValues) {
+  Start(tessera::v1::ConsistencySpec::ASYNC, 1);
+  senders_[0]->Release();
+  auto answer = Push(0, Gradient(0, 1, 0, {1, 2, 3}));
+  ASSERT_TRUE(answer->has_value());
+  // Server 2 becomes a backup of server 0's chunks, but server 0 dies before it hands anything over.
+  senders_[0]->set_hold(true);
+  for (auto& c : *map_.mutable_chunks()) c.add_backup_server_ids(2);
+  View({0, 1, 2});
+  addresses_.erase(Address(0));
+  addresses_.erase(Address(1));
+  for (auto& c : *map_.mutable_chunks()) {
+    c.set_server_id(2);
+    c.clear_backup_server_ids();
+  }
+  View({2});
+  Sent next = Gradient(0, 2, 1, {1, 1, 1});
+  auto refused = Push(2, next);
+  ASSERT_TRUE(refused->has_value());
+  EXPECT_THAT(**refused, StatusIs(absl::StatusCode::kDataLoss, "lost its state"));
+  EXPECT_THAT(stores_[2]->Pull(ChunkPull{{map_.epoch(), "w", 0}, -1}), StatusIs(absl::StatusCode::kDataLoss, ""));
+  senders_[0]->set_hold(false);
+}
+
 }  // namespace
 }  // namespace tessera
