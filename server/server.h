@@ -58,13 +58,15 @@ class Server {
   const ServerOptions options_;
   std::atomic<int> id_{-1};  // set once registered (/metrics may be read before)
   std::string address_;
+  // Declared before store_, so that it outlives the store's retry thread, which reports unreachable backups
+  // through it.
+  std::unique_ptr<SchedulerClient> scheduler_;
   std::unique_ptr<GrpcReplicaSender> replicas_;  // to the backups of this server's chunks; outlives store_
   std::unique_ptr<ShardStore> store_;
   std::unique_ptr<FabricService> fabric_;  // the UCX listener (jobs with transport UCX); destroyed after updates_
   std::unique_ptr<ThreadPool> updates_;  // large pushes are applied here
   std::unique_ptr<ServerService> service_;
   StartedServer grpc_;
-  std::unique_ptr<SchedulerClient> scheduler_;
   std::unique_ptr<Heartbeater> heartbeater_;
   std::unique_ptr<HttpEndpoint> http_;
 
