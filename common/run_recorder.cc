@@ -14,6 +14,12 @@
 
 namespace tessera {
 
+bool UnfinishedRun(const std::string& run_dir) {
+  if (run_dir.empty()) return false;
+  const std::filesystem::path dir(run_dir);
+  return std::filesystem::exists(dir / "metrics.jsonl") && !std::filesystem::exists(dir / "summary.json");
+}
+
 absl::Status ClaimRunDirectory(const std::string& run_dir, bool overwrite, const std::vector<std::string>& records) {
   if (run_dir.empty()) return absl::OkStatus();
   std::vector<std::string> all = {"summary.json", "metrics.jsonl"};

@@ -103,6 +103,10 @@ class RunRecorder {
 // (besides metrics.jsonl and summary.json, which every run writes). With `overwrite` the new run replaces the
 // earlier one, whose files move to <run_dir>/replaced-<UTC time>/ (nothing is deleted: a restarted daemon must
 // not destroy the records of the run before it). FAILED_PRECONDITION naming what is there otherwise.
+// Whether `run_dir` holds a run that never ended: its metrics.jsonl, and no summary.json (its scheduler
+// stopped before the job's end, so a restarted one may take the job back and add to its records).
+bool UnfinishedRun(const std::string& run_dir);
+
 [[nodiscard]] absl::Status ClaimRunDirectory(const std::string& run_dir, bool overwrite,
                                              const std::vector<std::string>& records = {});
 

@@ -7,7 +7,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/rpc.h"
+#include "common/status_macros.h"
 #include "common/wire_limits.h"
+#include "glog/logging.h"
 
 namespace tessera {
 namespace {
@@ -59,17 +61,102 @@ absl::StatusOr<tessera::v1::RegisterResponse> SchedulerClient::Register(tessera:
   {
     absl::MutexLock lock(&mu_);
     member_key_ = response.member_key();
+    registration_ = request;
+    registered_ = response;
+    registered_.clear_job();
+    registered_.mutable_job()->set_name(response.job().name());
+    last_heard_ = absl::Now();
   }
   return response;
 }
 
+void SchedulerClient::EnableReturn(std::function<void(tessera::v1::MemberReturn&)> state) {
+  absl::MutexLock lock(&mu_);
+  return_state_ = std::move(state);
+}
+
+void SchedulerClient::Heard() {
+  absl::MutexLock lock(&mu_);
+  last_heard_ = absl::Now();
+}
+
+absl::Status SchedulerClient::MemberCall(const std::function<absl::Status()>& attempt, bool retry_unavailable) {
+  Backoff backoff(absl::Milliseconds(50), absl::Seconds(1));
+  bool came_back = false;
+  for (;;) {
+    uint64_t returns;
+    absl::Time give_up_at;
+    bool can_return;
+    {
+      absl::MutexLock lock(&mu_);
+      returns = returns_;
+      can_return = return_state_ != nullptr;
+      give_up_at = last_heard_ + absl::Milliseconds(registered_.heartbeat_timeout_ms());
+    }
+    absl::Status status = attempt();
+    if (status.code() != absl::StatusCode::kUnavailable) Heard();
+    if (!can_return) return status;
+    if (status.code() == absl::StatusCode::kNotFound && !came_back) {
+      // A scheduler that does not know this member: it restarted. Come back, then try once more.
+      TESSERA_RETURN_IF_ERROR(ComeBack(returns));
+      came_back = true;
+      continue;
+    }
+    if (status.code() != absl::StatusCode::kUnavailable || !retry_unavailable || absl::Now() >= give_up_at) {
+      return status;
+    }
+    backoff.Wait(give_up_at, channel_.get());
+  }
+}
+
+absl::Status SchedulerClient::ComeBack(uint64_t seen_returns) {
+  absl::MutexLock once(&return_mu_);
+  tessera::v1::RegisterRequest request;
+  absl::Duration give_up_after;
+  {
+    absl::MutexLock lock(&mu_);
+    if (returns_ != seen_returns) return absl::OkStatus();  // another call came back meanwhile
+    request = registration_;
+    request.set_requested_id(registered_.id());
+    tessera::v1::MemberReturn* back = request.mutable_rejoin();
+    back->set_job(registered_.job().name());
+    back->set_incarnation(registered_.incarnation());
+    return_state_(*back);
+    give_up_after = absl::Milliseconds(registered_.heartbeat_timeout_ms());
+  }
+  LOG(WARNING) << "the scheduler at " << address_ << " does not know this member (it restarted): coming back";
+  tessera::v1::RegisterResponse response;
+  RetryPolicy policy;
+  policy.give_up_after = give_up_after;
+  policy.channel = channel_;
+  absl::Status status = RetryWhileUnavailable(policy, absl::StrCat("coming back to scheduler ", address_), [&] {
+    grpc::ClientContext context;
+    Prepare(context, absl::Seconds(20));
+    return FromGrpcStatus(stub_->Register(&context, request, &response), context,
+                          absl::StrCat("Register (coming back) with scheduler ", address_));
+  });
+  if (!status.ok()) {
+    LOG(ERROR) << "could not come back to the restarted scheduler: " << status;
+    return status;
+  }
+  LOG(INFO) << "came back to the restarted scheduler at " << address_;
+  absl::MutexLock lock(&mu_);
+  ++returns_;
+  last_heard_ = absl::Now();
+  return absl::OkStatus();
+}
+
 absl::StatusOr<tessera::v1::HeartbeatResponse> SchedulerClient::Heartbeat(
     const tessera::v1::HeartbeatRequest& request) {
-  grpc::ClientContext context;
-  Prepare(context, kControlTimeout);
   tessera::v1::HeartbeatResponse response;
-  absl::Status status = FromGrpcStatus(stub_->Heartbeat(&context, request, &response), context,
-                                       absl::StrCat("Heartbeat to scheduler ", address_));
+  absl::Status status = MemberCall(
+      [&] {
+        grpc::ClientContext context;
+        Prepare(context, kControlTimeout);
+        return FromGrpcStatus(stub_->Heartbeat(&context, request, &response), context,
+                              absl::StrCat("Heartbeat to scheduler ", address_));
+      },
+      /*retry_unavailable=*/false);
   if (!status.ok()) return status;
   return response;
 }
@@ -108,21 +195,29 @@ absl::StatusOr<tessera::v1::ShardMap> SchedulerClient::Declare(const tessera::v1
   policy.give_up_after = timeout + absl::Seconds(6);
   policy.channel = channel_;
   absl::Status status = RetryWhileUnavailable(policy, "Declare", [&]() -> absl::Status {
-    grpc::ClientContext context;
-    Prepare(context, kControlTimeout);
-    return FromGrpcStatus(stub_->Declare(&context, request, &response), context,
-                          absl::StrCat("Declare with scheduler ", address_));
+    return MemberCall(
+        [&] {
+          grpc::ClientContext context;
+          Prepare(context, kControlTimeout);
+          return FromGrpcStatus(stub_->Declare(&context, request, &response), context,
+                                absl::StrCat("Declare with scheduler ", address_));
+        },
+        /*retry_unavailable=*/false);
   });
   if (!status.ok()) return status;
   return std::move(*response.mutable_shard_map());
 }
 
 absl::StatusOr<tessera::v1::ShardMap> SchedulerClient::GetShardMap() {
-  grpc::ClientContext context;
-  Prepare(context, kControlTimeout);
   tessera::v1::ShardMap map;
-  absl::Status status = FromGrpcStatus(stub_->GetShardMap(&context, {}, &map), context,
-                                       absl::StrCat("GetShardMap from scheduler ", address_));
+  absl::Status status = MemberCall(
+      [&] {
+        grpc::ClientContext context;
+        Prepare(context, kControlTimeout);
+        return FromGrpcStatus(stub_->GetShardMap(&context, {}, &map), context,
+                              absl::StrCat("GetShardMap from scheduler ", address_));
+      },
+      /*retry_unavailable=*/true);
   if (!status.ok()) return status;
   return map;
 }
@@ -137,23 +232,31 @@ absl::StatusOr<tessera::v1::AdvanceClockResponse> SchedulerClient::AdvanceClock(
   request.set_step_samples(step_samples);
   request.set_step_busy_seconds(step_busy_seconds);
   request.set_wait_timeout_ms(static_cast<uint64_t>(absl::ToInt64Milliseconds(wait_timeout)));
-  grpc::ClientContext context;
-  // The scheduler answers at wait_timeout with the names of the stragglers; the call's own deadline is later.
-  Prepare(context, wait_timeout + absl::Seconds(5));
   tessera::v1::AdvanceClockResponse response;
-  absl::Status status = FromGrpcStatus(stub_->AdvanceClock(&context, request, &response), context,
-                                       absl::StrCat("AdvanceClock of worker ", worker_id, " to ", clock,
-                                                    " at scheduler ", address_));
+  absl::Status status = MemberCall(
+      [&] {
+        grpc::ClientContext context;
+        // The scheduler answers at wait_timeout with the names of the stragglers; the call's own deadline is later.
+        Prepare(context, wait_timeout + absl::Seconds(5));
+        return FromGrpcStatus(stub_->AdvanceClock(&context, request, &response), context,
+                              absl::StrCat("AdvanceClock of worker ", worker_id, " to ", clock, " at scheduler ",
+                                           address_));
+      },
+      /*retry_unavailable=*/true);
   if (!status.ok()) return status;
   return response;
 }
 
 absl::StatusOr<tessera::v1::ReportResponse> SchedulerClient::Report(const tessera::v1::ReportRequest& request) {
-  grpc::ClientContext context;
-  Prepare(context, kControlTimeout);
   tessera::v1::ReportResponse response;
-  absl::Status status = FromGrpcStatus(stub_->Report(&context, request, &response), context,
-                                       absl::StrCat("Report to scheduler ", address_));
+  absl::Status status = MemberCall(
+      [&] {
+        grpc::ClientContext context;
+        Prepare(context, kControlTimeout);
+        return FromGrpcStatus(stub_->Report(&context, request, &response), context,
+                              absl::StrCat("Report to scheduler ", address_));
+      },
+      /*retry_unavailable=*/true);
   if (!status.ok()) return status;
   return response;
 }
@@ -179,11 +282,15 @@ absl::Status SchedulerClient::ReportServer(tessera::v1::Role role, int member_id
   request.set_server_id(server_id);
   request.set_incarnation(incarnation);
   request.set_error(ErrorText(error));
-  grpc::ClientContext context;
-  Prepare(context, kFarewellTimeout);
   tessera::v1::ReportServerResponse response;
-  return FromGrpcStatus(stub_->ReportServer(&context, request, &response), context,
-                        absl::StrCat("ReportServer to scheduler ", address_));
+  return MemberCall(
+      [&] {
+        grpc::ClientContext context;
+        Prepare(context, kFarewellTimeout);
+        return FromGrpcStatus(stub_->ReportServer(&context, request, &response), context,
+                              absl::StrCat("ReportServer to scheduler ", address_));
+      },
+      /*retry_unavailable=*/false);
 }
 
 absl::Status SchedulerClient::Done(int worker_id, int64_t clock, const absl::Status& failure) {
@@ -191,11 +298,16 @@ absl::Status SchedulerClient::Done(int worker_id, int64_t clock, const absl::Sta
   request.set_worker_id(worker_id);
   request.set_clock(clock);
   if (!failure.ok()) request.set_failure(ErrorText(failure));
-  grpc::ClientContext context;
-  // A failing worker is on its way out: it does not wait long for a scheduler that does not answer.
-  Prepare(context, failure.ok() ? kControlTimeout : kFarewellTimeout);
   tessera::v1::DoneResponse response;
-  return FromGrpcStatus(stub_->Done(&context, request, &response), context, absl::StrCat("Done to scheduler ", address_));
+  return MemberCall(
+      [&] {
+        grpc::ClientContext context;
+        // A failing worker is on its way out: it does not wait long for a scheduler that does not answer.
+        Prepare(context, failure.ok() ? kControlTimeout : kFarewellTimeout);
+        return FromGrpcStatus(stub_->Done(&context, request, &response), context,
+                              absl::StrCat("Done to scheduler ", address_));
+      },
+      /*retry_unavailable=*/failure.ok());
 }
 
 }  // namespace tessera

@@ -31,6 +31,15 @@ class SchedulerClient {
   [[nodiscard]] absl::StatusOr<tessera::v1::RegisterResponse> Register(tessera::v1::RegisterRequest request,
                                                                        absl::Duration give_up_after);
 
+  // After Register: this member comes back by itself to a scheduler that restarted (JobCoordinator::Register's
+  // take-back). `state` fills in what it holds at that moment (a server's view, a worker's clock; called on
+  // the thread of the call that found the scheduler new). From now on, a call below answered NOT_FOUND (the
+  // scheduler does not know this member) registers again with the rejoin, once at a time across threads, and
+  // is tried again; and AdvanceClock, Report, GetShardMap and Done (without a failure) that find no scheduler
+  // (UNAVAILABLE) are tried again, with backoff, until it has not been heard from for the heartbeat timeout
+  // the registration gave (the members' heartbeats give up on it as long after).
+  void EnableReturn(std::function<void(tessera::v1::MemberReturn&)> state);
+
   [[nodiscard]] absl::StatusOr<tessera::v1::HeartbeatResponse> Heartbeat(const tessera::v1::HeartbeatRequest& request);
 
   // Starts heartbeating as (role, id, incarnation) every `interval` on a thread of its own. `on_job_finished` runs when the
@@ -72,11 +81,24 @@ class SchedulerClient {
  private:
   // Sets `context`'s deadline, the job token and the member key.
   void Prepare(grpc::ClientContext& context, absl::Duration timeout) const;
+  // Runs a member call's `attempt` (a fresh context each time) as EnableReturn says; `retry_unavailable`: tried
+  // again while the scheduler does not answer.
+  [[nodiscard]] absl::Status MemberCall(const std::function<absl::Status()>& attempt, bool retry_unavailable);
+  // Registers again with the rejoin, unless another thread came back since `seen_returns`.
+  [[nodiscard]] absl::Status ComeBack(uint64_t seen_returns);
+  void Heard();
 
   const std::string address_;
   const std::shared_ptr<const Security> security_;
   mutable absl::Mutex mu_;
   std::string member_key_ ABSL_GUARDED_BY(mu_);
+  // What coming back needs: the registration, its answer, what the member holds; and how often it came back.
+  tessera::v1::RegisterRequest registration_ ABSL_GUARDED_BY(mu_);
+  tessera::v1::RegisterResponse registered_ ABSL_GUARDED_BY(mu_);
+  std::function<void(tessera::v1::MemberReturn&)> return_state_ ABSL_GUARDED_BY(mu_);
+  uint64_t returns_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time last_heard_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Mutex return_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // one comeback at a time
   std::atomic<bool> stopping_{false};
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<tessera::v1::Scheduler::Stub> stub_;

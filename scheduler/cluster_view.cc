@@ -130,6 +130,7 @@ absl::StatusOr<ClusterView::Joined> ClusterView::JoinSlot(const tessera::v1::Reg
   slot->joined_clock = server ? 0 : start_clock(*slot);
   slot->incarnation += 1;
   slot->state = MemberState::kAlive;
+  slot->awaited = false;
   slot->address = request.address();
   slot->fabric_address = request.fabric_address();
   slot->hostname = request.hostname();
@@ -192,10 +193,111 @@ absl::Status ClusterView::CheckMemberKey(tessera::v1::Role role, int id, absl::s
                                                    " is outside the job (0 to ", slots->size() - 1, ")"));
   }
   const Member& m = (*slots)[id];
-  if (m.state == MemberState::kVacant) {
-    return absl::UnauthenticatedError(absl::StrCat(m.Describe(), " has not registered: register first"));
+  if (m.state == MemberState::kVacant || m.awaited) {
+    return absl::NotFoundError(absl::StrCat(m.Describe(), m.awaited ? " has not come back to the restarted scheduler"
+                                                                     : " has not registered",
+                                            ": register first"));
   }
   return CheckSecret(key, m.key, absl::StrCat("a call for ", m.Describe()));
+}
+
+void ClusterView::Adopt(const tessera::v1::ShardMap& view, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  const bool placed = view.params_size() > 0;
+  if (placed) {
+    placement_ = view;
+    placement_->clear_servers();
+    placement_->clear_workers();
+    epoch_ = view.epoch();
+    rollback_generation_ = view.rollback_generation();
+    rollback_clock_ = view.rollback_clock();
+  }
+  auto await = [now](Member& m, uint64_t incarnation, const std::string& key_digest) {
+    m.incarnation = incarnation;
+    m.state = MemberState::kAlive;
+    m.awaited = true;
+    m.last_seen = now;
+    m.key.clear();
+    m.key_digest = key_digest;
+  };
+  for (const auto& s : view.servers()) {
+    if (s.id() < 0 || s.id() >= static_cast<int>(servers_.size())) continue;
+    Member& m = servers_[s.id()];
+    await(m, s.incarnation(), s.key_digest());
+    m.address = s.address();
+    m.fabric_address = s.fabric_address();
+  }
+  if (placed) {
+    for (Member& m : servers_) {
+      if (m.state == MemberState::kVacant) m.state = MemberState::kLost;  // left the job before the restart
+    }
+  }
+  for (const auto& w : view.workers()) {
+    if (w.id() < 0 || w.id() >= static_cast<int>(workers_.size()) || w.incarnation() == 0) continue;
+    Member& m = workers_[w.id()];
+    m.joined_clock = w.joined_clock();
+    if (w.active()) {
+      await(m, w.incarnation(), w.key_digest());
+    } else {
+      m.incarnation = w.incarnation();
+      m.state = MemberState::kLost;
+    }
+  }
+  ++changes_;
+}
+
+absl::StatusOr<Member> ClusterView::Return(const tessera::v1::RegisterRequest& request, std::string_view key,
+                                           absl::Time now) {
+  const bool server = request.role() == tessera::v1::SERVER;
+  if (!server && request.role() != tessera::v1::WORKER) return absl::InvalidArgumentError("register: role must be SERVER or WORKER");
+  TESSERA_RETURN_IF_ERROR(CheckLength("register: address", request.address(), kMaxAddressBytes));
+  TESSERA_RETURN_IF_ERROR(CheckLength("register: fabric address", request.fabric_address(), kMaxAddressBytes));
+  TESSERA_RETURN_IF_ERROR(CheckLength("register: hostname", request.hostname(), kMaxNameBytes));
+  TESSERA_RETURN_IF_ERROR(CheckLength("register: device", request.device(), kMaxNameBytes));
+  TESSERA_RETURN_IF_ERROR(CheckLength("register: control_key", request.control_key(), kMaxNameBytes));
+  if (server && (request.address().empty() || request.control_key().empty())) {
+    return absl::InvalidArgumentError("a server comes back with its address and the key of its control calls");
+  }
+  if (key.empty()) return absl::UnauthenticatedError("a member comes back with the member key it was given");
+  absl::MutexLock lock(&mu_);
+  std::vector<Member>& slots = server ? servers_ : workers_;
+  const int id = request.has_requested_id() ? request.requested_id() : -1;
+  if (id < 0 || id >= static_cast<int>(slots.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("register: a member comes back to its own slot; ", id,
+                                                   " is outside the job (0 to ", slots.size() - 1, ")"));
+  }
+  Member& m = slots[id];
+  const uint64_t incarnation = request.rejoin().incarnation();
+  if (m.awaited && incarnation == m.incarnation) {
+    TESSERA_RETURN_IF_ERROR(CheckSecret(KeyDigest(std::string(key)), m.key_digest, absl::StrCat(m.Describe(), " coming back")));
+  } else if (m.state == MemberState::kAlive && !m.awaited) {
+    return absl::FailedPreconditionError(absl::StrCat(m.Describe(), " is held by incarnation ", m.incarnation,
+                                                      " registered with this scheduler"));
+  } else if (incarnation < m.incarnation || incarnation == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(m.Describe(), " incarnation ", incarnation,
+                                                      " was replaced by incarnation ", m.incarnation));
+  }
+  m.incarnation = incarnation;
+  m.state = MemberState::kAlive;
+  m.awaited = false;
+  m.key = std::string(key);
+  m.key_digest = KeyDigest(m.key);
+  m.last_seen = now;
+  m.address = request.address();
+  m.fabric_address = request.fabric_address();
+  m.hostname = request.hostname();
+  if (!request.device().empty()) m.device = request.device();
+  m.control_key = request.control_key();
+  if (!server) m.joined_clock = std::min(m.joined_clock, request.rejoin().clock());
+  ++changes_;
+  return m;
+}
+
+void ClusterView::AdvanceEpochPast(uint64_t seen) {
+  absl::MutexLock lock(&mu_);
+  if (!placement_) return;
+  epoch_ = std::max(epoch_, seen) + 1;
+  ++changes_;
 }
 
 std::vector<Member> ClusterView::MarkSilentLost(absl::Time now, absl::Duration timeout) {
@@ -206,6 +308,7 @@ std::vector<Member> ClusterView::MarkSilentLost(absl::Time now, absl::Duration t
       for (Member& m : *slots) {
         if (m.state != MemberState::kAlive || now - m.last_seen <= timeout) continue;
         m.state = MemberState::kLost;
+        m.awaited = false;
         lost.push_back(m);
       }
     }
@@ -230,6 +333,7 @@ std::optional<Member> ClusterView::Leave(int worker, MemberState state, const st
       return std::nullopt;
     }
     workers_[worker].state = state;
+    workers_[worker].awaited = false;
     if (state == MemberState::kLost) ChangedLocked();
     event.kind = state == MemberState::kLost ? MembershipEvent::kWorkerLost : MembershipEvent::kWorkerDone;
     event.member = workers_[worker];
@@ -247,6 +351,7 @@ std::optional<Member> ClusterView::MarkServerLost(int id, uint64_t incarnation, 
     Member& m = servers_[id];
     if (m.state != MemberState::kAlive || (incarnation != 0 && incarnation != m.incarnation)) return std::nullopt;
     m.state = MemberState::kLost;
+    m.awaited = false;
     ChangedLocked();
     event.kind = MembershipEvent::kServerLost;
     event.member = m;

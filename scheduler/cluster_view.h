@@ -68,6 +68,22 @@ class ClusterView {
   // vacant, the epoch past the checkpoint's. Call before anyone joins.
   void Restore(const tessera::v1::ShardMap& view);
 
+  // A restarted scheduler takes a running job back (JobCoordinator::Register): the placement, epoch and
+  // rollback of `view` (the newest a server brought back; one without parameters when nothing was placed yet),
+  // and its members, each alive but awaited (Member::awaited) from `now`. Servers missing from `view` and
+  // workers inactive in it are lost; slots nobody held stay vacant. Call before anyone joins.
+  void Adopt(const tessera::v1::ShardMap& view, absl::Time now);
+  // A member of a job taken back comes back (`request.rejoin()`, with the member key `key` it was given):
+  // into its awaited slot when `key` is that incarnation's, or into a slot that no incarnation as new as its
+  // own holds (it joined after the view taken back), keeping its incarnation and key. Returns it as it is now.
+  // FAILED_PRECONDITION when a newer incarnation holds the slot (it was replaced) or the slot was taken
+  // afresh; UNAUTHENTICATED for a wrong key; INVALID_ARGUMENT as for Join.
+  [[nodiscard]] absl::StatusOr<Member> Return(const tessera::v1::RegisterRequest& request, std::string_view key,
+                                              absl::Time now);
+  // Advances the epoch past `seen` and the current one (a view taken back is handed out anew under an epoch no
+  // member holds yet). Only once placed.
+  void AdvanceEpochPast(uint64_t seen);
+
   // Notes a heartbeat. NOT_FOUND for an id nobody registered; FAILED_PRECONDITION for a member that was declared
   // lost or replaced by a newer incarnation (it must register again to come back). `incarnation` 0 is not
   // checked.
@@ -78,7 +94,8 @@ class ClusterView {
   std::vector<Member> MarkSilentLost(absl::Time now, absl::Duration timeout);
 
   // OK when `key` is the member key of the incarnation holding (role, id) now. INVALID_ARGUMENT for an unknown
-  // role or an id outside the job; UNAUTHENTICATED for a missing or wrong key, or a slot nobody holds.
+  // role or an id outside the job; NOT_FOUND for a slot nobody holds or one awaited (a member of the job before
+  // the scheduler restarted: it comes back with Register's rejoin); UNAUTHENTICATED for a missing or wrong key.
   [[nodiscard]] absl::Status CheckMemberKey(tessera::v1::Role role, int id, absl::string_view key) const;
 
   // An alive worker leaves: kDone (it finished) or kLost (it stopped on an error: lost at once, as if it had

@@ -27,7 +27,7 @@ using tessera::v1::ConsistencySpec;
 absl::StatusOr<std::unique_ptr<JobCoordinator>> JobCoordinator::Create(
     tessera::v1::JobSpec job, const std::string& run_dir, absl::Duration heartbeat_interval,
     absl::Duration heartbeat_timeout, ServerControl* servers, std::function<void(const JobOutcome&)> on_finished,
-    const std::string& resume_dir) {
+    const std::string& resume_dir, bool interrupted_run) {
   TESSERA_RETURN_IF_ERROR(ValidateJobSpec(job));
   std::optional<CheckpointInfo> resume;
   if (!resume_dir.empty()) {
@@ -37,9 +37,13 @@ absl::StatusOr<std::unique_ptr<JobCoordinator>> JobCoordinator::Create(
     resume = std::move(latest).value();
   }
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<RunRecorder> recorder,
-                           RunRecorder::Create(run_dir, /*append=*/resume.has_value()));
+                           RunRecorder::Create(run_dir, /*append=*/resume.has_value() || interrupted_run));
   std::unique_ptr<JobCoordinator> coordinator(new JobCoordinator(
       std::move(job), std::move(recorder), heartbeat_interval, heartbeat_timeout, servers, std::move(on_finished)));
+  if (interrupted_run) {
+    absl::MutexLock lock(&coordinator->mu_);
+    coordinator->interrupted_run_ = true;
+  }
   if (resume) {
     const CheckpointInfo& info = *resume;
     coordinator->view_.Restore(info.state.view());
@@ -196,8 +200,38 @@ int64_t JobCoordinator::StartClock(const Member& member) const {
 }
 
 void JobCoordinator::Register(const tessera::v1::RegisterRequest& request,
-                              std::function<void(absl::StatusOr<tessera::v1::RegisterResponse>)> done) {
-  executor_.Submit([this, request, done = std::move(done)] {
+                              std::function<void(absl::StatusOr<tessera::v1::RegisterResponse>)> done,
+                              const std::string& member_key) {
+  executor_.Submit([this, request, member_key, done = std::move(done)] {
+    if (request.has_rejoin()) {
+      TakeBack(request, member_key, done);
+      return;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (!started_afresh_ && !taken_back_) {
+        // The members of a job this scheduler may take back come first: a process registering afresh meanwhile
+        // (one restarted at the same time) waits for the job it would join.
+        if (!returning_servers_.empty()) {
+          done(absl::UnavailableError("the restarted scheduler is taking its job back from the servers; retry"));
+          return;
+        }
+        const absl::Time wait_until = start_ + failure_detector_.timeout();
+        if (interrupted_run_ && absl::Now() < wait_until) {
+          done(absl::UnavailableError(absl::StrCat(
+              "the scheduler restarted on an unfinished run and waits for its members to come back (up to ",
+              absl::FormatDuration(absl::Trunc(wait_until - absl::Now(), absl::Seconds(1))),
+              " more) before a job starts afresh; retry")));
+          return;
+        }
+        started_afresh_ = true;
+        if (interrupted_run_) {
+          LOG(WARNING) << "no member of the unfinished run came back within the heartbeat timeout: the job starts "
+                          "afresh (its records are added to the run's)";
+          records_.AddEvent({{"event", "started afresh"}, {"why", "no member of the unfinished run came back"}});
+        }
+      }
+    }
     if (request.role() == tessera::v1::WORKER && clocks_.stopped()) {
       done(absl::FailedPreconditionError(absl::StrCat("the job is stopping: ", clocks_.stop_reason())));
       return;
@@ -216,21 +250,153 @@ void JobCoordinator::Register(const tessera::v1::RegisterRequest& request,
               << (m.device.empty() ? "" : " on " + m.device)
               << (m.role == tessera::v1::WORKER && m.joined_clock > 0 ? absl::StrCat(", starting at clock ", m.joined_clock)
                                                                      : "");
-    tessera::v1::RegisterResponse response;
-    response.set_id(m.id);
-    *response.mutable_job() = job_;
-    response.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(heartbeat_interval_));
-    response.set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(failure_detector_.timeout()));
-    response.set_incarnation(m.incarnation);
-    response.set_member_key(m.key);
-    response.set_start_clock(m.joined_clock);
-    if (m.role == tessera::v1::WORKER && balancer_.enabled()) {
-      const BatchSlice slice = balancer_.SliceOf(m.id, m.joined_clock);
-      response.set_batch_offset(slice.offset);
-      response.set_batch_count(slice.count);
-    }
-    done(std::move(response));
+    done(Registered(m));
   });
+}
+
+tessera::v1::RegisterResponse JobCoordinator::Registered(const Member& m) {
+  tessera::v1::RegisterResponse response;
+  response.set_id(m.id);
+  *response.mutable_job() = job_;
+  response.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(heartbeat_interval_));
+  response.set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(failure_detector_.timeout()));
+  response.set_incarnation(m.incarnation);
+  response.set_member_key(m.key);
+  response.set_start_clock(m.joined_clock);
+  if (m.role == tessera::v1::WORKER && balancer_.enabled()) {
+    const BatchSlice slice = balancer_.SliceOf(m.id, m.joined_clock);
+    response.set_batch_offset(slice.offset);
+    response.set_batch_count(slice.count);
+  }
+  return response;
+}
+
+void JobCoordinator::TakeBack(const tessera::v1::RegisterRequest& request, const std::string& member_key,
+                              std::function<void(absl::StatusOr<tessera::v1::RegisterResponse>)> done) {
+  const tessera::v1::MemberReturn& rejoin = request.rejoin();
+  const bool server = request.role() == tessera::v1::SERVER;
+  if (rejoin.job() != job_.name()) {
+    done(absl::FailedPreconditionError(absl::StrCat("this scheduler runs job '", job_.name(), "', not '",
+                                                    rejoin.job().substr(0, kMaxNameBytes), "'")));
+    return;
+  }
+  if (!request.has_requested_id() || request.requested_id() < 0 ||
+      request.requested_id() >= (server ? view_.num_servers() : view_.num_workers())) {
+    done(absl::InvalidArgumentError("a member comes back to the slot it held (requested_id within the job)"));
+    return;
+  }
+  const int id = request.requested_id();
+  absl::StatusOr<Member> member = absl::UnknownError("not taken back");
+  std::optional<tessera::v1::ShardMap> adopt;
+  {
+    absl::MutexLock lock(&mu_);
+    if (started_afresh_) {
+      done(absl::FailedPreconditionError(
+          "this scheduler started its job afresh (a member registered before any came back): register anew"));
+      return;
+    }
+    if (!taken_back_) {
+      if (!server) {
+        done(absl::UnavailableError("the restarted scheduler takes its job back from the servers first; retry"));
+        return;
+      }
+      const absl::Time now = absl::Now();
+      if (returning_servers_.empty()) gathering_since_ = now;
+      returning_servers_[id] = Returning{request, member_key};
+      // The newest view a server holds is the job's; every server it names should be back before it is taken.
+      const tessera::v1::ShardMap* newest = nullptr;
+      for (const auto& [sid, r] : returning_servers_) {
+        if (newest == nullptr || r.request.rejoin().view().epoch() > newest->epoch()) newest = &r.request.rejoin().view();
+      }
+      std::vector<int> missing;
+      if (newest->params_size() > 0) {
+        for (const auto& s : newest->servers()) {
+          if (!returning_servers_.count(s.id())) missing.push_back(s.id());
+        }
+      } else {
+        for (int s = 0; s < view_.num_servers(); ++s) {
+          if (!returning_servers_.count(s)) missing.push_back(s);
+        }
+      }
+      const absl::Duration window = 3 * heartbeat_interval_;
+      if (!missing.empty() && now - gathering_since_ < window) {
+        done(absl::UnavailableError(absl::StrCat("the restarted scheduler waits for server(s) ",
+                                                 absl::StrJoin(missing, ", "), " to come back (up to ",
+                                                 absl::FormatDuration(window), ") before taking the job back; retry")));
+        return;
+      }
+      adopt = *newest;
+      taken_back_ = true;
+    }
+  }
+  if (adopt) {
+    member = AdoptGathered(*adopt, id);
+  } else {
+    const bool was_awaited = (server ? view_.Servers() : view_.Workers())[id].awaited;
+    member = view_.Return(request, member_key, absl::Now());
+    if (member.ok()) {
+      Returned(*member, rejoin.clock());
+      // A server back after the job was taken back, or a worker that took its slot anew, changes what the
+      // servers hold: a new epoch (past any a late server brings).
+      if (server || !was_awaited) {
+        view_.AdvanceEpochPast(server ? rejoin.view().epoch() : 0);
+        PublishView(absl::StrCat(member->Describe(), " came back to the restarted scheduler"));
+      }
+    }
+  }
+  if (!member.ok()) {
+    LOG(WARNING) << (server ? "server " : "worker ") << id << " could not come back: " << member.status();
+    done(member.status());
+    return;
+  }
+  LOG(INFO) << member->Describe() << " came back (incarnation " << member->incarnation << ")"
+            << (server ? "" : absl::StrCat(" at clock ", rejoin.clock()));
+  tessera::v1::RegisterResponse response = Registered(*member);
+  if (!server) response.set_start_clock(rejoin.clock());
+  done(std::move(response));
+}
+
+absl::StatusOr<Member> JobCoordinator::AdoptGathered(const tessera::v1::ShardMap& view, int caller) {
+  const absl::Time now = absl::Now();
+  view_.Adopt(view, now);
+  // Workers hold the gate at the clocks they joined at until they come back with theirs; lost ones leave it.
+  for (const Member& w : view_.Workers()) {
+    if (w.state == MemberState::kAlive) clocks_.Rejoin(w.id, w.joined_clock);
+    if (w.state == MemberState::kLost) clocks_.Done(w.id);
+  }
+  std::map<int, Returning> gathered;
+  {
+    absl::MutexLock lock(&mu_);
+    gathered.swap(returning_servers_);
+  }
+  absl::StatusOr<Member> own = absl::InternalError("not among the servers gathered");
+  for (const auto& [id, r] : gathered) {
+    absl::StatusOr<Member> back = view_.Return(r.request, r.key, now);
+    if (back.ok()) Returned(*back, 0);
+    if (id == caller) own = back;
+    else if (!back.ok()) LOG(WARNING) << "server " << id << " could not come back: " << back.status();
+  }
+  if (checkpointer_.enabled()) {
+    absl::StatusOr<CheckpointInfo> latest = Checkpointer::LoadLatest(checkpointer_.dir(), job_.name());
+    if (latest.ok() && Checkpointer::CheckResumable(job_, *latest).ok()) checkpointer_.set_latest(*latest);
+  }
+  view_.AdvanceEpochPast(view.epoch());
+  records_.AddEvent({{"event", "scheduler restarted, job taken back"},
+                     {"epoch_taken", view.epoch()},
+                     {"servers_back", gathered.size()},
+                     {"placed", view.params_size() > 0}});
+  LOG(INFO) << "took the job back from " << gathered.size() << " server(s): cluster view epoch " << view.epoch()
+            << (view.params_size() > 0 ? "" : " (nothing placed yet)");
+  PublishView("the restarted scheduler took the job back");
+  return own;
+}
+
+void JobCoordinator::Returned(const Member& member, int64_t clock) {
+  if (member.role == tessera::v1::SERVER) {
+    servers_->SetControlKey(member.address, member.control_key);
+  } else {
+    clocks_.Rejoin(member.id, clock);
+  }
 }
 
 absl::StatusOr<tessera::v1::HeartbeatResponse> JobCoordinator::Heartbeat(

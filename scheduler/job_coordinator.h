@@ -58,10 +58,12 @@ class JobCoordinator {
   // on the coordinator's executor, after the summary is written and the servers were told to exit. A member
   // silent for `heartbeat_timeout` is lost. With `resume_dir`, the job goes on from the newest usable
   // checkpoint there (NOT_FOUND when there is none; FAILED_PRECONDITION when it is another job's or shape's).
+  // `interrupted_run`: `run_dir` holds a run whose scheduler stopped before its end (see Register's take-back);
+  // its records are added to, and nobody registers afresh within a heartbeat timeout of the start.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<JobCoordinator>> Create(
       tessera::v1::JobSpec job, const std::string& run_dir, absl::Duration heartbeat_interval,
       absl::Duration heartbeat_timeout, ServerControl* servers, std::function<void(const JobOutcome&)> on_finished,
-      const std::string& resume_dir = "");
+      const std::string& resume_dir = "", bool interrupted_run = false);
   ~JobCoordinator();
 
   // Starts failure detection (every heartbeat interval), the checkpoint cadence and the job's time limit.
@@ -73,8 +75,18 @@ class JobCoordinator {
 
   // Calls `done` (on the executor) with the member's slot, incarnation and start clock. A worker rejoining a
   // running job is in the view the servers hold before `done` runs.
+  //
+  // A restarted scheduler takes its running job back from the members (`request.rejoin()`, `member_key` the
+  // key the call carries). The servers come back first: each brings the view it holds, and once every server of
+  // the newest one is back (or 3 heartbeat intervals after the first), that view is the job's (ClusterView::
+  // Adopt), the latest checkpoint is loaded for later recoveries, and the view goes to the servers under a new
+  // epoch. Workers come back with their clocks, which the gate takes. Nothing is restored or rolled back; a
+  // member that does not come back is lost after the heartbeat timeout, as a silent one is. Until the job is
+  // taken back, returning workers and new registrations are answered UNAVAILABLE (they retry). A member coming
+  // back to a scheduler that started its job afresh, or runs another job, gets FAILED_PRECONDITION.
   void Register(const tessera::v1::RegisterRequest& request,
-                std::function<void(absl::StatusOr<tessera::v1::RegisterResponse>)> done);
+                std::function<void(absl::StatusOr<tessera::v1::RegisterResponse>)> done,
+                const std::string& member_key = "");
   [[nodiscard]] absl::StatusOr<tessera::v1::HeartbeatResponse> Heartbeat(const tessera::v1::HeartbeatRequest& request);
 
   // Calls `done` (on the executor) with the cluster view, UNAVAILABLE naming the servers still missing, or the
@@ -129,6 +141,16 @@ class JobCoordinator {
                  std::function<void(const JobOutcome&)> on_finished);
 
   tessera::v1::ReportResponse StopResponse() const;
+  // Register's answer for `member`, as it is now.
+  tessera::v1::RegisterResponse Registered(const Member& member);
+  // Register with a rejoin, on the executor.
+  void TakeBack(const tessera::v1::RegisterRequest& request, const std::string& member_key,
+                std::function<void(absl::StatusOr<tessera::v1::RegisterResponse>)> done);
+  // Takes `view` as the job's and lets the servers gathered so far in; returns `caller`'s slot when it is one of
+  // them (its own error otherwise).
+  absl::StatusOr<Member> AdoptGathered(const tessera::v1::ShardMap& view, int caller);
+  // A member taken back: the gate takes a worker's clock, the coordinator a server's control key.
+  void Returned(const Member& member, int64_t clock);
   // A resumed job whose servers have not been restored yet.
   bool Resuming() const;
   // Where a worker taking slot `member` starts: 0 for a new rank (a resumed job's: the checkpoint's clock); for a
@@ -192,6 +214,18 @@ class JobCoordinator {
   nlohmann::json summary_ ABSL_GUARDED_BY(mu_);
   bool rounds_queued_ ABSL_GUARDED_BY(mu_) = false;  // a DecideRounds send is waiting in round_sender_
   std::set<int> probing_ ABSL_GUARDED_BY(mu_);        // servers a worker reported, being probed
+  // How this scheduler's job began: afresh (a member registered with no rejoin) or taken back from the members
+  // of a scheduler before it (Register); neither until the first registration.
+  bool started_afresh_ ABSL_GUARDED_BY(mu_) = false;
+  bool taken_back_ ABSL_GUARDED_BY(mu_) = false;
+  bool interrupted_run_ ABSL_GUARDED_BY(mu_) = false;
+  // Taking back: the servers come back so far (their rejoins and keys), and when the first did.
+  struct Returning {
+    tessera::v1::RegisterRequest request;
+    std::string key;
+  };
+  std::map<int, Returning> returning_servers_ ABSL_GUARDED_BY(mu_);
+  absl::Time gathering_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
 
   // Probes servers workers could not reach (ReportServer).
   SerialExecutor prober_;

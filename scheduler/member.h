@@ -29,6 +29,9 @@ struct Member {
   std::string key;           // the member key this incarnation was given (common/security.h)
   std::string key_digest;    // its SHA-256, which the view hands to servers
   std::string control_key;   // servers: the key their control calls need
+  // In the view a restarted scheduler took back, not come back yet: its calls are answered NOT_FOUND (come back
+  // first: ClusterView::Return), and it is lost like a silent member when it does not come back.
+  bool awaited = false;
 
   // "server 1 at node8:4100" or "worker 2 on gpu3".
   std::string Describe() const;

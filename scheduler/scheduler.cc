@@ -26,7 +26,7 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Start(const SchedulerOptio
                                                             : absl::AbortedError(absl::StrCat(
                                                                   "the job did not complete: ", outcome.stop_reason)));
                              },
-                             options.resume_dir));
+                             options.resume_dir, options.interrupted_run));
   scheduler->service_ = std::make_unique<SchedulerService>(scheduler->coordinator_.get(), options.security);
   TESSERA_ASSIGN_OR_RETURN(StartedServer started, StartGrpcServer(options.listen_host, options.port,
                                                                   {scheduler->service_.get()}, *options.security));

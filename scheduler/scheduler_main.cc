@@ -68,9 +68,16 @@ int main(int argc, char** argv) {
     std::cerr << "tessera-scheduler: " << valid.message() << std::endl;
     return 2;
   }
-  // A resumed job adds to its run's records.
-  if (absl::Status s = FLAGS_resume.empty() ? tessera::ClaimRunDirectory(FLAGS_run_dir, FLAGS_overwrite)
-                                            : absl::OkStatus();
+  // A resumed job adds to its run's records, and so does a scheduler restarted on a run that never ended (a
+  // service manager restarting it): it takes the job back from the members still running it.
+  options.interrupted_run = FLAGS_resume.empty() && !FLAGS_overwrite && tessera::UnfinishedRun(FLAGS_run_dir);
+  if (options.interrupted_run) {
+    std::cout << "the run in " << FLAGS_run_dir << " never ended: taking its job back from the members that come "
+              << "back (--overwrite starts afresh)" << std::endl;
+  }
+  if (absl::Status s = FLAGS_resume.empty() && !options.interrupted_run
+                           ? tessera::ClaimRunDirectory(FLAGS_run_dir, FLAGS_overwrite)
+                           : absl::OkStatus();
       !s.ok()) {
     std::cerr << "tessera-scheduler: " << s.message() << std::endl;
     return 2;

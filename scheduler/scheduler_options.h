@@ -21,6 +21,9 @@ struct SchedulerOptions {
   int heartbeat_timeout_ms = 10000;      // a worker silent this long is lost
   int http_port = 0;                     // /healthz, /metrics, /status on listen_host; 0: a free port; -1: off
   std::string resume_dir;                // go on from the newest usable checkpoint in this folder; empty: a new job
+  // run_dir holds a run that never ended (this scheduler restarted): its records are added to, and its members
+  // get a heartbeat timeout to come back before anyone may register afresh.
+  bool interrupted_run = false;
   int linger_s = 0;                      // after the job ends, keep serving /status, the dashboard and /metrics
   int stop_grace_ms = 10000;             // on Stop(), how long workers get to finish their step and report
   std::shared_ptr<const Security> security = Security::Plaintext();  // TLS and the job token (common/security.h)

@@ -28,8 +28,10 @@ grpc::ServerUnaryReactor* SchedulerService::Register(grpc::CallbackServerContext
                                                      const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
   return ServeUnary<RegisterRequest, RegisterResponse>(
       context, request, response, *security_,
-      [this](std::shared_ptr<const RegisterRequest> r, UnaryReply<RegisterResponse> reply) {
-        coordinator_->Register(*r, std::move(reply));
+      [this, context](std::shared_ptr<const RegisterRequest> r, UnaryReply<RegisterResponse> reply) {
+        // A member coming back to a restarted scheduler proves who it is with the key it was given.
+        coordinator_->Register(*r, std::move(reply),
+                               r->has_rejoin() ? std::string(ClientMetadata(*context, kMemberKeyHeader)) : "");
       });
 }
 

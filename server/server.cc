@@ -118,6 +118,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                            server->scheduler_->Register(request, absl::Seconds(options.connect_timeout_s)));
   server->id_ = registered.id();
   server->replicas_->set_member_key(registered.member_key());
+  // A restarted scheduler takes the job's view back from its servers.
+  server->scheduler_->EnableReturn(
+      [store = server->store_.get()](tessera::v1::MemberReturn& back) { *back.mutable_view() = store->view(); });
   if (server->fabric_ && registered.job().transport() != tessera::v1::UCX) {
     server->fabric_.reset();  // no unencrypted port stays open for a gRPC job
   }

@@ -367,6 +367,7 @@ absl::Status ShardStore::AdoptView(
   CloseCompleteRounds(*config_, *roster, closed);
   roster_ = std::move(roster);
   epoch_ = map.epoch();
+  view_ = map;
   return absl::OkStatus();
 }
 
@@ -949,6 +950,11 @@ void ShardStore::CancelWaiters(const absl::Status& why) {
   }
   for (auto& w : waiting) w->Complete(why);
   for (auto& done : held) done(why);
+}
+
+tessera::v1::ShardMap ShardStore::view() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return view_;
 }
 
 uint64_t ShardStore::epoch() const {

@@ -144,6 +144,9 @@ class ShardStore {
 
   tessera::v1::ServerStats Stats() const;
   uint64_t epoch() const;
+  // The cluster view this server holds (empty before the first Assign): what it brings back to a restarted
+  // scheduler.
+  tessera::v1::ShardMap view() const;
   // The job's name; empty before the first Assign.
   std::string job_name() const;
 
@@ -239,6 +242,7 @@ class ShardStore {
   mutable absl::Mutex mu_;
   int server_id_ ABSL_GUARDED_BY(mu_) = -1;  // set by the first Assign
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  tessera::v1::ShardMap view_ ABSL_GUARDED_BY(mu_);  // the last view assigned
   std::unique_ptr<const JobConfig> config_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const Roster> roster_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Chunk>> retired_ ABSL_GUARDED_BY(mu_);  // moved to other servers

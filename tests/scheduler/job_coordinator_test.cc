@@ -254,5 +254,131 @@ TEST_F(JobCoordinatorTest, AServerLostWithoutACheckpointStopsTheJobNamingIt) {
   coordinator_->Abort("end of test");
 }
 
+// What a member sends a restarted scheduler to come back: its slot, incarnation and state, and (servers) the same
+// address and control key.
+tessera::v1::RegisterRequest Rejoin(tessera::v1::Role role, int id, const std::string& job, uint64_t incarnation,
+                                    const tessera::v1::ShardMap& view, int64_t clock) {
+  tessera::v1::RegisterRequest r;
+  r.set_role(role);
+  r.set_requested_id(id);
+  if (role == tessera::v1::SERVER) {
+    r.set_address(absl::StrCat("127.0.0.1:", 7000 + id));
+    r.set_control_key(absl::StrCat("control-", id));
+  }
+  r.mutable_rejoin()->set_job(job);
+  r.mutable_rejoin()->set_incarnation(incarnation);
+  *r.mutable_rejoin()->mutable_view() = view;
+  r.mutable_rejoin()->set_clock(clock);
+  return r;
+}
+
+// A scheduler restarted in the middle of a SYNC job takes it back from its members: the servers' view (same
+// placement, a newer epoch handed to them), each worker's clock; it knows nobody before they come back, takes
+// only their own keys, waits for the servers first, and a member that does not come back is lost like a silent one.
+TEST_F(JobCoordinatorTest, ARestartedSchedulerTakesTheJobBackFromItsMembers) {
+  Create(ConsistencySpec::SYNC, /*max_steps=*/100, /*heartbeat_timeout=*/absl::Seconds(5));
+  std::string keys[2][2];  // [server/worker][id]
+  for (int id = 0; id < 2; ++id) {
+    absl::StatusOr<tessera::v1::RegisterResponse> s = Register(tessera::v1::SERVER, id);
+    absl::StatusOr<tessera::v1::RegisterResponse> w = Register(tessera::v1::WORKER, id);
+    ASSERT_THAT(s, IsOk());
+    ASSERT_THAT(w, IsOk());
+    keys[0][id] = s->member_key();
+    keys[1][id] = w->member_key();
+  }
+  ASSERT_THAT(Declare(0), IsOk());
+  for (int64_t clock = 1; clock <= 3; ++clock) {
+    Answer<tessera::v1::AdvanceClockResponse> a0, a1;
+    Advance(0, clock, a0);
+    Advance(1, clock, a1);
+    ASSERT_THAT(a0.Get(), IsOk());
+    ASSERT_THAT(a1.Get(), IsOk());
+  }
+  const tessera::v1::ShardMap held = servers_.assigned();  // what the servers hold when the scheduler dies
+  coordinator_->Abort("the scheduler process died");
+
+  FakeServerControl servers;
+  auto created = JobCoordinator::Create(job_, /*run_dir=*/"", absl::Milliseconds(100), absl::Seconds(1), &servers,
+                                        [](const JobOutcome&) {});
+  ASSERT_THAT(created, IsOk());
+  JobCoordinator& restarted = **created;
+  auto come_back = [&](const tessera::v1::RegisterRequest& r, const std::string& key) {
+    Answer<tessera::v1::RegisterResponse> answer;
+    restarted.Register(r, answer.callback(), key);
+    return answer.Get();
+  };
+  EXPECT_THAT(restarted.view().CheckMemberKey(tessera::v1::WORKER, 0, keys[1][0]),
+              StatusIs(absl::StatusCode::kNotFound, "register first"))
+      << "a member unknown to the scheduler is told so, and comes back";
+  EXPECT_THAT(come_back(Rejoin(tessera::v1::WORKER, 0, job_.name(), 1, held, 3), keys[1][0]),
+              StatusIs(absl::StatusCode::kUnavailable, "servers first"));
+  EXPECT_THAT(come_back(Rejoin(tessera::v1::SERVER, 0, "another-job", 1, held, 0), keys[0][0]),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "another-job"));
+  EXPECT_THAT(come_back(Rejoin(tessera::v1::SERVER, 0, job_.name(), 1, held, 0), keys[0][0]),
+              StatusIs(absl::StatusCode::kUnavailable, "server(s) 1"))
+      << "the view is taken once every server it names is back";
+  tessera::v1::RegisterRequest fresh;
+  fresh.set_role(tessera::v1::WORKER);
+  Answer<tessera::v1::RegisterResponse> afresh;
+  restarted.Register(fresh, afresh.callback());
+  EXPECT_THAT(afresh.Get(), StatusIs(absl::StatusCode::kUnavailable, "taking its job back"));
+  ASSERT_THAT(come_back(Rejoin(tessera::v1::SERVER, 1, job_.name(), 1, held, 0), keys[0][1]), IsOk());
+
+  // The view taken back: the same placement and members, under a new epoch, handed to the servers.
+  std::optional<tessera::v1::ShardMap> view = restarted.view().Map();
+  ASSERT_TRUE(view.has_value());
+  EXPECT_GT(view->epoch(), held.epoch());
+  EXPECT_EQ(servers.assigned().epoch(), view->epoch());
+  ASSERT_EQ(view->chunks_size(), held.chunks_size());
+  for (int i = 0; i < held.chunks_size(); ++i) EXPECT_EQ(view->chunks(i).server_id(), held.chunks(i).server_id());
+  EXPECT_THAT(restarted.view().CheckMemberKey(tessera::v1::SERVER, 1, keys[0][1]), IsOk());
+  EXPECT_THAT(restarted.view().CheckMemberKey(tessera::v1::WORKER, 1, keys[1][1]),
+              StatusIs(absl::StatusCode::kNotFound, "not come back"));
+
+  // Workers come back with their own keys and clocks; the gate waits for the one not back yet.
+  EXPECT_THAT(come_back(Rejoin(tessera::v1::WORKER, 0, job_.name(), 1, held, 3), keys[1][1]),
+              StatusIs(absl::StatusCode::kUnauthenticated, ""));
+  EXPECT_THAT(come_back(Rejoin(tessera::v1::WORKER, 0, job_.name(), 1, held, 3), keys[1][0]), IsOk());
+  Answer<tessera::v1::AdvanceClockResponse> gate;
+  tessera::v1::AdvanceClockRequest advance;
+  advance.set_worker_id(0);
+  advance.set_clock(4);
+  advance.set_wait_timeout_ms(30000);
+  restarted.AdvanceClock(advance, gate.callback());
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_FALSE(gate.Ready()) << "worker 1's clock is not known yet";
+  // Worker 1 never comes back: lost after the heartbeat timeout, and the gate opens without it.
+  for (int beat = 0; beat < 6; ++beat) {
+    absl::SleepFor(absl::Milliseconds(250));
+    for (auto [role, id] : std::vector<std::pair<tessera::v1::Role, int>>{
+             {tessera::v1::SERVER, 0}, {tessera::v1::SERVER, 1}, {tessera::v1::WORKER, 0}}) {
+      tessera::v1::HeartbeatRequest r;
+      r.set_role(role);
+      r.set_id(id);
+      r.set_incarnation(1);
+      ASSERT_THAT(restarted.Heartbeat(r), IsOk());
+    }
+  }
+  EXPECT_FALSE(gate.Ready());
+  restarted.CheckLiveness(absl::Now());
+  absl::StatusOr<tessera::v1::AdvanceClockResponse> opened = gate.Get();
+  ASSERT_THAT(opened, IsOk());
+  EXPECT_FALSE(opened->stop()) << opened->stop_reason();
+  EXPECT_EQ(restarted.view().Workers()[1].state, MemberState::kLost);
+  EXPECT_EQ(restarted.clocks()[0], 4);
+  restarted.Abort("end of test");
+}
+
+// A scheduler that started its job afresh does not take members of another life back.
+TEST_F(JobCoordinatorTest, AMemberOfAnEarlierLifeCannotComeBackToAJobStartedAfresh) {
+  Create(ConsistencySpec::ASYNC, /*max_steps=*/10);
+  ASSERT_THAT(Register(tessera::v1::SERVER, 0), IsOk());
+  Answer<tessera::v1::RegisterResponse> answer;
+  coordinator_->Register(Rejoin(tessera::v1::SERVER, 1, job_.name(), 1, tessera::v1::ShardMap(), 0),
+                         answer.callback(), "some-key");
+  EXPECT_THAT(answer.Get(), StatusIs(absl::StatusCode::kFailedPrecondition, "afresh"));
+  coordinator_->Abort("end of test");
+}
+
 }  // namespace
 }  // namespace tessera

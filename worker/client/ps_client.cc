@@ -81,6 +81,10 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(const Options& optio
   client->incarnation_ = registered.incarnation();
   client->member_key_ = registered.member_key();
   client->clock_ = registered.start_clock();
+  client->shared_clock_ = client->clock_;
+  // A restarted scheduler takes this worker back at the clock it has reached.
+  client->scheduler_->EnableReturn(
+      [clock = &client->shared_clock_](tessera::v1::MemberReturn& back) { back.set_clock(clock->load()); });
   client->slice_ = {registered.batch_offset(), registered.batch_count()};
   client->job_ = registered.job();
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<ChunkTransport> transport,
@@ -307,6 +311,7 @@ absl::StatusOr<ClockResult> PsClient::Clock() {
 ClockResult PsClient::Advanced(const tessera::v1::AdvanceClockResponse& gate) {
   ++clock_;
   if (gate.late() && gate.next_clock() > clock_) clock_ = gate.next_clock();  // on to the others' round
+  shared_clock_ = clock_;
   slice_ = {gate.batch_offset(), gate.batch_count()};
   if (gate.rolled_back()) {
     // Numbered, so that a rollback heard of both here and from the map is taken once.
@@ -334,6 +339,7 @@ std::optional<int64_t> PsClient::TakeRollback() {
   if (!to) return std::nullopt;
   rollback_.reset();
   clock_ = *to;
+  shared_clock_ = clock_;
   pulled_.clear();  // what was pulled is from before the rollback
   caller_->ForgetResiduals();  // and what rounding or top-k left of the voided steps' gradients
   return to;

@@ -44,6 +44,7 @@
 #ifndef TESSERA_WORKER_CLIENT_PS_CLIENT_H_
 #define TESSERA_WORKER_CLIENT_PS_CLIENT_H_
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -265,6 +266,9 @@ class PsClient {
   mutable absl::Mutex bytes_mu_;
   int64_t bytes_pulled_ ABSL_GUARDED_BY(bytes_mu_) = 0;
   int64_t clock_ = 0;
+  // clock_, for a return to a restarted scheduler (SchedulerClient::EnableReturn), which may run on another
+  // thread.
+  std::atomic<int64_t> shared_clock_{0};
   BatchSlice slice_;
   int step_samples_ = 0;
   absl::Duration step_busy_;
