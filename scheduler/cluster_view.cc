@@ -270,6 +270,9 @@ absl::StatusOr<Member> ClusterView::Return(const tessera::v1::RegisterRequest& r
   const uint64_t incarnation = request.rejoin().incarnation();
   if (m.awaited && incarnation == m.incarnation) {
     TESSERA_RETURN_IF_ERROR(CheckSecret(KeyDigest(std::string(key)), m.key_digest, absl::StrCat(m.Describe(), " coming back")));
+  } else if (m.state == MemberState::kAlive && !m.awaited && incarnation == m.incarnation &&
+             CheckSecret(absl::string_view(key.data(), key.size()), m.key, "").ok()) {
+    // Back already (its earlier try was answered while the job was being taken back): the same again.
   } else if (m.state == MemberState::kAlive && !m.awaited) {
     return absl::FailedPreconditionError(absl::StrCat(m.Describe(), " is held by incarnation ", m.incarnation,
                                                       " registered with this scheduler"));
@@ -421,6 +424,7 @@ absl::StatusOr<ClusterView::Placed> ClusterView::Place(const std::vector<tessera
     }
   }
   const int64_t placed_params = map.params_size();
+  if (map.run_id().empty()) map.set_run_id(NewSecret().substr(0, 16));
   if (absl::Status s = PlaceParameters(params, chunk_bytes, map, backups_); !s.ok()) return s;
   Placed placed;
   placed.changed = !placement_ || map.params_size() != placed_params;

@@ -376,9 +376,18 @@ absl::StatusOr<Member> JobCoordinator::AdoptGathered(const tessera::v1::ShardMap
     if (id == caller) own = back;
     else if (!back.ok()) LOG(WARNING) << "server " << id << " could not come back: " << back.status();
   }
+  // The newest checkpoint of this run (not of an earlier run of the job in the same folder), for a server lost
+  // later without backups.
   if (checkpointer_.enabled()) {
     absl::StatusOr<CheckpointInfo> latest = Checkpointer::LoadLatest(checkpointer_.dir(), job_.name());
-    if (latest.ok() && Checkpointer::CheckResumable(job_, *latest).ok()) checkpointer_.set_latest(*latest);
+    if (latest.ok() && latest->state.view().run_id() == view.run_id() &&
+        Checkpointer::CheckResumable(job_, *latest).ok()) {
+      LOG(INFO) << "the run's latest checkpoint: " << latest->folder << " at clock " << latest->state.clock();
+      checkpointer_.set_latest(*latest);
+    } else {
+      LOG(INFO) << "no checkpoint of this run in " << checkpointer_.dir()
+                << (latest.ok() ? absl::StrCat(" (", latest->folder, " is another run's)") : "");
+    }
   }
   view_.AdvanceEpochPast(view.epoch());
   records_.AddEvent({{"event", "scheduler restarted, job taken back"},

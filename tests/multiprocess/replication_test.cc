@@ -29,31 +29,6 @@ namespace {
 // Long enough that only a worker's report can explain a recovery within it.
 constexpr int kHeartbeatTimeoutMs = 20000;
 
-// The tensors of the two parameter files are equal in every bit.
-void ExpectIdenticalParameters(const std::string& a, const std::string& b) {
-  absl::StatusOr<NamedTensors> first = ReadParamFile(a);
-  absl::StatusOr<NamedTensors> second = ReadParamFile(b);
-  ASSERT_TRUE(first.ok()) << first.status();
-  ASSERT_TRUE(second.ok()) << second.status();
-  ASSERT_EQ(first->size(), second->size());
-  for (const auto& [name, values] : *first) {
-    auto other = second->find(name);
-    ASSERT_NE(other, second->end()) << name;
-    ASSERT_EQ(values.size(), other->second.size()) << name;
-    EXPECT_EQ(std::memcmp(values.data(), other->second.data(), values.size() * sizeof(float)), 0)
-        << name << " differs";
-  }
-}
-
-// Runs `job` to its end with tessera-launch, nothing disturbed; its final parameters go to `dump`.
-void RunUndisturbed(const std::string& job, const std::string& dump) {
-  const std::filesystem::path run = std::filesystem::path(dump).parent_path() / "full";
-  Subprocess full({kBin + "/tessera-launch", "--linger_s=0", "--job=" + job, "--run_dir=" + run.string(),
-                   "--device=cpu", "--dump_params=" + dump});
-  ASSERT_TRUE(full.ReadUntilExit(absl::Seconds(180))) << full.output();
-  ASSERT_EQ(full.exit_code(), 0) << full.output();
-}
-
 // The tessera-server processes of the scheduler at `address`, oldest first.
 std::vector<int> ServerProcesses(const std::string& address) {
   std::vector<int> servers;
@@ -171,7 +146,7 @@ cluster { num_servers: 3 num_workers: 2 }
 replication { backups: 1 }
 )"));
   const std::string undisturbed = (dir_ / "full.params").string();
-  ASSERT_NO_FATAL_FAILURE(RunUndisturbed(job, undisturbed));
+  ASSERT_NO_FATAL_FAILURE(RunLaunched(job, undisturbed));
   const std::filesystem::path run = dir_ / "run";
   const std::string dump = (dir_ / "run.params").string();
   Subprocess launch({kBin + "/tessera-launch", "--linger_s=0", "--job=" + job, "--run_dir=" + run.string(),
@@ -224,7 +199,7 @@ cluster { num_servers: 3 num_workers: 2 }
 replication { backups: 1 }
 )");
   const std::string undisturbed = (dir_ / "full.params").string();
-  ASSERT_NO_FATAL_FAILURE(RunUndisturbed(job, undisturbed));
+  ASSERT_NO_FATAL_FAILURE(RunLaunched(job, undisturbed));
   const std::filesystem::path run = dir_ / "run";
   const std::string dump = (dir_ / "run.params").string();
   Subprocess launch({kBin + "/tessera-launch", "--linger_s=0", "--job=" + job, "--run_dir=" + run.string(),

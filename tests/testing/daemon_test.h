@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -53,6 +54,32 @@ class DaemonTest : public ::testing::Test {
 
   std::filesystem::path dir_;
 };
+
+// The tensors of the parameter files `a` and `b` are equal in every bit.
+inline void ExpectIdenticalParameters(const std::string& a, const std::string& b) {
+  absl::StatusOr<NamedTensors> first = ReadParamFile(a);
+  absl::StatusOr<NamedTensors> second = ReadParamFile(b);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_EQ(first->size(), second->size());
+  for (const auto& [name, values] : *first) {
+    auto other = second->find(name);
+    ASSERT_NE(other, second->end()) << name;
+    ASSERT_EQ(values.size(), other->second.size()) << name;
+    EXPECT_EQ(std::memcmp(values.data(), other->second.data(), values.size() * sizeof(float)), 0)
+        << name << " differs";
+  }
+}
+
+// Runs the job file `job` to its end with tessera-launch, nothing disturbed (records in "full" beside `dump`);
+// its final parameters go to `dump`.
+inline void RunLaunched(const std::string& job, const std::string& dump) {
+  const std::filesystem::path run = std::filesystem::path(dump).parent_path() / "full";
+  Subprocess full({kBin + "/tessera-launch", "--linger_s=0", "--job=" + job, "--run_dir=" + run.string(),
+                   "--device=cpu", "--dump_params=" + dump});
+  ASSERT_TRUE(full.ReadUntilExit(absl::Seconds(180))) << full.output();
+  ASSERT_EQ(full.exit_code(), 0) << full.output();
+}
 
 // The parameter files `a` and `b` hold the same tensors, to a relative error under `tolerance`.
 inline void ExpectSameParameters(const std::string& a, const std::string& b, double tolerance) {
