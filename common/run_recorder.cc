@@ -56,7 +56,40 @@ absl::StatusOr<std::unique_ptr<RunRecorder>> RunRecorder::Create(const std::stri
   absl::MutexLock lock(&recorder->mu_);
   recorder->metrics_.open(run_dir + "/metrics.jsonl", std::ios::out | (append ? std::ios::app : std::ios::trunc));
   if (!recorder->metrics_) return absl::PermissionDeniedError("cannot write " + run_dir + "/metrics.jsonl");
+  recorder->events_.open(run_dir + "/events.jsonl", std::ios::out | (append ? std::ios::app : std::ios::trunc));
+  if (!recorder->events_) return absl::PermissionDeniedError("cannot write " + run_dir + "/events.jsonl");
   return recorder;
+}
+
+absl::Status RunRecorder::StartAfresh() {
+  if (run_dir_.empty()) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  metrics_.close();
+  events_.close();
+  absl::Status moved = ClaimRunDirectory(run_dir_, /*overwrite=*/true, {"events.jsonl"});
+  const auto mode = std::ios::out | (moved.ok() ? std::ios::trunc : std::ios::app);
+  metrics_.open(run_dir_ + "/metrics.jsonl", mode);
+  events_.open(run_dir_ + "/events.jsonl", mode);
+  if (!metrics_ || !events_) return absl::PermissionDeniedError("cannot write the records in " + run_dir_);
+  return moved;
+}
+
+void RunRecorder::AppendEvent(const nlohmann::json& event) {
+  if (run_dir_.empty()) return;
+  absl::MutexLock lock(&mu_);
+  events_ << event.dump() << "\n";
+  events_.flush();
+}
+
+std::vector<nlohmann::json> RunRecorder::ReadEvents(const std::string& run_dir) {
+  std::vector<nlohmann::json> events;
+  if (run_dir.empty()) return events;
+  std::ifstream in(run_dir + "/events.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json event = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (event.is_object()) events.push_back(std::move(event));
+  }
+  return events;
 }
 
 absl::Status RunRecorder::Append(const EvalRecord& r) {

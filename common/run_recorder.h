@@ -91,12 +91,22 @@ class RunRecorder {
 
   const std::string& run_dir() const { return run_dir_; }
 
+  // Appends `event` as one line to <run_dir>/events.jsonl (the run's membership events, as they happen).
+  void AppendEvent(const nlohmann::json& event);
+  // The events <run_dir>/events.jsonl holds, oldest first (lines that do not parse are skipped); none without it.
+  static std::vector<nlohmann::json> ReadEvents(const std::string& run_dir);
+
+  // The run directory's earlier records (an unfinished run this one does not go on with) move to
+  // <run_dir>/replaced-<UTC time>/, as ClaimRunDirectory's `overwrite` moves them, and metrics.jsonl starts empty.
+  [[nodiscard]] absl::Status StartAfresh();
+
  private:
   explicit RunRecorder(std::string run_dir) : run_dir_(std::move(run_dir)) {}
 
   const std::string run_dir_;
   absl::Mutex mu_;
   std::ofstream metrics_ ABSL_GUARDED_BY(mu_);
+  std::ofstream events_ ABSL_GUARDED_BY(mu_);
 };
 
 // A run directory must not mix two runs' records. OK when `run_dir` is empty, absent, or holds none of `records`

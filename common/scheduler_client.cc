@@ -113,6 +113,7 @@ absl::Status SchedulerClient::ComeBack(uint64_t seen_returns) {
   absl::MutexLock once(&return_mu_);
   tessera::v1::RegisterRequest request;
   absl::Duration give_up_after;
+  std::function<void(tessera::v1::MemberReturn&)> state;
   {
     absl::MutexLock lock(&mu_);
     if (returns_ != seen_returns) return absl::OkStatus();  // another call came back meanwhile
@@ -121,9 +122,10 @@ absl::Status SchedulerClient::ComeBack(uint64_t seen_returns) {
     tessera::v1::MemberReturn* back = request.mutable_rejoin();
     back->set_job(registered_.job().name());
     back->set_incarnation(registered_.incarnation());
-    return_state_(*back);
     give_up_after = absl::Milliseconds(registered_.heartbeat_timeout_ms());
+    state = return_state_;
   }
+  state(*request.mutable_rejoin());  // without mu_: it takes the member's own locks
   LOG(WARNING) << "the scheduler at " << address_ << " does not know this member (it restarted): coming back";
   tessera::v1::RegisterResponse response;
   RetryPolicy policy;

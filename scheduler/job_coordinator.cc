@@ -36,13 +36,17 @@ absl::StatusOr<std::unique_ptr<JobCoordinator>> JobCoordinator::Create(
     TESSERA_RETURN_IF_ERROR(Checkpointer::CheckResumable(job, *latest));
     resume = std::move(latest).value();
   }
+  // A restarted scheduler's run began with its first life: its events and its clock go on from there.
+  std::vector<nlohmann::json> earlier_events;
+  if (interrupted_run) earlier_events = RunRecorder::ReadEvents(run_dir);
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<RunRecorder> recorder,
                            RunRecorder::Create(run_dir, /*append=*/resume.has_value() || interrupted_run));
   std::unique_ptr<JobCoordinator> coordinator(new JobCoordinator(
       std::move(job), std::move(recorder), heartbeat_interval, heartbeat_timeout, servers, std::move(on_finished)));
   if (interrupted_run) {
+    coordinator->records_.TakeBackEvents(std::move(earlier_events));
     absl::MutexLock lock(&coordinator->mu_);
-    coordinator->interrupted_run_ = true;
+    coordinator->afresh_after_ = absl::Now() + heartbeat_timeout;
   }
   if (resume) {
     const CheckpointInfo& info = *resume;
@@ -101,7 +105,7 @@ void JobCoordinator::StartFailureDetection() {
   ticker_ = std::make_unique<Heartbeater>(
       std::min(heartbeat_interval_, absl::Milliseconds(200)),
       [this, max_seconds] {
-        if (max_seconds > 0 && !clocks_.stopped() && absl::Now() - start_ >= absl::Seconds(max_seconds)) {
+        if (max_seconds > 0 && !clocks_.stopped() && absl::Now() - records_.run_start() >= absl::Seconds(max_seconds)) {
           clocks_.Stop(absl::StrCat("ran for stop.max_seconds (", max_seconds, " s)"));
         }
         bool failure_reported;
@@ -216,8 +220,8 @@ void JobCoordinator::Register(const tessera::v1::RegisterRequest& request,
           done(absl::UnavailableError("the restarted scheduler is taking its job back from the servers; retry"));
           return;
         }
-        const absl::Time wait_until = start_ + failure_detector_.timeout();
-        if (interrupted_run_ && absl::Now() < wait_until) {
+        const absl::Time wait_until = afresh_after_;
+        if (absl::Now() < wait_until) {
           done(absl::UnavailableError(absl::StrCat(
               "the scheduler restarted on an unfinished run and waits for its members to come back (up to ",
               absl::FormatDuration(absl::Trunc(wait_until - absl::Now(), absl::Seconds(1))),
@@ -225,10 +229,12 @@ void JobCoordinator::Register(const tessera::v1::RegisterRequest& request,
           return;
         }
         started_afresh_ = true;
-        if (interrupted_run_) {
+        if (afresh_after_ != absl::InfinitePast()) {
           LOG(WARNING) << "no member of the unfinished run came back within the heartbeat timeout: the job starts "
-                          "afresh (its records are added to the run's)";
-          records_.AddEvent({{"event", "started afresh"}, {"why", "no member of the unfinished run came back"}});
+                          "afresh, and the run's earlier records move aside";
+          if (absl::Status moved = records_.StartAfresh(); !moved.ok()) {
+            LOG(WARNING) << "the earlier records stay beside the new ones: " << moved;
+          }
         }
       }
     }

@@ -218,7 +218,8 @@ class JobCoordinator {
   // of a scheduler before it (Register); neither until the first registration.
   bool started_afresh_ ABSL_GUARDED_BY(mu_) = false;
   bool taken_back_ ABSL_GUARDED_BY(mu_) = false;
-  bool interrupted_run_ ABSL_GUARDED_BY(mu_) = false;
+  // An unfinished run's scheduler: nobody registers afresh before this time (its members come back first).
+  absl::Time afresh_after_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Taking back: the servers come back so far (their rejoins and keys), and when the first did.
   struct Returning {
     tessera::v1::RegisterRequest request;

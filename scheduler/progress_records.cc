@@ -78,7 +78,7 @@ void ProgressRecords::WriteEvalRecord(const tessera::v1::ReportRequest& eval) {
   EvalRecord record;
   record.step = eval.eval_clock() > 0 ? eval.eval_clock() : eval.clock();
   record.epoch = eval.epoch();
-  record.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start_);
+  record.wall_seconds = absl::ToDoubleSeconds(absl::Now() - run_start());
   record.test_loss = eval.test_loss();
   record.test_accuracy = eval.test_accuracy();
   const ClusterStats sum = ServerTotals();
@@ -127,10 +127,40 @@ void ProgressRecords::OnMembership(const MembershipEvent& event, int64_t worker_
 }
 
 void ProgressRecords::AddEvent(nlohmann::json event) {
-  event["wall_seconds"] = absl::ToDoubleSeconds(absl::Now() - start_);
+  const absl::Time now = absl::Now();
+  event["wall_seconds"] = absl::ToDoubleSeconds(now - run_start());
+  event["unix_seconds"] = absl::ToDoubleSeconds(now - absl::UnixEpoch());
+  recorder_->AppendEvent(event);
   absl::MutexLock lock(&mu_);
   events_.push_back(std::move(event));
   if (events_.size() > kEventLimit) events_.erase(events_.begin());
+}
+
+absl::Time ProgressRecords::run_start() const {
+  absl::MutexLock lock(&mu_);
+  return start_;
+}
+
+absl::Status ProgressRecords::StartAfresh() {
+  {
+    absl::MutexLock lock(&mu_);
+    events_ = nlohmann::json::array();
+    start_ = absl::Now();
+  }
+  return recorder_->StartAfresh();
+}
+
+void ProgressRecords::TakeBackEvents(std::vector<nlohmann::json> earlier) {
+  absl::MutexLock lock(&mu_);
+  if (!earlier.empty() && earlier[0].contains("unix_seconds") && earlier[0].contains("wall_seconds")) {
+    start_ = std::min(start_, absl::UnixEpoch() + absl::Seconds(earlier[0]["unix_seconds"].get<double>() -
+                                                                earlier[0]["wall_seconds"].get<double>()));
+  }
+  nlohmann::json events = nlohmann::json::array();
+  for (nlohmann::json& e : earlier) events.push_back(std::move(e));
+  for (nlohmann::json& e : events_) events.push_back(std::move(e));
+  while (events.size() > kEventLimit) events.erase(events.begin());
+  events_ = std::move(events);
 }
 
 nlohmann::json ProgressRecords::SaveSummary(const JobOutcome& outcome, const std::vector<int64_t>& worker_clocks,

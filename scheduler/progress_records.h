@@ -74,6 +74,15 @@ class ProgressRecords {
                              const std::vector<int64_t>& counted_clocks, const std::vector<int>& lost_workers,
                              const nlohmann::json& extra = nlohmann::json::object());
   void PrintSummary(const nlohmann::json& summary) { recorder_->PrintSummary(summary); }
+  // A job started afresh in the run directory of an unfinished one: see RunRecorder::StartAfresh.
+  // The events taken back are dropped, and the run starts now.
+  [[nodiscard]] absl::Status StartAfresh();
+
+  // A restarted scheduler's: the events of the run's earlier lives (RunRecorder::ReadEvents) go before its own,
+  // and the run's start is the first life's (events' and evaluations' wall_seconds go on from it).
+  void TakeBackEvents(std::vector<nlohmann::json> earlier);
+  // When the run began: the scheduler's start, or its first life's (TakeBackEvents).
+  absl::Time run_start() const;
 
   // Parts of /status and /metrics.
   void AddToStatus(nlohmann::json& status) const;
@@ -85,9 +94,8 @@ class ProgressRecords {
   static nlohmann::json StalenessJson(const ClusterStats& sum);
   const tessera::v1::JobSpec job_;
   const std::unique_ptr<RunRecorder> recorder_;
-  const absl::Time start_;
-
   mutable absl::Mutex mu_;
+  absl::Time start_ ABSL_GUARDED_BY(mu_);
   std::vector<tessera::v1::ReportRequest> last_report_ ABSL_GUARDED_BY(mu_);  // per worker
   std::optional<tessera::v1::ReportRequest> last_eval_ ABSL_GUARDED_BY(mu_);
   std::optional<double> seconds_to_target_ ABSL_GUARDED_BY(mu_);

@@ -17,8 +17,10 @@ DEFINE_int32(port, 0, "port to listen on; 0 picks a free one (see --address_file
 DEFINE_string(address_file, "", "write HOST:PORT here once listening");
 DEFINE_string(run_dir, "", "directory for metrics.jsonl and summary.json; empty: print only");
 DEFINE_bool(overwrite, false,
-            "start afresh in a --run_dir that holds an earlier run, whose records move to RUN_DIR/replaced-<time>/ "
-            "(refused otherwise, unless --resume)");
+            "start afresh in a --run_dir that holds a finished run, whose records move to RUN_DIR/replaced-<time>/ "
+            "(refused otherwise, unless --resume). A run that never ended is taken back from its members instead "
+            "(a restarted scheduler); when none comes back within --heartbeat_timeout_ms, its records move aside "
+            "and the job starts afresh");
 DEFINE_int32(num_servers, 0, "override the job's cluster.num_servers (0: keep)");
 DEFINE_int32(num_workers, 0, "override the job's cluster.num_workers (0: keep)");
 DEFINE_int32(http_port, 0, "port of /healthz, /metrics and /status on --host; 0 picks a free one (logged), -1: off");
@@ -70,10 +72,11 @@ int main(int argc, char** argv) {
   }
   // A resumed job adds to its run's records, and so does a scheduler restarted on a run that never ended (a
   // service manager restarting it): it takes the job back from the members still running it.
-  options.interrupted_run = FLAGS_resume.empty() && !FLAGS_overwrite && tessera::UnfinishedRun(FLAGS_run_dir);
+  options.interrupted_run = FLAGS_resume.empty() && tessera::UnfinishedRun(FLAGS_run_dir);
   if (options.interrupted_run) {
     std::cout << "the run in " << FLAGS_run_dir << " never ended: taking its job back from the members that come "
-              << "back (--overwrite starts afresh)" << std::endl;
+              << "back (when none does within --heartbeat_timeout_ms, the job starts afresh and the earlier "
+              << "records move aside)" << std::endl;
   }
   if (absl::Status s = FLAGS_resume.empty() && !options.interrupted_run
                            ? tessera::ClaimRunDirectory(FLAGS_run_dir, FLAGS_overwrite)

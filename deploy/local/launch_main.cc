@@ -68,6 +68,10 @@ DEFINE_int32(restart_servers, 0,
 DEFINE_int32(restart_workers, 0,
              "start a worker that failed again (same rank, a new incarnation that rejoins the running job), at "
              "most this many times per worker; 0: the job goes on without it");
+DEFINE_int32(restart_scheduler, 0,
+             "start the scheduler again when it dies (killed, or exit 1), on the same port, at most this many "
+             "times: it takes the running job back from the servers and workers, which wait for it up to the "
+             "heartbeat timeout; 0: the job ends with it");
 DEFINE_bool(tls, false,
             "make a fresh CA and certificate for the run (in RUN_DIR/secrets, with the run's token) and have every "
             "daemon use mutual TLS; --tls_cert/--tls_key/--tls_ca give your own instead");
@@ -99,7 +103,8 @@ int main(int argc, char** argv) {
                        tessera::NonNegativeFlag("inject_slowdown_ms"), tessera::NonNegativeFlag("stall_ms"),
                        tessera::NonNegativeFlag("simulate_compute_ms"), tessera::NonNegativeFlag("checkpoint_every_steps"),
                        tessera::NonNegativeFlag("checkpoint_every_s"), tessera::NonNegativeFlag("heartbeat_timeout_ms"),
-                       tessera::NonNegativeFlag("restart_servers"), tessera::NonNegativeFlag("restart_workers")});
+                       tessera::NonNegativeFlag("restart_servers"), tessera::NonNegativeFlag("restart_workers"),
+                       tessera::NonNegativeFlag("restart_scheduler")});
   std::string job_text = tessera::kDefaultJobText;
   std::string origin = "the embedded default job";
   const std::string job_file = FLAGS_resume.empty() ? FLAGS_job : FLAGS_resume + "/job.pbtxt";
@@ -194,6 +199,7 @@ int main(int argc, char** argv) {
   }
   options.restart_workers = FLAGS_restart_workers;
   options.restart_servers = FLAGS_restart_servers;
+  options.restart_scheduler = FLAGS_restart_scheduler;
   options.heartbeat_timeout_ms = FLAGS_heartbeat_timeout_ms;
 
   // One run per run directory (a resumed run goes on in its own).

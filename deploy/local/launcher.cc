@@ -182,9 +182,25 @@ class Cluster {
     out << summary.dump(2) << "\n";
   }
 
-  absl::Status StartScheduler() {
+  // Starts the scheduler; `again`: the one that died (it is started again with its command line, on the port it
+  // had, so that the servers and workers come back to it and it takes the job back).
+  absl::Status StartScheduler(Child* again = nullptr) {
     int pipe_fds[2];
     if (pipe2(pipe_fds, O_CLOEXEC) != 0) return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+    if (again != nullptr) {
+      if (reader_.joinable()) reader_.join();  // the dead one's output is read to its end
+      absl::StatusOr<pid_t> pid = Spawn(again->argv, again->log, pipe_fds[1], /*append=*/true);
+      close(pipe_fds[1]);
+      if (!pid.ok()) {
+        close(pipe_fds[0]);
+        return pid.status();
+      }
+      again->pid = *pid;
+      again->exited = false;
+      scheduler_exited_ = false;
+      ReadSchedulerOutput(pipe_fds[0]);
+      return absl::OkStatus();
+    }
     std::vector<std::string> argv = {options_.bin_dir + "/tessera-scheduler", "--job=" + options_.job_path,
                                      "--run_dir=" + options_.run_dir, "--port=0",
                                      absl::StrCat("--linger_s=", options_.linger_s)};
@@ -204,9 +220,14 @@ class Cluster {
       return pid.status();
     }
     children_.push_back({Child::kScheduler, "scheduler", options_.run_dir + "/logs/scheduler.log", argv, {}, *pid});
-    // Forward the scheduler's stdout (progress lines) and pick up its address from the first line.
+    ReadSchedulerOutput(pipe_fds[0]);
+    return absl::OkStatus();
+  }
+
+  // Forwards the scheduler's stdout (progress lines) from `fd` and picks up its address from its first line.
+  void ReadSchedulerOutput(int fd) {
     const pid_t self = getpid();
-    reader_ = std::thread([this, fd = pipe_fds[0], self] {
+    reader_ = std::thread([this, fd, self] {
       std::string pending;
       char buffer[4096];
       ssize_t n;
@@ -236,7 +257,6 @@ class Cluster {
       }
       close(fd);
     });
-    return absl::OkStatus();
   }
 
   // A resumed run adds to the logs of the run it continues.
@@ -346,6 +366,25 @@ class Cluster {
                                       WEXITSTATUS(status) == ExitStatusAfterSignal(interrupted_);
         if (child.role == Child::kScheduler) {
           scheduler_exited_ = true;
+          // A scheduler that died (a signal, or exit 1: not a job that ended, exit 3, nor bad flags, exit 2) is
+          // started again while it has restarts left, on its port: the servers and workers wait for it.
+          const bool died = WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) == 1);
+          if (died && interrupted_ == 0 && child.restarts < options_.restart_scheduler) {
+            ++child.restarts;
+            std::string address;
+            {
+              std::lock_guard<std::mutex> lock(mu_);
+              address = scheduler_address_;
+            }
+            for (std::string& arg : child.argv) {
+              if (arg == "--port=0") arg = absl::StrCat("--port=", address.substr(address.rfind(':') + 1));
+            }
+            std::cout << "tessera-launch: the scheduler died (" << ExitStatusText(status) << "); starting it again ("
+                      << child.restarts << " of " << options_.restart_scheduler << " restarts): it takes the job "
+                      << "back from the servers and workers" << std::endl;
+            if (absl::Status s = StartScheduler(&child); !s.ok()) return s;
+            break;
+          }
           if (failed && !stopped_as_asked) {
             return absl::AbortedError(absl::StrCat("the scheduler ended the job without completing it (",
                                                    ExitStatusText(status), "); end of ", child.log, ":\n",

@@ -44,6 +44,7 @@ struct LaunchOptions {
   int linger_s = 60;         // the scheduler's --linger_s: its dashboard stays up this long after the job
   int restart_workers = 0;   // start a failed worker again, at most this many times per worker
   int restart_servers = 0;   // start a failed server again, at most this many times per server
+  int restart_scheduler = 0; // start a scheduler that died again (same port), at most this many times
   int heartbeat_timeout_ms = 0;  // the scheduler's failure detection; 0: its default
   std::string resume_dir;    // the scheduler goes on from the newest usable checkpoint here; logs are appended to
   // Credentials. Empty: the launcher makes a fresh token for the run (<run_dir>/secrets/token), and with `tls`
