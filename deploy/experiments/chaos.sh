@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Experiment (not a test; a few minutes): the Quick start job, trained to a fixed step count with a checkpoint
-# every 5 s, while a random server is killed (kill -9) every 20 s and a random worker every 30 s. The launcher
-# starts the killed daemons again (same id or rank); the scheduler moves a lost server's chunks, rolls the sync
-# job back to the latest checkpoint, and takes each returning daemon back. Then the same job runs once more
+# every 5 s, while a random server is killed (kill -9) every 20 s, a random worker every 30 s and the scheduler
+# every 45 s. The launcher starts the killed daemons again (same id or rank; the scheduler on its port); the
+# scheduler moves a lost server's chunks, rolls the sync job back to the latest checkpoint, and takes each
+# returning daemon back; a restarted scheduler takes the running job back from the servers and workers. Then the same job runs once more
 # undisturbed, and the two are compared: the chaos run must finish, with test accuracy within 0.5 points of the
 # clean run. Prints every kill, the time lost to it and the updates it lost.
 #
@@ -42,14 +43,15 @@ fi
 now() { date +%s.%N; }
 launch_flags=(--job="$out/job.pbtxt" --device=cpu --heartbeat_timeout_ms=2000)
 
-echo "== chaos run: $steps steps over $transport, $backups backups per chunk; a server killed every 20 s, a worker every 30 s, a server drained and one joined every 25 s"
+echo "== chaos run: $steps steps over $transport, $backups backups per chunk; a server killed every 20 s, a worker every 30 s, the scheduler every 45 s, a server drained and one joined every 25 s"
 : >"$out/kills.tsv"
 start=$(now)
 "$bin/tessera-launch" --linger_s=0 --overwrite "${launch_flags[@]}" --run_dir="$out/chaos" --checkpoint_every_s=5 \
-  --restart_servers=1000 --restart_workers=1000 >"$out/chaos.out" 2>&1 &
+  --restart_servers=1000 --restart_workers=1000 --restart_scheduler=1000 >"$out/chaos.out" 2>&1 &
 launcher=$!
 next_server=20
 next_worker=30
+next_scheduler=45
 next_drain=10
 joiners=()
 while kill -0 "$launcher" 2>/dev/null; do
@@ -58,7 +60,7 @@ while kill -0 "$launcher" 2>/dev/null; do
   if ((elapsed >= next_drain)); then
     next_drain=$((next_drain + 25))
     address=$(grep -o 'scheduler listening on [^ ]*' "$out/chaos.out" | head -1 | awk '{print $4}')
-    port=$(grep -o 'dashboard at http://127.0.0.1:[0-9]*' "$out/chaos.out" | head -1 | sed 's/.*://')
+    port=$(grep -o 'dashboard at http://127.0.0.1:[0-9]*' "$out/chaos.out" | tail -1 | sed 's/.*://')  # a restarted scheduler's
     victim=$((RANDOM % 3))
     if [[ -n $address && -n $port ]] &&
       python3 - "$port" "$victim" "$out/chaos/secrets/token" >>"$out/drains.log" 2>&1 <<'PY'; then
@@ -74,19 +76,23 @@ PY
       joiners+=($!)
     fi
   fi
-  for role in server worker; do
+  for role in server worker scheduler; do
     due_var="next_$role"
     if ((elapsed >= ${!due_var})); then
       mapfile -t pids < <(pgrep -P "$launcher" -f "tessera-$role" || true)
       if ((${#pids[@]} > 0)); then
         victim=${pids[RANDOM % ${#pids[@]}]}
-        name=$(tr '\0' ' ' </proc/"$victim"/cmdline | grep -o -- '--\(id\|rank\)=[0-9]*' || echo "?")
+        name=$(tr '\0' ' ' </proc/"$victim"/cmdline | grep -o -- '--\(id\|rank\)=[0-9]*' || echo "-")
         if kill -9 "$victim" 2>/dev/null; then
           printf '%s\t%s\t%s\n' "$(python3 -c "print(round($(now) - $start, 1))")" "$role" "$name" >>"$out/kills.tsv"
           echo "   $(tail -1 "$out/kills.tsv" | cut -f1) s: killed $role $name (pid $victim)"
         fi
       fi
-      if [[ $role == server ]]; then next_server=$((next_server + 20)); else next_worker=$((next_worker + 30)); fi
+      case $role in
+        server) next_server=$((next_server + 20)) ;;
+        worker) next_worker=$((next_worker + 30)) ;;
+        scheduler) next_scheduler=$((next_scheduler + 45)) ;;
+      esac
     fi
   done
 done
@@ -125,8 +131,9 @@ steps_lost = sum(e.get("clocks_lost", 0) for e in recoveries)
 drains = [e for e in chaos["events"] if e["event"] == "server drained"]
 joins = [e for e in chaos["events"] if e["event"] == "server joined, chunks moved to it"]
 rejoins = [e for e in chaos["events"] if e["event"] == "worker rejoined"]
+takebacks = [e for e in chaos["events"] if e["event"] == "scheduler restarted, job taken back"]
 print(f"\nkills survived: {len(kills)} ({sum(k[1] == 'server' for k in kills)} servers, "
-      f"{sum(k[1] == 'worker' for k in kills)} workers)")
+      f"{sum(k[1] == 'worker' for k in kills)} workers, {sum(k[1] == 'scheduler' for k in kills)} schedulers)")
 print("\n| kill at s | killed | what it cost |\n|---|---|---|")
 for at, role, name in kills:
     at = float(at)
@@ -141,6 +148,13 @@ for at, role, name in kills:
         how = ("backups took over, no step lost" if r["event"] == "server lost, backups took over" else
                f"{r['clocks_lost']} steps redone from the checkpoint (~{redo:.1f} s)")
         print(f"| {at} | server {name} | training again {back:.1f} s after the kill; {how}: ~{back + redo:.1f} s lost |")
+    elif role == "scheduler":
+        r = next((e for e in takebacks if e["wall_seconds"] >= at - SKEW), None)
+        if r is not None:
+            takebacks.remove(r)
+        back = (f"job taken back {max(0.0, r['wall_seconds'] - at):.1f} s after the kill, no rollback" if r
+                else "job not taken back")
+        print(f"| {at} | the scheduler | {back} |")
     else:
         r = next((e for e in rejoins if e["wall_seconds"] >= at - SKEW), None)
         if r is not None:

@@ -2,12 +2,14 @@
 // runs whole jobs driven by calls as the service makes them.
 #include "scheduler/job_coordinator.h"
 
+#include <filesystem>
 #include <memory>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/job_spec.h"
+#include "common/run_recorder.h"
 #include "gtest/gtest.h"
 #include "tests/testing/fake_server_control.h"
 #include "tests/testing/param_spec.h"
@@ -378,6 +380,50 @@ TEST_F(JobCoordinatorTest, AMemberOfAnEarlierLifeCannotComeBackToAJobStartedAfre
                          answer.callback(), "some-key");
   EXPECT_THAT(answer.Get(), StatusIs(absl::StatusCode::kFailedPrecondition, "afresh"));
   coordinator_->Abort("end of test");
+}
+
+// A scheduler restarted on its unfinished run directory keeps the run's records: the events of its first life
+// come first in its own, on the run's clock, and its records are added to the run's files.
+TEST_F(JobCoordinatorTest, ARestartedSchedulerKeepsTheEventsOfItsFirstLife) {
+  Create(ConsistencySpec::ASYNC, /*max_steps=*/10);
+  const std::string run_dir = ::testing::TempDir() + "/restarted-records";
+  std::filesystem::remove_all(run_dir);
+  {
+    auto first = JobCoordinator::Create(job_, run_dir, absl::Milliseconds(100), absl::Seconds(5), &servers_,
+                                        [](const JobOutcome&) {});
+    ASSERT_THAT(first, IsOk());
+    tessera::v1::RegisterRequest r;
+    r.set_role(tessera::v1::WORKER);
+    r.set_requested_id(0);
+    Answer<tessera::v1::RegisterResponse> answer;
+    (*first)->Register(r, answer.callback());
+    ASSERT_THAT(answer.Get(), IsOk());
+    tessera::v1::DoneRequest done;
+    done.set_worker_id(0);
+    done.set_failure("INTERNAL: out of memory");
+    ASSERT_THAT((*first)->Done(done), IsOk());
+    (*first)->Abort("the scheduler process died");
+  }
+  ASSERT_TRUE(UnfinishedRun(run_dir));
+  absl::SleepFor(absl::Milliseconds(50));
+  auto second = JobCoordinator::Create(job_, run_dir, absl::Milliseconds(100), absl::Seconds(5), &servers_,
+                                       [](const JobOutcome&) {}, /*resume_dir=*/"", /*interrupted_run=*/true);
+  ASSERT_THAT(second, IsOk());
+  const nlohmann::json events = (*second)->StatusJson()["events"];
+  ASSERT_FALSE(events.empty()) << events.dump();
+  EXPECT_EQ(events[0]["event"], "worker failed") << events.dump();
+  EXPECT_EQ(events[0]["error"], "INTERNAL: out of memory");
+  // A registration afresh waits for the run's members to come back first.
+  tessera::v1::RegisterRequest fresh;
+  fresh.set_role(tessera::v1::SERVER);
+  fresh.set_address("127.0.0.1:7100");
+  fresh.set_control_key("control");
+  Answer<tessera::v1::RegisterResponse> answer;
+  (*second)->Register(fresh, answer.callback());
+  EXPECT_THAT(answer.Get(), StatusIs(absl::StatusCode::kUnavailable, "unfinished run"));
+  (*second)->Abort("end of test");
+  coordinator_->Abort("end of test");
+  std::filesystem::remove_all(run_dir);
 }
 
 }  // namespace
