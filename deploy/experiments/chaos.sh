@@ -79,7 +79,13 @@ PY
   for role in server worker scheduler; do
     due_var="next_$role"
     if ((elapsed >= ${!due_var})); then
-      mapfile -t pids < <(pgrep -P "$launcher" -f "tessera-$role" || true)
+      if [[ $role == server ]]; then
+        # The launcher's servers and those that joined (children of this script): every server of the job.
+        address=$(grep -o 'scheduler listening on [^ ]*' "$out/chaos.out" | head -1 | awk '{print $4}')
+        mapfile -t pids < <(pgrep -f "tessera-server --scheduler=$address" || true)
+      else
+        mapfile -t pids < <(pgrep -P "$launcher" -f "tessera-$role" || true)
+      fi
       if ((${#pids[@]} > 0)); then
         victim=${pids[RANDOM % ${#pids[@]}]}
         name=$(tr '\0' ' ' </proc/"$victim"/cmdline | grep -o -- '--\(id\|rank\)=[0-9]*' || echo "-")
