@@ -1,9 +1,11 @@
 #include "common/shard_map.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/job_spec.h"
 #include "common/tensor_codec.h"
 #include "common/status_macros.h"
 #include "common/wire_limits.h"
@@ -74,6 +76,85 @@ std::vector<ChunkPlacement> FillBackups(int backups, ShardMap& map) {
     if (any) given.push_back(*c);
   }
   return given;
+}
+
+absl::Status ValidateShardMap(const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job) {
+  TESSERA_RETURN_IF_ERROR(ValidateJobSpec(job));
+  if (map.epoch() > kMaxEpoch) {
+    return absl::InvalidArgumentError(absl::StrCat("shard map epoch ", map.epoch(), " is beyond ", kMaxEpoch));
+  }
+  if (map.params_size() > kMaxParameters || map.chunks_size() > kMaxChunks) {
+    return absl::InvalidArgumentError(absl::StrCat("shard map with ", map.params_size(), " parameters and ",
+                                                   map.chunks_size(), " chunks; at most ", kMaxParameters, " and ",
+                                                   kMaxChunks));
+  }
+  std::map<std::string_view, int64_t> elements;
+  for (const auto& p : map.params()) {
+    TESSERA_RETURN_IF_ERROR(CheckLength("parameter name", p.name(), kMaxNameBytes));
+    TESSERA_RETURN_IF_ERROR(CheckKnownEnums(p));
+    if (p.dtype() != tessera::v1::DT_FLOAT32) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter '", p.name(), "': only float32 is supported"));
+    }
+    TESSERA_ASSIGN_OR_RETURN(elements[p.name()], CheckedElements(p.shape(), absl::StrCat("parameter '", p.name(), "'")));
+  }
+  const int64_t max_length = std::max<int64_t>(1, job.chunk_bytes() / 4);
+  for (const auto& c : map.chunks()) {
+    auto it = elements.find(c.param());
+    if (it == elements.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("shard map places chunk ", c.param().substr(0, kMaxNameBytes),
+                                                     "/", c.index(), " but declares no such parameter"));
+    }
+    if (c.index() < 0 || c.length() <= 0 || c.length() > max_length || c.offset() < 0 ||
+        c.offset() > it->second - c.length()) {
+      return absl::InvalidArgumentError(absl::StrCat("shard map chunk ", c.param(), "/", c.index(), " (offset ",
+                                                     c.offset(), ", length ", c.length(), ") is not within the ",
+                                                     it->second, " elements of its parameter in chunks of at most ",
+                                                     max_length));
+    }
+  }
+  for (const auto& c : map.chunks()) {
+    std::set<int> holders = {c.server_id()};
+    for (int b : c.backup_server_ids()) {
+      if (!holders.insert(b).second) {
+        return absl::InvalidArgumentError(absl::StrCat("shard map chunk ", c.param(), "/", c.index(),
+                                                       " has two copies on server ", b));
+      }
+    }
+  }
+  for (const auto& s : map.servers()) {
+    if (!s.key_digest().empty() && s.key_digest().size() != 32) {
+      return absl::InvalidArgumentError(absl::StrCat("server ", s.id(), ": a key digest is 32 bytes"));
+    }
+  }
+  for (const auto& w : map.workers()) {
+    if (!w.key_digest().empty() && w.key_digest().size() != 32) {
+      return absl::InvalidArgumentError(absl::StrCat("worker ", w.id(), ": a key digest is 32 bytes"));
+    }
+  }
+  const int num_servers = job.cluster().num_servers();
+  const int num_workers = job.cluster().num_workers();
+  auto server_in_job = [num_servers](int id) { return id >= 0 && id < num_servers; };
+  for (const auto& c : map.chunks()) {
+    if (!server_in_job(c.server_id()) || !std::all_of(c.backup_server_ids().begin(), c.backup_server_ids().end(), server_in_job)) {
+      return absl::InvalidArgumentError(absl::StrCat("shard map chunk ", c.param(), "/", c.index(),
+                                                     " has a copy on a server outside the job's ", num_servers));
+    }
+  }
+  std::set<int> servers, workers;
+  for (const auto& s : map.servers()) {
+    if (!server_in_job(s.id()) || !servers.insert(s.id()).second) {
+      return absl::InvalidArgumentError(absl::StrCat("shard map lists server ", s.id(), " twice or outside the job"));
+    }
+    TESSERA_RETURN_IF_ERROR(CheckLength("server address", s.address(), kMaxAddressBytes));
+    TESSERA_RETURN_IF_ERROR(CheckLength("server fabric address", s.fabric_address(), kMaxAddressBytes));
+  }
+  for (const auto& w : map.workers()) {
+    if (w.id() < 0 || w.id() >= num_workers || !workers.insert(w.id()).second) {
+      return absl::InvalidArgumentError(absl::StrCat("shard map lists worker ", w.id(), " twice or outside the job"));
+    }
+  }
+  TESSERA_RETURN_IF_ERROR(CheckLength("run id", map.run_id(), kMaxNameBytes));
+  return absl::OkStatus();
 }
 
 absl::Status PlaceParameters(const std::vector<ParameterSpec>& params, int64_t chunk_bytes, ShardMap& map,

@@ -10,6 +10,7 @@
 #include "common/http_endpoint.h"
 #include "common/job_spec.h"
 #include "common/metrics_page.h"
+#include "common/shard_map.h"
 #include "common/status_macros.h"
 #include "common/wire_limits.h"
 #include "glog/logging.h"
@@ -304,6 +305,11 @@ void JobCoordinator::TakeBack(const tessera::v1::RegisterRequest& request, const
     if (!taken_back_) {
       if (!server) {
         done(absl::UnavailableError("the restarted scheduler takes its job back from the servers first; retry"));
+        return;
+      }
+      // A view from the wire: checked before anything is taken from it.
+      if (absl::Status valid = ValidateShardMap(rejoin.view(), job_); !valid.ok()) {
+        done(Annotate(valid, "the view a server came back with"));
         return;
       }
       const absl::Time now = absl::Now();

@@ -11,6 +11,7 @@
 #include "common/param_init.h"
 #include "common/job_spec.h"
 #include "common/security.h"
+#include "common/shard_map.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
 #include "common/wire_limits.h"
@@ -22,64 +23,6 @@ namespace tessera {
 namespace {
 std::string KeyName(const ChunkAddress& a) { return absl::StrCat(std::string(a.param), "/", a.index); }
 
-// A view from the wire, checked before anything is allocated from it: the job must be valid, every chunk of a
-// declared parameter, within it and no longer than the job's chunk_bytes, and every size within the limits of
-// common/wire_limits.h.
-absl::Status ValidateAssignment(const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job) {
-  TESSERA_RETURN_IF_ERROR(ValidateJobSpec(job));
-  if (map.epoch() > kMaxEpoch) {
-    return absl::InvalidArgumentError(absl::StrCat("shard map epoch ", map.epoch(), " is beyond ", kMaxEpoch));
-  }
-  if (map.params_size() > kMaxParameters || map.chunks_size() > kMaxChunks) {
-    return absl::InvalidArgumentError(absl::StrCat("shard map with ", map.params_size(), " parameters and ",
-                                                   map.chunks_size(), " chunks; at most ", kMaxParameters, " and ",
-                                                   kMaxChunks));
-  }
-  std::map<std::string_view, int64_t> elements;
-  for (const auto& p : map.params()) {
-    TESSERA_RETURN_IF_ERROR(CheckLength("parameter name", p.name(), kMaxNameBytes));
-    TESSERA_RETURN_IF_ERROR(CheckKnownEnums(p));
-    if (p.dtype() != tessera::v1::DT_FLOAT32) {
-      return absl::InvalidArgumentError(absl::StrCat("parameter '", p.name(), "': only float32 is supported"));
-    }
-    TESSERA_ASSIGN_OR_RETURN(elements[p.name()], CheckedElements(p.shape(), absl::StrCat("parameter '", p.name(), "'")));
-  }
-  const int64_t max_length = std::max<int64_t>(1, job.chunk_bytes() / 4);
-  for (const auto& c : map.chunks()) {
-    auto it = elements.find(c.param());
-    if (it == elements.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("shard map places chunk ", c.param().substr(0, kMaxNameBytes),
-                                                     "/", c.index(), " but declares no such parameter"));
-    }
-    if (c.index() < 0 || c.length() <= 0 || c.length() > max_length || c.offset() < 0 ||
-        c.offset() > it->second - c.length()) {
-      return absl::InvalidArgumentError(absl::StrCat("shard map chunk ", c.param(), "/", c.index(), " (offset ",
-                                                     c.offset(), ", length ", c.length(), ") is not within the ",
-                                                     it->second, " elements of its parameter in chunks of at most ",
-                                                     max_length));
-    }
-  }
-  for (const auto& c : map.chunks()) {
-    std::set<int> holders = {c.server_id()};
-    for (int b : c.backup_server_ids()) {
-      if (!holders.insert(b).second) {
-        return absl::InvalidArgumentError(absl::StrCat("shard map chunk ", c.param(), "/", c.index(),
-                                                       " has two copies on server ", b));
-      }
-    }
-  }
-  for (const auto& s : map.servers()) {
-    if (!s.key_digest().empty() && s.key_digest().size() != 32) {
-      return absl::InvalidArgumentError(absl::StrCat("server ", s.id(), ": a key digest is 32 bytes"));
-    }
-  }
-  for (const auto& w : map.workers()) {
-    if (!w.key_digest().empty() && w.key_digest().size() != 32) {
-      return absl::InvalidArgumentError(absl::StrCat("worker ", w.id(), ": a key digest is 32 bytes"));
-    }
-  }
-  return absl::OkStatus();
-}
 // A chunk state from a checkpoint or a primary fits `chunk` and holds finite values only.
 absl::Status CheckChunkState(const tessera::v1::ChunkState& state, const Chunk& chunk, const std::string& what)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
@@ -169,7 +112,7 @@ absl::Status ShardStore::AdoptView(
     const std::vector<tessera::v1::ShardCheckpoint>* restore, bool restore_all,
     ClosedRounds& closed,
     std::vector<std::shared_ptr<ExchangeWaiter>>& dropped, Released& released, std::vector<Chunk*>& to_ship) {
-  TESSERA_RETURN_IF_ERROR(ValidateAssignment(map, job));
+  TESSERA_RETURN_IF_ERROR(ValidateShardMap(map, job));
   absl::MutexLock lock(&mu_);
   if (server_id_ != -1 && server_id_ != server_id) {
     return absl::FailedPreconditionError(

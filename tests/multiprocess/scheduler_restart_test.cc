@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
+#include "deploy/local/credentials.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/daemon_test.h"
@@ -25,12 +26,17 @@ namespace {
 // A scheduler restart must be quicker than this for the members to ride through it.
 constexpr int kHeartbeatTimeoutMs = 10000;
 
-class SchedulerRestartTest : public DaemonTest, public ::testing::WithParamInterface<const char*> {
- protected:
-  std::string mode() const { return GetParam(); }
+struct Restart {
+  const char* mode;
+  bool tls;  // every daemon with mutual TLS and the job token
 };
 
-// 2 servers and 2 workers as separate processes; the scheduler is killed at step 800 and started again a second
+class SchedulerRestartTest : public DaemonTest, public ::testing::WithParamInterface<Restart> {
+ protected:
+  std::string mode() const { return GetParam().mode; }
+};
+
+// 2 servers and 2 workers as separate processes (SSP with mutual TLS and the job token); the scheduler is killed at step 800 and started again a second
 // later; in SYNC a server is then killed and replaced too, so that the restarted scheduler's recovery uses the
 // checkpoint it found. SYNC ends with the parameters of an undisturbed run, bit for bit; every mode completes
 // with no worker lost.
@@ -58,17 +64,29 @@ checkpoint { every_steps: 500 DIR }
   const std::string job = Write(
       "job.pbtxt", absl::StrReplaceAll(job_text, {{"DIR", absl::StrCat("dir: \"", (run / "checkpoints").string(), "\"")}}));
   const std::string dump = (dir_ / "run.params").string();
+  std::vector<std::string> security;
+  if (GetParam().tls) {
+    security.push_back("--token_file=" + Write("token", "a-scheduler-restart-token-of-this-test\n"));
+    absl::StatusOr<CertificatePaths> ca = MakeCertificateAuthority(dir_.string(), "restart");
+    ASSERT_TRUE(ca.ok()) << ca.status();
+    CertificatePaths node;
+    ASSERT_TRUE(SignCertificate(*ca, dir_.string(), "restart-node", {"127.0.0.1", "localhost"}, 1, &node).ok());
+    security.insert(security.end(), {"--tls_cert=" + node.cert, "--tls_key=" + node.key, "--tls_ca=" + ca->ca});
+  }
+  auto with_security = [&](std::vector<std::string> argv) {
+    argv.insert(argv.end(), security.begin(), security.end());
+    return argv;
+  };
   const int port = UnusedLoopbackPort();
   const std::string address = absl::StrCat("127.0.0.1:", port);
-  const std::vector<std::string> scheduler_argv = {
-      kBin + "/tessera-scheduler", "--job=" + job, absl::StrCat("--port=", port), "--run_dir=" + run.string(),
-      "--http_port=-1",
-      absl::StrCat("--heartbeat_timeout_ms=", kHeartbeatTimeoutMs)};
+  const std::vector<std::string> scheduler_argv = with_security(
+      {kBin + "/tessera-scheduler", "--job=" + job, absl::StrCat("--port=", port), "--run_dir=" + run.string(),
+       "--http_port=-1", absl::StrCat("--heartbeat_timeout_ms=", kHeartbeatTimeoutMs)});
   auto scheduler = std::make_unique<Subprocess>(scheduler_argv);
   ASSERT_TRUE(scheduler->ReadUntilLine("scheduler listening on ", absl::Seconds(30))) << scheduler->output();
   auto server = [&](int id) {
     return std::make_unique<Subprocess>(
-        std::vector<std::string>{kBin + "/tessera-server", "--scheduler=" + address, absl::StrCat("--id=", id)});
+        with_security({kBin + "/tessera-server", "--scheduler=" + address, absl::StrCat("--id=", id)}));
   };
   std::vector<std::unique_ptr<Subprocess>> servers;
   for (int i = 0; i < 2; ++i) servers.push_back(server(i));
@@ -77,7 +95,7 @@ checkpoint { every_steps: 500 DIR }
     std::vector<std::string> argv = {kBin + "/tessera-worker", "--scheduler=" + address, "--device=cpu",
                                      absl::StrCat("--rank=", rank)};
     if (rank == 0) argv.push_back("--dump_params=" + dump);
-    workers.push_back(std::make_unique<Subprocess>(argv));
+    workers.push_back(std::make_unique<Subprocess>(with_security(argv)));
   }
   ASSERT_TRUE(scheduler->ReadUntilLine("step    800 |", absl::Seconds(120))) << scheduler->output();
   const std::string first_life = scheduler->output();
@@ -158,7 +176,11 @@ checkpoint { every_steps: 500 DIR }
   if (sync) ExpectIdenticalParameters(undisturbed, dump);
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, SchedulerRestartTest, ::testing::Values("SYNC", "ASYNC", "SSP"));
+INSTANTIATE_TEST_SUITE_P(Modes, SchedulerRestartTest,
+                         ::testing::Values(Restart{"SYNC", false}, Restart{"ASYNC", false}, Restart{"SSP", true}),
+                         [](const ::testing::TestParamInfo<Restart>& info) {
+                           return std::string(info.param.mode) + (info.param.tls ? "OverTls" : "");
+                         });
 
 }  // namespace
 }  // namespace tessera::testing

@@ -316,6 +316,11 @@ TEST_F(JobCoordinatorTest, ARestartedSchedulerTakesTheJobBackFromItsMembers) {
               StatusIs(absl::StatusCode::kUnavailable, "servers first"));
   EXPECT_THAT(come_back(Rejoin(tessera::v1::SERVER, 0, "another-job", 1, held, 0), keys[0][0]),
               StatusIs(absl::StatusCode::kFailedPrecondition, "another-job"));
+  tessera::v1::ShardMap forged = held;
+  forged.mutable_chunks(0)->set_server_id(7);
+  EXPECT_THAT(come_back(Rejoin(tessera::v1::SERVER, 0, job_.name(), 1, forged, 0), keys[0][0]),
+              StatusIs(absl::StatusCode::kInvalidArgument, "outside the job"))
+      << "a view from the wire is checked before anything is taken from it";
   EXPECT_THAT(come_back(Rejoin(tessera::v1::SERVER, 0, job_.name(), 1, held, 0), keys[0][0]),
               StatusIs(absl::StatusCode::kUnavailable, "server(s) 1"))
       << "the view is taken once every server it names is back";
