@@ -28,7 +28,9 @@ constexpr int kHeartbeatTimeoutMs = 10000;
 
 struct Restart {
   const char* mode;
-  bool tls;  // every daemon with mutual TLS and the job token
+  bool tls;                // every daemon with mutual TLS and the job token
+  const char* extra = "";  // more of the job's consistency: backup workers, a balanced batch
+  const char* name = "";   // the test's name when `extra` is set
 };
 
 class SchedulerRestartTest : public DaemonTest, public ::testing::WithParamInterface<Restart> {
@@ -39,9 +41,11 @@ class SchedulerRestartTest : public DaemonTest, public ::testing::WithParamInter
 // 2 servers and 2 workers as separate processes (SSP with mutual TLS and the job token); the scheduler is killed at step 800 and started again a second
 // later; in SYNC a server is then killed and replaced too, so that the restarted scheduler's recovery uses the
 // checkpoint it found. SYNC ends with the parameters of an undisturbed run, bit for bit; every mode completes
-// with no worker lost.
+// with no worker lost, also with a backup worker per round and with balanced batches (whose round decisions and
+// throughput measures start afresh in the restarted scheduler).
 TEST_P(SchedulerRestartTest, TrainingRidesThroughASchedulerRestart) {
-  const bool sync = mode() == "SYNC";
+  // The bit-for-bit comparison (and a server killed after the restart) in plain SYNC.
+  const bool sync = mode() == "SYNC" && std::string(GetParam().extra).empty();
   const std::filesystem::path run = dir_ / "run";
   const std::string job_text = absl::StrCat(R"(
 name: "scheduler-restart"
@@ -49,7 +53,7 @@ model { mlp { hidden_sizes: 32 } }
 data { format: SYNTHETIC synthetic_train_examples: 4096 synthetic_features: 64 synthetic_classes: 8 }
 optimizer { kind: SGD learning_rate: 0.05 momentum: 0.9 }
 batch_size: 16
-consistency { mode: )", mode(), mode() == "SSP" ? " staleness: 2" : "", R"( }
+consistency { mode: )", mode(), mode() == "SSP" ? " staleness: 2" : "", " ", GetParam().extra, R"( }
 stop { max_steps: 2500 }
 eval_every_steps: 100
 chunk_bytes: 4096
@@ -177,8 +181,11 @@ checkpoint { every_steps: 500 DIR }
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, SchedulerRestartTest,
-                         ::testing::Values(Restart{"SYNC", false}, Restart{"ASYNC", false}, Restart{"SSP", true}),
+                         ::testing::Values(Restart{"SYNC", false}, Restart{"ASYNC", false}, Restart{"SSP", true},
+                                           Restart{"SYNC", false, "backup_workers: 1", "SYNCWithABackupWorker"},
+                                           Restart{"SYNC", false, "balance: THROUGHPUT", "SYNCWithBalancedBatches"}),
                          [](const ::testing::TestParamInfo<Restart>& info) {
+                           if (*info.param.name != '\0') return std::string(info.param.name);
                            return std::string(info.param.mode) + (info.param.tls ? "OverTls" : "");
                          });
 
