@@ -1,8 +1,11 @@
 """tessera-launch running a user's script as the workers, in the manner of torchrun."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -45,3 +48,33 @@ def test_nothing_after_the_separator_is_refused(tmp_path):
                           timeout=30)
     assert done.returncode == 2
     assert "nothing after" in done.stderr
+
+
+def test_a_killed_scheduler_is_started_again_and_the_script_rides_through(tmp_path):
+    # --restart_scheduler: the launcher starts a scheduler that died again on its port; the scripts' clients wait
+    # for it, come back, and the job goes on where it was.
+    launcher = launch_job(tmp_path, "--restart_scheduler=1", "--job_override=stop { max_steps: 6000 }",
+                          job=JOB, command=[sys.executable, str(EXAMPLE)], wait=False, timeout_s=180)
+    try:
+        log = tmp_path / "run" / "logs" / "scheduler.log"
+        deadline = time.monotonic() + 60
+        while "worker 1 joined" not in (log.read_text() if log.exists() else ""):  # both scripts in the job
+            assert time.monotonic() < deadline and launcher.poll() is None, "the job did not start"
+            time.sleep(0.1)
+        time.sleep(1)  # training under way
+        scheduler = subprocess.run(["pgrep", "-P", str(launcher.pid), "-f", "tessera-scheduler"],
+                                   capture_output=True, text=True).stdout.split()
+        assert len(scheduler) == 1, scheduler
+        os.kill(int(scheduler[0]), signal.SIGKILL)
+        output = launcher.stdout.read()
+        assert launcher.wait(timeout=240) == 0, output
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert "starting it again" in output, output
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["completed"] is True, summary
+    assert summary["steps"] == 6000
+    events = [e["event"] for e in summary["events"]]
+    assert "scheduler restarted, job taken back" in events, events
+    assert "worker lost" not in events and "worker failed" not in events, events
