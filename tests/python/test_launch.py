@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -58,7 +59,11 @@ def test_a_killed_scheduler_is_started_again_and_the_script_rides_through(tmp_pa
     try:
         log = tmp_path / "run" / "logs" / "scheduler.log"
         deadline = time.monotonic() + 60
-        while "worker 1 joined" not in (log.read_text() if log.exists() else ""):  # both scripts in the job
+        def started():  # the parameters placed and both scripts registered
+            text = log.read_text() if log.exists() else ""
+            return "parameters in" in text and all(re.search(rf"worker {r} .*registered", text) for r in (0, 1))
+
+        while not started():
             assert time.monotonic() < deadline and launcher.poll() is None, "the job did not start"
             time.sleep(0.1)
         time.sleep(1)  # training under way
