@@ -100,6 +100,15 @@ TEST_P(WorkerRestartTest, AKilledWorkerRejoinsTheRunningJob) {
   if (transport() == "UCX") argv.insert(argv.end(), {"--slow_worker=1", "--inject_slowdown_ms=2"});
   Subprocess launch(argv);
   ASSERT_TRUE(launch.ReadUntilLine("step    300 |", absl::Seconds(120))) << launch.output();
+  // In ASYNC rank 0 trains without waiting for rank 1, which may not have registered yet on a loaded machine:
+  // killed before it did, its restart would be its first join, not a return.
+  const absl::Time registered_by = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < registered_by) {
+    std::ifstream log(run / "logs/scheduler.log");
+    const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+    if (text.find("worker 1 on ") != std::string::npos && text.find("registered", text.find("worker 1 on ")) != std::string::npos) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
   const std::string address = SchedulerAddress(launch.output());
   const int victim = OnlyProcess(address, "--rank=1");
   ASSERT_GT(victim, 0) << launch.output();
