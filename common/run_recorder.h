@@ -113,12 +113,12 @@ class RunRecorder {
 // (besides metrics.jsonl and summary.json, which every run writes). With `overwrite` the new run replaces the
 // earlier one, whose files move to <run_dir>/replaced-<UTC time>/ (nothing is deleted: a restarted daemon must
 // not destroy the records of the run before it). FAILED_PRECONDITION naming what is there otherwise.
+[[nodiscard]] absl::Status ClaimRunDirectory(const std::string& run_dir, bool overwrite,
+                                             const std::vector<std::string>& records = {});
+
 // Whether `run_dir` holds a run that never ended: its metrics.jsonl, and no summary.json (its scheduler
 // stopped before the job's end, so a restarted one may take the job back and add to its records).
 bool UnfinishedRun(const std::string& run_dir);
-
-[[nodiscard]] absl::Status ClaimRunDirectory(const std::string& run_dir, bool overwrite,
-                                             const std::vector<std::string>& records = {});
 
 // "step 400 | epoch 0.85 | loss 0.412 | test acc 0.852 | 5120 samples/s | max staleness 0 | 12.4 s"
 std::string ProgressLine(const EvalRecord& record);

@@ -98,6 +98,8 @@ absl::Status ValidateShardMap(const tessera::v1::ShardMap& map, const tessera::v
     TESSERA_ASSIGN_OR_RETURN(elements[p.name()], CheckedElements(p.shape(), absl::StrCat("parameter '", p.name(), "'")));
   }
   const int64_t max_length = std::max<int64_t>(1, job.chunk_bytes() / 4);
+  const int num_servers = job.cluster().num_servers();
+  const int num_workers = job.cluster().num_workers();
   for (const auto& c : map.chunks()) {
     auto it = elements.find(c.param());
     if (it == elements.end()) {
@@ -111,8 +113,6 @@ absl::Status ValidateShardMap(const tessera::v1::ShardMap& map, const tessera::v
                                                      it->second, " elements of its parameter in chunks of at most ",
                                                      max_length));
     }
-  }
-  for (const auto& c : map.chunks()) {
     std::set<int> holders = {c.server_id()};
     for (int b : c.backup_server_ids()) {
       if (!holders.insert(b).second) {
@@ -120,30 +120,18 @@ absl::Status ValidateShardMap(const tessera::v1::ShardMap& map, const tessera::v
                                                        " has two copies on server ", b));
       }
     }
-  }
-  for (const auto& s : map.servers()) {
-    if (!s.key_digest().empty() && s.key_digest().size() != 32) {
-      return absl::InvalidArgumentError(absl::StrCat("server ", s.id(), ": a key digest is 32 bytes"));
-    }
-  }
-  for (const auto& w : map.workers()) {
-    if (!w.key_digest().empty() && w.key_digest().size() != 32) {
-      return absl::InvalidArgumentError(absl::StrCat("worker ", w.id(), ": a key digest is 32 bytes"));
-    }
-  }
-  const int num_servers = job.cluster().num_servers();
-  const int num_workers = job.cluster().num_workers();
-  auto server_in_job = [num_servers](int id) { return id >= 0 && id < num_servers; };
-  for (const auto& c : map.chunks()) {
-    if (!server_in_job(c.server_id()) || !std::all_of(c.backup_server_ids().begin(), c.backup_server_ids().end(), server_in_job)) {
+    if (*holders.begin() < 0 || *holders.rbegin() >= num_servers) {
       return absl::InvalidArgumentError(absl::StrCat("shard map chunk ", c.param(), "/", c.index(),
                                                      " has a copy on a server outside the job's ", num_servers));
     }
   }
   std::set<int> servers, workers;
   for (const auto& s : map.servers()) {
-    if (!server_in_job(s.id()) || !servers.insert(s.id()).second) {
+    if (s.id() < 0 || s.id() >= num_servers || !servers.insert(s.id()).second) {
       return absl::InvalidArgumentError(absl::StrCat("shard map lists server ", s.id(), " twice or outside the job"));
+    }
+    if (!s.key_digest().empty() && s.key_digest().size() != 32) {
+      return absl::InvalidArgumentError(absl::StrCat("server ", s.id(), ": a key digest is 32 bytes"));
     }
     TESSERA_RETURN_IF_ERROR(CheckLength("server address", s.address(), kMaxAddressBytes));
     TESSERA_RETURN_IF_ERROR(CheckLength("server fabric address", s.fabric_address(), kMaxAddressBytes));
@@ -151,6 +139,9 @@ absl::Status ValidateShardMap(const tessera::v1::ShardMap& map, const tessera::v
   for (const auto& w : map.workers()) {
     if (w.id() < 0 || w.id() >= num_workers || !workers.insert(w.id()).second) {
       return absl::InvalidArgumentError(absl::StrCat("shard map lists worker ", w.id(), " twice or outside the job"));
+    }
+    if (!w.key_digest().empty() && w.key_digest().size() != 32) {
+      return absl::InvalidArgumentError(absl::StrCat("worker ", w.id(), ": a key digest is 32 bytes"));
     }
   }
   TESSERA_RETURN_IF_ERROR(CheckLength("run id", map.run_id(), kMaxNameBytes));

@@ -13,6 +13,41 @@
 
 namespace tessera {
 
+namespace {
+// What every registration (a first one, or a member coming back) must hold: a known role, the lengths
+// common/wire_limits.h allows, and for a server its address and the key of its control calls.
+absl::Status CheckRegistration(const tessera::v1::RegisterRequest& request) {
+  const bool server = request.role() == tessera::v1::SERVER;
+  if (!server && request.role() != tessera::v1::WORKER) {
+    return absl::InvalidArgumentError("register: role must be SERVER or WORKER");
+  }
+  if (server && request.address().empty()) return absl::InvalidArgumentError("a server must register with its address");
+  TESSERA_RETURN_IF_ERROR(CheckLength("register: address", request.address(), kMaxAddressBytes));
+  TESSERA_RETURN_IF_ERROR(CheckLength("register: fabric address", request.fabric_address(), kMaxAddressBytes));
+  TESSERA_RETURN_IF_ERROR(CheckLength("register: hostname", request.hostname(), kMaxNameBytes));
+  TESSERA_RETURN_IF_ERROR(CheckLength("register: device", request.device(), kMaxNameBytes));
+  TESSERA_RETURN_IF_ERROR(CheckLength("register: control_key", request.control_key(), kMaxNameBytes));
+  if (server && request.control_key().empty()) {
+    return absl::InvalidArgumentError("a server must register with the key of its control calls");
+  }
+  return absl::OkStatus();
+}
+
+// `slot` is held from `now` by the member of `request`, alive, with member key `key`.
+void HoldSlot(Member& slot, const tessera::v1::RegisterRequest& request, std::string key, absl::Time now) {
+  slot.state = MemberState::kAlive;
+  slot.awaited = false;
+  slot.address = request.address();
+  slot.fabric_address = request.fabric_address();
+  slot.hostname = request.hostname();
+  slot.device = request.device();
+  slot.last_seen = now;
+  slot.key = std::move(key);
+  slot.key_digest = KeyDigest(slot.key);
+  slot.control_key = request.control_key();
+}
+}  // namespace
+
 ClusterView::ClusterView(int num_servers, int num_workers, int backups)
     : num_servers_(num_servers),
       num_workers_(num_workers),
@@ -66,19 +101,8 @@ absl::StatusOr<ClusterView::Joined> ClusterView::JoinSlot(const tessera::v1::Reg
                                                           absl::Time now,
                                                           const std::function<int64_t(const Member&)>& start_clock,
                                                           absl::Duration suspect_after) {
+  TESSERA_RETURN_IF_ERROR(CheckRegistration(request));
   const bool server = request.role() == tessera::v1::SERVER;
-  if (!server && request.role() != tessera::v1::WORKER) {
-    return absl::InvalidArgumentError("register: role must be SERVER or WORKER");
-  }
-  if (server && request.address().empty()) return absl::InvalidArgumentError("a server must register with its address");
-  TESSERA_RETURN_IF_ERROR(CheckLength("register: address", request.address(), kMaxAddressBytes));
-  TESSERA_RETURN_IF_ERROR(CheckLength("register: fabric address", request.fabric_address(), kMaxAddressBytes));
-  TESSERA_RETURN_IF_ERROR(CheckLength("register: hostname", request.hostname(), kMaxNameBytes));
-  TESSERA_RETURN_IF_ERROR(CheckLength("register: device", request.device(), kMaxNameBytes));
-  TESSERA_RETURN_IF_ERROR(CheckLength("register: control_key", request.control_key(), kMaxNameBytes));
-  if (server && request.control_key().empty()) {
-    return absl::InvalidArgumentError("a server must register with the key of its control calls");
-  }
   absl::MutexLock lock(&mu_);
   std::vector<Member>& slots = server ? servers_ : workers_;
   const char* role = server ? "server" : "worker";
@@ -129,16 +153,7 @@ absl::StatusOr<ClusterView::Joined> ClusterView::JoinSlot(const tessera::v1::Reg
   const std::string previous_address = slot->address;
   slot->joined_clock = server ? 0 : start_clock(*slot);
   slot->incarnation += 1;
-  slot->state = MemberState::kAlive;
-  slot->awaited = false;
-  slot->address = request.address();
-  slot->fabric_address = request.fabric_address();
-  slot->hostname = request.hostname();
-  slot->device = request.device();
-  slot->last_seen = now;
-  slot->key = NewSecret();
-  slot->key_digest = KeyDigest(slot->key);
-  slot->control_key = request.control_key();
+  HoldSlot(*slot, request, NewSecret(), now);
   // Servers take a worker's pushes only with its key, whose digest comes with the view: every registration
   // after placement is a new view.
   ChangedLocked();
@@ -248,16 +263,8 @@ void ClusterView::Adopt(const tessera::v1::ShardMap& view, absl::Time now) {
 
 absl::StatusOr<Member> ClusterView::Return(const tessera::v1::RegisterRequest& request, std::string_view key,
                                            absl::Time now) {
+  TESSERA_RETURN_IF_ERROR(CheckRegistration(request));
   const bool server = request.role() == tessera::v1::SERVER;
-  if (!server && request.role() != tessera::v1::WORKER) return absl::InvalidArgumentError("register: role must be SERVER or WORKER");
-  TESSERA_RETURN_IF_ERROR(CheckLength("register: address", request.address(), kMaxAddressBytes));
-  TESSERA_RETURN_IF_ERROR(CheckLength("register: fabric address", request.fabric_address(), kMaxAddressBytes));
-  TESSERA_RETURN_IF_ERROR(CheckLength("register: hostname", request.hostname(), kMaxNameBytes));
-  TESSERA_RETURN_IF_ERROR(CheckLength("register: device", request.device(), kMaxNameBytes));
-  TESSERA_RETURN_IF_ERROR(CheckLength("register: control_key", request.control_key(), kMaxNameBytes));
-  if (server && (request.address().empty() || request.control_key().empty())) {
-    return absl::InvalidArgumentError("a server comes back with its address and the key of its control calls");
-  }
   if (key.empty()) return absl::UnauthenticatedError("a member comes back with the member key it was given");
   absl::MutexLock lock(&mu_);
   std::vector<Member>& slots = server ? servers_ : workers_;
@@ -281,16 +288,7 @@ absl::StatusOr<Member> ClusterView::Return(const tessera::v1::RegisterRequest& r
                                                       " was replaced by incarnation ", m.incarnation));
   }
   m.incarnation = incarnation;
-  m.state = MemberState::kAlive;
-  m.awaited = false;
-  m.key = std::string(key);
-  m.key_digest = KeyDigest(m.key);
-  m.last_seen = now;
-  m.address = request.address();
-  m.fabric_address = request.fabric_address();
-  m.hostname = request.hostname();
-  if (!request.device().empty()) m.device = request.device();
-  m.control_key = request.control_key();
+  HoldSlot(m, request, std::string(key), now);
   if (!server) m.joined_clock = std::min(m.joined_clock, request.rejoin().clock());
   ++changes_;
   return m;

@@ -13,12 +13,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
-#include "deploy/local/credentials.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/daemon_test.h"
 #include "tests/testing/ports.h"
 #include "tests/testing/subprocess.h"
+#include "tests/testing/daemon_security.h"
 
 namespace tessera::testing {
 namespace {
@@ -68,29 +68,20 @@ checkpoint { every_steps: 500 DIR }
   const std::string job = Write(
       "job.pbtxt", absl::StrReplaceAll(job_text, {{"DIR", absl::StrCat("dir: \"", (run / "checkpoints").string(), "\"")}}));
   const std::string dump = (dir_ / "run.params").string();
-  std::vector<std::string> security;
-  if (GetParam().tls) {
-    security.push_back("--token_file=" + Write("token", "a-scheduler-restart-token-of-this-test\n"));
-    absl::StatusOr<CertificatePaths> ca = MakeCertificateAuthority(dir_.string(), "restart");
-    ASSERT_TRUE(ca.ok()) << ca.status();
-    CertificatePaths node;
-    ASSERT_TRUE(SignCertificate(*ca, dir_.string(), "restart-node", {"127.0.0.1", "localhost"}, 1, &node).ok());
-    security.insert(security.end(), {"--tls_cert=" + node.cert, "--tls_key=" + node.key, "--tls_ca=" + ca->ca});
-  }
-  auto with_security = [&](std::vector<std::string> argv) {
-    argv.insert(argv.end(), security.begin(), security.end());
-    return argv;
-  };
+  absl::StatusOr<DaemonSecurity> security = DaemonSecurity::Make(
+      dir_.string(), "restart",
+      GetParam().tls ? Write("token", "a-scheduler-restart-token-of-this-test\n") : "", GetParam().tls);
+  ASSERT_TRUE(security.ok()) << security.status();
   const int port = UnusedLoopbackPort();
   const std::string address = absl::StrCat("127.0.0.1:", port);
-  const std::vector<std::string> scheduler_argv = with_security(
+  const std::vector<std::string> scheduler_argv = security->On(
       {kBin + "/tessera-scheduler", "--job=" + job, absl::StrCat("--port=", port), "--run_dir=" + run.string(),
        "--http_port=-1", absl::StrCat("--heartbeat_timeout_ms=", kHeartbeatTimeoutMs)});
   auto scheduler = std::make_unique<Subprocess>(scheduler_argv);
   ASSERT_TRUE(scheduler->ReadUntilLine("scheduler listening on ", absl::Seconds(30))) << scheduler->output();
   auto server = [&](int id) {
     return std::make_unique<Subprocess>(
-        with_security({kBin + "/tessera-server", "--scheduler=" + address, absl::StrCat("--id=", id)}));
+        security->On({kBin + "/tessera-server", "--scheduler=" + address, absl::StrCat("--id=", id)}));
   };
   std::vector<std::unique_ptr<Subprocess>> servers;
   for (int i = 0; i < 2; ++i) servers.push_back(server(i));
@@ -99,7 +90,7 @@ checkpoint { every_steps: 500 DIR }
     std::vector<std::string> argv = {kBin + "/tessera-worker", "--scheduler=" + address, "--device=cpu",
                                      absl::StrCat("--rank=", rank)};
     if (rank == 0) argv.push_back("--dump_params=" + dump);
-    workers.push_back(std::make_unique<Subprocess>(with_security(argv)));
+    workers.push_back(std::make_unique<Subprocess>(security->On(argv)));
   }
   ASSERT_TRUE(scheduler->ReadUntilLine("step    800 |", absl::Seconds(120))) << scheduler->output();
   const std::string first_life = scheduler->output();

@@ -11,13 +11,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/security.h"
-#include "deploy/local/credentials.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/daemon_test.h"
 #include "tests/testing/ports.h"
 #include "tests/testing/raw_rpc.h"
 #include "tests/testing/subprocess.h"
+#include "tests/testing/daemon_security.h"
 
 namespace tessera::testing {
 namespace {
@@ -90,27 +90,18 @@ class EarlyStartTest : public DaemonTest, public ::testing::WithParamInterface<E
 
 TEST_P(EarlyStartTest, ADaemonStartedBeforeTheSchedulerRegistersWithinSecondsOfIt) {
   const EarlyStart& param = GetParam();
-  std::vector<std::string> security = {"--token_file=" + Write("token", "an-early-start-token-of-this-test\n")};
-  if (param.tls) {
-    absl::StatusOr<CertificatePaths> ca = MakeCertificateAuthority(dir_.string(), "early");
-    ASSERT_TRUE(ca.ok()) << ca.status();
-    CertificatePaths node;
-    ASSERT_TRUE(SignCertificate(*ca, dir_.string(), "early-node", {"127.0.0.1", "localhost"}, 1, &node).ok());
-    security.insert(security.end(), {"--tls_cert=" + node.cert, "--tls_key=" + node.key, "--tls_ca=" + ca->ca});
-  }
-  auto with_security = [&](std::vector<std::string> argv) {
-    argv.insert(argv.end(), security.begin(), security.end());
-    return argv;
-  };
+  absl::StatusOr<DaemonSecurity> security = DaemonSecurity::Make(
+      dir_.string(), "early", Write("token", "an-early-start-token-of-this-test\n"), param.tls);
+  ASSERT_TRUE(security.ok()) << security.status();
   const int port = UnusedLoopbackPort();
   const std::string address = absl::StrCat("127.0.0.1:", port);
   std::vector<std::string> daemon_argv = {kBin + "/tessera-" + param.daemon, "--scheduler=" + address,
                                           "--connect_timeout_s=60"};
   if (param.daemon == "worker") daemon_argv.push_back("--device=cpu");
-  Subprocess daemon(with_security(daemon_argv));
+  Subprocess daemon(security->On(daemon_argv));
   ASSERT_TRUE(daemon.ReadUntil("waiting for the scheduler", absl::Seconds(30))) << daemon.output();
   absl::SleepFor(absl::Seconds(6));  // long enough for an unbounded backoff to have grown past several seconds
-  Subprocess scheduler(with_security({kBin + "/tessera-scheduler", "--job=" + Write("long.pbtxt", kLongJob),
+  Subprocess scheduler(security->On({kBin + "/tessera-scheduler", "--job=" + Write("long.pbtxt", kLongJob),
                                       absl::StrCat("--port=", port), "--run_dir=" + (dir_ / "run").string()}));
   ASSERT_TRUE(scheduler.ReadUntilLine("scheduler listening on ", absl::Seconds(30))) << scheduler.output();
   const absl::Time up = absl::Now();

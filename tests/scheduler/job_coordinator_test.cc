@@ -45,6 +45,20 @@ class Answer {
   absl::StatusOr<T> value_ = absl::UnknownError("unset");
 };
 
+// What member (role, id) registers with: servers an address and a control key of their own, workers a host.
+tessera::v1::RegisterRequest Registration(tessera::v1::Role role, int id) {
+  tessera::v1::RegisterRequest r;
+  r.set_role(role);
+  r.set_requested_id(id);
+  if (role == tessera::v1::SERVER) {
+    r.set_address(absl::StrCat("127.0.0.1:", 7000 + id));
+    r.set_control_key(absl::StrCat("control-", id));
+  } else {
+    r.set_hostname(absl::StrCat("worker-host-", id));
+  }
+  return r;
+}
+
 class JobCoordinatorTest : public ::testing::Test {
  protected:
   void Create(ConsistencySpec::Mode mode, int64_t max_steps, absl::Duration heartbeat_timeout = absl::Seconds(10)) {
@@ -69,17 +83,8 @@ class JobCoordinatorTest : public ::testing::Test {
   }
 
   absl::StatusOr<tessera::v1::RegisterResponse> Register(tessera::v1::Role role, int id) {
-    tessera::v1::RegisterRequest r;
-    r.set_role(role);
-    r.set_requested_id(id);
-    if (role == tessera::v1::SERVER) {
-      r.set_address(absl::StrCat("127.0.0.1:", 7000 + id));
-      r.set_control_key(absl::StrCat("control-", id));
-    } else {
-      r.set_hostname(absl::StrCat("worker-host-", id));
-    }
     Answer<tessera::v1::RegisterResponse> answer;
-    coordinator_->Register(r, answer.callback());
+    coordinator_->Register(Registration(role, id), answer.callback());
     return answer.Get();
   }
 
@@ -260,13 +265,7 @@ TEST_F(JobCoordinatorTest, AServerLostWithoutACheckpointStopsTheJobNamingIt) {
 // address and control key.
 tessera::v1::RegisterRequest Rejoin(tessera::v1::Role role, int id, const std::string& job, uint64_t incarnation,
                                     const tessera::v1::ShardMap& view, int64_t clock) {
-  tessera::v1::RegisterRequest r;
-  r.set_role(role);
-  r.set_requested_id(id);
-  if (role == tessera::v1::SERVER) {
-    r.set_address(absl::StrCat("127.0.0.1:", 7000 + id));
-    r.set_control_key(absl::StrCat("control-", id));
-  }
+  tessera::v1::RegisterRequest r = Registration(role, id);
   r.mutable_rejoin()->set_job(job);
   r.mutable_rejoin()->set_incarnation(incarnation);
   *r.mutable_rejoin()->mutable_view() = view;
