@@ -11,14 +11,25 @@
 
 #include <httplib.h>
 
+#include <algorithm>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "glog/logging.h"
 
 namespace tessera {
 namespace {
 
-constexpr int kReadTimeoutMs = 1000;   // a client that stalls mid-request is cut off after this long
-constexpr int kWriteTimeoutMs = 5000;  // and one that does not read its answer after this long
+constexpr int kWriteTimeoutMs = 5000;  // a client that does not read its answer is cut off after this long
+
+// Milliseconds from now to `deadline`, at least 0 and at most a second (a poll's timeout).
+int MillisecondsUntil(absl::Time deadline) {
+  return static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(deadline - absl::Now()) + 1, 0, 1000));
+}
 
 bool WaitFor(int fd, short events, int timeout_ms) {
   pollfd p = {fd, events, 0};
@@ -44,22 +55,30 @@ void Address(int fd, bool remote, std::string& ip, int& port) {
   ip = text;
 }
 
-// One connection as httplib reads and writes it: a non-blocking socket, or TLS over it, with deadlines.
+// One connection as httplib reads and writes it: the bytes read before (`received`), then a non-blocking socket,
+// or TLS over it; reading ends at the request's `deadline`, each write within kWriteTimeoutMs.
 class ConnectionStream : public httplib::Stream {
  public:
-  ConnectionStream(int fd, SSL* tls) : fd_(fd), tls_(tls) {}
+  ConnectionStream(int fd, SSL* tls, std::string received, absl::Time deadline)
+      : fd_(fd), tls_(tls), received_(std::move(received)), deadline_(deadline) {}
 
   bool is_readable() const override {
-    return (tls_ != nullptr && SSL_pending(tls_) > 0) || WaitFor(fd_, POLLIN, kReadTimeoutMs);
+    return offset_ < received_.size() || (tls_ != nullptr && SSL_pending(tls_) > 0) || WaitToRead();
   }
   bool is_writable() const override { return WaitFor(fd_, POLLOUT, kWriteTimeoutMs); }
 
   ssize_t read(char* ptr, size_t size) override {
+    if (offset_ < received_.size()) {
+      const size_t n = std::min(size, received_.size() - offset_);
+      std::copy_n(received_.data() + offset_, n, ptr);
+      offset_ += n;
+      return static_cast<ssize_t>(n);
+    }
     for (;;) {
       if (tls_ == nullptr) {
         const ssize_t n = recv(fd_, ptr, size, 0);
         if (n >= 0 || (errno != EAGAIN && errno != EINTR)) return n;
-        if (!WaitFor(fd_, POLLIN, kReadTimeoutMs)) return -1;
+        if (!WaitToRead()) return -1;
         continue;
       }
       const int n = SSL_read(tls_, ptr, static_cast<int>(std::min<size_t>(size, 1 << 30)));
@@ -94,11 +113,19 @@ class ConnectionStream : public httplib::Stream {
   void get_local_ip_and_port(std::string& ip, int& port) const override { Address(fd_, false, ip, port); }
   socket_t socket() const override { return fd_; }
 
+  // Waits for bytes to read until the request's deadline; false when it passed first.
+  bool WaitToRead() const {
+    while (absl::Now() < deadline_) {
+      if (WaitFor(fd_, POLLIN, MillisecondsUntil(deadline_))) return true;
+    }
+    return false;
+  }
+
   // After an SSL call returned `result` <= 0: waits for what it wants; false when it failed for good.
   bool WaitForTls(int result) const {
     switch (SSL_get_error(tls_, result)) {
       case SSL_ERROR_WANT_READ:
-        return WaitFor(fd_, POLLIN, kReadTimeoutMs);
+        return WaitToRead();
       case SSL_ERROR_WANT_WRITE:
         return WaitFor(fd_, POLLOUT, kWriteTimeoutMs);
       default:
@@ -110,7 +137,15 @@ class ConnectionStream : public httplib::Stream {
  private:
   const int fd_;
   SSL* const tls_;  // not owned; null for plaintext
+  const std::string received_;
+  size_t offset_ = 0;  // of received_, handed to httplib so far
+  const absl::Time deadline_;
 };
+
+// Whether `received` holds a request's whole header section (it ends with an empty line).
+bool HeadersIn(const std::string& received) {
+  return received.find("\r\n\r\n") != std::string::npos || received.find("\n\n") != std::string::npos;
+}
 
 int HttpStatusOf(absl::StatusCode code) {
   switch (code) {
@@ -136,6 +171,171 @@ class HttpEndpoint::Routes : public httplib::Server {
  public:
   using httplib::Server::process_request;
 };
+
+// A connection whose request is being read: its socket (closed with it), TLS over it, and what came so far.
+struct HttpEndpoint::Request {
+  explicit Request(int fd, absl::Time deadline) : fd(fd), deadline(deadline) {}
+  ~Request() { close(fd); }
+
+  const int fd;
+  const absl::Time deadline;  // for the whole request (kRequestReadMs from its first bytes)
+  std::unique_ptr<SSL, decltype(&SSL_free)> tls{nullptr, SSL_free};
+  bool handshaken = false;  // TLS: the handshake is done
+  bool wants_write = false;  // TLS: the next step waits for the socket to take bytes
+  std::string received;     // the request's bytes so far (decrypted)
+};
+
+// Reads the handshakes and request headers of every connection at once on one thread (poll), so that a slow
+// client holds a buffer, not a thread; hands on those whose headers are in. Thread-safe.
+class HttpEndpoint::RequestReader {
+ public:
+  RequestReader(SSL_CTX* tls, std::function<void(std::unique_ptr<Request>)> complete)
+      : tls_(tls), complete_(std::move(complete)) {
+    if (pipe2(wake_, O_NONBLOCK | O_CLOEXEC) != 0) wake_[0] = wake_[1] = -1;
+    thread_ = std::thread([this] { Run(); });
+  }
+  // Stops, closing the connections still being read.
+  ~RequestReader() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    Wake();
+    thread_.join();
+    for (int fd : incoming_) close(fd);
+    for (int fd : wake_) {
+      if (fd >= 0) close(fd);
+    }
+  }
+
+  // Takes connection `fd` (non-blocking), which has bytes to read.
+  void Add(int fd) {
+    {
+      absl::MutexLock lock(&mu_);
+      incoming_.push_back(fd);
+    }
+    Wake();
+  }
+
+ private:
+  void Wake() {
+    const char byte = 1;
+    if (wake_[1] >= 0 && write(wake_[1], &byte, 1) < 0) VLOG(2) << "HTTP reader: the wake pipe is full";
+  }
+  bool TakeIncoming(std::vector<std::unique_ptr<Request>>& reading);
+  void Run();
+  // Reads what `r` has for it: true once its headers are in; an error when it must be closed.
+  absl::StatusOr<bool> Advance(Request& r);
+
+  SSL_CTX* const tls_;  // not owned; null for plaintext
+  const std::function<void(std::unique_ptr<Request>)> complete_;
+  int wake_[2] = {-1, -1};
+  absl::Mutex mu_;
+  std::vector<int> incoming_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+bool HttpEndpoint::RequestReader::TakeIncoming(std::vector<std::unique_ptr<Request>>& reading) {
+  std::vector<int> fds;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_) return false;
+    fds.swap(incoming_);
+  }
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(kRequestReadMs);
+  for (int fd : fds) {
+    auto r = std::make_unique<Request>(fd, deadline);
+    if (tls_ != nullptr) {
+      r->tls.reset(SSL_new(tls_));
+      if (r->tls == nullptr || SSL_set_fd(r->tls.get(), fd) != 1) {
+        ERR_clear_error();
+        continue;  // closed with r
+      }
+    }
+    reading.push_back(std::move(r));
+  }
+  // The oldest make room: a client that keeps its connection slow loses it first.
+  if (reading.size() > static_cast<size_t>(kMaxReading)) reading.erase(reading.begin(), reading.end() - kMaxReading);
+  return true;
+}
+
+void HttpEndpoint::RequestReader::Run() {
+  std::vector<std::unique_ptr<Request>> reading;
+  std::vector<pollfd> polled;
+  while (TakeIncoming(reading)) {
+    polled.assign(1, pollfd{wake_[0], POLLIN, 0});
+    absl::Time next = absl::Now() + absl::Seconds(1);
+    for (const auto& r : reading) {
+      polled.push_back(pollfd{r->fd, static_cast<short>(r->wants_write ? POLLOUT : POLLIN), 0});
+      next = std::min(next, r->deadline);
+    }
+    poll(polled.data(), polled.size(), MillisecondsUntil(next));
+    char drain[64];
+    while (read(wake_[0], drain, sizeof(drain)) > 0) {
+    }
+    const absl::Time now = absl::Now();
+    for (size_t i = 0; i < reading.size(); ++i) {
+      std::unique_ptr<Request>& r = reading[i];
+      if (polled[i + 1].revents != 0) {
+        absl::StatusOr<bool> in = Advance(*r);
+        if (in.ok() && *in) {
+          complete_(std::move(r));
+          continue;
+        }
+        if (!in.ok()) {
+          VLOG(1) << "HTTP: " << in.status();
+          r.reset();
+          continue;
+        }
+      }
+      if (now >= r->deadline) r.reset();  // too slow: cut off
+    }
+    reading.erase(std::remove(reading.begin(), reading.end(), nullptr), reading.end());
+  }
+}
+
+absl::StatusOr<bool> HttpEndpoint::RequestReader::Advance(Request& r) {
+  r.wants_write = false;
+  if (r.tls != nullptr && !r.handshaken) {
+    const int done = SSL_accept(r.tls.get());
+    if (done != 1) {
+      const int error = SSL_get_error(r.tls.get(), done);
+      ERR_clear_error();
+      if (error == SSL_ERROR_WANT_READ) return false;
+      if (error == SSL_ERROR_WANT_WRITE) {
+        r.wants_write = true;
+        return false;
+      }
+      return absl::UnavailableError("a TLS handshake failed");
+    }
+    r.handshaken = true;
+  }
+  char buffer[4096];
+  for (;;) {
+    ssize_t n;
+    if (r.tls == nullptr) {
+      n = recv(r.fd, buffer, sizeof(buffer), 0);
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) break;
+    } else {
+      n = SSL_read(r.tls.get(), buffer, sizeof(buffer));
+      if (n <= 0) {
+        const int error = SSL_get_error(r.tls.get(), static_cast<int>(n));
+        ERR_clear_error();
+        if (error == SSL_ERROR_WANT_READ) break;
+        r.wants_write = error == SSL_ERROR_WANT_WRITE;
+        if (r.wants_write) break;
+      }
+    }
+    if (n <= 0) return absl::UnavailableError("a client closed its connection before its request was in");
+    r.received.append(buffer, static_cast<size_t>(n));
+    if (HeadersIn(r.received)) return true;
+    if (r.received.size() > kMaxHeaderBytes) {
+      return absl::ResourceExhaustedError(absl::StrCat("request headers over ", kMaxHeaderBytes, " bytes"));
+    }
+  }
+  return HeadersIn(r.received);
+}
 
 absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(const std::string& host, int port,
                                                                   const Security& security,
@@ -189,19 +389,12 @@ absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(const std::str
     }
   }
   endpoint->threads_ = std::make_unique<ThreadPool>(kThreads);
+  endpoint->health_thread_ = std::make_unique<ThreadPool>(1);
   HttpEndpoint* self = endpoint.get();
+  endpoint->reader_ = std::make_unique<RequestReader>(
+      endpoint->tls_.get(), [self](std::unique_ptr<Request> request) { self->Dispatch(std::move(request)); });
   absl::StatusOr<std::unique_ptr<ConnectionAcceptor>> acceptor =
-      ConnectionAcceptor::Listen(host, port, {}, [self](int fd) {
-        if (self->queued_.load() >= kMaxQueued) {
-          close(fd);  // every thread is busy with clients that spoke and a full queue waits: shed load
-          return;
-        }
-        ++self->queued_;
-        self->threads_->Submit([self, fd] {
-          --self->queued_;
-          self->ServeConnection(fd);
-        });
-      });
+      ConnectionAcceptor::Listen(host, port, {}, [self](int fd) { self->reader_->Add(fd); });
   if (!acceptor.ok()) {
     return absl::UnavailableError(absl::StrCat("cannot serve HTTP on ", host, ":", port, ": ",
                                                acceptor.status().message()));
@@ -210,40 +403,33 @@ absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(const std::str
   return endpoint;
 }
 
-void HttpEndpoint::ServeConnection(int fd) {
-  if (stopping_) {
-    close(fd);
-    return;
-  }
-  std::unique_ptr<SSL, decltype(&SSL_free)> tls(nullptr, SSL_free);
-  if (tls_ != nullptr) {
-    tls.reset(SSL_new(tls_.get()));
-    if (tls == nullptr || SSL_set_fd(tls.get(), fd) != 1) {
-      ERR_clear_error();
-      close(fd);
-      return;
-    }
-    ConnectionStream handshake(fd, tls.get());
-    for (;;) {
-      const int done = SSL_accept(tls.get());
-      if (done == 1) break;
-      if (!handshake.WaitForTls(done)) {
-        close(fd);
-        return;
-      }
-    }
-  }
-  ConnectionStream stream(fd, tls.get());
+void HttpEndpoint::Dispatch(std::unique_ptr<Request> request) {
+  if (queued_.load() >= kMaxQueued) return;  // every thread is busy and a full queue waits: shed load (closed)
+  ++queued_;
+  const bool health = absl::StartsWith(request->received, "GET /healthz ") ||
+                      absl::StartsWith(request->received, "GET /healthz?");
+  // (A std::function must be copyable: the request travels shared; a task dropped unrun still closes it.)
+  std::shared_ptr<Request> shared = std::move(request);
+  (health ? health_thread_ : threads_)->Submit([this, shared] {
+    --queued_;
+    Serve(*shared);
+  });
+}
+
+void HttpEndpoint::Serve(Request& request) {
+  if (stopping_) return;  // closed with the request
+  ConnectionStream stream(request.fd, request.tls.get(), std::move(request.received), request.deadline);
   bool closed = false;
   routes_->process_request(stream, /*close_connection=*/true, closed, [](httplib::Request&) {});
-  if (tls != nullptr) SSL_shutdown(tls.get());
-  close(fd);
+  if (request.tls != nullptr) SSL_shutdown(request.tls.get());
 }
 
 HttpEndpoint::~HttpEndpoint() {
   stopping_ = true;
-  acceptor_.reset();  // no new connections
-  threads_.reset();   // queued ones are closed unserved; those being served finish within their timeouts
+  acceptor_.reset();       // no new connections
+  reader_.reset();         // nor requests; those being read are closed
+  health_thread_.reset();  // queued ones are closed unserved; those being served finish within their timeouts
+  threads_.reset();
 }
 
 }  // namespace tessera

@@ -150,6 +150,11 @@ void RunRecorder::PrintSummary(const nlohmann::json& summary) {
   std::cout << SummaryLine(summary) << std::endl;
 }
 
+void RunRecorder::PrintLine(const std::string& line) {
+  absl::MutexLock lock(&mu_);
+  std::cout << line << std::endl;
+}
+
 namespace {
 // A field of the summary as a number, or nullopt when it is absent or null (a run that never evaluated).
 std::optional<double> NumberField(const nlohmann::json& summary, const char* key) {

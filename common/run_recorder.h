@@ -88,6 +88,9 @@ class RunRecorder {
   // The two halves of WriteSummary, for a caller that must change state between them.
   [[nodiscard]] absl::Status SaveSummary(const nlohmann::json& summary);
   void PrintSummary(const nlohmann::json& summary);
+  // Prints `line` to the run's output (stdout) between the progress lines, e.g. "worker 1 joined the job", the
+  // line a launcher learns a rank joined from.
+  void PrintLine(const std::string& line);
 
   const std::string& run_dir() const { return run_dir_; }
 

@@ -49,7 +49,8 @@ absl::StatusOr<tessera::v1::RegisterResponse> SchedulerClient::Register(tessera:
   policy.waiting_line = absl::StrCat("waiting for the scheduler at ", address_, " (up to ",
                                      absl::FormatDuration(give_up_after), ", --connect_timeout_s)");
   absl::Status status = RetryWhileUnavailable(
-      policy, absl::StrCat("no scheduler answered at ", address_), [&]() -> absl::Status {
+      policy, absl::StrCat("no scheduler answered at ", address_, " (it has not started, or its job ended and it exited)"),
+      [&]() -> absl::Status {
         grpc::ClientContext context;
         // Registration waits behind whatever the scheduler is doing (a checkpoint, a recovery: each bounded by
         // its heartbeat timeout), so it gets longer than that; an absent scheduler fails at once anyway.

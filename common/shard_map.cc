@@ -133,8 +133,15 @@ absl::Status ValidateShardMap(const tessera::v1::ShardMap& map, const tessera::v
     if (!s.key_digest().empty() && s.key_digest().size() != 32) {
       return absl::InvalidArgumentError(absl::StrCat("server ", s.id(), ": a key digest is 32 bytes"));
     }
+    if (!s.replication_key().empty() && s.replication_key().size() != 32) {
+      return absl::InvalidArgumentError(absl::StrCat("server ", s.id(), ": a replication key is 32 bytes"));
+    }
+    if (s.incarnation() > kMaxIncarnation) {
+      return absl::InvalidArgumentError(absl::StrCat("server ", s.id(), " incarnation ", s.incarnation(),
+                                                     " is beyond ", kMaxIncarnation));
+    }
     TESSERA_RETURN_IF_ERROR(CheckLength("server address", s.address(), kMaxAddressBytes));
-    TESSERA_RETURN_IF_ERROR(CheckLength("server fabric address", s.fabric_address(), kMaxAddressBytes));
+    TESSERA_RETURN_IF_ERROR(CheckLength("server fabric address", s.fabric_address(), kMaxFabricAddressBytes));
   }
   for (const auto& w : map.workers()) {
     if (w.id() < 0 || w.id() >= num_workers || !workers.insert(w.id()).second) {
@@ -143,8 +150,19 @@ absl::Status ValidateShardMap(const tessera::v1::ShardMap& map, const tessera::v
     if (!w.key_digest().empty() && w.key_digest().size() != 32) {
       return absl::InvalidArgumentError(absl::StrCat("worker ", w.id(), ": a key digest is 32 bytes"));
     }
+    if (w.incarnation() > kMaxIncarnation || w.joined_clock() < 0 || w.joined_clock() > kMaxClock) {
+      return absl::InvalidArgumentError(absl::StrCat("worker ", w.id(), " incarnation ", w.incarnation(),
+                                                     " joined at clock ", w.joined_clock(), ": at most ",
+                                                     kMaxIncarnation, " and 0 .. ", kMaxClock));
+    }
   }
   TESSERA_RETURN_IF_ERROR(CheckLength("run id", map.run_id(), kMaxNameBytes));
+  // Each rollback advances the epoch, so there are never more of them than epochs.
+  if (map.rollback_generation() > kMaxEpoch || map.rollback_clock() < 0 || map.rollback_clock() > kMaxClock) {
+    return absl::InvalidArgumentError(absl::StrCat("shard map rollback ", map.rollback_generation(), " to clock ",
+                                                   map.rollback_clock(), ": at most ", kMaxEpoch, " and 0 .. ",
+                                                   kMaxClock));
+  }
   return absl::OkStatus();
 }
 

@@ -31,8 +31,8 @@ namespace tessera {
 // A view from the wire (a server's assignment, or one a server brings back to a restarted scheduler), checked
 // before anything is allocated from it: the job must be valid; every chunk of a declared parameter, within it, no
 // longer than the job's chunk_bytes, with its copies on distinct servers of the job; every server and worker
-// listed once and within the job; every size within the limits of common/wire_limits.h. INVALID_ARGUMENT naming
-// what is wrong.
+// listed once and within the job; every size and number (epoch, incarnations, clocks, rollbacks, key sizes)
+// within the limits of common/wire_limits.h. INVALID_ARGUMENT naming what is wrong.
 [[nodiscard]] absl::Status ValidateShardMap(const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job);
 
 // What became of a lost server's chunks.

@@ -18,6 +18,9 @@ namespace tessera {
 inline constexpr size_t kMaxNameBytes = 256;
 // HOST:PORT addresses and file paths.
 inline constexpr size_t kMaxAddressBytes = 1024;
+// A server's UCX worker address in base64 (it names every transport and device of the host: a few hundred bytes
+// on one NIC, more with several RDMA devices).
+inline constexpr size_t kMaxFabricAddressBytes = 16384;
 inline constexpr size_t kMaxPathBytes = 4096;
 // Error messages a member sends (a worker's failure).
 inline constexpr size_t kMaxErrorBytes = 4096;
@@ -38,6 +41,12 @@ inline constexpr int64_t kMaxChunks = int64_t{1} << 20;
 // Clocks (steps) and shard-map epochs far beyond any job's; a larger one is a forgery or a bug.
 inline constexpr int64_t kMaxClock = int64_t{1} << 40;
 inline constexpr uint64_t kMaxEpoch = uint64_t{1} << 40;
+// A member slot's incarnations (one per registration of a process for it): a larger one is a forgery. A slot
+// that reached it takes no one more (nothing wraps).
+inline constexpr uint64_t kMaxIncarnation = uint64_t{1} << 40;
+// A chunk's version and its counts of updates and assignments, and a worker's push sequence numbers: at most one
+// per push, so far beyond any job's (2^48 pushes). A larger one is a forgery; nothing near it can overflow.
+inline constexpr int64_t kMaxUpdateCount = int64_t{1} << 48;
 // The longest any call may ask to wait (a clock gate, a checkpoint at a version).
 inline constexpr absl::Duration kMaxWait = absl::Hours(1);
 // Checkpoint files one AssignShards may name (one per server).

@@ -23,12 +23,16 @@ absl::Status CheckRegistration(const tessera::v1::RegisterRequest& request) {
   }
   if (server && request.address().empty()) return absl::InvalidArgumentError("a server must register with its address");
   TESSERA_RETURN_IF_ERROR(CheckLength("register: address", request.address(), kMaxAddressBytes));
-  TESSERA_RETURN_IF_ERROR(CheckLength("register: fabric address", request.fabric_address(), kMaxAddressBytes));
+  TESSERA_RETURN_IF_ERROR(CheckLength("register: fabric address", request.fabric_address(), kMaxFabricAddressBytes));
   TESSERA_RETURN_IF_ERROR(CheckLength("register: hostname", request.hostname(), kMaxNameBytes));
   TESSERA_RETURN_IF_ERROR(CheckLength("register: device", request.device(), kMaxNameBytes));
   TESSERA_RETURN_IF_ERROR(CheckLength("register: control_key", request.control_key(), kMaxNameBytes));
   if (server && request.control_key().empty()) {
     return absl::InvalidArgumentError("a server must register with the key of its control calls");
+  }
+  if (!request.replication_key().empty() && (!server || request.replication_key().size() != 32)) {
+    return absl::InvalidArgumentError(absl::StrCat("register: a replication key is a server's, of 32 bytes; got ",
+                                                   request.replication_key().size(), " bytes"));
   }
   return absl::OkStatus();
 }
@@ -45,6 +49,7 @@ void HoldSlot(Member& slot, const tessera::v1::RegisterRequest& request, std::st
   slot.key = std::move(key);
   slot.key_digest = KeyDigest(slot.key);
   slot.control_key = request.control_key();
+  slot.replication_key = request.replication_key();
 }
 }  // namespace
 
@@ -103,6 +108,9 @@ absl::StatusOr<ClusterView::Joined> ClusterView::JoinSlot(const tessera::v1::Reg
                                                           absl::Duration suspect_after) {
   TESSERA_RETURN_IF_ERROR(CheckRegistration(request));
   const bool server = request.role() == tessera::v1::SERVER;
+  if (server && backups_ > 0 && request.replication_key().empty()) {
+    return absl::InvalidArgumentError("a server of a job with backups registers with its replication key");
+  }
   absl::MutexLock lock(&mu_);
   std::vector<Member>& slots = server ? servers_ : workers_;
   const char* role = server ? "server" : "worker";
@@ -148,6 +156,11 @@ absl::StatusOr<ClusterView::Joined> ClusterView::JoinSlot(const tessera::v1::Reg
     return absl::ResourceExhaustedError(absl::StrCat("the job has all its ", slots.size(), " ", role,
                                                      "s alive and answering; no place for the ", role, " at ", who,
                                                      " (a restarted ", role, " takes its place with ", flag, ")"));
+  }
+  if (slot->incarnation >= kMaxIncarnation) {
+    // Never reached by restarts (one a second for 30,000 years); an incarnation never wraps.
+    return absl::ResourceExhaustedError(absl::StrCat(slot->Describe(), " has had ", kMaxIncarnation,
+                                                     " incarnations, the most a slot may have"));
   }
   const MemberState was = slot->state;
   const std::string previous_address = slot->address;
@@ -241,6 +254,7 @@ void ClusterView::Adopt(const tessera::v1::ShardMap& view, absl::Time now) {
     await(m, s.incarnation(), s.key_digest());
     m.address = s.address();
     m.fabric_address = s.fabric_address();
+    m.replication_key = s.replication_key();
   }
   if (placed) {
     for (Member& m : servers_) {
@@ -266,6 +280,9 @@ absl::StatusOr<Member> ClusterView::Return(const tessera::v1::RegisterRequest& r
   TESSERA_RETURN_IF_ERROR(CheckRegistration(request));
   const bool server = request.role() == tessera::v1::SERVER;
   if (key.empty()) return absl::UnauthenticatedError("a member comes back with the member key it was given");
+  if (server && backups_ > 0 && request.replication_key().empty()) {
+    return absl::InvalidArgumentError("a server of a job with backups comes back with its replication key");
+  }
   absl::MutexLock lock(&mu_);
   std::vector<Member>& slots = server ? servers_ : workers_;
   const int id = request.has_requested_id() ? request.requested_id() : -1;
@@ -275,21 +292,37 @@ absl::StatusOr<Member> ClusterView::Return(const tessera::v1::RegisterRequest& r
   }
   Member& m = slots[id];
   const uint64_t incarnation = request.rejoin().incarnation();
-  if (m.awaited && incarnation == m.incarnation) {
+  const int64_t clock = request.rejoin().clock();
+  if (incarnation == 0 || incarnation > kMaxIncarnation || clock < 0 || clock > kMaxClock) {
+    return absl::InvalidArgumentError(absl::StrCat(m.Describe(), " comes back with incarnation ", incarnation,
+                                                   " at clock ", clock, "; incarnations are 1 .. ", kMaxIncarnation,
+                                                   ", clocks 0 .. ", kMaxClock));
+  }
+  if (m.awaited && incarnation < m.incarnation) {
+    return absl::FailedPreconditionError(absl::StrCat(m.Describe(), " incarnation ", incarnation,
+                                                      " was replaced by incarnation ", m.incarnation));
+  }
+  if (m.awaited) {
+    // A slot the view taken back holds for an incarnation goes to that incarnation's key only, whatever
+    // incarnation the caller names: a newer one cannot be told from a forgery.
     TESSERA_RETURN_IF_ERROR(CheckSecret(KeyDigest(std::string(key)), m.key_digest, absl::StrCat(m.Describe(), " coming back")));
-  } else if (m.state == MemberState::kAlive && !m.awaited && incarnation == m.incarnation &&
+    if (incarnation != m.incarnation) {
+      return absl::InvalidArgumentError(absl::StrCat(m.Describe(), " holds incarnation ", m.incarnation,
+                                                     "; its key came back as incarnation ", incarnation));
+    }
+  } else if (m.state == MemberState::kAlive && incarnation == m.incarnation &&
              CheckSecret(absl::string_view(key.data(), key.size()), m.key, "").ok()) {
     // Back already (its earlier try was answered while the job was being taken back): the same again.
-  } else if (m.state == MemberState::kAlive && !m.awaited) {
+  } else if (m.state == MemberState::kAlive) {
     return absl::FailedPreconditionError(absl::StrCat(m.Describe(), " is held by incarnation ", m.incarnation,
                                                       " registered with this scheduler"));
-  } else if (incarnation < m.incarnation || incarnation == 0) {
+  } else if (incarnation < m.incarnation) {
     return absl::FailedPreconditionError(absl::StrCat(m.Describe(), " incarnation ", incarnation,
                                                       " was replaced by incarnation ", m.incarnation));
   }
   m.incarnation = incarnation;
   HoldSlot(m, request, std::string(key), now);
-  if (!server) m.joined_clock = std::min(m.joined_clock, request.rejoin().clock());
+  if (!server) m.joined_clock = std::min(m.joined_clock, clock);
   ++changes_;
   return m;
 }
@@ -510,6 +543,7 @@ tessera::v1::ShardMap ClusterView::MapLocked() const {
     info->set_fabric_address(s.fabric_address);
     info->set_incarnation(s.incarnation);
     info->set_key_digest(s.key_digest);
+    info->set_replication_key(s.replication_key);
   }
   for (const Member& w : workers_) {
     auto* slot = map.add_workers();

@@ -50,7 +50,9 @@ class ClusterView {
   // the old incarnation is replaced. `start_clock(slot)`, called with the slot as it was, says at which clock
   // a worker taking it starts. Advances the epoch. RESOURCE_EXHAUSTED when every slot of the role is taken;
   // INVALID_ARGUMENT for a server without an address, a requested id out of range, an unknown role or a string
-  // longer than common/wire_limits.h allows. Each incarnation gets a fresh member key.
+  // longer than common/wire_limits.h allows, or a server of a job with backups without its replication key;
+  // RESOURCE_EXHAUSTED for a slot that had kMaxIncarnation incarnations (they never wrap). Each incarnation gets
+  // a fresh member key.
   struct Joined {
     Member member;              // as it is now
     MemberState was;            // the slot's state before: kVacant for a first join, kLost or kAlive for a return
@@ -76,8 +78,11 @@ class ClusterView {
   // A member of a job taken back comes back (`request.rejoin()`, with the member key `key` it was given):
   // into its awaited slot when `key` is that incarnation's, or into a slot that no incarnation as new as its
   // own holds (it joined after the view taken back), keeping its incarnation and key. Returns it as it is now.
-  // FAILED_PRECONDITION when a newer incarnation holds the slot (it was replaced) or the slot was taken
-  // afresh; UNAUTHENTICATED for a wrong key; INVALID_ARGUMENT as for Join.
+  // An awaited slot goes only to a caller whose key matches the digest the view holds for it (whatever
+  // incarnation it names); a slot the view holds no key for (vacant, or lost) to a caller with an incarnation at
+  // least its own. FAILED_PRECONDITION when a newer incarnation holds the slot (it was replaced) or the slot was
+  // taken afresh; UNAUTHENTICATED for a missing or wrong key; INVALID_ARGUMENT as for Join, and for an
+  // incarnation outside 1 .. kMaxIncarnation or a clock outside 0 .. kMaxClock (common/wire_limits.h).
   [[nodiscard]] absl::StatusOr<Member> Return(const tessera::v1::RegisterRequest& request, std::string_view key,
                                               absl::Time now);
   // Advances the epoch past `seen` and the current one (a view taken back is handed out anew under an epoch no

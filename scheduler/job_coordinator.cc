@@ -20,6 +20,27 @@ namespace tessera {
 namespace {
 // How long a server a worker could not reach has to answer the scheduler before it is declared lost.
 constexpr absl::Duration kServerProbeTimeout = absl::Seconds(1);
+
+// A server coming back to a restarted scheduler vouches for the view it brings with its member key: the view
+// must name the caller's own slot with the caller's incarnation and the digest of that key (an empty view,
+// nothing placed yet, names nobody and carries nothing to take). UNAUTHENTICATED otherwise, before anything of
+// the call is kept.
+absl::Status VouchForOwnView(const tessera::v1::RegisterRequest& request, const std::string& key) {
+  const tessera::v1::MemberReturn& rejoin = request.rejoin();
+  const int id = request.requested_id();
+  if (key.empty()) return absl::UnauthenticatedError("a member comes back with the member key it was given");
+  const tessera::v1::ShardMap& view = rejoin.view();
+  if (view.servers().empty() && view.workers().empty() && view.params().empty()) return absl::OkStatus();
+  for (const tessera::v1::ServerInfo& s : view.servers()) {
+    if (s.id() != id) continue;
+    if (s.incarnation() != rejoin.incarnation()) {
+      return absl::UnauthenticatedError(absl::StrCat("server ", id, " came back as incarnation ", rejoin.incarnation(),
+                                                     " with a view that holds incarnation ", s.incarnation()));
+    }
+    return CheckSecret(KeyDigest(key), s.key_digest(), absl::StrCat("server ", id, " coming back with its view"));
+  }
+  return absl::UnauthenticatedError(absl::StrCat("server ", id, " came back with a view that does not name it"));
+}
 }  // namespace
 
 using tessera::v1::ConsistencySpec;
@@ -107,14 +128,16 @@ void JobCoordinator::StartFailureDetection() {
       std::min(heartbeat_interval_, absl::Milliseconds(200)),
       [this, max_seconds] {
         if (max_seconds > 0 && !clocks_.stopped() && absl::Now() - records_.run_start() >= absl::Seconds(max_seconds)) {
-          clocks_.Stop(absl::StrCat("ran for stop.max_seconds (", max_seconds, " s)"));
+          StopCompleted(absl::StrCat("ran for stop.max_seconds (", max_seconds, " s)"));
         }
         bool failure_reported;
         {
           absl::MutexLock lock(&mu_);
           failure_reported = last_failure_report_ != absl::InfinitePast() && !finishing_;
         }
-        if (failure_reported) MaybeFinish();  // a job end held for a failed worker's return
+        // A job end held for a failed worker's return, or a stopped job whose ranks nobody holds (a restarted
+        // scheduler's job whose workers never came back): the stop rules end it.
+        if (failure_reported || clocks_.stopped()) MaybeFinish();
         EndAStopNobodyFinishes();
         if (!checkpointer_.enabled()) return absl::OkStatus();
         const std::vector<int64_t> active = clocks_.ActiveClocks();
@@ -278,10 +301,42 @@ tessera::v1::RegisterResponse JobCoordinator::Registered(const Member& m) {
   return response;
 }
 
+const tessera::v1::ShardMap* JobCoordinator::ViewToTakeBack() const {
+  // The run most servers' views belong to (views without parameters belong to none); a tie goes to the run
+  // brought back first.
+  std::map<std::string, std::pair<int, uint64_t>> runs;  // run id -> (views, first arrival)
+  for (const auto& [sid, r] : returning_servers_) {
+    const tessera::v1::ShardMap& view = r.request.rejoin().view();
+    if (view.params().empty()) continue;
+    auto it = runs.try_emplace(view.run_id(), 0, r.arrival).first;
+    ++it->second.first;
+    it->second.second = std::min(it->second.second, r.arrival);
+  }
+  const std::string* run = nullptr;
+  std::pair<int, uint64_t> best{0, 0};
+  for (const auto& [id, count] : runs) {
+    if (run == nullptr || count.first > best.first || (count.first == best.first && count.second < best.second)) {
+      run = &id;
+      best = count;
+    }
+  }
+  const tessera::v1::ShardMap* newest = nullptr;
+  for (const auto& [sid, r] : returning_servers_) {
+    const tessera::v1::ShardMap& view = r.request.rejoin().view();
+    if (run != nullptr && (view.params().empty() || view.run_id() != *run)) continue;
+    if (newest == nullptr || view.epoch() > newest->epoch()) newest = &view;
+  }
+  return newest;
+}
+
 void JobCoordinator::TakeBack(const tessera::v1::RegisterRequest& request, const std::string& member_key,
                               std::function<void(absl::StatusOr<tessera::v1::RegisterResponse>)> done) {
   const tessera::v1::MemberReturn& rejoin = request.rejoin();
   const bool server = request.role() == tessera::v1::SERVER;
+  if (!server && request.role() != tessera::v1::WORKER) {
+    done(absl::InvalidArgumentError("a member comes back as a SERVER or a WORKER"));
+    return;
+  }
   if (rejoin.job() != job_.name()) {
     done(absl::FailedPreconditionError(absl::StrCat("this scheduler runs job '", job_.name(), "', not '",
                                                     rejoin.job().substr(0, kMaxNameBytes), "'")));
@@ -307,19 +362,27 @@ void JobCoordinator::TakeBack(const tessera::v1::RegisterRequest& request, const
         done(absl::UnavailableError("the restarted scheduler takes its job back from the servers first; retry"));
         return;
       }
-      // A view from the wire: checked before anything is taken from it.
+      // A view from the wire: checked, and vouched for by the caller's key, before anything is taken from it.
       if (absl::Status valid = ValidateShardMap(rejoin.view(), job_); !valid.ok()) {
         done(Annotate(valid, "the view a server came back with"));
         return;
       }
+      if (absl::Status vouched = VouchForOwnView(request, member_key); !vouched.ok()) {
+        done(vouched);
+        return;
+      }
+      if (auto claimed = returning_servers_.find(id);
+          claimed != returning_servers_.end() && claimed->second.key != member_key) {
+        done(absl::FailedPreconditionError(absl::StrCat(
+            "server ", id, " came back already, with another key: a slot is taken back by one process")));
+        return;
+      }
       const absl::Time now = absl::Now();
       if (returning_servers_.empty()) gathering_since_ = now;
-      returning_servers_[id] = Returning{request, member_key};
-      // The newest view a server holds is the job's; every server it names should be back before it is taken.
-      const tessera::v1::ShardMap* newest = nullptr;
-      for (const auto& [sid, r] : returning_servers_) {
-        if (newest == nullptr || r.request.rejoin().view().epoch() > newest->epoch()) newest = &r.request.rejoin().view();
-      }
+      returning_servers_[id] = Returning{request, member_key, next_return_++};
+      // The newest view of the run most servers came back with is the job's; every server it names should be
+      // back before it is taken.
+      const tessera::v1::ShardMap* newest = ViewToTakeBack();
       std::vector<int> missing;
       if (newest->params_size() > 0) {
         for (const auto& s : newest->servers()) {
@@ -481,6 +544,11 @@ void JobCoordinator::Declare(const tessera::v1::DeclareRequest& request,
   });
 }
 
+bool JobCoordinator::TakingBack() const {
+  absl::MutexLock lock(&mu_);
+  return !started_afresh_ && !taken_back_;
+}
+
 bool JobCoordinator::Resuming() const {
   absl::MutexLock lock(&mu_);
   return resume_.has_value();
@@ -488,6 +556,10 @@ bool JobCoordinator::Resuming() const {
 
 absl::StatusOr<tessera::v1::ShardMap> JobCoordinator::GetShardMap() const {
   std::optional<tessera::v1::ShardMap> map = view_.Map();
+  if (!map && TakingBack()) {
+    // A worker of the job asks before a restarted scheduler has the view back: it waits, as for its other calls.
+    return absl::UnavailableError("no job yet: the scheduler waits for its members to register or come back; retry");
+  }
   if (!map) return absl::FailedPreconditionError("no parameters have been declared yet");
   return *map;
 }
@@ -606,7 +678,7 @@ absl::StatusOr<tessera::v1::ReportResponse> JobCoordinator::Report(const tessera
   }
   if (!request.device().empty()) view_.SetWorkerDevice(request.worker_id(), request.device());
   const ProgressRecords::Taken taken = records_.AddReport(request);
-  if (!taken.reached.empty()) clocks_.Stop(taken.reached);
+  if (!taken.reached.empty()) StopCompleted(taken.reached);
   if (taken.evaluation) {
     executor_.Submit([this, request] {
       if (std::optional<tessera::v1::ShardMap> map = view_.Map()) records_.UpdateServerStats(servers_->Stats(*map));
@@ -631,10 +703,26 @@ absl::Status JobCoordinator::Done(const tessera::v1::DoneRequest& request) {
   const std::string not_in_job =
       absl::StrCat("done from worker ", request.worker_id(), ", which is not in the job (lost, or done before)");
   // Leaving is a membership change: its subscribers (OnMembership among them) take it from here.
-  if (!request.failure().empty()) {
+  if (!request.failure().empty() && !clocks_.stopped()) {
     if (!view_.Leave(request.worker_id(), MemberState::kLost, request.failure())) {
       return absl::FailedPreconditionError(not_in_job);
     }
+    return absl::OkStatus();
+  }
+  if (!request.failure().empty()) {
+    // The job had stopped (complete, failed or asked to): a worker whose last calls failed then (to a server that
+    // is gone or frozen) stopped because the job did. It is done, not lost; its error goes into the events, before
+    // it leaves (its leaving may end the job and write the summary).
+    if (view_.Workers()[request.worker_id()].state != MemberState::kAlive) {
+      return absl::FailedPreconditionError(not_in_job);
+    }
+    LOG(INFO) << "worker " << request.worker_id() << " stopped with the job at clock " << request.clock() << ": "
+              << request.failure();
+    records_.AddEvent({{"event", "worker stopped with the job"},
+                       {"worker", request.worker_id()},
+                       {"clock", request.clock()},
+                       {"error", request.failure()}});
+    if (!view_.Leave(request.worker_id(), MemberState::kDone)) return absl::FailedPreconditionError(not_in_job);
     return absl::OkStatus();
   }
   if (!view_.Leave(request.worker_id(), MemberState::kDone)) return absl::FailedPreconditionError(not_in_job);
@@ -648,6 +736,12 @@ absl::Status JobCoordinator::ReportServer(const tessera::v1::ReportServerRequest
                                                    job_.cluster().num_servers()));
   }
   TESSERA_RETURN_IF_ERROR(CheckLength("report: error", request.error(), kMaxErrorBytes));
+  if (clocks_.stopped()) {
+    // Nothing moves once the job is stopping: a server its workers cannot reach then (its job over, it may be
+    // leaving) is not declared lost, and a job that completed stays so.
+    VLOG(1) << "server " << request.server_id() << " reported unreachable after the job's stop: " << request.error();
+    return absl::OkStatus();
+  }
   const Member server = view_.Servers()[request.server_id()];
   if (server.state != MemberState::kAlive ||
       (request.incarnation() != 0 && request.incarnation() != server.incarnation)) {
@@ -740,6 +834,12 @@ void JobCoordinator::WorkerLost(const Member& m, const std::string& failure) {
 }
 
 void JobCoordinator::FailJob(const std::string& reason) {
+  if (Completed()) {
+    // The workers may still be finishing (a last evaluation): the job's end is theirs, and its verdict stands.
+    LOG(WARNING) << reason << " (after the job completed: not a failure)";
+    records_.AddEvent({{"event", "loss after the job completed"}, {"error", reason}});
+    return;
+  }
   LOG(ERROR) << reason;
   {
     absl::MutexLock lock(&mu_);
@@ -748,10 +848,39 @@ void JobCoordinator::FailJob(const std::string& reason) {
   clocks_.Stop(reason);
 }
 
-void JobCoordinator::Abort(const std::string& reason) {
+void JobCoordinator::StopCompleted(const std::string& why) {
   {
     absl::MutexLock lock(&mu_);
-    if (failure_.empty() && !finishing_) failure_ = reason;
+    if (failure_.empty()) completed_ = true;
+  }
+  clocks_.Stop(why);
+}
+
+bool JobCoordinator::Completed() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (completed_ || !failure_.empty()) return completed_;
+  }
+  // Read before mu_ is taken again (the view and the clock table have locks of their own).
+  const int64_t last_step = job_.stop().max_steps();
+  const std::vector<int64_t> clocks = clocks_.Clocks();
+  bool ran_its_course = false, still_training = false;
+  for (const Member& w : view_.Workers()) {
+    const bool at_end = w.state == MemberState::kDone ||
+                        (w.state == MemberState::kAlive && last_step > 0 && clocks[w.id] >= last_step);
+    ran_its_course |= at_end;
+    still_training |= !at_end && w.state != MemberState::kLost;
+  }
+  absl::MutexLock lock(&mu_);
+  if (failure_.empty() && ran_its_course && !still_training) completed_ = true;
+  return completed_;
+}
+
+void JobCoordinator::Abort(const std::string& reason) {
+  const bool completed = Completed();
+  {
+    absl::MutexLock lock(&mu_);
+    if (failure_.empty() && !finishing_ && !completed) failure_ = reason;
   }
   clocks_.Stop(reason);
 }
@@ -801,9 +930,13 @@ void JobCoordinator::MaybeFinish() {
     any_vacant |= w.state == MemberState::kVacant;
     any_done |= w.state == MemberState::kDone;
   }
+  // A job that completed (its target reached, say) stays so when its workers are lost after that.
+  const bool completed = Completed();
   absl::MutexLock lock(&mu_);
-  if (any_alive || any_vacant || finishing_) return;
-  if (!any_done && failure_.empty()) {
+  // Ranks nobody holds yet hold the end back until the job is stopped (stop.max_seconds included).
+  const bool stopped = clocks_.stopped();
+  if (any_alive || (any_vacant && !stopped) || finishing_) return;
+  if (!any_done && failure_.empty() && !completed && !any_vacant) {
     // A worker that stopped on an error may be started again (a launcher's restart, a pod's): the job waits for
     // it as long as for one that fell silent. The ticker asks again.
     if (absl::Now() < last_failure_report_ + failure_detector_.timeout()) return;

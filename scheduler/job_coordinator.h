@@ -77,13 +77,17 @@ class JobCoordinator {
   // running job is in the view the servers hold before `done` runs.
   //
   // A restarted scheduler takes its running job back from the members (`request.rejoin()`, `member_key` the
-  // key the call carries). The servers come back first: each brings the view it holds, and once every server of
-  // the newest one is back (or 3 heartbeat intervals after the first), that view is the job's (ClusterView::
-  // Adopt), the latest checkpoint is loaded for later recoveries, and the view goes to the servers under a new
+  // key the call carries). The servers come back first: each brings the view it holds, which counts only once
+  // the caller's key matches the digest that view holds for the caller's own slot and incarnation
+  // (UNAUTHENTICATED before anything is kept otherwise; a second process for a slot already claimed with another
+  // key gets FAILED_PRECONDITION). Once every server of the newest view of the run most servers' views belong to
+  // is back (or 3 heartbeat intervals after the first), that view is the job's (ClusterView::Adopt; servers whose
+  // keys it does not hold are refused), the latest checkpoint is loaded for later recoveries, and the view goes to the servers under a new
   // epoch. Workers come back with their clocks, which the gate takes. Nothing is restored or rolled back; a
   // member that does not come back is lost after the heartbeat timeout, as a silent one is. Until the job is
   // taken back, returning workers and new registrations are answered UNAVAILABLE (they retry). A member coming
-  // back to a scheduler that started its job afresh, or runs another job, gets FAILED_PRECONDITION.
+  // back to a scheduler that started its job afresh, or runs another job, gets FAILED_PRECONDITION; one with
+  // neither role, INVALID_ARGUMENT. See ClusterView::Return for the slot rules and the bounds on incarnations.
   void Register(const tessera::v1::RegisterRequest& request,
                 std::function<void(absl::StatusOr<tessera::v1::RegisterResponse>)> done,
                 const std::string& member_key = "");
@@ -93,7 +97,8 @@ class JobCoordinator {
   // placement's error.
   void Declare(const tessera::v1::DeclareRequest& request,
                std::function<void(absl::StatusOr<tessera::v1::ShardMap>)> done);
-  // FAILED_PRECONDITION before anything is declared.
+  // FAILED_PRECONDITION before anything is declared; UNAVAILABLE (retry) while a restarted scheduler has not
+  // taken its job back yet.
   [[nodiscard]] absl::StatusOr<tessera::v1::ShardMap> GetShardMap() const;
 
   // See ClockTable::Advance; the answer also carries the worker's slice of the next round's global batch when
@@ -153,6 +158,12 @@ class JobCoordinator {
   void Returned(const Member& member, int64_t clock);
   // A resumed job whose servers have not been restored yet.
   bool Resuming() const;
+  // Neither taken back nor started afresh yet: nobody registered, and a restarted scheduler's members may still
+  // come back.
+  bool TakingBack() const;
+  // Taking back: the newest view among those of the run most returning servers' views belong to (a tie: the
+  // run brought back first); nullptr before any server came back.
+  const tessera::v1::ShardMap* ViewToTakeBack() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Where a worker taking slot `member` starts: 0 for a new rank (a resumed job's: the checkpoint's clock); for a
   // rank coming back, as the mode's rules say (ModeRules::ReturningStart).
   int64_t StartClock(const Member& member) const;
@@ -163,8 +174,16 @@ class JobCoordinator {
   void OnMembership(const MembershipEvent& event);
   // `failure`: the error the worker said it stopped on; empty when it fell silent.
   void WorkerLost(const Member& member, const std::string& failure);
-  // The job cannot complete (a server lost for good): records `reason` and stops every gate.
+  // The job cannot complete (a server lost for good): records `reason` and stops every gate. Once the job's
+  // verdict is "completed" (Completed()), nothing is recorded: a loss after the job's end is no failure.
   void FailJob(const std::string& reason);
+  // The job stops because it is complete (the target reached, stop.max_seconds): the verdict is "completed" from
+  // here on (unless the job had failed already), then every gate opens with `why`.
+  void StopCompleted(const std::string& why);
+  // Whether the job's verdict is "completed": it stopped complete (StopCompleted), or no worker is left before its
+  // last step (every one done, lost, or alive at stop.max_steps) and one at least ran its course. Decided once and
+  // for good: no later loss of a server or worker, and no stop asked for, makes the job a failure.
+  bool Completed();
   // Queues the end of the job once no worker is alive any more (all done or lost).
   void MaybeFinish();
   // Once the job has failed (a server lost for good), the workers get a heartbeat timeout to hear of it and
@@ -202,6 +221,7 @@ class JobCoordinator {
   std::vector<int> lost_workers_ ABSL_GUARDED_BY(mu_);  // every rank ever lost, in order
   std::map<int, std::string> worker_failures_ ABSL_GUARDED_BY(mu_);  // why each rank last left, when it said
   std::string failure_ ABSL_GUARDED_BY(mu_);            // why the job cannot complete; empty: it can
+  bool completed_ ABSL_GUARDED_BY(mu_) = false;         // the verdict "completed" is decided (Completed())
   bool checkpoint_queued_ ABSL_GUARDED_BY(mu_) = false;
   // A resumed job: the checkpoint the servers restore from once they are all in (at the first Declare).
   std::optional<CheckpointInfo> resume_ ABSL_GUARDED_BY(mu_);
@@ -222,9 +242,11 @@ class JobCoordinator {
   absl::Time afresh_after_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Taking back: the servers come back so far (their rejoins and keys), and when the first did.
   struct Returning {
-    tessera::v1::RegisterRequest request;
+    tessera::v1::RegisterRequest request;  // its view vouched for by its key (VouchForOwnView)
     std::string key;
+    uint64_t arrival = 0;  // the order servers came back in
   };
+  uint64_t next_return_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int, Returning> returning_servers_ ABSL_GUARDED_BY(mu_);
   absl::Time gathering_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
 

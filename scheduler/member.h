@@ -21,7 +21,7 @@ struct Member {
   uint64_t incarnation = 0;  // 0: nobody ever held the slot
   MemberState state = MemberState::kVacant;
   std::string address;
-  std::string fabric_address;  // servers: the UCX listener's HOST:PORT; empty when none
+  std::string fabric_address;  // servers: the UCX worker address (base64); empty when none
   std::string hostname;
   std::string device;
   absl::Time last_seen;
@@ -29,6 +29,8 @@ struct Member {
   std::string key;           // the member key this incarnation was given (common/security.h)
   std::string key_digest;    // its SHA-256, which the view hands to servers
   std::string control_key;   // servers: the key their control calls need
+  // Servers: the Ed25519 public key their backups check their Replicate calls with (server/replica_auth.h).
+  std::string replication_key;
   // In the view a restarted scheduler took back, not come back yet: its calls are answered NOT_FOUND (come back
   // first: ClusterView::Return), and it is lost like a silent member when it does not come back.
   bool awaited = false;

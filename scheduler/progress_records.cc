@@ -112,6 +112,11 @@ void ProgressRecords::OnMembership(const MembershipEvent& event, int64_t worker_
       AddEvent(std::move(entry));
       break;
     }
+    case MembershipEvent::kWorkerJoined:
+      // tessera-launch learns from this line that the rank joined (deploy/local/launcher.cc: a rank whose command
+      // exits before it joined can never join, and the launcher ends the run).
+      recorder_->PrintLine(absl::StrCat("worker ", m.id, " joined the job"));
+      break;
     case MembershipEvent::kWorkerRejoined:
       AddEvent({{"event", "worker rejoined"}, {"worker", m.id}, {"incarnation", m.incarnation},
                 {"clock", m.joined_clock}});

@@ -126,8 +126,15 @@ void Scheduler::EndJobEarly(const absl::Status& reason) {
     }
   }
   coordinator_->Abort(why);
-  LOG(INFO) << why << ": the workers stop after their step (up to " << options_.stop_grace_ms << " ms)";
-  if (!AwaitFinishedOrInterrupted(absl::Milliseconds(options_.stop_grace_ms))) {
+  // With no worker running (none joined, or every one left), nobody has a step to finish: the job ends now.
+  bool any_running = false;
+  for (const Member& w : coordinator_->view().Workers()) any_running |= w.state == MemberState::kAlive;
+  if (!any_running) {
+    LOG(INFO) << why << ": no worker is running";
+  } else {
+    LOG(INFO) << why << ": the workers stop after their step (up to " << options_.stop_grace_ms << " ms)";
+  }
+  if (any_running && !AwaitFinishedOrInterrupted(absl::Milliseconds(options_.stop_grace_ms))) {
     LOG(WARNING) << "ending the job without the workers that have not reported";
   }
   coordinator_->FinishNow();

@@ -31,13 +31,12 @@ FabricReply ReplyWithValues(uint64_t request_id, const ChunkValues& values) {
 absl::StatusOr<std::unique_ptr<FabricService>> FabricService::Start(ShardStore* store, ThreadPool* updates,
                                                                     size_t inline_update_bytes,
                                                                     std::shared_ptr<const Security> security,
-                                                                    const std::string& host, int port, int spin_us) {
+                                                                    FabricOptions options) {
   std::unique_ptr<FabricService> s(new FabricService(store, updates, inline_update_bytes, std::move(security)));
-  absl::StatusOr<SocketAddress> address = ResolveHostPort(JoinHostPort(host, port));
-  if (!address.ok()) return address.status();
-  absl::StatusOr<std::unique_ptr<UcxWorker>> worker = UcxWorker::Start("the server's fabric listener", spin_us);
+  absl::StatusOr<std::unique_ptr<UcxWorker>> worker = UcxWorker::Start("the server's fabric", options);
   if (!worker.ok()) return worker.status();
   s->worker_ = *std::move(worker);
+  if (s->worker_->address().empty()) return absl::UnavailableError("UCX gave the server's fabric no address");
   FabricService* self = s.get();
   absl::Status started;
   s->worker_->Run([&] {
@@ -57,34 +56,9 @@ absl::StatusOr<std::unique_ptr<FabricService>> FabricService::Start(ShardStore* 
           },
           self);
     }
-    if (!started.ok()) return;
-    ucp_listener_params_t params{};
-    params.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
-    params.sockaddr.addr = address->get();
-    params.sockaddr.addrlen = address->length;
-    params.conn_handler.arg = self;
-    params.conn_handler.cb = [](ucp_conn_request_h request, void* arg) {
-      static_cast<FabricService*>(arg)->Accept(request);
-    };
-    ucs_status_t status = ucp_listener_create(self->worker_->worker(), &params, &self->listener_);
-    if (status != UCS_OK) {
-      started = absl::UnavailableError(absl::StrCat("UCX cannot listen on ", JoinHostPort(host, port), ": ",
-                                                    ucs_status_string(status)));
-      return;
-    }
-    ucp_listener_attr_t attr{};
-    attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
-    status = ucp_listener_query(self->listener_, &attr);
-    if (status != UCS_OK) {
-      started = FromUcsStatus(status, "UCX listener's address");
-      return;
-    }
-    self->port_ = PortOf(attr.sockaddr);
   });
   if (!started.ok()) return started;
   s->worker_->SetOnStop([self] {
-    if (self->listener_ != nullptr) ucp_listener_destroy(self->listener_);
-    self->listener_ = nullptr;
     std::vector<ucp_ep_h> open;
     for (auto& [ep, c] : self->connections_) open.push_back(ep);
     for (ucp_ep_h ep : open) self->Close(ep);
@@ -96,26 +70,7 @@ FabricService::~FabricService() {
   if (worker_) worker_->Stop();
 }
 
-void FabricService::Accept(ucp_conn_request_h request) {
-  ucp_ep_params_t params{};
-  params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLER |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-  params.conn_request = request;
-  // As the client's (no peer-failure mode, so that UCX may use shared memory): a connection of a worker that died
-  // stays until the service closes; its replies go nowhere.
-  params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
-  params.err_handler.arg = this;
-  params.err_handler.cb = [](void* arg, ucp_ep_h ep, ucs_status_t status) {
-    VLOG(1) << "UCX connection closed: " << ucs_status_string(status);
-    static_cast<FabricService*>(arg)->Close(ep);
-  };
-  ucp_ep_h ep = nullptr;
-  if (ucs_status_t status = ucp_ep_create(worker_->worker(), &params, &ep); status != UCS_OK) {
-    LOG(WARNING) << FromUcsStatus(status, "UCX: accepting a connection");
-    return;
-  }
-  connections_[ep].ep = ep;
-}
+std::string FabricService::address() const { return EncodeFabricAddress(worker_->address()); }
 
 void FabricService::Close(ucp_ep_h ep) {
   if (connections_.erase(ep) == 0) return;  // no reply goes there from now on
@@ -125,24 +80,34 @@ void FabricService::Close(ucp_ep_h ep) {
 ucs_status_t FabricService::OnHello(const void* header, size_t header_length, void* data,
                                     const ucp_am_recv_param_t* param) {
   if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) ucp_am_data_release(worker_->worker(), data);
-  auto connection = connections_.find(param->reply_ep);
   FabricHello hello;
-  if (connection == connections_.end() || !hello.ParseFromArray(header, static_cast<int>(header_length))) {
-    LOG(WARNING) << "UCX: a hello that does not parse, or from no connection; dropped";
+  if ((param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) == 0 ||
+      !hello.ParseFromArray(header, static_cast<int>(header_length))) {
+    LOG_EVERY_N(WARNING, 100) << "UCX: a hello that does not parse, or that names no connection; dropped";
     return UCS_OK;
   }
+  ucp_ep_h ep = param->reply_ep;
   absl::Status accepted = security_->AuthenticateHeader(hello.authorization());
   const tessera::v1::JobSpec job = store_->job();
   if (accepted.ok() && job.transport() != tessera::v1::UCX) {
     accepted = absl::FailedPreconditionError(absl::StrCat("job '", job.name(), "' does not use transport UCX"));
   }
   if (accepted.ok()) accepted = store_->CheckMemberKey(hello.worker_id(), hello.member_key());
-  Connection& c = connection->second;
-  c.accepted = accepted.ok();
-  c.worker_id = hello.worker_id();
-  c.member_key = hello.member_key();
-  if (!accepted.ok()) LOG(WARNING) << "UCX: refused a connection of worker " << hello.worker_id() << ": " << accepted;
-  Reply(c.ep, ReplyWithStatus(hello.request_id(), accepted));
+  if (accepted.ok() && connections_.count(ep) == 0 && connections_.size() >= kMaxConnections) {
+    accepted = absl::ResourceExhaustedError(absl::StrCat("this server holds ", kMaxConnections, " UCX connections"));
+  }
+  // A connection exists only once a hello was accepted on it; a refused one leaves nothing behind (the peer's
+  // next request on it is refused too).
+  if (accepted.ok()) {
+    Connection& c = connections_[ep];
+    c.ep = ep;
+    c.worker_id = hello.worker_id();
+    c.member_key = hello.member_key();
+  } else {
+    connections_.erase(ep);
+    LOG_EVERY_N(WARNING, 100) << "UCX: refused a connection of worker " << hello.worker_id() << ": " << accepted;
+  }
+  SendReply(ep, ReplyWithStatus(hello.request_id(), accepted));
   return UCS_OK;
 }
 
@@ -158,13 +123,17 @@ ucs_status_t FabricService::OnRequest(const void* header, size_t header_length, 
     release();
     return UCS_OK;
   }
+  if ((param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) == 0) {
+    release();
+    return UCS_OK;  // nowhere to answer
+  }
   ucp_ep_h ep = param->reply_ep;
   auto connection = connections_.find(ep);
-  if (connection == connections_.end() || !connection->second.accepted) {
+  if (connection == connections_.end()) {
     release();
-    Reply(ep, ReplyWithStatus(request->request_id(),
-                              absl::UnauthenticatedError("this connection was not accepted: its first message must be "
-                                                         "a hello with the job token and the worker's member key")));
+    SendReply(ep, ReplyWithStatus(request->request_id(),
+                                  absl::UnauthenticatedError("this connection was not accepted: its first message must "
+                                                             "be a hello with the job token and the worker's member key")));
     return UCS_OK;
   }
   if (request->op() == FabricRequest::PULL) {
@@ -250,6 +219,10 @@ void FabricService::Apply(ucp_ep_h ep, std::shared_ptr<const FabricRequest> requ
     store_->PushPull(push, payload, waiter);
   };
   RunUpdate(updates_, inline_update_bytes_, request->push(), length, std::move(apply));
+}
+
+void FabricService::SendReply(ucp_ep_h ep, const FabricReply& reply) {
+  SendActiveMessage(ep, kFabricReply, reply.SerializeAsString(), nullptr, 0, nullptr, nullptr);
 }
 
 void FabricService::Reply(ucp_ep_h ep, FabricReply reply, std::shared_ptr<const PooledBuffer> values,

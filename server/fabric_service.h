@@ -2,6 +2,11 @@
 // push and exchange as active messages (proto/ps.proto: FabricHello, FabricRequest, FabricReply), served from
 // the same store as the gRPC service (server_service.h), with the same statuses.
 //
+// No port of its own: the service's UCX worker listens on no TCP port unless the server was started with
+// --fabric_tcp (FabricOptions::tcp). A worker connects to the worker address the server registered, which the
+// cluster view carries to the job's members only (ServerInfo.fabric_address), so the set-up travels over the
+// authenticated control plane and no peer reaches UCX's connection code by knocking on a port.
+//
 // Every connection is authenticated before any value moves: its first message carries the job token and the
 // worker's member key, checked as gRPC calls and pushes are; until the server accepted them, every request on
 // the connection is refused UNAUTHENTICATED. Pushes on a connection are taken as its worker's only.
@@ -28,22 +33,25 @@ namespace tessera {
 
 class FabricService {
  public:
-  // Listens on `host`:`port` (0: any free port). `store` and `updates` are not owned and must outlive the
-  // service; pushes of at least `inline_update_bytes` are applied on `updates`. `spin_us`: how long its
-  // progress thread polls after events (common/fabric/ucx_worker.h; -1: by the machine's cores). UNAVAILABLE
-  // when UCX cannot start or listen there.
+  // Starts UCX. `store` and `updates` are not owned and must outlive the service; pushes of at least
+  // `inline_update_bytes` are applied on `updates`. `options`: UCX's polling and whether it may use TCP
+  // (common/fabric/ucx_worker.h). UNAVAILABLE when UCX cannot start.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<FabricService>> Start(
       ShardStore* store, ThreadPool* updates, size_t inline_update_bytes, std::shared_ptr<const Security> security,
-      const std::string& host, int port, int spin_us = -1);
-  // Closes the listener and every connection.
+      FabricOptions options = {});
+  // Closes every connection.
   ~FabricService();
 
-  int port() const { return port_; }
+  // The worker address the server registers (base64; common/fabric/ucx_worker.h EncodeFabricAddress).
+  std::string address() const;
+
+  // Accepted connections at most (one per worker and server is the usual count).
+  static constexpr size_t kMaxConnections = 4096;
 
  private:
+  // A connection whose hello carried the job token and the worker's member key.
   struct Connection {
     ucp_ep_h ep = nullptr;
-    bool accepted = false;  // its hello carried the token and the worker's key
     int worker_id = -1;
     std::string member_key;
   };
@@ -53,8 +61,9 @@ class FabricService {
       : store_(store), updates_(updates), inline_update_bytes_(inline_update_bytes), security_(std::move(security)) {}
 
   // Progress thread.
-  void Accept(ucp_conn_request_h request);
   void Close(ucp_ep_h ep);
+  // Sends `reply` on `ep`, connection or not (a refusal).
+  void SendReply(ucp_ep_h ep, const tessera::v1::FabricReply& reply);
   ucs_status_t OnHello(const void* header, size_t header_length, void* data, const ucp_am_recv_param_t* param);
   ucs_status_t OnRequest(const void* header, size_t header_length, void* data, size_t length,
                          const ucp_am_recv_param_t* param);
@@ -72,8 +81,6 @@ class FabricService {
   const std::shared_ptr<const Security> security_;
   BufferPool buffers_;  // received push values
   std::unique_ptr<UcxWorker> worker_;
-  ucp_listener_h listener_ = nullptr;
-  int port_ = 0;
   std::unordered_map<ucp_ep_h, Connection> connections_;  // progress thread only
 };
 

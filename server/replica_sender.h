@@ -1,6 +1,7 @@
 // How a chunk's primary hands the chunk's state to its backups (ReplicationSpec). The store programs against
-// ReplicaSender; GrpcReplicaSender carries the calls over gRPC, with the job's TLS and token, and the sending
-// server's member key, which the backup checks against its view.
+// ReplicaSender; GrpcReplicaSender carries the calls over gRPC, with the job's TLS and token, signed for the one
+// backup each is sent to with the sending server's replication key (server/replica_auth.h), which the backup
+// checks against its view. No member key travels between servers.
 #ifndef TESSERA_SERVER_REPLICA_SENDER_H_
 #define TESSERA_SERVER_REPLICA_SENDER_H_
 
@@ -9,40 +10,47 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/rpc.h"
+#include "absl/status/statusor.h"
 #include "common/security.h"
 #include "proto/ps.grpc.pb.h"
+#include "server/replica_auth.h"
 
 namespace tessera {
+
+// A backup as the primary's view names it.
+struct ReplicaTarget {
+  std::string address;
+  int server_id = -1;
+  uint64_t incarnation = 0;
+};
 
 class ReplicaSender {
  public:
   virtual ~ReplicaSender() = default;
-  // Hands `request` to the server at `address`; `done` runs once, on any thread, with its answer.
-  virtual void Send(const std::string& address, std::shared_ptr<const tessera::v1::ReplicateRequest> request,
-                    std::function<void(absl::Status)> done) = 0;
+  // Hands `request` to `backup`; `done` runs once, on any thread, with its answer: the version the backup says
+  // it holds now, or the error.
+  virtual void Send(const ReplicaTarget& backup, std::shared_ptr<const tessera::v1::ReplicateRequest> request,
+                    std::function<void(absl::StatusOr<int64_t>)> done) = 0;
 };
 
 // Thread-safe.
 class GrpcReplicaSender final : public ReplicaSender {
  public:
-  // A call that takes longer than `timeout` fails (and the primary tries again).
-  GrpcReplicaSender(std::shared_ptr<const Security> security, absl::Duration timeout);
+  // A call that takes longer than `timeout` fails (and the primary tries again). `signer` is this server's
+  // replication key (its public half is in the view): every call is signed for its backup with it.
+  GrpcReplicaSender(std::shared_ptr<const Security> security, absl::Duration timeout,
+                    std::shared_ptr<const ReplicaSigner> signer);
 
-  // This server's member key, from its registration: every call carries it.
-  void set_member_key(std::string key);
-
-  void Send(const std::string& address, std::shared_ptr<const tessera::v1::ReplicateRequest> request,
-            std::function<void(absl::Status)> done) override;
+  void Send(const ReplicaTarget& backup, std::shared_ptr<const tessera::v1::ReplicateRequest> request,
+            std::function<void(absl::StatusOr<int64_t>)> done) override;
 
  private:
   const absl::Duration timeout_;
   const std::shared_ptr<const Security> security_;
+  const std::shared_ptr<const ReplicaSigner> signer_;
   StubCache<tessera::v1::ParameterServer::Stub> stubs_;
-  absl::Mutex mu_;
-  std::string member_key_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tessera

@@ -65,7 +65,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   TESSERA_RETURN_IF_ERROR(ValidateServerOptions(options));
   std::unique_ptr<Server> server(new Server(options));
   Server* self = server.get();
-  server->replicas_ = std::make_unique<GrpcReplicaSender>(options.security, absl::Seconds(5));
+  // Signs this server's hand-overs to its backups; the public half goes to the scheduler and into the view.
+  TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<const ReplicaSigner> signer, ReplicaSigner::Generate());
+  server->replicas_ = std::make_unique<GrpcReplicaSender>(options.security, absl::Seconds(5), signer);
   server->store_ = std::make_unique<ShardStore>(64 << 20, server->replicas_.get());
   server->updates_ = std::make_unique<ThreadPool>(options.update_threads);
   // Only the scheduler learns this key (from the registration below): control calls without it are refused.
@@ -88,14 +90,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                              }}}}));
   }
 
-  if (options.fabric_port >= 0) {
+  if (options.fabric) {
     absl::StatusOr<std::unique_ptr<FabricService>> fabric =
         FabricService::Start(server->store_.get(), server->updates_.get(), options.inline_update_bytes,
-                             options.security, options.listen_host, options.fabric_port, options.fabric_spin_us);
+                             options.security, FabricOptions{options.fabric_spin_us, options.fabric_tcp});
     if (fabric.ok()) {
       server->fabric_ = *std::move(fabric);
     } else {
-      LOG(WARNING) << "no UCX listener (jobs with transport UCX cannot use this server): " << fabric.status();
+      LOG(WARNING) << "no UCX (jobs with transport UCX cannot use this server): " << fabric.status();
     }
   }
 
@@ -111,13 +113,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   tessera::v1::RegisterRequest request;
   request.set_role(tessera::v1::SERVER);
   request.set_address(server->address_);
-  if (server->fabric_) request.set_fabric_address(JoinHostPort(host, server->fabric_->port()));
+  if (server->fabric_) request.set_fabric_address(server->fabric_->address());
   request.set_control_key(control_key);
+  request.set_replication_key(signer->public_key());
   if (options.id >= 0) request.set_requested_id(options.id);
   TESSERA_ASSIGN_OR_RETURN(tessera::v1::RegisterResponse registered,
                            server->scheduler_->Register(request, absl::Seconds(options.connect_timeout_s)));
   server->id_ = registered.id();
-  server->replicas_->set_member_key(registered.member_key());
   // A restarted scheduler takes the job's view back from its servers.
   server->scheduler_->EnableReturn(
       [store = server->store_.get()](tessera::v1::MemberReturn& back) { *back.mutable_view() = store->view(); });
@@ -126,7 +128,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   LOG(INFO) << "server " << server->id_ << " serving at " << server->address_ << " for job '"
             << registered.job().name() << "' of scheduler " << options.scheduler_address
-            << (server->fabric_ ? absl::StrCat("; UCX at ", JoinHostPort(host, server->fabric_->port())) : "")
+            << (server->fabric_ ? (options.fabric_tcp ? "; UCX (with TCP)" : "; UCX (no TCP port)") : "")
             << (server->http_ ? absl::StrCat("; metrics at ", options.security->tls() ? "https" : "http", "://", options.listen_host, ":", server->http_->port(),
                                              "/metrics")
                               : "");

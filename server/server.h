@@ -63,7 +63,7 @@ class Server {
   std::unique_ptr<SchedulerClient> scheduler_;
   std::unique_ptr<GrpcReplicaSender> replicas_;  // to the backups of this server's chunks; outlives store_
   std::unique_ptr<ShardStore> store_;
-  std::unique_ptr<FabricService> fabric_;  // the UCX listener (jobs with transport UCX); destroyed after updates_
+  std::unique_ptr<FabricService> fabric_;  // UCX (jobs with transport UCX); destroyed after updates_
   std::unique_ptr<ThreadPool> updates_;  // large pushes are applied here
   std::unique_ptr<ServerService> service_;
   StartedServer grpc_;

@@ -24,14 +24,20 @@ DEFINE_int32(id, -1,
              "the server id to take (0 .. num_servers-1), also when that id's previous process is still registered: "
              "a restarted server takes its place in the running job; -1: the first free id, or the first whose "
              "server was lost. Default under Slurm: SLURM_PROCID; in a Kubernetes StatefulSet: the pod's ordinal");
-DEFINE_int32(connect_timeout_s, 120, "how long to wait for the scheduler at start-up (tried again every second)");
+DEFINE_int32(connect_timeout_s, 30,
+             "how long to wait for the scheduler at start-up (tried again every second); a server started after its job "
+             "ended gives up after this long");
 DEFINE_int32(http_port, 0, "port of /healthz and /metrics on --host; 0 picks a free one (logged), -1 turns them off");
 DEFINE_int32(heartbeat_timeout_ms, 10000,
              "exit when the scheduler has not answered for this long (a scheduler that says its own timeout wins)");
 DEFINE_int32(update_threads, 2, "threads that apply large pushes, so that gRPC's threads keep reading the network");
-DEFINE_int32(fabric_port, 0,
-             "port of the UCX listener on --host, for jobs with transport: UCX (a trusted network); 0 picks a free "
-             "one, -1 starts none. A job whose transport is GRPC closes it at once");
+DEFINE_bool(fabric, true,
+            "start UCX for jobs with transport: UCX (a trusted network); workers connect to the address the server "
+            "registers, which only the job's members receive. A job whose transport is GRPC stops it at once");
+DEFINE_bool(fabric_tcp, false,
+            "let UCX use TCP between hosts; UCX then listens on a TCP port of each interface it uses, whose connection "
+            "code trusts its peers: only on a fabric no untrusted process can reach (shared memory, cross-memory "
+            "attach and RDMA need no port)");
 DEFINE_int32(fabric_spin_us, -1,
              "microseconds the UCX progress thread keeps polling after its last event before it sleeps; -1: 50 where "
              "the process may use more than 4 cores (affinity, cgroup quota), else 0 (where polling takes a core from the updates)");
@@ -68,7 +74,8 @@ int main(int argc, char** argv) {
   }
   options.heartbeat_timeout_ms = FLAGS_heartbeat_timeout_ms;
   options.http_port = FLAGS_http_port;
-  options.fabric_port = FLAGS_fabric_port;
+  options.fabric = FLAGS_fabric;
+  options.fabric_tcp = FLAGS_fabric_tcp;
   options.fabric_spin_us = FLAGS_fabric_spin_us;
   options.update_threads = FLAGS_update_threads;
   options.inline_update_bytes = FLAGS_inline_update_bytes;

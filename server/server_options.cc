@@ -16,7 +16,6 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
   }
   if (absl::Status s = CheckPortOption("--port", options.port, /*off_allowed=*/false); !s.ok()) return s;
   if (absl::Status s = CheckPortOption("--http_port", options.http_port, /*off_allowed=*/true); !s.ok()) return s;
-  if (absl::Status s = CheckPortOption("--fabric_port", options.fabric_port, /*off_allowed=*/true); !s.ok()) return s;
   if (absl::Status s = CheckSpinOption(options.fabric_spin_us); !s.ok()) return s;
   if (options.id < -1) return absl::InvalidArgumentError(absl::StrCat("--id: expected >= 0, or -1 (any), got ", options.id));
   if (options.connect_timeout_s < 1) {

@@ -15,14 +15,15 @@ struct ServerOptions {
   std::string listen_host = "127.0.0.1";  // loopback unless told otherwise
   int port = 0;                          // 0: any free port
   std::string advertise_host;            // what workers dial; default: listen_host
-  int connect_timeout_s = 120;           // how long to wait for the scheduler at start-up
+  int connect_timeout_s = 30;            // how long to wait for the scheduler at start-up
   int id = -1;                           // the server id to take (kept across restarts); -1: the first free one
   int heartbeat_timeout_ms = 10000;      // exit when the scheduler is silent this long
   int http_port = 0;                     // /healthz and /metrics on listen_host; 0: a free port; -1: off
-  // The UCX listener for jobs with transport UCX, on listen_host; 0: a free port; -1: none. Closed at once when
-  // the job's transport is gRPC.
-  int fabric_port = 0;
+  // UCX for jobs with transport UCX (server/fabric_service.h): on or off. Stopped at once when the job's
+  // transport is gRPC.
+  bool fabric = true;
   int fabric_spin_us = -1;               // UCX polling after events (common/fabric/ucx_worker.h); -1: automatic
+  bool fabric_tcp = false;               // whether UCX may use (and listen on) TCP: FabricOptions::tcp
   int update_threads = 2;                // threads that apply pushes of at least inline_update_bytes
   int inline_update_bytes = 64 << 10;    // smaller pushes are applied on the gRPC thread (microseconds)
   std::shared_ptr<const Security> security = Security::Plaintext();  // TLS and the job token (common/security.h)

@@ -9,6 +9,7 @@
 #include "common/status_macros.h"
 #include "common/wire_limits.h"
 #include "common/wire_payload.h"
+#include "server/replica_auth.h"
 
 namespace tessera {
 namespace {
@@ -195,8 +196,9 @@ grpc::ServerUnaryReactor* ServerService::Replicate(grpc::CallbackServerContext* 
   return ServeUnary<ReplicateRequest, ReplicateResponse>(
       context, request, response, *security_,
       [this, context](std::shared_ptr<const ReplicateRequest> r, UnaryReply<ReplicateResponse> reply) {
-        const absl::string_view key = ClientMetadata(*context, kMemberKeyHeader);
-        absl::StatusOr<int64_t> held = store_->TakeReplica(*r, std::string_view(key.data(), key.size()));
+        // Signed by the primary for this server (server/replica_auth.h); no member key travels between servers.
+        const absl::string_view signature = ClientMetadata(*context, kReplicaSignatureHeader);
+        absl::StatusOr<int64_t> held = store_->TakeReplica(*r, std::string_view(signature.data(), signature.size()));
         if (!held.ok()) {
           reply(held.status());
           return;

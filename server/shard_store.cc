@@ -16,6 +16,7 @@
 #include "common/tensor_codec.h"
 #include "common/wire_limits.h"
 #include "glog/logging.h"
+#include "server/replica_auth.h"
 #include "google/protobuf/util/message_differencer.h"
 
 namespace tessera {
@@ -277,7 +278,9 @@ absl::Status ShardStore::AdoptView(
     }
   }
   servers_.clear();
-  for (const auto& server : map.servers()) servers_[server.id()] = Peer{server.address(), server.key_digest(), server.incarnation()};
+  for (const auto& server : map.servers()) {
+    servers_[server.id()] = Peer{server.address(), server.replication_key(), server.incarnation()};
+  }
   // The view's workers. A map without them (one built by hand) keeps every worker in, unchecked.
   auto roster = std::make_shared<Roster>();
   roster->active.assign(workers, true);
@@ -470,12 +473,14 @@ absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& re
     return absl::InvalidArgumentError(absl::StrCat("worker id ", worker, " out of range: the job has ",
                                                    job.cluster().num_workers(), " workers"));
   }
-  if (request.seq == 0) return absl::InvalidArgumentError("push seq must be >= 1");
   const Roster& roster = *found.roster;
   if (!roster.key_digest[worker].empty() &&
       !SecretsEqual(KeyDigest(request.member_key), roster.key_digest[worker])) {
     return absl::UnauthenticatedError(absl::StrCat(
         "push as worker ", worker, ": ", request.member_key.empty() ? "the call carried no member key" : "wrong member key"));
+  }
+  if (request.seq == 0 || request.seq > static_cast<uint64_t>(kMaxUpdateCount)) {
+    return absl::InvalidArgumentError(absl::StrCat("push seq ", request.seq, " is not within 1 .. ", kMaxUpdateCount));
   }
   if (!roster.active[worker]) {
     return absl::FailedPreconditionError(absl::StrCat("worker ", worker,
@@ -632,30 +637,32 @@ void ShardStore::PushPull(const ChunkPush& request, const FloatPayload& values,
 }
 
 absl::StatusOr<int64_t> ShardStore::TakeReplica(const tessera::v1::ReplicateRequest& request,
-                                                std::string_view member_key) {
+                                                std::string_view signature) {
   const tessera::v1::ChunkState& state = request.state();
   const std::string name = absl::StrCat(state.param().substr(0, kMaxNameBytes), "/", state.index());
+  // Hashed before any lock: the signature covers the whole request, state included.
+  const std::string digest = ReplicateDigest(request);
   absl::ReaderMutexLock lock(&mu_);
   // A view still on its way is ABORTED (try again), not UNAVAILABLE: this server answers.
   if (config_ == nullptr) return absl::AbortedError("this server has no cluster view yet");
+  TESSERA_RETURN_IF_ERROR(CheckReplicateRequest(request, config_->job.cluster().num_servers(),
+                                                config_->job.cluster().num_workers()));
   const uint64_t epoch = epoch_;
   const int self = server_id_;
+  // The epoch is the scheduler's to give: a request from a newer view waits for that view to come here.
+  if (request.epoch() > epoch) {
+    return absl::AbortedError(absl::StrCat("server ", self, " is at cluster view epoch ", epoch,
+                                           ", the primary at ", request.epoch(), ": its view is on its way"));
+  }
   auto not_backup = [&](const std::string& why) -> absl::Status {
-    if (request.epoch() > epoch) {
-      return absl::AbortedError(absl::StrCat("server ", self, " is at cluster view epoch ", epoch,
-                                             ", the primary at ", request.epoch(), ": ", why));
-    }
     return absl::FailedPreconditionError(absl::StrCat("server ", self, " at cluster view epoch ", epoch, ": ", why));
   };
-  auto it = replicas_.find({state.param(), state.index()});
-  if (it == replicas_.end()) return not_backup(absl::StrCat("it does not back up chunk ", name));
   auto sender = servers_.find(request.server_id());
   if (sender == servers_.end()) return not_backup(absl::StrCat("server ", request.server_id(), " is not in its view"));
-  if (!sender->second.key_digest.empty() &&
-      !SecretsEqual(KeyDigest(absl::string_view(member_key.data(), member_key.size())), sender->second.key_digest)) {
-    return absl::UnauthenticatedError(absl::StrCat("state of chunk ", name, " as server ", request.server_id(), ": ",
-                                                   member_key.empty() ? "no member key" : "wrong member key"));
-  }
+  TESSERA_RETURN_IF_ERROR(CheckSignedLocked(sender->second, digest, signature,
+                                            absl::StrCat("state of chunk ", name, " as server ", request.server_id())));
+  auto it = replicas_.find({state.param(), state.index()});
+  if (it == replicas_.end()) return not_backup(absl::StrCat("it does not back up chunk ", name));
   Chunk& chunk = *it->second;
   {
     absl::MutexLock chunk_lock(&chunk.mu);
@@ -685,6 +692,22 @@ absl::StatusOr<int64_t> ShardStore::TakeReplica(const tessera::v1::ReplicateRequ
   return state.version();
 }
 
+absl::Status ShardStore::CheckSignedLocked(const Peer& primary, const std::string& digest, std::string_view signature,
+                                           const std::string& what) const {
+  auto own = servers_.find(server_id_);
+  const uint64_t incarnation = own == servers_.end() ? 0 : own->second.incarnation;
+  if (!primary.replication_key.empty() &&
+      VerifyReplicaSignature(primary.replication_key, ReplicateProof(digest, server_id_, incarnation),
+                             absl::string_view(signature.data(), signature.size()))) {
+    return absl::OkStatus();
+  }
+  return absl::UnauthenticatedError(absl::StrCat(what, ": ",
+                                                 primary.replication_key.empty()
+                                                     ? "the view has no replication key for that server"
+                                                 : signature.empty() ? "the call is not signed"
+                                                                     : "not signed by that server for this one"));
+}
+
 void ShardStore::AfterApplied(Chunk& chunk, int64_t version, std::function<void(absl::Status)> done) {
   {
     absl::MutexLock chunk_lock(&chunk.mu);
@@ -703,8 +726,7 @@ void ShardStore::AfterApplied(Chunk& chunk, int64_t version, std::function<void(
 
 void ShardStore::Ship(Chunk& chunk) {
   auto request = std::make_shared<tessera::v1::ReplicateRequest>();
-  std::vector<std::string> addresses;
-  std::vector<int> ids;
+  std::vector<ReplicaTarget> targets;
   uint64_t generation;
   {
     absl::MutexLock lock(&ships_mu_);
@@ -741,12 +763,12 @@ void ShardStore::Ship(Chunk& chunk) {
       }
       for (int b : replication.backups) {
         auto peer = servers_.find(b);
-        addresses.push_back(peer == servers_.end() ? "" : peer->second.address);
-        ids.push_back(b);
+        targets.push_back(peer == servers_.end() ? ReplicaTarget{"", b, 0}
+                                                 : ReplicaTarget{peer->second.address, b, peer->second.incarnation});
       }
     }
   }
-  if (addresses.empty()) {
+  if (targets.empty()) {
     absl::MutexLock lock(&ships_mu_);
     --ships_in_flight_;
     return;
@@ -755,7 +777,7 @@ void ShardStore::Ship(Chunk& chunk) {
     absl::MutexLock counters_lock(&counters_mu_);
     size_t bytes = request->state().values().size() + request->state().optimizer_state().size();
     for (const auto& u : request->updates()) bytes += u.values().size();
-    counters_.replica_bytes_sent += static_cast<int64_t>(addresses.size() * bytes);
+    counters_.replica_bytes_sent += static_cast<int64_t>(targets.size() * bytes);
   }
   const int64_t version = request->state().version();
   struct Pending {
@@ -765,10 +787,17 @@ void ShardStore::Ship(Chunk& chunk) {
     int failed = -1;
   };
   auto pending = std::make_shared<Pending>();
-  pending->left = addresses.size();
-  for (size_t i = 0; i < addresses.size(); ++i) {
-    const std::string& address = addresses[i];
-    auto one_done = [this, &chunk, pending, generation, version, id = ids[i]](const absl::Status& status) {
+  pending->left = targets.size();
+  for (const ReplicaTarget& target : targets) {
+    // A backup holds the hand-over only when it says it holds the very version sent (one that ignored it, or
+    // holds another state, is sent the whole state again).
+    auto one_done = [this, &chunk, pending, generation, version, id = target.server_id](absl::StatusOr<int64_t> held) {
+      absl::Status status = held.status();
+      if (held.ok() && *held != version) {
+        status = absl::FailedPreconditionError(absl::StrCat("backup server ", id, " holds version ", *held, " of chunk ",
+                                                            chunk.key.first, "/", chunk.key.second, "; ", version,
+                                                            " was sent"));
+      }
       absl::Status all;
       int failed;
       {
@@ -785,10 +814,10 @@ void ShardStore::Ship(Chunk& chunk) {
       absl::MutexLock lock(&ships_mu_);
       --ships_in_flight_;
     };
-    if (address.empty()) {
+    if (target.address.empty()) {
       one_done(absl::UnavailableError("a backup is not in this server's view"));
     } else {
-      replicas_sender_->Send(address, request, std::move(one_done));
+      replicas_sender_->Send(target, request, std::move(one_done));
     }
   }
 }

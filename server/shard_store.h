@@ -101,7 +101,8 @@ class ShardStore {
   [[nodiscard]] absl::StatusOr<ChunkValues> Pull(const ChunkPull& request) const;
 
   // Applies (or, in SYNC, collects) a gradient, or assigns values. INVALID_ARGUMENT for a wrong byte length,
-  // non-finite values, or a bad worker id, batch size, seq, clock or read clock, leaving the chunk unchanged;
+  // non-finite values, or a bad worker id, batch size, seq (1 .. kMaxUpdateCount), clock or read clock (0 ..
+  // kMaxClock), leaving the chunk unchanged;
   // UNAUTHENTICATED when the view has the worker's key digest and the push does not carry that key; NOT_FOUND for an
   // unknown chunk; ABORTED for a second, different push of one worker in one SYNC round; FAILED_PRECONDITION
   // for a worker the view does not have in the job (lost, or an incarnation that was replaced); UNAVAILABLE for
@@ -114,13 +115,17 @@ class ShardStore {
   [[nodiscard]] absl::StatusOr<PushOutcome> Push(const ChunkPush& request, const FloatPayload& values);
 
   // Replication, on a backup: takes the state of a chunk this server backs up from the server the view names as
-  // its primary (`member_key` must be that server's; UNAUTHENTICATED otherwise). A state older than the one held
-  // is ignored. Returns the version held. ABORTED when the request's view is newer than this server's (it is on
-  // its way: retry); FAILED_PRECONDITION when this server's view has no such backup or another primary, or
-  // updates that do not follow the version held (the primary then sends the whole state); INVALID_ARGUMENT for
-  // a state of another size or with non-finite values.
+  // its primary. `signature` must be that server's signature of the request for this server (its id and
+  // incarnation), checked with the replication key this server's view holds for it (server/replica_auth.h);
+  // UNAUTHENTICATED otherwise, a view without that key included. A state older than the one held is ignored.
+  // Returns the version held (the primary counts a hand-over as held only when it is the version it sent).
+  // The epoch is never taken from the request: ABORTED when the request's view is newer than this server's (it
+  // is on its way: retry), changing nothing; FAILED_PRECONDITION when this server's view has no such backup or
+  // another primary, or updates that do not follow the version held (the primary then sends the whole state);
+  // INVALID_ARGUMENT for a number beyond common/wire_limits.h (CheckReplicateRequest), a state of another size
+  // or with non-finite values.
   [[nodiscard]] absl::StatusOr<int64_t> TakeReplica(const tessera::v1::ReplicateRequest& request,
-                                                    std::string_view member_key);
+                                                    std::string_view signature);
 
   // Whether `key` is worker `worker`'s member key in this server's view, as every push of that worker is
   // checked (a connection's check, for transports that authenticate once per connection). UNAUTHENTICATED
@@ -151,6 +156,13 @@ class ShardStore {
   std::string job_name() const;
 
  private:
+  // A server of the view, as this one reaches and checks it.
+  struct Peer {
+    std::string address;
+    std::string replication_key;  // Ed25519 public key: checks the server's Replicate calls
+    uint64_t incarnation = 0;
+  };
+
   struct Counters {
     int64_t updates_applied = 0;
     int64_t pushes = 0;
@@ -211,6 +223,10 @@ class ShardStore {
   // version (at once without backups; with the error when the chunk leaves this server first).
   void AfterApplied(Chunk& chunk, int64_t version, std::function<void(absl::Status)> done)
       ABSL_LOCKS_EXCLUDED(mu_, chunk.mu);
+  // OK when `signature` is `primary`'s signature (with the replication key the view holds for it) of a Replicate
+  // with `digest` for this server, its id and incarnation; UNAUTHENTICATED naming `what` otherwise.
+  absl::Status CheckSignedLocked(const Peer& primary, const std::string& digest, std::string_view signature,
+                                 const std::string& what) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Hands the chunk's state to its backups, unless a hand-over is on its way or they hold it already.
   void Ship(Chunk& chunk) ABSL_LOCKS_EXCLUDED(mu_, chunk.mu);
   // A hand-over of `version` to the backups of `generation` ended with `status` (`failed`: the first backup
@@ -248,11 +264,6 @@ class ShardStore {
   std::vector<std::unique_ptr<Chunk>> retired_ ABSL_GUARDED_BY(mu_);  // moved to other servers
   std::map<std::pair<std::string, int>, std::unique_ptr<Chunk>> chunks_ ABSL_GUARDED_BY(mu_);  // primary of
   std::map<std::pair<std::string, int>, std::unique_ptr<Chunk>> replicas_ ABSL_GUARDED_BY(mu_);  // backup of
-  struct Peer {
-    std::string address;
-    std::string key_digest;
-    uint64_t incarnation = 0;
-  };
   std::map<int, Peer> servers_ ABSL_GUARDED_BY(mu_);  // the view's servers, by id
 
   ReplicaSender* const replicas_sender_;

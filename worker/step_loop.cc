@@ -315,10 +315,16 @@ absl::StatusOr<TrainerResult> StepLoop::Finish(bool stopped) {
     evaluator_->Drain();
     TESSERA_RETURN_IF_ERROR(ReportEvaluations().status());
     if (last_eval_clock_ != clock_) {
-      // A job stopped mid-step may have left the values partly written: the servers' are scored then.
-      if (stopped) TESSERA_RETURN_IF_ERROR(PullAll());
-      TESSERA_ASSIGN_OR_RETURN(EvalResult last, evaluator_->EvaluateNow(clock_, values_));
-      TESSERA_RETURN_IF_ERROR(Report(&last).status());
+      // A job stopped mid-step may have left the values partly written: the servers' are scored then. Servers
+      // that no longer answer (the job is over) leave the last evaluation standing; the job's end is no error.
+      absl::Status pulled = stopped ? PullAll() : absl::OkStatus();
+      if (pulled.ok()) {
+        TESSERA_ASSIGN_OR_RETURN(EvalResult last, evaluator_->EvaluateNow(clock_, values_));
+        TESSERA_RETURN_IF_ERROR(Report(&last).status());
+      } else {
+        LOG(WARNING) << "worker " << rank_ << ": the last values could not be pulled after the job's stop ("
+                     << pulled << "); the evaluation of clock " << last_eval_clock_ << " is the last";
+      }
     }
     if (!options_.dump_params.empty()) {
       TESSERA_RETURN_IF_ERROR(PullAll());

@@ -43,6 +43,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
     client_options.security = options.security;
     client_options.transport = options.transport;
     client_options.fabric_spin_us = options.fabric_spin_us;
+    client_options.fabric_tcp = options.fabric_tcp;
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client, PsClient::Connect(client_options));
     worker->source_ = std::make_unique<RemoteSource>(std::move(client));
   }

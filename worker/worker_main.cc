@@ -44,6 +44,9 @@ DEFINE_string(transport, "",
 DEFINE_int32(fabric_spin_us, -1,
              "microseconds the UCX progress thread keeps polling after its last event before it sleeps; -1: 50 where "
              "the process may use more than 4 cores (affinity, cgroup quota), else 0 (where polling takes a core from training)");
+DEFINE_bool(fabric_tcp, false,
+            "let UCX use TCP (between hosts without RDMA; give the servers --fabric_tcp too); UCX then listens on a TCP "
+            "port that trusts its peers: only on a fabric no untrusted process can reach");
 DEFINE_int32(inject_slowdown_ms, 0, "experiments: every step takes this many milliseconds longer (a straggler)");
 DEFINE_double(slow_factor, 1.0, "experiments: compute this many times slower than this device does (a slower GPU)");
 DEFINE_double(stall_probability, 0, "experiments: each step stalls with this probability for --stall_ms");
@@ -99,6 +102,7 @@ int main(int argc, char** argv) {
   options.clock_wait_timeout_ms = FLAGS_clock_wait_timeout_ms;
   options.transport = FLAGS_transport;
   options.fabric_spin_us = FLAGS_fabric_spin_us;
+  options.fabric_tcp = FLAGS_fabric_tcp;
   options.trainer.straggler.delay_ms = FLAGS_inject_slowdown_ms;
   options.trainer.straggler.slow_factor = FLAGS_slow_factor;
   options.trainer.straggler.stall_probability = FLAGS_stall_probability;

@@ -26,6 +26,7 @@ struct WorkerOptions {
   int clock_wait_timeout_ms = 300000;
   std::string transport;          // the chunk calls' transport: "" the job's, or "grpc" / "ucx" to override it
   int fabric_spin_us = -1;        // UCX polling after events (PsClient::Options); -1: automatic
+  bool fabric_tcp = false;        // UCX may use TCP (PsClient::Options)
   TrainerOptions trainer;
 };
 

@@ -1,19 +1,22 @@
 #include "common/fabric/ucx_worker.h"
 
-#include <arpa/inet.h>
-#include <netdb.h>
 #include <poll.h>
 
 #include <sched.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/notification.h"
-#include "common/rpc.h"
 #include "glog/logging.h"
 
 namespace tessera {
@@ -41,8 +44,8 @@ absl::Status FromUcsStatus(ucs_status_t status, std::string_view what) {
   }
 }
 
-absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Start(std::string name, int spin_us) {
-  std::unique_ptr<UcxWorker> w(new UcxWorker(std::move(name), SpinAfterEvents(spin_us)));
+absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Start(std::string name, FabricOptions options) {
+  std::unique_ptr<UcxWorker> w(new UcxWorker(std::move(name), SpinAfterEvents(options.spin_us), options.tcp));
   // The worker is made, driven and destroyed on the progress thread: UCX checks that a single-threaded worker
   // is used by one thread.
   absl::Notification made;
@@ -63,10 +66,48 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Start(std::string name, in
   return w;
 }
 
-absl::Status UcxWorker::Create() {
+namespace {
+
+// The value of UCX_TLS in `config` ("all" unless the environment set it).
+std::string ConfiguredTransports(const ucp_config_t* config) {
+  char* text = nullptr;
+  size_t length = 0;
+  FILE* out = open_memstream(&text, &length);
+  if (out == nullptr) return "all";
+  ucp_config_print(config, out, nullptr, UCS_CONFIG_PRINT_CONFIG);
+  std::fclose(out);
+  std::string tls = "all";
+  for (absl::string_view line : absl::StrSplit(absl::string_view(text, length), '\n')) {
+    if (absl::ConsumePrefix(&line, "UCX_TLS=")) tls = std::string(line);
+  }
+  std::free(text);
+  return tls;
+}
+
+}  // namespace
+
+absl::StatusOr<ucp_config_t*> UcxWorker::ReadConfig() {
   ucp_config_t* config = nullptr;
   ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
   if (status != UCS_OK) return FromUcsStatus(status, "UCX: reading its configuration");
+  if (tcp_) return config;
+  absl::StatusOr<std::string> tls = TransportsWithoutTcp(ConfiguredTransports(config));
+  if (tls.ok()) {
+    status = ucp_config_modify(config, "TLS", tls->c_str());
+    if (status != UCS_OK) tls = FromUcsStatus(status, absl::StrCat("UCX: setting UCX_TLS=", *tls));
+  }
+  if (!tls.ok()) {
+    ucp_config_release(config);
+    return tls.status();
+  }
+  return config;
+}
+
+absl::Status UcxWorker::Create() {
+  absl::StatusOr<ucp_config_t*> read = ReadConfig();
+  if (!read.ok()) return read.status();
+  ucp_config_t* config = *read;
+  ucs_status_t status = UCS_OK;
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
@@ -83,6 +124,12 @@ absl::Status UcxWorker::Create() {
   if (status != UCS_OK) return FromUcsStatus(status, absl::StrCat("UCX worker of ", name_));
   status = ucp_worker_get_efd(worker_, &event_fd_);
   if (status != UCS_OK) return FromUcsStatus(status, absl::StrCat("UCX event descriptor of ", name_));
+  ucp_address_t* address = nullptr;
+  size_t address_length = 0;
+  status = ucp_worker_get_address(worker_, &address, &address_length);
+  if (status != UCS_OK) return FromUcsStatus(status, absl::StrCat("UCX address of ", name_));
+  address_.assign(reinterpret_cast<const char*>(address), address_length);
+  ucp_worker_release_address(worker_, address);
   return absl::OkStatus();
 }
 
@@ -273,31 +320,41 @@ void CloseEndpoint(ucp_ep_h ep) {
   if (closing != nullptr && !UCS_PTR_IS_ERR(closing)) ucp_request_free(closing);
 }
 
-absl::StatusOr<SocketAddress> ResolveHostPort(const std::string& host_port) {
-  std::string host;
-  int port = 0;
-  if (absl::Status s = SplitHostPort(host_port, &host, &port); !s.ok()) return s;
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV | (host.empty() ? AI_PASSIVE : 0);
-  addrinfo* found = nullptr;
-  const std::string service = absl::StrCat(port);
-  const int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found);
-  if (rc != 0 || found == nullptr) {
-    return absl::UnavailableError(absl::StrCat("cannot resolve '", host, "' of ", host_port, ": ", gai_strerror(rc)));
+std::string EncodeFabricAddress(const std::string& address) { return absl::Base64Escape(address); }
+
+absl::StatusOr<std::string> DecodeFabricAddress(std::string_view text) {
+  std::string address;
+  if (text.empty() || !absl::Base64Unescape(absl::string_view(text.data(), text.size()), &address)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a fabric address must be a UCX worker address in base64; got ", text.size(), " characters"));
   }
-  SocketAddress out;
-  std::memcpy(&out.storage, found->ai_addr, found->ai_addrlen);
-  out.length = found->ai_addrlen;
-  freeaddrinfo(found);
-  return out;
+  return address;
 }
 
-int PortOf(const sockaddr_storage& address) {
-  if (address.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(address).sin_port);
-  if (address.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(address).sin6_port);
-  return 0;
+absl::StatusOr<std::string> TransportsWithoutTcp(std::string_view tls) {
+  if (tls.empty() || tls == "all") return std::string("^tcp");
+  const bool excluding = tls.front() == '^';
+  std::vector<std::string> kept;
+  bool had_tcp = false;
+  for (absl::string_view name : absl::StrSplit(absl::string_view(tls.data() + (excluding ? 1 : 0),
+                                                                 tls.size() - (excluding ? 1 : 0)),
+                                               ',', absl::SkipEmpty())) {
+    if (name == "tcp") {
+      had_tcp = true;
+      if (!excluding) continue;
+    }
+    kept.emplace_back(name);
+  }
+  if (excluding) {
+    if (!had_tcp) kept.push_back("tcp");
+    return absl::StrCat("^", absl::StrJoin(kept, ","));
+  }
+  if (kept.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "UCX_TLS=", std::string(tls), " leaves UCX only TCP, which this process may not use: give it --fabric_tcp "
+        "(on a fabric no untrusted process reaches) or name other transports"));
+  }
+  return absl::StrJoin(kept, ",");
 }
 
 }  // namespace tessera

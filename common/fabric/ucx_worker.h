@@ -21,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -42,13 +43,30 @@ absl::Duration SpinAfterEvents(int spin_us);
 // INVALID_ARGUMENT naming --fabric_spin_us unless `spin_us` is -1 or 0 .. 1000000.
 [[nodiscard]] absl::Status CheckSpinOption(int spin_us);
 
+// How a process's UCX runs.
+struct FabricOptions {
+  int spin_us = -1;  // see SpinAfterEvents
+  // Whether UCX may use TCP. UCX's TCP transport listens on every interface it uses and hands the bytes of any
+  // peer that connects to UCX's own protocol code before a Tessera check can run (with Debian's libucx, whose
+  // assertions are on, a malformed connection request aborts the process), and it holds a descriptor for every
+  // connection a peer keeps open. Off, UCX uses shared memory, cross-memory attach and RDMA where the host has
+  // it, and listens on no TCP port at all. On is for fabrics no untrusted process can reach.
+  bool tcp = false;
+};
+
+// The UCX_TLS value (`tls`, as UCX read it from the environment; "all" by default) with TCP taken out: "all"
+// becomes "^tcp", an exclusion list gains tcp, an explicit list loses it. INVALID_ARGUMENT when nothing is
+// left (UCX_TLS=tcp alone).
+[[nodiscard]] absl::StatusOr<std::string> TransportsWithoutTcp(std::string_view tls);
+
 // Thread-safe: Post and SetTick from any thread; worker() only on the progress thread.
 class UcxWorker {
  public:
   // Creates the context and worker (active messages and wakeup) and starts the progress thread. `name` names
-  // the thread's errors. UNAVAILABLE when UCX cannot start (no transport usable here).
-  // `spin_us`: see SpinAfterEvents.
-  [[nodiscard]] static absl::StatusOr<std::unique_ptr<UcxWorker>> Start(std::string name, int spin_us = -1);
+  // the thread's errors. UNAVAILABLE when UCX cannot start (no transport usable here); INVALID_ARGUMENT when
+  // UCX_TLS allows only TCP and `options` do not.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<UcxWorker>> Start(std::string name,
+                                                                      FabricOptions options = {});
   // Stop(), then frees.
   ~UcxWorker();
   // Runs `on_stop` (closing endpoints and listeners) on the progress thread, then stops it and frees the UCX
@@ -60,6 +78,9 @@ class UcxWorker {
 
   ucp_worker_h worker() const { return worker_; }
   const std::string& name() const { return name_; }
+  // The worker's address (ucp_worker_get_address), which a peer connects to: it names the worker's transports
+  // and their endpoints. Empty when it could not be read. Constant after Start.
+  const std::string& address() const { return address_; }
 
   // Runs `fn` on the progress thread, soon; in the order posted.
   void Post(std::function<void()> fn);
@@ -80,9 +101,11 @@ class UcxWorker {
   [[nodiscard]] absl::Status SetHandler(unsigned id, ucp_am_recv_callback_t cb, void* arg);
 
  private:
-  UcxWorker(std::string name, absl::Duration spin) : name_(std::move(name)), spin_(spin) {}
+  UcxWorker(std::string name, absl::Duration spin, bool tcp) : name_(std::move(name)), spin_(spin), tcp_(tcp) {}
   // On the progress thread: make and free the context and worker.
   absl::Status Create();
+  // UCX's configuration from the environment, with TCP taken out unless tcp_. Caller releases it.
+  absl::StatusOr<ucp_config_t*> ReadConfig();
   void Destroy();
   void Loop();
   // Wakes the progress thread (any thread).
@@ -92,6 +115,8 @@ class UcxWorker {
 
   const std::string name_;
   const absl::Duration spin_;  // polling after the last event
+  const bool tcp_;
+  std::string address_;  // written once by Create, before Start returns
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;  // written by the progress thread only, under mu_
   int event_fd_ = -1;
@@ -110,16 +135,10 @@ class UcxWorker {
 // UCX's callbacks for it.
 void CloseEndpoint(ucp_ep_h ep);
 
-// "HOST:PORT" as a socket address for UCX's connection manager. INVALID_ARGUMENT for an unparsable one,
-// UNAVAILABLE when the host does not resolve.
-struct SocketAddress {
-  sockaddr_storage storage{};
-  socklen_t length = 0;
-  const sockaddr* get() const { return reinterpret_cast<const sockaddr*>(&storage); }
-};
-[[nodiscard]] absl::StatusOr<SocketAddress> ResolveHostPort(const std::string& host_port);
-// The port of a bound socket address.
-int PortOf(const sockaddr_storage& address);
+// A worker address as it travels in the cluster view (ServerInfo.fabric_address): base64, and back.
+// INVALID_ARGUMENT for text that is not base64.
+std::string EncodeFabricAddress(const std::string& address);
+[[nodiscard]] absl::StatusOr<std::string> DecodeFabricAddress(std::string_view text);
 
 }  // namespace tessera
 

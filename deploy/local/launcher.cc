@@ -15,10 +15,14 @@
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <thread>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
 #include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -26,6 +30,7 @@
 #include "absl/time/time.h"
 #include "common/child_process.h"
 #include "common/signals.h"
+#include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "deploy/local/credentials.h"
 
@@ -36,7 +41,14 @@ namespace {
 
 constexpr char kListening[] = "scheduler listening on ";
 constexpr char kDashboard[] = "dashboard at ";
+constexpr char kSummary[] = "summary: ";
+// The scheduler's line for a rank taken for the first time: "worker 3 joined the job" (scheduler/progress_records).
+constexpr char kWorkerPrefix[] = "worker ";
+constexpr char kJoinedSuffix[] = " joined the job";
 constexpr absl::Duration kGrace = absl::Seconds(5);
+// How long after a worker's exit its "joined" line may still be on its way from the scheduler.
+constexpr absl::Duration kJoinSettle = absl::Milliseconds(500);
+constexpr int kSchedulerHeartbeatTimeoutMs = 10000;  // tessera-scheduler's default --heartbeat_timeout_ms
 
 struct Child {
   enum Role { kScheduler, kServer, kWorker };
@@ -49,7 +61,28 @@ struct Child {
   bool exited = false;
   int status = 0;
   int restarts = 0;
+  int rank = -1;            // workers: the rank it asks for
+  absl::Time exited_at;     // when it last exited
 };
+
+// The rank of the scheduler's "worker N joined the job" line; nullopt for any other line.
+std::optional<int> JoinedRank(absl::string_view line) {
+  int rank = -1;
+  if (!absl::ConsumePrefix(&line, kWorkerPrefix) || !absl::ConsumeSuffix(&line, kJoinedSuffix) ||
+      !absl::SimpleAtoi(line, &rank)) {
+    return std::nullopt;
+  }
+  return rank;
+}
+
+// The last line of `log` that is not blank (a traceback's error, a daemon's last word), at most 300 bytes.
+std::string LastLine(const std::string& log) {
+  std::string tail = TailOfFile(log, 20);
+  while (!tail.empty() && (tail.back() == '\n' || tail.back() == ' ' || tail.back() == '\r')) tail.pop_back();
+  std::string line = tail.substr(tail.rfind('\n') == std::string::npos ? 0 : tail.rfind('\n') + 1);
+  if (line.size() > 300) line = line.substr(0, 300) + "...";
+  return line;
+}
 
 sigset_t LauncherSignals() {
   sigset_t set;
@@ -157,6 +190,8 @@ class Cluster {
     // launcher says why the run ended.
     if (!std::filesystem::exists(options_.run_dir + "/summary.json")) {
       WriteFallbackSummary(status, absl::Now() - start);
+    } else if (ended_by_launcher_) {
+      AmendSummary(status);
     }
     return status;
   }
@@ -168,6 +203,25 @@ class Cluster {
     std::ifstream in(options_.run_dir + "/summary.json");
     const nlohmann::json summary = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
     return summary.is_object() && summary.value("completed", false);
+  }
+
+  // The launcher ended the run (CheckWorkersLeft): the summary the scheduler wrote on its way out says "stopped by
+  // SIGTERM"; the reason is the launcher's.
+  void AmendSummary(const absl::Status& status) const {
+    const std::string path = options_.run_dir + "/summary.json";
+    nlohmann::json summary;
+    {
+      std::ifstream in(path);
+      summary = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    }
+    if (!summary.is_object()) return;
+    summary["completed"] = false;
+    summary["stop_reason"] = std::string(status.message());
+    summary["stopped_by"] = "tessera-launch";
+    std::ofstream out(path + ".tmp");
+    out << summary.dump(2) << "\n";
+    out.close();
+    std::filesystem::rename(path + ".tmp", path);
   }
 
   void WriteFallbackSummary(const absl::Status& status, absl::Duration wall) const {
@@ -241,6 +295,12 @@ class Cluster {
             std::cout << "tessera-launch: dashboard at " << line.substr(strlen(kDashboard)) << std::endl;
             continue;
           }
+          if (std::optional<int> rank = JoinedRank(line)) {
+            std::lock_guard<std::mutex> lock(mu_);
+            joined_ranks_.insert(*rank);
+            continue;  // the launcher's to know, not its user's
+          }
+          if (absl::StartsWith(line, kSummary)) job_ended_ = true;
           if (absl::StartsWith(line, kListening)) {
             {
               std::lock_guard<std::mutex> lock(mu_);
@@ -249,7 +309,7 @@ class Cluster {
             kill(self, SIGUSR1);
           }
           std::cout << line << std::endl;
-          if (absl::StartsWith(line, "summary: ") && options_.linger_s > 0 && interrupted_ == 0) {
+          if (absl::StartsWith(line, kSummary) && options_.linger_s > 0 && interrupted_ == 0) {
             std::cout << "tessera-launch: the job has ended; the dashboard stays up for " << options_.linger_s
                       << " s (--linger_s; Ctrl-C to leave now)" << std::endl;
           }
@@ -316,8 +376,9 @@ class Cluster {
         AddSecurityFlags(argv);
       }
       absl::StatusOr<pid_t> pid = Spawn(argv, log, -1, append_logs(), environment);
-      if (!pid.ok()) return pid.status();
+      if (!pid.ok()) return Annotate(pid.status(), absl::StrCat("worker ", i));
       children_.push_back({Child::kWorker, absl::StrCat("worker ", i), log, argv, environment, *pid});
+      children_.back().rank = i;
     }
     return absl::OkStatus();
   }
@@ -360,6 +421,7 @@ class Cluster {
         if (child.pid != pid || child.exited) continue;
         child.exited = true;
         child.status = status;
+        child.exited_at = absl::Now();
         const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
         // A scheduler stopped by the signal the launcher passed on exits as that signal asks (0 or 130).
         const bool stopped_as_asked = interrupted_ != 0 && WIFEXITED(status) &&
@@ -406,12 +468,75 @@ class Cluster {
           std::cout << "tessera-launch: restarted " << child.name << " (" << child.restarts << " of " << budget
                     << " restarts)" << std::endl;
         } else {
-          std::cout << "tessera-launch: the job goes on without " << child.name
-                    << " for as long as the scheduler lets it" << std::endl;
+          // Supervise ends the run when its rank had not joined (the scheduler would wait for it forever).
+          std::cout << "tessera-launch: " << child.name << " has no restarts left; the scheduler decides whether the "
+                    << "job goes on without it" << std::endl;
         }
       }
     }
     return absl::OkStatus();
+  }
+
+  // Whether the job can still end by itself once workers have exited for good (no restarts left). A rank whose
+  // command exited before it joined can never join, and the scheduler would wait for it forever:
+  // FAILED_PRECONDITION naming each such worker's error. Once every worker has exited (some after joining), the
+  // scheduler ends the job by its rule (a worker that failed or fell silent is lost within its heartbeat
+  // timeout, then the job ends); DEADLINE_EXCEEDED when it has not within twice that time and a grace.
+  absl::Status CheckWorkersLeft() {
+    if (job_ended_ || interrupted_ != 0) return absl::OkStatus();  // the scheduler is ending the job
+    std::set<int> joined;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      joined = joined_ranks_;
+    }
+    const absl::Time now = absl::Now();
+    std::vector<const Child*> never_joined, exited;
+    bool any_failed = false, settling = false;
+    for (const Child& c : children_) {
+      if (c.role != Child::kWorker || !c.exited) continue;
+      any_failed |= !(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0);
+      exited.push_back(&c);
+      if (joined.count(c.rank) != 0) continue;
+      if (now - c.exited_at < kJoinSettle) {
+        settling = true;
+        continue;
+      }
+      never_joined.push_back(&c);
+    }
+    // "worker 1 (exit code 1): ModuleNotFoundError: ..." for each.
+    auto describe = [&joined](const std::vector<const Child*>& children) {
+      std::vector<std::string> parts;
+      for (const Child* c : children) {
+        const std::string last = LastLine(c->log);
+        const bool clean = WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0;
+        parts.push_back(absl::StrCat(c->name, " (", ExitStatusText(c->status), ")", last.empty() ? "" : ": ", last,
+                                     clean && joined.count(c->rank) == 0 ? " (it exited without joining the job)" : ""));
+      }
+      return absl::StrJoin(parts, "; ");
+    };
+    if (settling) return absl::OkStatus();  // each error is named once its worker is known not to have joined
+    if (!never_joined.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          joined.empty() && exited.size() == static_cast<size_t>(options_.workers) ? "no worker could join the job"
+                                                                                  : "a worker can never join the job",
+          " (its command exited before it joined, and it has no restarts left; see ", options_.run_dir,
+          "/logs/): ", describe(never_joined)));
+    }
+    if (exited.size() < static_cast<size_t>(options_.workers)) return absl::OkStatus();
+    const absl::Duration timeout =
+        absl::Milliseconds(options_.heartbeat_timeout_ms > 0 ? options_.heartbeat_timeout_ms : kSchedulerHeartbeatTimeoutMs);
+    const absl::Duration bound = 2 * timeout + kGrace;
+    if (all_workers_gone_since_ == absl::InfiniteFuture()) {
+      all_workers_gone_since_ = now;
+      // (Workers that all exited 0 said Done: the summary is on its way.)
+      if (any_failed) std::cout << "tessera-launch: every worker has exited; the scheduler ends the job by its rule (a worker that "
+                << "failed or fell silent is lost within its heartbeat timeout, "
+                << absl::FormatDuration(timeout) << ")" << std::endl;
+    }
+    if (now - all_workers_gone_since_ < bound) return absl::OkStatus();
+    return absl::DeadlineExceededError(absl::StrCat("every worker has exited (", describe(exited),
+                                                    ") and the scheduler did not end the job within ",
+                                                    absl::FormatDuration(bound), "; stopping it"));
   }
 
   bool AllExited() const {
@@ -431,6 +556,10 @@ class Cluster {
         if (absl::IsDeadlineExceeded(s)) {
           return absl::DeadlineExceededError(absl::StrCat("--timeout_s=", options_.timeout_s, " passed; stopping the cluster"));
         }
+        return s;
+      }
+      if (absl::Status s = CheckWorkersLeft(); !s.ok() && !scheduler_exited_) {
+        ended_by_launcher_ = true;
         return s;
       }
     }
@@ -473,10 +602,14 @@ class Cluster {
   LaunchOptions options_;  // its credentials are filled in by Run()
   std::vector<Child> children_;
   bool scheduler_exited_ = false;
+  bool ended_by_launcher_ = false;  // Supervise ended the run (CheckWorkersLeft), not the scheduler
   std::atomic<int> interrupted_{0};  // the signal that asked the job to stop (read by the reader thread too)
   std::thread reader_;
+  std::atomic<bool> job_ended_{false};  // the scheduler printed its summary line (set by the reader thread)
+  absl::Time all_workers_gone_since_ = absl::InfiniteFuture();  // every worker exited for good, since then
   std::mutex mu_;
   std::string scheduler_address_;  // guarded by mu_
+  std::set<int> joined_ranks_;     // guarded by mu_: the ranks the scheduler said joined
 };
 
 }  // namespace

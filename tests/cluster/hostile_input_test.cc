@@ -17,6 +17,8 @@
 #include "absl/synchronization/notification.h"
 #include "common/security.h"
 #include "common/tensor_codec.h"
+#include "common/wire_limits.h"
+#include "server/replica_auth.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/cluster/mini_cluster.h"
@@ -30,6 +32,7 @@ using tessera::v1::ConsistencySpec;
 using tessera::v1::PushRequest;
 
 constexpr char kPush[] = "/tessera.v1.ParameterServer/Push";
+constexpr char kReplicate[] = "/tessera.v1.ParameterServer/Replicate";
 
 tessera::v1::ParameterSpec Param(const std::string& name, std::vector<int64_t> shape) {
   tessera::v1::ParameterSpec p;
@@ -398,6 +401,44 @@ TEST_F(HostileInputTest, IdleHttpConnectionsDoNotHoldUpHealthz) {
   ASSERT_TRUE(result);
   EXPECT_EQ(result->status, 200);
   EXPECT_LT(took, absl::Seconds(2)) << "16 idle connections held /healthz up";
+}
+
+// A Replicate from a client of our own: a member key (any token holder gets one) proves nothing between servers.
+// Without the named primary's signature for this server nothing is taken; a future epoch and out-of-bound numbers
+// are refused before anything else.
+TEST_F(HostileInputTest, AReplicateWithoutItsPrimarysSignatureTakesNothing) {
+  StartCluster(ConsistencySpec::ASYNC, 1);
+  const std::vector<float> before = Values();
+  const tessera::v1::ShardMap& map = *clients_[0]->shard_map();
+  tessera::v1::ReplicateRequest r;
+  r.set_epoch(map.epoch());
+  r.set_server_id(1 - map.chunks(0).server_id());
+  r.mutable_state()->set_param("w");
+  r.mutable_state()->set_index(0);
+  r.mutable_state()->set_values(std::string(Chunk0Length() * sizeof(float), '\0'));
+  r.mutable_state()->set_version(1000);
+  Metadata with_key = Credentials(clients_[0].get());
+  EXPECT_THAT(RawUnary(server_, kReplicate, r, with_key), StatusIs(absl::StatusCode::kUnauthenticated, "not signed"));
+  Metadata forged = with_key;
+  forged.emplace_back(kReplicaSignatureHeader, std::string(kReplicaSignatureBytes, 's'));
+  EXPECT_THAT(RawUnary(server_, kReplicate, r, forged), StatusIs(absl::StatusCode::kUnauthenticated, "not signed by"));
+  tessera::v1::ReplicateRequest future = r;
+  future.set_epoch(map.epoch() + 1000);
+  EXPECT_THAT(RawUnary(server_, kReplicate, future, forged), StatusIs(absl::StatusCode::kAborted, "epoch"));
+  for (uint64_t epoch : {kMaxEpoch + 1, uint64_t{std::numeric_limits<int64_t>::max()}, ~uint64_t{0}}) {
+    future.set_epoch(epoch);
+    EXPECT_THAT(RawUnary(server_, kReplicate, future, forged), StatusIs(absl::StatusCode::kInvalidArgument, "epoch"))
+        << epoch;
+  }
+  tessera::v1::ReplicateRequest huge = r;
+  huge.mutable_state()->set_version(std::numeric_limits<int64_t>::max());
+  EXPECT_THAT(RawUnary(server_, kReplicate, huge, forged), StatusIs(absl::StatusCode::kInvalidArgument, "version"));
+  (*r.mutable_state()->mutable_last_seq())[0] = ~uint64_t{0};
+  EXPECT_THAT(RawUnary(server_, kReplicate, r, forged), StatusIs(absl::StatusCode::kInvalidArgument, "sequence"));
+  EXPECT_EQ(Values(), before);
+  std::vector<float> grad(100, 1.0f);
+  ASSERT_THAT(clients_[0]->Push({"w"}, {absl::MakeConstSpan(grad)}, 1), IsOk());
+  EXPECT_NE(Values(), before) << "the worker's next push is taken (not a duplicate)";
 }
 
 }  // namespace

@@ -87,6 +87,18 @@ TEST_F(DaemonsTest, WorkerAndServerNameTheAddressWhereNoSchedulerAnswers) {
   EXPECT_NE(server.output().find(address), std::string::npos) << server.output();
 }
 
+// A server started again after its job ended finds no scheduler: with its default --connect_timeout_s it gives up
+// within half a minute (not two), saying why there may be none.
+TEST_F(DaemonsTest, AServerWhoseSchedulerIsGoneGivesUpWithinItsDefaultConnectTimeout) {
+  const std::string address = absl::StrCat("127.0.0.1:", UnusedLoopbackPort());
+  const absl::Time start = absl::Now();
+  Subprocess server({kBin + "/tessera-server", "--scheduler=" + address, "--http_port=-1"});
+  ASSERT_TRUE(server.ReadUntilExit(absl::Seconds(90)));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(40)) << server.output();
+  EXPECT_EQ(server.exit_code(), 1);
+  EXPECT_NE(server.output().find("its job ended and it exited"), std::string::npos) << server.output();
+}
+
 TEST_F(DaemonsTest, SchedulerNamesTheLineOfAMalformedJobAndTheFieldOfAContradictoryOne) {
   Subprocess bad({kBin + "/tessera-scheduler", "--job=" + Write("bad.pbtxt", "name: \"x\"\nmodel {\n  mlp { hidden_sizes: [4, }\n}\n")});
   ASSERT_TRUE(bad.ReadUntilExit(absl::Seconds(30)));

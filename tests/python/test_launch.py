@@ -35,8 +35,8 @@ def test_the_script_runs_as_every_worker_and_the_job_completes(tmp_path, mode):
 
 
 def test_a_failing_script_is_named_and_the_launcher_fails(tmp_path):
-    # As with tessera-worker: a worker that fails before it joins is named at once, and the job waits for one that
-    # joins (a restart, or by hand) until --timeout_s ends it.
+    # As with tessera-worker: a worker that fails before it joins is named at once, and the launcher ends the run
+    # (it can never join; test_launch_failures.py holds the class).
     done = launch(tmp_path, "--workers=1", "--timeout_s=8",
                   command=[sys.executable, "-c", "import sys; sys.exit('no model here')"])
     assert done.returncode != 0

@@ -4,6 +4,8 @@
 
 
 #include "absl/strings/str_cat.h"
+#include "common/security.h"
+#include "common/wire_limits.h"
 #include "gtest/gtest.h"
 #include "tests/testing/param_spec.h"
 #include "tests/testing/status_matchers.h"
@@ -21,6 +23,7 @@ tessera::v1::RegisterRequest Server(const std::string& address, int id = -1) {
   if (id >= 0) r.set_requested_id(id);
   r.set_address(address);
   r.set_control_key("control-key-of-" + address);
+  r.set_replication_key(std::string(32, 'r'));  // a server's public replication key (server/replica_auth.h)
   return r;
 }
 
@@ -378,6 +381,92 @@ TEST(ClusterViewTest, ARestartedMemberWithoutItsIdWaitsForTheSlotOfOneThatStoppe
     EXPECT_EQ(back->member.id, 1);
     EXPECT_EQ(back->member.incarnation, 2u);
   }
+}
+
+// A restarted scheduler's slot rules for what members bring back (ClusterView::Return): an awaited slot goes to
+// the key its view holds only, whatever incarnation a caller names; every incarnation and clock is bounded.
+TEST(ClusterViewTest, AnAwaitedSlotGoesOnlyToItsKeyAndEveryNumberBroughtBackIsBounded) {
+  ClusterView view(1, 2);
+  const std::string key = "the-real-workers-key";
+  tessera::v1::ShardMap taken;
+  taken.set_epoch(7);
+  *taken.add_params() = FloatParam("w", 4);
+  auto* chunk = taken.add_chunks();
+  chunk->set_param("w");
+  chunk->set_length(4);
+  auto* s = taken.add_servers();
+  s->set_id(0);
+  s->set_address("s0:1");
+  s->set_incarnation(1);
+  s->set_key_digest(KeyDigest("server-key"));
+  auto* w = taken.add_workers();
+  w->set_id(0);
+  w->set_incarnation(3);
+  w->set_active(true);
+  w->set_key_digest(KeyDigest(key));
+  view.Adopt(taken, absl::Now());
+  auto back = [&](uint64_t incarnation, int64_t clock, const std::string& with) {
+    tessera::v1::RegisterRequest r = Worker("h", 0);
+    r.mutable_rejoin()->set_job("j");
+    r.mutable_rejoin()->set_incarnation(incarnation);
+    r.mutable_rejoin()->set_clock(clock);
+    return view.Return(r, with, absl::Now());
+  };
+  for (uint64_t incarnation : {uint64_t{0}, kMaxIncarnation + 1, uint64_t{1} << 63, ~uint64_t{0}}) {
+    EXPECT_THAT(back(incarnation, 0, "forged"), StatusIs(absl::StatusCode::kInvalidArgument, "incarnation"))
+        << incarnation;
+    EXPECT_THAT(back(incarnation, 0, key), StatusIs(absl::StatusCode::kInvalidArgument, "incarnation"))
+        << incarnation;
+  }
+  for (int64_t clock : {int64_t{-1}, kMaxClock + 1, INT64_MAX, INT64_MIN}) {
+    EXPECT_THAT(back(3, clock, key), StatusIs(absl::StatusCode::kInvalidArgument, "clock")) << clock;
+  }
+  for (uint64_t incarnation : {uint64_t{3}, uint64_t{4}, kMaxIncarnation}) {
+    EXPECT_THAT(back(incarnation, 0, "forged"), StatusIs(absl::StatusCode::kUnauthenticated, "")) << incarnation;
+    EXPECT_THAT(back(incarnation, 0, ""), StatusIs(absl::StatusCode::kUnauthenticated, "")) << incarnation;
+  }
+  EXPECT_THAT(back(2, 0, key), StatusIs(absl::StatusCode::kFailedPrecondition, "replaced"));
+  EXPECT_THAT(back(4, 0, key), StatusIs(absl::StatusCode::kInvalidArgument, "incarnation 3"));
+  EXPECT_TRUE(view.Workers()[0].awaited) << "nothing above took the slot";
+  absl::StatusOr<Member> real = back(3, kMaxClock, key);
+  ASSERT_THAT(real, IsOk());
+  EXPECT_EQ(real->incarnation, 3u);
+  EXPECT_THAT(view.CheckMemberKey(tessera::v1::WORKER, 0, key), IsOk());
+}
+
+// An incarnation never wraps: a rank at the bound (taken back that way) takes no new process.
+TEST(ClusterViewTest, IncarnationsStopAtTheirBoundInsteadOfWrapping) {
+  ClusterView view(1, 1);
+  view.Adopt(tessera::v1::ShardMap(), absl::Now());  // nothing placed: the rank is vacant
+  tessera::v1::RegisterRequest r = Worker("h", 0);
+  r.mutable_rejoin()->set_job("j");
+  r.mutable_rejoin()->set_incarnation(kMaxIncarnation);
+  ASSERT_THAT(view.Return(r, "some-key", absl::Now()), IsOk());
+  EXPECT_THAT(view.Join(Worker("h", 0), absl::Now(), AtZero),
+              StatusIs(absl::StatusCode::kResourceExhausted, "incarnations"));
+  EXPECT_EQ(view.Workers()[0].incarnation, kMaxIncarnation);
+}
+
+// With backups, a server registers its replication key (its backups check its hand-overs with it), of 32 bytes;
+// a worker has none. The view carries it.
+TEST(ClusterViewTest, ServersOfAJobWithBackupsRegisterTheirReplicationKey) {
+  ClusterView view(2, 1, /*backups=*/1);
+  tessera::v1::RegisterRequest without = Server("s0:1", 0);
+  without.clear_replication_key();
+  EXPECT_THAT(view.Join(without, absl::Now(), AtZero), StatusIs(absl::StatusCode::kInvalidArgument, "replication key"));
+  tessera::v1::RegisterRequest short_key = Server("s0:1", 0);
+  short_key.set_replication_key("short");
+  EXPECT_THAT(view.Join(short_key, absl::Now(), AtZero), StatusIs(absl::StatusCode::kInvalidArgument, "32 bytes"));
+  tessera::v1::RegisterRequest worker = Worker("h", 0);
+  worker.set_replication_key(std::string(32, 'w'));
+  EXPECT_THAT(view.Join(worker, absl::Now(), AtZero), StatusIs(absl::StatusCode::kInvalidArgument, "server's"));
+  ASSERT_THAT(view.Join(Server("s0:1", 0), absl::Now(), AtZero), IsOk());
+  ASSERT_THAT(view.Join(Server("s1:1", 1), absl::Now(), AtZero), IsOk());
+  ASSERT_THAT(PlaceAndCommit(view, {FloatParam("w", 8)}, 16), IsOk());
+  std::optional<tessera::v1::ShardMap> map = view.Map();
+  ASSERT_TRUE(map.has_value());
+  ASSERT_EQ(map->servers_size(), 2);
+  EXPECT_EQ(map->servers(0).replication_key(), std::string(32, 'r'));
 }
 
 }  // namespace

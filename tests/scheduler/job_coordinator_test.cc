@@ -10,6 +10,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/job_spec.h"
 #include "common/run_recorder.h"
+#include "common/wire_limits.h"
 #include "gtest/gtest.h"
 #include "tests/testing/fake_server_control.h"
 #include "tests/testing/param_spec.h"
@@ -213,6 +214,96 @@ TEST_F(JobCoordinatorTest, ALostWorkerNoLongerHoldsTheSyncGateAndTheOtherFinishe
   ASSERT_THAT(Done(0, 2), IsOk());
   ASSERT_TRUE(finished_.WaitForNotificationWithTimeout(absl::Seconds(30)));
   EXPECT_NE(coordinator_->summary().dump().find("worker lost"), std::string::npos) << coordinator_->summary().dump();
+}
+
+// The job's end: worker 0's evaluation reaches the target, worker 1 is done, and then, while worker 0 still
+// finishes, both servers fall silent and are reported. The verdict "completed" stands: no server is declared lost
+// on a report after the stop, a server lost by its silence is no failure, and worker 0's failed last pull makes it
+// done, not lost.
+TEST_F(JobCoordinatorTest, AJobThatReachedItsTargetStaysCompletedWhenItsServersGoAway) {
+  job_.mutable_stop()->set_target_accuracy(0.5);
+  Create(ConsistencySpec::SYNC, /*max_steps=*/100, /*heartbeat_timeout=*/absl::Milliseconds(500));
+  RegisterEveryone();
+  ASSERT_THAT(Declare(0), IsOk());
+  tessera::v1::ReportRequest eval;
+  eval.set_worker_id(0);
+  eval.set_clock(5);
+  eval.set_has_eval(true);
+  eval.set_eval_clock(5);
+  eval.set_test_accuracy(0.75);
+  absl::StatusOr<tessera::v1::ReportResponse> answer = coordinator_->Report(eval);
+  ASSERT_THAT(answer, IsOk());
+  EXPECT_TRUE(answer->stop()) << "the target is reached";
+  ASSERT_THAT(Done(1, 5), IsOk());
+
+  servers_.AnswerProbes(absl::UnavailableError("connection refused"));
+  for (int server = 0; server < 2; ++server) {
+    tessera::v1::ReportServerRequest report;
+    report.set_role(tessera::v1::WORKER);
+    report.set_member_id(0);
+    report.set_server_id(server);
+    report.set_error("UCX send: Endpoint is not connected");
+    ASSERT_THAT(coordinator_->ReportServer(report), IsOk());
+  }
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(coordinator_->StatusJson()["servers"][0]["state"], "alive") << "a report after the stop moves nothing";
+  // Worker 0 keeps beating while it finishes; the servers are silent past the heartbeat timeout.
+  for (int i = 0; i < 8; ++i) {
+    Beat({{tessera::v1::WORKER, 0}});
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  coordinator_->CheckLiveness(absl::Now());
+  tessera::v1::DoneRequest failed;
+  failed.set_worker_id(0);
+  failed.set_clock(5);
+  failed.set_failure("ABORTED: the job is stopping: UCX send: Endpoint is not connected");
+  ASSERT_THAT(coordinator_->Done(failed), IsOk());
+  ASSERT_TRUE(finished_.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_TRUE(outcome_.completed) << outcome_.stop_reason;
+  const nlohmann::json summary = coordinator_->summary();
+  EXPECT_TRUE(summary["completed"].get<bool>()) << summary.dump();
+  EXPECT_EQ(summary["lost_workers"], nlohmann::json::array()) << summary.dump();
+  EXPECT_NE(summary.dump().find("worker stopped with the job"), std::string::npos) << summary.dump();
+}
+
+// A job whose every worker has run its last step is complete: a stop asked for then (a signal) does not make it
+// a failure.
+TEST_F(JobCoordinatorTest, AStopAskedForAfterEveryWorkerRanItsCourseLeavesTheJobCompleted) {
+  Create(ConsistencySpec::ASYNC, /*max_steps=*/2);
+  RegisterEveryone();
+  ASSERT_THAT(Declare(0), IsOk());
+  for (int worker = 0; worker < 2; ++worker) {
+    for (int64_t clock = 1; clock <= 2; ++clock) {
+      Answer<tessera::v1::AdvanceClockResponse> gate;
+      Advance(worker, clock, gate);
+      ASSERT_THAT(gate.Get(), IsOk());
+    }
+  }
+  ASSERT_THAT(Done(1, 2), IsOk());
+  coordinator_->Abort("stopped by SIGTERM");  // worker 0 is past its last step, finishing
+  ASSERT_THAT(Done(0, 2), IsOk());
+  ASSERT_TRUE(finished_.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_TRUE(outcome_.completed) << outcome_.stop_reason;
+}
+
+// A worker that stops on an error while the job runs is lost (it may come back); one whose calls fail once the
+// job stopped is done.
+TEST_F(JobCoordinatorTest, AWorkerThatFailsAfterTheJobStoppedIsDoneNotLost) {
+  Create(ConsistencySpec::ASYNC, /*max_steps=*/100);
+  RegisterEveryone();
+  ASSERT_THAT(Declare(0), IsOk());
+  coordinator_->Abort("server 1 lost; its chunks cannot be restored without a checkpoint, so the job stops");
+  for (int worker = 0; worker < 2; ++worker) {
+    tessera::v1::DoneRequest failed;
+    failed.set_worker_id(worker);
+    failed.set_clock(3);
+    failed.set_failure("CANCELLED: the job is stopping");
+    ASSERT_THAT(coordinator_->Done(failed), IsOk());
+  }
+  ASSERT_TRUE(finished_.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_FALSE(outcome_.completed);
+  EXPECT_EQ(coordinator_->summary()["lost_workers"], nlohmann::json::array()) << coordinator_->summary().dump();
+  EXPECT_EQ(coordinator_->StatusJson()["workers"][1]["state"], "done");
 }
 
 // A worker that stops on an error leaves through the view's event: the records name its error, the gate lets
@@ -428,6 +519,133 @@ TEST_F(JobCoordinatorTest, ARestartedSchedulerKeepsTheEventsOfItsFirstLife) {
   (*second)->Abort("end of test");
   coordinator_->Abort("end of test");
   std::filesystem::remove_all(run_dir);
+}
+
+// What a restarted scheduler needs of a member before it takes anything the member brings back.
+class TakeBackTest : public JobCoordinatorTest {
+ protected:
+  // Runs a SYNC job to clock 3, then "restarts" the scheduler: `restarted_` knows nobody, `held_` is the view the
+  // servers hold, keys_[server/worker][id] the members' keys.
+  void RunThenRestart(int max_seconds = 0) {
+    Create(ConsistencySpec::SYNC, /*max_steps=*/100, /*heartbeat_timeout=*/absl::Seconds(5));
+    for (int id = 0; id < 2; ++id) {
+      absl::StatusOr<tessera::v1::RegisterResponse> s = Register(tessera::v1::SERVER, id);
+      absl::StatusOr<tessera::v1::RegisterResponse> w = Register(tessera::v1::WORKER, id);
+      ASSERT_THAT(s, IsOk());
+      ASSERT_THAT(w, IsOk());
+      keys_[0][id] = s->member_key();
+      keys_[1][id] = w->member_key();
+    }
+    ASSERT_THAT(Declare(0), IsOk());
+    held_ = servers_.assigned();
+    coordinator_->Abort("the scheduler process died");
+    tessera::v1::JobSpec job = job_;
+    job.mutable_stop()->set_max_seconds(max_seconds);
+    auto created = JobCoordinator::Create(job, /*run_dir=*/"", absl::Milliseconds(100), absl::Seconds(5),
+                                          &restarted_servers_, [this](const JobOutcome&) { ended_.Notify(); });
+    ASSERT_THAT(created, IsOk());
+    restarted_ = std::move(*created);
+  }
+  absl::StatusOr<tessera::v1::RegisterResponse> ComeBack(const tessera::v1::RegisterRequest& r, const std::string& key) {
+    Answer<tessera::v1::RegisterResponse> answer;
+    restarted_->Register(r, answer.callback(), key);
+    return answer.Get();
+  }
+  void TearDown() override {
+    if (restarted_) restarted_->Abort("end of test");
+  }
+
+  std::string keys_[2][2];
+  tessera::v1::ShardMap held_;
+  FakeServerControl restarted_servers_;
+  absl::Notification ended_;
+  std::unique_ptr<JobCoordinator> restarted_;
+};
+
+// A view counts only once the key of the server bringing it matches the digest that very view holds for the
+// server's own slot: a forged view (a newer epoch, another run) with no key, another member's key, or naming
+// another incarnation is refused UNAUTHENTICATED and leaves nothing behind; the job is taken back under the real
+// view's run and an epoch just past it.
+TEST_F(TakeBackTest, NothingAServerBringsBackCountsBeforeItsKeyIsChecked) {
+  RunThenRestart();
+  tessera::v1::ShardMap forged = held_;
+  forged.set_epoch(1002);
+  forged.set_run_id("holdout-forged");
+  const std::string real_run = held_.run_id();
+  ASSERT_FALSE(real_run.empty());
+  for (const std::string& key : {std::string(), std::string("a-guess"), keys_[1][0], keys_[0][1]}) {
+    EXPECT_THAT(ComeBack(Rejoin(tessera::v1::SERVER, 0, job_.name(), 1, forged, 0), key),
+                StatusIs(absl::StatusCode::kUnauthenticated, "")) << "key '" << key << "'";
+  }
+  EXPECT_THAT(ComeBack(Rejoin(tessera::v1::SERVER, 0, job_.name(), 2, forged, 0), keys_[0][0]),
+              StatusIs(absl::StatusCode::kUnauthenticated, "incarnation"));
+  tessera::v1::ShardMap unnamed = forged;
+  unnamed.mutable_servers()->DeleteSubrange(0, 1);
+  EXPECT_THAT(ComeBack(Rejoin(tessera::v1::SERVER, 0, job_.name(), 1, unnamed, 0), keys_[0][0]),
+              StatusIs(absl::StatusCode::kUnauthenticated, "does not name it"));
+  for (uint64_t incarnation : {uint64_t{0}, kMaxIncarnation + 1, ~uint64_t{0}}) {
+    tessera::v1::ShardMap beyond = held_;
+    beyond.mutable_servers(0)->set_incarnation(incarnation == 0 ? 1 : incarnation);
+    EXPECT_THAT(ComeBack(Rejoin(tessera::v1::SERVER, 0, job_.name(), incarnation, beyond, 0), keys_[0][0]),
+                StatusIs(incarnation == 0 ? absl::StatusCode::kUnauthenticated : absl::StatusCode::kInvalidArgument, ""))
+        << incarnation;
+  }
+  tessera::v1::RegisterRequest no_role = Rejoin(tessera::v1::SERVER, 0, job_.name(), 1, held_, 0);
+  no_role.set_role(tessera::v1::ROLE_UNSPECIFIED);
+  EXPECT_THAT(ComeBack(no_role, keys_[0][0]), StatusIs(absl::StatusCode::kInvalidArgument, "SERVER or a WORKER"));
+  EXPECT_FALSE(restarted_->view().Map().has_value()) << "nothing above was taken";
+
+  // Server 1 comes back first with a view of another run it vouches for: the run brought back first wins a tie.
+  ASSERT_THAT(ComeBack(Rejoin(tessera::v1::SERVER, 0, job_.name(), 1, held_, 0), keys_[0][0]),
+              StatusIs(absl::StatusCode::kUnavailable, "server(s) 1"));
+  EXPECT_THAT(ComeBack(Rejoin(tessera::v1::SERVER, 0, job_.name(), 1, held_, 0), "another-process"),
+              StatusIs(absl::StatusCode::kUnauthenticated, ""));
+  tessera::v1::ShardMap other_run = held_;
+  other_run.set_epoch(1002);
+  other_run.set_run_id("holdout-forged");
+  ASSERT_THAT(ComeBack(Rejoin(tessera::v1::SERVER, 1, job_.name(), 1, other_run, 0), keys_[0][1]), IsOk());
+  std::optional<tessera::v1::ShardMap> view = restarted_->view().Map();
+  ASSERT_TRUE(view.has_value());
+  EXPECT_EQ(view->run_id(), real_run);
+  EXPECT_GT(view->epoch(), held_.epoch());
+  EXPECT_LT(view->epoch(), 1002u);
+}
+
+// A rank the view taken back holds goes to its own key only: a token holder naming any incarnation (2^64-1
+// included) with another key is refused, and the real worker comes back afterwards.
+TEST_F(TakeBackTest, AnAwaitedRankGoesToItsOwnKeyOnly) {
+  RunThenRestart();
+  EXPECT_THAT(restarted_->GetShardMap(), StatusIs(absl::StatusCode::kUnavailable, "come back"))
+      << "a worker asking before the job is back waits";
+  ASSERT_THAT(ComeBack(Rejoin(tessera::v1::SERVER, 0, job_.name(), 1, held_, 0), keys_[0][0]),
+              StatusIs(absl::StatusCode::kUnavailable, ""));
+  EXPECT_THAT(restarted_->GetShardMap(), StatusIs(absl::StatusCode::kUnavailable, "come back"));
+  ASSERT_THAT(ComeBack(Rejoin(tessera::v1::SERVER, 1, job_.name(), 1, held_, 0), keys_[0][1]), IsOk());
+  for (uint64_t incarnation : {~uint64_t{0}, uint64_t{1} << 63, kMaxIncarnation + 1}) {
+    EXPECT_THAT(ComeBack(Rejoin(tessera::v1::WORKER, 0, job_.name(), incarnation, held_, 3), "forged"),
+                StatusIs(absl::StatusCode::kInvalidArgument, "incarnation")) << incarnation;
+  }
+  for (uint64_t incarnation : {uint64_t{1}, uint64_t{2}, kMaxIncarnation}) {
+    EXPECT_THAT(ComeBack(Rejoin(tessera::v1::WORKER, 0, job_.name(), incarnation, held_, 3), "forged"),
+                StatusIs(absl::StatusCode::kUnauthenticated, "")) << incarnation;
+  }
+  EXPECT_THAT(ComeBack(Rejoin(tessera::v1::WORKER, 0, job_.name(), 1, held_, -1), keys_[1][0]),
+              StatusIs(absl::StatusCode::kInvalidArgument, "clock"));
+  EXPECT_THAT(ComeBack(Rejoin(tessera::v1::WORKER, 0, job_.name(), 1, held_, 3), keys_[1][0]), IsOk());
+  EXPECT_THAT(restarted_->GetShardMap(), IsOk());
+}
+
+// stop.max_seconds ends a job whose ranks nobody holds (its workers never came back to the restarted scheduler).
+TEST_F(TakeBackTest, StopMaxSecondsEndsAJobWaitingForWorkers) {
+  RunThenRestart(/*max_seconds=*/1);
+  restarted_->StartFailureDetection();
+  // Nothing placed comes back: every rank stays vacant.
+  ASSERT_THAT(ComeBack(Rejoin(tessera::v1::SERVER, 0, job_.name(), 1, tessera::v1::ShardMap(), 0), keys_[0][0]),
+              StatusIs(absl::StatusCode::kUnavailable, ""));
+  ASSERT_THAT(ComeBack(Rejoin(tessera::v1::SERVER, 1, job_.name(), 1, tessera::v1::ShardMap(), 0), keys_[0][1]),
+              IsOk());
+  EXPECT_TRUE(ended_.WaitForNotificationWithTimeout(absl::Seconds(20)))
+      << "the job did not end 20 s into a 1 s stop.max_seconds: " << restarted_->StatusJson().dump();
 }
 
 }  // namespace

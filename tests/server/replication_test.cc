@@ -2,15 +2,20 @@
 // backup taking over has every acknowledged update and its sequence table, SYNC rounds reach the backups once,
 // and backups take state only from the chunk's primary. The stores talk through an in-process sender; the
 // daemons' gRPC path is covered by tests/multiprocess.
+#include <cmath>
 #include <cstring>
+#include <functional>
 #include <deque>
 #include <map>
 #include <optional>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "common/job_spec.h"
 #include "common/security.h"
+#include "common/wire_limits.h"
 #include "gtest/gtest.h"
+#include "server/replica_auth.h"
 #include "server/shard_store.h"
 #include "tests/testing/status_matchers.h"
 
@@ -22,29 +27,35 @@ using ::tessera::testing::StatusIs;
 
 constexpr int kServers = 3;
 
-// Hands states to the stores by address ("s0", "s1", ...) with the sending server's key. While `hold` is set,
-// hand-overs wait in a queue until Release().
+// Hands states to the stores by address ("s0", "s1", ...), each signed for its backup with the sending server's
+// replication key, as GrpcReplicaSender does. While `hold` is set, hand-overs wait in a queue until Release().
+// `answer_offset` is added to the version a backup answers with (a backup that says it holds another version).
 class LoopbackSender : public ReplicaSender {
  public:
-  LoopbackSender(std::map<std::string, ShardStore*>* stores, std::string key) : stores_(stores), key_(std::move(key)) {}
+  LoopbackSender(std::map<std::string, ShardStore*>* stores, std::shared_ptr<const ReplicaSigner> signer)
+      : stores_(stores), signer_(std::move(signer)) {}
 
-  void Send(const std::string& address, std::shared_ptr<const tessera::v1::ReplicateRequest> request,
-            std::function<void(absl::Status)> done) override {
+  void Send(const ReplicaTarget& backup, std::shared_ptr<const tessera::v1::ReplicateRequest> request,
+            std::function<void(absl::StatusOr<int64_t>)> done) override {
     {
       absl::MutexLock lock(&mu_);
       ++sent_;
       updates_ += request->updates_size();
       if (hold_) {
-        held_.push_back({address, std::move(request), std::move(done)});
+        held_.push_back({backup, std::move(request), std::move(done)});
         return;
       }
     }
-    Deliver(address, *request, done);
+    Deliver(backup, *request, done);
   }
 
   void set_hold(bool hold) {
     absl::MutexLock lock(&mu_);
     hold_ = hold;
+  }
+  void set_answer_offset(int64_t offset) {
+    absl::MutexLock lock(&mu_);
+    answer_offset_ = offset;
   }
   // Delivers the held hand-overs (and those they start, while held).
   void Release() {
@@ -53,7 +64,7 @@ class LoopbackSender : public ReplicaSender {
       absl::MutexLock lock(&mu_);
       held.swap(held_);
     }
-    for (Held& h : held) Deliver(h.address, *h.request, h.done);
+    for (Held& h : held) Deliver(h.backup, *h.request, h.done);
   }
   int sent() {
     absl::MutexLock lock(&mu_);
@@ -64,29 +75,46 @@ class LoopbackSender : public ReplicaSender {
     absl::MutexLock lock(&mu_);
     return updates_;
   }
+  // The last request sent, as a backup received it.
+  std::optional<tessera::v1::ReplicateRequest> last() {
+    absl::MutexLock lock(&mu_);
+    return last_;
+  }
 
  private:
   struct Held {
-    std::string address;
+    ReplicaTarget backup;
     std::shared_ptr<const tessera::v1::ReplicateRequest> request;
-    std::function<void(absl::Status)> done;
+    std::function<void(absl::StatusOr<int64_t>)> done;
   };
-  void Deliver(const std::string& address, const tessera::v1::ReplicateRequest& request,
-               const std::function<void(absl::Status)>& done) {
-    auto it = stores_->find(address);
+  void Deliver(const ReplicaTarget& backup, const tessera::v1::ReplicateRequest& request,
+               const std::function<void(absl::StatusOr<int64_t>)>& done) {
+    int64_t offset;
+    {
+      absl::MutexLock lock(&mu_);
+      last_ = request;
+      offset = answer_offset_;
+    }
+    auto it = stores_->find(backup.address);
     if (it == stores_->end()) {
-      done(absl::UnavailableError(address + " is gone"));
+      done(absl::UnavailableError(backup.address + " is gone"));
       return;
     }
-    done(it->second->TakeReplica(request, key_).status());
+    const std::string signature =
+        signer_->Sign(ReplicateProof(ReplicateDigest(request), backup.server_id, backup.incarnation));
+    absl::StatusOr<int64_t> held = it->second->TakeReplica(request, signature);
+    if (held.ok()) held = *held + offset;
+    done(held);
   }
 
   std::map<std::string, ShardStore*>* const stores_;
-  const std::string key_;
+  const std::shared_ptr<const ReplicaSigner> signer_;
   absl::Mutex mu_;
   bool hold_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t answer_offset_ ABSL_GUARDED_BY(mu_) = 0;
   int sent_ ABSL_GUARDED_BY(mu_) = 0;
   int updates_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<tessera::v1::ReplicateRequest> last_ ABSL_GUARDED_BY(mu_);
   std::deque<Held> held_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -96,8 +124,10 @@ class ReplicationTest : public ::testing::Test {
  protected:
   ReplicationTest() {
     for (int i = 0; i < kServers; ++i) {
-      keys_.push_back(NewSecret());
-      senders_.push_back(std::make_unique<LoopbackSender>(&addresses_, keys_[i]));
+      absl::StatusOr<std::unique_ptr<ReplicaSigner>> signer = ReplicaSigner::Generate();
+      EXPECT_THAT(signer, IsOk());
+      signers_.push_back(std::move(*signer));
+      senders_.push_back(std::make_unique<LoopbackSender>(&addresses_, signers_[i]));
       stores_.push_back(std::make_unique<ShardStore>(64 << 20, senders_[i].get()));
       addresses_[Address(i)] = stores_[i].get();
     }
@@ -143,7 +173,8 @@ class ReplicationTest : public ::testing::Test {
       auto* s = map_.add_servers();
       s->set_id(id);
       s->set_address(Address(id));
-      s->set_key_digest(KeyDigest(keys_[id]));
+      s->set_incarnation(1);
+      s->set_replication_key(signers_[id]->public_key());
     }
     for (int id : alive) ASSERT_THAT(stores_[id]->Assign(map_, job_, id), IsOk()) << "server " << id;
   }
@@ -205,7 +236,12 @@ class ReplicationTest : public ::testing::Test {
 
   tessera::v1::JobSpec job_;
   tessera::v1::ShardMap map_;
-  std::vector<std::string> keys_;
+  // `from`'s signature of `request` for server `to` (incarnation 1), as its sender makes it.
+  std::string Signed(int from, const tessera::v1::ReplicateRequest& request, int to) {
+    return signers_[from]->Sign(ReplicateProof(ReplicateDigest(request), to, 1));
+  }
+
+  std::vector<std::shared_ptr<const ReplicaSigner>> signers_;
   std::map<std::string, ShardStore*> addresses_;
   std::vector<std::unique_ptr<LoopbackSender>> senders_;
   std::vector<std::unique_ptr<ShardStore>> stores_;
@@ -295,21 +331,23 @@ TEST_F(ReplicationTest, ABackupTakesStateOnlyFromTheChunksPrimary) {
   request.mutable_state()->set_values(std::string(3 * sizeof(float), '\0'));
   request.mutable_state()->set_optimizer_state(std::string(3 * sizeof(float), '\0'));
   request.mutable_state()->set_version(5);
-  EXPECT_THAT(stores_[1]->TakeReplica(request, keys_[2]), StatusIs(absl::StatusCode::kUnauthenticated, ""));
+  EXPECT_THAT(stores_[1]->TakeReplica(request, Signed(2, request, 1)), StatusIs(absl::StatusCode::kUnauthenticated, ""));
   tessera::v1::ReplicateRequest from_two = request;
   from_two.set_server_id(2);
-  EXPECT_THAT(stores_[1]->TakeReplica(from_two, keys_[2]), StatusIs(absl::StatusCode::kFailedPrecondition, ""));
-  EXPECT_THAT(stores_[2]->TakeReplica(request, keys_[0]), StatusIs(absl::StatusCode::kFailedPrecondition, ""))
+  EXPECT_THAT(stores_[1]->TakeReplica(from_two, Signed(2, from_two, 1)),
+              StatusIs(absl::StatusCode::kFailedPrecondition, ""));
+  EXPECT_THAT(stores_[2]->TakeReplica(request, Signed(0, request, 2)), StatusIs(absl::StatusCode::kFailedPrecondition, ""))
       << "server 2 backs up nothing";
   tessera::v1::ReplicateRequest ahead = request;
   ahead.set_epoch(map_.epoch() + 1);
   ahead.set_server_id(2);
-  EXPECT_THAT(stores_[1]->TakeReplica(ahead, keys_[2]), StatusIs(absl::StatusCode::kAborted, ""))
+  EXPECT_THAT(stores_[1]->TakeReplica(ahead, Signed(2, ahead, 1)), StatusIs(absl::StatusCode::kAborted, ""))
       << "a newer view may make server 2 the primary: the backup waits for it";
   tessera::v1::ReplicateRequest wrong_size = request;
   wrong_size.mutable_state()->set_values(std::string(2 * sizeof(float), '\0'));
-  EXPECT_THAT(stores_[1]->TakeReplica(wrong_size, keys_[0]), StatusIs(absl::StatusCode::kInvalidArgument, ""));
-  EXPECT_THAT(stores_[1]->TakeReplica(request, keys_[0]), IsOk());
+  EXPECT_THAT(stores_[1]->TakeReplica(wrong_size, Signed(0, wrong_size, 1)),
+              StatusIs(absl::StatusCode::kInvalidArgument, ""));
+  EXPECT_THAT(stores_[1]->TakeReplica(request, Signed(0, request, 1)), IsOk());
 }
 
 // A push waiting on a backup that is lost is answered once the view's new backup holds it.
@@ -363,6 +401,186 @@ TEST_F(ReplicationTest, ABackupPromotedBeforeItWasFilledRefusesToServeInitialVal
   EXPECT_THAT(**refused, StatusIs(absl::StatusCode::kDataLoss, "lost its state"));
   EXPECT_THAT(stores_[2]->Pull(ChunkPull{{map_.epoch(), "w", 0}, -1}), StatusIs(absl::StatusCode::kDataLoss, ""));
   senders_[0]->set_hold(false);
+}
+
+// A backup takes a state only with its primary's signature of that very request for this very backup: no
+// signature, one for another backup, one by another server (the backup itself included) or a request changed
+// after signing are UNAUTHENTICATED, and a view without the primary's key checks nothing in. No member key is
+// needed or sent: what a backup receives lets it act as its primary toward nobody.
+TEST_F(ReplicationTest, ABackupTakesAStateOnlyWithItsPrimarysSignatureForItself) {
+  Start(tessera::v1::ConsistencySpec::ASYNC, 1);
+  tessera::v1::ReplicateRequest request;
+  request.set_epoch(map_.epoch());
+  request.set_server_id(0);
+  *request.mutable_state() = State(0);
+  request.mutable_state()->set_version(3);
+  const auto unauthenticated = StatusIs(absl::StatusCode::kUnauthenticated, "");
+  EXPECT_THAT(stores_[1]->TakeReplica(request, ""), StatusIs(absl::StatusCode::kUnauthenticated, "not signed"));
+  EXPECT_THAT(stores_[2]->TakeReplica(request, ""), StatusIs(absl::StatusCode::kUnauthenticated, "not signed"))
+      << "a server that backs up nothing says so only to the primary";
+  EXPECT_THAT(stores_[1]->TakeReplica(request, std::string(64, 'x')), unauthenticated);
+  EXPECT_THAT(stores_[1]->TakeReplica(request, Signed(0, request, 2)), unauthenticated) << "signed for server 2";
+  EXPECT_THAT(stores_[1]->TakeReplica(request, Signed(1, request, 1)), unauthenticated) << "signed by the backup";
+  EXPECT_THAT(stores_[1]->TakeReplica(request, Signed(2, request, 1)), unauthenticated) << "signed by server 2";
+  EXPECT_THAT(stores_[1]->TakeReplica(request, signers_[0]->Sign(ReplicateProof(ReplicateDigest(request), 1, 2))),
+              unauthenticated) << "signed for another incarnation of server 1";
+  const std::string genuine = Signed(0, request, 1);
+  tessera::v1::ReplicateRequest changed = request;
+  changed.mutable_state()->set_version(4);
+  EXPECT_THAT(stores_[1]->TakeReplica(changed, genuine), unauthenticated) << "changed after signing";
+  changed = request;
+  (*changed.mutable_state()->mutable_last_seq())[0] = 7;
+  EXPECT_THAT(stores_[1]->TakeReplica(changed, genuine), unauthenticated) << "a sequence number added";
+  EXPECT_EQ(State(0).version(), 0) << "nothing was pushed";
+  absl::StatusOr<int64_t> held = stores_[1]->TakeReplica(request, genuine);
+  ASSERT_THAT(held, IsOk());
+  EXPECT_EQ(*held, 3);
+  // A view without the primary's replication key takes nothing from it.
+  for (auto& server : *map_.mutable_servers()) server.clear_replication_key();
+  map_.set_epoch(map_.epoch() + 1);
+  ASSERT_THAT(stores_[1]->Assign(map_, job_, 1), IsOk());
+  request.set_epoch(map_.epoch());
+  EXPECT_THAT(stores_[1]->TakeReplica(request, Signed(0, request, 1)),
+              StatusIs(absl::StatusCode::kUnauthenticated, "no replication key"));
+}
+
+// The epoch is the scheduler's: a signed state from a newer epoch is ABORTED and changes nothing, so the backup
+// goes on taking its primary's states, and every acknowledged update survives the primary's loss.
+TEST_F(ReplicationTest, AStateFromAFutureEpochIsNeverTakenAndAcknowledgedUpdatesSurvive) {
+  Start(tessera::v1::ConsistencySpec::ASYNC, 1);
+  uint64_t seq = 0;
+  auto push = [&] {
+    const int64_t clock = static_cast<int64_t>(seq++);
+    auto answer = Push(0, Gradient(0, seq, clock, {0.5f, -0.25f, 1.0f}));
+    ASSERT_TRUE(answer->has_value());
+    ASSERT_THAT(**answer, IsOk());
+  };
+  for (int i = 0; i < 5; ++i) push();
+  for (uint64_t ahead : {map_.epoch() + 1, map_.epoch() + 1000, kMaxEpoch}) {
+    tessera::v1::ReplicateRequest future;
+    future.set_epoch(ahead);
+    future.set_server_id(0);
+    *future.mutable_state() = State(0);  // the primary's own state: only its epoch is from the future
+    EXPECT_THAT(stores_[1]->TakeReplica(future, Signed(0, future, 1)), StatusIs(absl::StatusCode::kAborted, "epoch"))
+        << "epoch " << ahead;
+  }
+  push();
+  const tessera::v1::ChunkState before = State(0);
+  ASSERT_EQ(before.version(), 6);
+  FailOver();
+  const tessera::v1::ChunkState after = State(1);
+  EXPECT_EQ(after.version(), 6) << "the promoted backup lost acknowledged updates";
+  EXPECT_EQ(after.values(), before.values());
+}
+
+// Every number a Replicate carries is bounded (common/wire_limits.h) before anything is taken, even with a valid
+// signature: each field at 0, the bound, past it, 2^63-1 and 2^64-1 (or their signed counterparts).
+TEST_F(ReplicationTest, EveryNumberOfAReplicateIsBounded) {
+  Start(tessera::v1::ConsistencySpec::ASYNC, 2);
+  tessera::v1::ReplicateRequest base;
+  base.set_epoch(map_.epoch());
+  base.set_server_id(0);
+  *base.mutable_state() = State(0);
+  using Mutation = std::function<void(tessera::v1::ReplicateRequest&)>;
+  constexpr int64_t kI63 = INT64_MAX;
+  constexpr uint64_t kU64 = ~uint64_t{0};
+  auto state = [](tessera::v1::ReplicateRequest& r) { return r.mutable_state(); };
+  auto one_update = [](tessera::v1::ReplicateRequest& r, int64_t clock, float scale) {
+    auto* u = r.add_updates();
+    u->set_version(r.state().version());
+    u->set_values(std::string(3 * sizeof(float), '\0'));
+    u->set_clock(clock);
+    u->set_lr_scale(scale);
+    u->set_grad_scale(1.0f);
+    r.mutable_state()->clear_values();
+    r.mutable_state()->clear_optimizer_state();
+  };
+  const std::vector<std::pair<std::string, Mutation>> refused = {
+      {"epoch past the bound", [](auto& r) { r.set_epoch(kMaxEpoch + 1); }},
+      {"epoch 2^63-1", [](auto& r) { r.set_epoch(uint64_t{kI63}); }},
+      {"epoch 2^64-1", [](auto& r) { r.set_epoch(kU64); }},
+      {"server -1", [](auto& r) { r.set_server_id(-1); }},
+      {"server past the job", [](auto& r) { r.set_server_id(kServers); }},
+      {"version -1", [&](auto& r) { state(r)->set_version(-1); }},
+      {"version past the bound", [&](auto& r) { state(r)->set_version(kMaxUpdateCount + 1); }},
+      {"version 2^63-1", [&](auto& r) { state(r)->set_version(kI63); }},
+      {"version -2^63", [&](auto& r) { state(r)->set_version(INT64_MIN); }},
+      {"updates -1", [&](auto& r) { state(r)->set_gradient_updates(-1); }},
+      {"updates past the version", [&](auto& r) { state(r)->set_gradient_updates(state(r)->version() + 1); }},
+      {"updates 2^63-1", [&](auto& r) { state(r)->set_gradient_updates(kI63); }},
+      {"assignments -1", [&](auto& r) { state(r)->set_assignments(-1); }},
+      {"assignments past the version", [&](auto& r) { state(r)->set_assignments(state(r)->version() + 1); }},
+      {"assignments 2^63-1", [&](auto& r) { state(r)->set_assignments(kI63); }},
+      {"clock -1", [&](auto& r) { state(r)->set_applied_clocks(0, -1); }},
+      {"clock past the bound", [&](auto& r) { state(r)->set_applied_clocks(0, kMaxClock + 1); }},
+      {"clock 2^63-1", [&](auto& r) { state(r)->set_applied_clocks(1, kI63); }},
+      {"a clock per worker more", [&](auto& r) { state(r)->add_applied_clocks(0); }},
+      {"seq 0", [&](auto& r) { (*state(r)->mutable_last_seq())[0] = 0; }},
+      {"seq past the bound", [&](auto& r) { (*state(r)->mutable_last_seq())[0] = uint64_t{kMaxUpdateCount} + 1; }},
+      {"seq 2^63-1", [&](auto& r) { (*state(r)->mutable_last_seq())[1] = uint64_t{kI63}; }},
+      {"seq 2^64-1", [&](auto& r) { (*state(r)->mutable_last_seq())[0] = kU64; }},
+      {"seq of worker -1", [&](auto& r) { (*state(r)->mutable_last_seq())[-1] = 1; }},
+      {"seq of a worker past the job", [&](auto& r) { (*state(r)->mutable_last_seq())[2] = 1; }},
+      {"update clock -1", [&](auto& r) { state(r)->set_version(1); one_update(r, -1, 1.0f); }},
+      {"update clock past the bound", [&](auto& r) { state(r)->set_version(1); one_update(r, kMaxClock + 1, 1.0f); }},
+      {"update clock 2^63-1", [&](auto& r) { state(r)->set_version(1); one_update(r, kI63, 1.0f); }},
+      {"update scale NaN", [&](auto& r) { state(r)->set_version(1); one_update(r, 0, std::nanf("")); }},
+      {"update not ending at the state's version",
+       [&](auto& r) { state(r)->set_version(1); one_update(r, 0, 1.0f); r.mutable_updates(0)->set_version(5); }},
+  };
+  for (const auto& [what, mutate] : refused) {
+    tessera::v1::ReplicateRequest r = base;
+    mutate(r);
+    EXPECT_THAT(stores_[1]->TakeReplica(r, Signed(0, r, 1)), StatusIs(absl::StatusCode::kInvalidArgument, ""))
+        << what;
+  }
+  EXPECT_EQ(State(0).version(), 0);
+  // At the bounds a state is taken.
+  tessera::v1::ReplicateRequest at_bounds = base;
+  at_bounds.mutable_state()->set_version(kMaxUpdateCount);
+  at_bounds.mutable_state()->set_gradient_updates(kMaxUpdateCount);
+  at_bounds.mutable_state()->set_applied_clocks(0, kMaxClock);
+  (*at_bounds.mutable_state()->mutable_last_seq())[1] = uint64_t{kMaxUpdateCount};
+  absl::StatusOr<int64_t> held = stores_[1]->TakeReplica(at_bounds, Signed(0, at_bounds, 1));
+  ASSERT_THAT(held, IsOk());
+  EXPECT_EQ(*held, kMaxUpdateCount);
+}
+
+// A push's sequence number is bounded too: 2^64-1 can no longer make every later push of a worker a duplicate.
+TEST_F(ReplicationTest, APushSequenceNumberPastItsBoundIsRefused) {
+  Start(tessera::v1::ConsistencySpec::ASYNC, 1);
+  for (uint64_t seq : {uint64_t{0}, uint64_t{kMaxUpdateCount} + 1, uint64_t{INT64_MAX}, ~uint64_t{0}}) {
+    auto answer = Push(0, Gradient(0, seq, 0, {1, 1, 1}));
+    ASSERT_TRUE(answer->has_value());
+    EXPECT_THAT(**answer, StatusIs(absl::StatusCode::kInvalidArgument, "seq")) << seq;
+  }
+  auto last = Push(0, Gradient(0, uint64_t{kMaxUpdateCount}, 0, {1, 1, 1}));
+  ASSERT_TRUE(last->has_value());
+  ASSERT_THAT(**last, IsOk());
+  EXPECT_FALSE((**last)->duplicate);
+}
+
+// A primary counts a hand-over as held only when the backup says it holds the version sent: a push stays
+// unanswered while the backup answers with another version, and is answered once it answers with that one.
+TEST_F(ReplicationTest, AHandOverCountsOnlyAtTheVersionTheBackupSaysItHolds) {
+  Start(tessera::v1::ConsistencySpec::ASYNC, 1);
+  auto first = Push(0, Gradient(0, 1, 0, {1, 1, 1}));
+  ASSERT_TRUE(first->has_value());
+  ASSERT_THAT(**first, IsOk());
+  for (int64_t offset : {int64_t{-1}, int64_t{1}}) {
+    senders_[0]->set_answer_offset(offset);
+    absl::Notification answered;
+    stores_[0]->Push(Gradient(0, offset == -1 ? 2 : 3, offset == -1 ? 1 : 2, {1, 1, 1}).push,
+                     SpanPayload(std::vector<float>{1, 1, 1}), [&answered](absl::StatusOr<PushOutcome> outcome) {
+                       EXPECT_THAT(outcome, IsOk());
+                       answered.Notify();
+                     });
+    EXPECT_FALSE(answered.WaitForNotificationWithTimeout(absl::Milliseconds(300)))
+        << "answered while the backup said it holds another version (offset " << offset << ")";
+    senders_[0]->set_answer_offset(0);
+    EXPECT_TRUE(answered.WaitForNotificationWithTimeout(absl::Seconds(10)))
+        << "not answered once the backup holds the version sent";
+  }
 }
 
 }  // namespace

@@ -52,7 +52,8 @@ absl::StatusOr<std::unique_ptr<ChunkTransport>> MakeChunkTransport(const tessera
         "job '", job.name(), "' does not say trusted_network: true, so its chunks may not travel over UCX, which "
         "does not encrypt; use transport grpc"));
   }
-  absl::StatusOr<std::unique_ptr<UcxChunkTransport>> ucx = UcxChunkTransport::Start(std::move(security), who, options.fabric_spin_us);
+  absl::StatusOr<std::unique_ptr<UcxChunkTransport>> ucx = UcxChunkTransport::Start(
+      std::move(security), who, FabricOptions{options.fabric_spin_us, options.fabric_tcp});
   if (!ucx.ok()) return ucx.status();
   return std::unique_ptr<ChunkTransport>(*std::move(ucx));
 }
@@ -240,7 +241,8 @@ absl::Status PsClient::RunChunks(ChunkOp op, const std::vector<std::string>& nam
     todo.insert(todo.end(), unplaceable.begin(), unplaceable.end());
     std::sort(todo.begin(), todo.end());
     if (!absorbed.retry.ok()) last = std::move(absorbed.retry);
-    ReportUnreachable(absorbed.unreachable);
+    // A job that is over lets its servers go: one that does not answer then is leaving, not lost.
+    if (!scheduler_->stopping()) ReportUnreachable(absorbed.unreachable);
     if (absorbed.newer_epoch > 0) {
       TESSERA_RETURN_IF_ERROR(RefreshMap(absorbed.newer_epoch));
     } else {

@@ -104,6 +104,9 @@ class PsClient {
     // UCX: microseconds its progress thread polls after events before sleeping; -1: 50 where the process may use
     // more than 4 cores, else 0 (common/fabric/ucx_worker.h).
     int fabric_spin_us = -1;
+    // UCX: whether it may use TCP (between hosts without RDMA; the servers need --fabric_tcp too). Off, it listens
+    // on no TCP port (common/fabric/ucx_worker.h FabricOptions::tcp).
+    bool fabric_tcp = false;
     bool heartbeat = true;
     SecurityOptions security;                        // TLS files and the job token (common/security.h)
     // Called once (on the heartbeat thread) when the scheduler has not answered for its heartbeat timeout, or

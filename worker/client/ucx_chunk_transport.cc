@@ -16,7 +16,10 @@ using tessera::v1::FabricReply;
 using tessera::v1::FabricRequest;
 
 struct UcxChunkTransport::Wire final : ChunkCallWire {
-  std::string address;             // the server's fabric listener
+  std::string address;             // the server's UCX worker address (base64, as the view carries it)
+  std::string server;              // "server N at HOST:PORT", for messages
+  std::string grpc_address;        // the server's HOST:PORT, probed while calls wait (common/fabric/port_probe.h)
+  absl::Time started;
   std::atomic<uint64_t> id{0};     // 0 until started
   std::function<void()> done;
   absl::Time deadline;
@@ -30,6 +33,8 @@ struct UcxChunkTransport::Wire final : ChunkCallWire {
 
 namespace {
 constexpr absl::Duration kDeadlineCheck = absl::Milliseconds(20);
+// Once a call to a server has waited this long, the server's gRPC port is probed this often until it answers.
+constexpr absl::Duration kProbeEvery = absl::Milliseconds(300);
 }  // namespace
 
 void UcxChunkTransport::Decode(ChunkCall* call) {
@@ -38,9 +43,11 @@ void UcxChunkTransport::Decode(ChunkCall* call) {
 }
 
 absl::StatusOr<std::unique_ptr<UcxChunkTransport>> UcxChunkTransport::Start(std::shared_ptr<const Security> security,
-                                                                            CallerIdentity who, int spin_us) {
+                                                                            CallerIdentity who,
+                                                                            FabricOptions options) {
   std::unique_ptr<UcxChunkTransport> t(new UcxChunkTransport(std::move(security), std::move(who)));
-  absl::StatusOr<std::unique_ptr<UcxWorker>> worker = UcxWorker::Start(absl::StrCat("worker ", t->who_.worker_id), spin_us);
+  absl::StatusOr<std::unique_ptr<UcxWorker>> worker =
+      UcxWorker::Start(absl::StrCat("worker ", t->who_.worker_id), options);
   if (!worker.ok()) return worker.status();
   t->worker_ = *std::move(worker);
   UcxChunkTransport* self = t.get();
@@ -74,10 +81,12 @@ absl::Status UcxChunkTransport::Prepare(ChunkCall& call, const CallerIdentity&) 
   if ((*server)->fabric_address().empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "server ", call.server_id, " at ", call.server,
-        " has no UCX listener (started with --fabric_port=-1, or it could not start UCX); this job's transport is UCX"));
+        " has no UCX (started with --fabric=false, or it could not start UCX); this job's transport is UCX"));
   }
   auto wire = std::make_unique<Wire>();
   wire->address = (*server)->fabric_address();
+  wire->server = absl::StrCat("server ", call.server_id, " at ", call.server);
+  wire->grpc_address = call.server;
   call.wire = std::move(wire);
   return absl::OkStatus();
 }
@@ -85,7 +94,8 @@ absl::Status UcxChunkTransport::Prepare(ChunkCall& call, const CallerIdentity&) 
 void UcxChunkTransport::Start(ChunkCall* call, std::function<void()> done) {
   Wire& wire = static_cast<Wire&>(*call->wire);
   wire.done = std::move(done);
-  wire.deadline = absl::Now() + call->timeout;
+  wire.started = absl::Now();
+  wire.deadline = wire.started + call->timeout;
   wire.id = next_id_++;
   worker_->Post([this, call] { StartOnThread(call); });
 }
@@ -115,8 +125,7 @@ void UcxChunkTransport::OnView(const ShardMapIndex& map) {
       if (live.count(address) == 0) gone.push_back(e.get());
     }
     for (Endpoint* e : gone) {
-      Drop(e, absl::UnavailableError(absl::StrCat("the server at ", e->address, " left the cluster view (epoch ", epoch,
-                                                  ")")));
+      Drop(e, absl::UnavailableError(absl::StrCat(e->server, " left the cluster view (epoch ", epoch, ")")));
     }
   });
 }
@@ -133,7 +142,7 @@ void UcxChunkTransport::StartOnThread(ChunkCall* call) {
     Fail(call, absl::CancelledError(call->What() + ": cancelled"));
     return;
   }
-  absl::StatusOr<Endpoint*> endpoint = EndpointFor(wire.address);
+  absl::StatusOr<Endpoint*> endpoint = EndpointFor(wire.address, wire.server, wire.grpc_address);
   if (!endpoint.ok()) {
     Fail(call, absl::Status(endpoint.status().code(), absl::StrCat(call->What(), ": ", endpoint.status().message())));
     return;
@@ -146,18 +155,25 @@ void UcxChunkTransport::StartOnThread(ChunkCall* call) {
   }
 }
 
-absl::StatusOr<UcxChunkTransport::Endpoint*> UcxChunkTransport::EndpointFor(const std::string& address) {
+absl::StatusOr<UcxChunkTransport::Endpoint*> UcxChunkTransport::EndpointFor(const std::string& address,
+                                                                            const std::string& server,
+                                                                            const std::string& grpc_address) {
   if (auto it = endpoints_.find(address); it != endpoints_.end()) return it->second.get();
-  absl::StatusOr<SocketAddress> sockaddr = ResolveHostPort(address);
-  if (!sockaddr.ok()) return sockaddr.status();
+  absl::StatusOr<std::string> remote = DecodeFabricAddress(address);
+  if (!remote.ok()) return absl::FailedPreconditionError(absl::StrCat(server, ": ", remote.status().message()));
   auto endpoint = std::make_unique<Endpoint>();
   endpoint->address = address;
+  endpoint->server = server;
+  // Without a probe a dead server's calls end at their deadlines only.
+  if (absl::StatusOr<SocketAddress> probed = ResolveHostPort(grpc_address); probed.ok()) {
+    endpoint->probe = std::make_unique<PortProbe>(*probed);
+  } else {
+    LOG(WARNING) << "UCX: cannot watch " << server << ": " << probed.status();
+  }
   ucp_ep_params_t params{};
-  params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_ERR_HANDLER |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-  params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-  params.sockaddr.addr = sockaddr->get();
-  params.sockaddr.addrlen = sockaddr->length;
+  params.field_mask =
+      UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+  params.address = reinterpret_cast<const ucp_address_t*>(remote->data());
   // No peer-failure mode: with it UCX 1.13 keeps to transports that watch their peer (TCP), never shared memory.
   // A lost server shows in the view instead (OnView), and a call whose server went silent ends at its deadline.
   params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
@@ -166,13 +182,25 @@ absl::StatusOr<UcxChunkTransport::Endpoint*> UcxChunkTransport::EndpointFor(cons
     auto* self = static_cast<UcxChunkTransport*>(arg);
     for (auto& [address, e] : self->endpoints_) {
       if (e->ep == ep) {
-        self->Drop(e.get(), FromUcsStatus(status, absl::StrCat("the UCX connection to ", address, " failed")));
+        self->Drop(e.get(), FromUcsStatus(status, absl::StrCat("the UCX connection to ", e->server, " failed")));
         return;
       }
     }
   };
   ucs_status_t status = ucp_ep_create(worker_->worker(), &params, &endpoint->ep);
-  if (status != UCS_OK) return FromUcsStatus(status, absl::StrCat("UCX connection to ", address));
+  if (status == UCS_ERR_UNREACHABLE) {
+    // No transport in common: typically a server on another host with UCX's TCP off on one side.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "UCX connection to ", server, ": no transport reaches it from here (", ucs_status_string(status),
+        "); between hosts without RDMA, UCX needs TCP, which both the server and the worker must be given with "
+        "--fabric_tcp (on a fabric no untrusted process reaches), or use transport: GRPC"));
+  }
+  if (status != UCS_OK) {
+    // Typically a server that died (UCX 1.13 says ENDPOINT_TIMEOUT for a dead peer's shared memory): retried
+    // after the view has moved its chunks.
+    return absl::UnavailableError(
+        absl::StrCat("UCX connection to ", server, ": ", ucs_status_string(status)));
+  }
   Endpoint* e = endpoint.get();
   endpoints_[address] = std::move(endpoint);
 
@@ -253,7 +281,8 @@ void UcxChunkTransport::Drop(Endpoint* endpoint, const absl::Status& why) {
   const std::string address = endpoint->address;
   ucp_ep_h ep = endpoint->ep;
   if (why.code() != absl::StatusCode::kCancelled) {
-    LOG(WARNING) << "UCX connection to " << address << " closed, " << affected.size() << " calls on it failed: " << why;
+    LOG(WARNING) << "UCX connection to " << endpoint->server << " closed, " << affected.size()
+                 << " calls on it failed: " << why;
   }
   endpoints_.erase(address);  // the next call connects again
   const absl::Status unavailable =
@@ -278,8 +307,18 @@ void UcxChunkTransport::Drop(Endpoint* endpoint, const absl::Status& why) {
 void UcxChunkTransport::CheckDeadlines() {
   const absl::Time now = absl::Now();
   std::vector<uint64_t> late;
+  std::set<Endpoint*> waited_on;  // endpoints with a call waiting longer than kProbeEvery
   for (auto& [id, c] : calls_) {
-    if (static_cast<Wire&>(*c->wire).deadline < now) late.push_back(id);
+    const Wire& wire = static_cast<Wire&>(*c->wire);
+    if (wire.deadline < now) late.push_back(id);
+    if (wire.endpoint != nullptr && now - wire.started > kProbeEvery) waited_on.insert(wire.endpoint);
+  }
+  for (Endpoint* e : waited_on) {
+    if (e->probe == nullptr) continue;
+    std::optional<absl::Status> verdict = e->probe->Poll(now, kProbeEvery);
+    if (verdict && !verdict->ok()) {
+      Drop(e, absl::UnavailableError(absl::StrCat(e->server, " is gone: its gRPC port says ", verdict->message())));
+    }
   }
   for (uint64_t id : late) {
     ChunkCall* c = Find(id);
@@ -305,7 +344,7 @@ ucs_status_t UcxChunkTransport::OnReply(const void* header, size_t header_length
     Endpoint* e = hello->second;
     hellos_.erase(hello);
     release();
-    absl::Status accepted = StatusOfReply(reply, absl::StrCat("server at ", e->address, " refused this worker"));
+    absl::Status accepted = StatusOfReply(reply, absl::StrCat(e->server, " refused this worker"));
     if (!accepted.ok()) {
       Drop(e, accepted);
       return UCS_OK;

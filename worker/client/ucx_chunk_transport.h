@@ -1,12 +1,14 @@
 // Chunk calls over UCX (transport: UCX, on a trusted network): shared memory or cross-memory attach between
 // processes of one host, TCP or RDMA between hosts, as UCX chooses at run time.
 //
-// Each call is one active message to the server's fabric listener (its address is in the shard map), answered
-// by one. A push's values leave the caller's memory without a copy, and a large reply's values are received
+// Each call is one active message to the server's UCX worker (its address is in the shard map, which only the
+// job's members receive; no port is knocked on), answered by one. A push's values leave the caller's memory without a copy, and a large reply's values are received
 // straight into the destination (UCX rendezvous). One connection per server, made on first use: its first
 // message carries the job token and the worker's member key, and no chunk call goes out before the server
 // accepted them. A lost connection or server fails the calls on it UNAVAILABLE, which the client library
-// retries after the view changes, as for gRPC.
+// retries after the view changes, as for gRPC. UCX does not watch its peers here (so that it may use shared
+// memory), so while calls to a server wait the transport probes the server's gRPC port: a server process that
+// died fails its calls UNAVAILABLE within a few hundred milliseconds rather than at their deadlines.
 #ifndef TESSERA_WORKER_CLIENT_UCX_CHUNK_TRANSPORT_H_
 #define TESSERA_WORKER_CLIENT_UCX_CHUNK_TRANSPORT_H_
 
@@ -17,6 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/fabric/port_probe.h"
 #include "common/fabric/ucx_worker.h"
 #include "common/security.h"
 #include "worker/client/chunk_transport.h"
@@ -25,9 +28,9 @@ namespace tessera {
 
 class UcxChunkTransport final : public ChunkTransport {
  public:
-  // Starts UCX for caller `who`; `spin_us` as for UcxWorker::Start. UNAVAILABLE when UCX cannot start here.
+  // Starts UCX for caller `who`; `options` as for UcxWorker::Start. UNAVAILABLE when UCX cannot start here.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<UcxChunkTransport>> Start(
-      std::shared_ptr<const Security> security, CallerIdentity who, int spin_us = -1);
+      std::shared_ptr<const Security> security, CallerIdentity who, FabricOptions options = {});
   // Calls still running end CANCELLED.
   ~UcxChunkTransport() override;
 
@@ -41,7 +44,9 @@ class UcxChunkTransport final : public ChunkTransport {
 
  private:
   struct Endpoint {
-    std::string address;
+    std::string address;  // the server's UCX worker address, base64
+    std::string server;   // "server N at HOST:PORT"
+    std::unique_ptr<PortProbe> probe;  // of the server's gRPC port: whether the process is still there
     ucp_ep_h ep = nullptr;
     bool ready = false;             // the server accepted the hello
     std::vector<uint64_t> waiting;  // calls to send once it has
@@ -56,7 +61,8 @@ class UcxChunkTransport final : public ChunkTransport {
   // The rest runs on the progress thread.
   void StartOnThread(ChunkCall* call);
   // The connection to `address`, made (and its hello sent) when there is none.
-  absl::StatusOr<Endpoint*> EndpointFor(const std::string& address);
+  absl::StatusOr<Endpoint*> EndpointFor(const std::string& address, const std::string& server,
+                                        const std::string& grpc_address);
   void SendRequest(ChunkCall* call);
   // The call ends with `status` unless its outcome is known; what UCX still does for it is cancelled.
   void Fail(ChunkCall* call, const absl::Status& status);
@@ -67,7 +73,8 @@ class UcxChunkTransport final : public ChunkTransport {
   ChunkCall* Find(uint64_t id);
   // Fails every call of the connection and closes it.
   void Drop(Endpoint* endpoint, const absl::Status& why);
-  // Every tick: calls past their deadline fail.
+  // Every tick: calls past their deadline fail, and a server whose calls wait is probed (a dead one's calls
+  // fail UNAVAILABLE at once, which the client library reports to the scheduler).
   void CheckDeadlines();
   ucs_status_t OnReply(const void* header, size_t header_length, void* data, size_t length,
                        const ucp_am_recv_param_t* param);
