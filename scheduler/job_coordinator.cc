@@ -891,14 +891,15 @@ void JobCoordinator::EndAStopNobodyFinishes() {
   absl::Time stopped_at;
   {
     absl::MutexLock lock(&mu_);
-    // Only a failed job: a stop asked for (a signal, stop.max_seconds) lets the workers finish their step, for
-    // as long as the scheduler's --stop_grace_ms says.
-    if (finishing_ || failure_.empty()) return;
+    // A failed job, or one that completed (the target reached, stop.max_seconds); a stop asked for (a signal)
+    // lets the workers finish their step for as long as the scheduler's --stop_grace_ms says.
+    if (finishing_ || (failure_.empty() && !completed_)) return;
     if (stopped_seen_at_ == absl::InfiniteFuture()) stopped_seen_at_ = now;
-    // Workers hear of the stop from their next heartbeat or gate and finish their step; one that has not within
-    // a heartbeat timeout is stuck (waiting on a server that is gone) and the job ends without it.
+    // Workers hear of the stop from their next heartbeat or gate and finish their step (after a completed one,
+    // their last evaluation too); one that has not within a heartbeat timeout (twice that for a completed job)
+    // is stuck, waiting on a server that is gone, and the job ends without it, its verdict unchanged.
     stopped_at = stopped_seen_at_;
-    if (now - stopped_at < failure_detector_.timeout()) return;
+    if (now - stopped_at < (failure_.empty() ? 2 : 1) * failure_detector_.timeout()) return;
     finishing_ = true;
   }
   std::vector<std::string> running;

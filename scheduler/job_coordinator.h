@@ -187,8 +187,9 @@ class JobCoordinator {
   // Queues the end of the job once no worker is alive any more (all done or lost).
   void MaybeFinish();
   // Once the job has failed (a server lost for good), the workers get a heartbeat timeout to hear of it and
-  // report; after that the job ends without those still running (stuck on a server that is gone). Called by
-  // the ticker.
+  // report; after that the job ends without those still running (stuck on a server that is gone). Once it
+  // stopped complete (the target reached, stop.max_seconds), twice that, and it ends completed. Called by the
+  // ticker.
   void EndAStopNobodyFinishes();
 
   // Executor tasks.

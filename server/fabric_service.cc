@@ -58,6 +58,10 @@ absl::StatusOr<std::unique_ptr<FabricService>> FabricService::Start(ShardStore* 
     }
   });
   if (!started.ok()) return started;
+  s->worker_->SetDrained([self] {
+    self->stopping_ = true;
+    return self->sends_in_flight_ == 0;
+  });
   s->worker_->SetOnStop([self] {
     std::vector<ucp_ep_h> open;
     for (auto& [ep, c] : self->connections_) open.push_back(ep);
@@ -79,7 +83,6 @@ void FabricService::Close(ucp_ep_h ep) {
 
 ucs_status_t FabricService::OnHello(const void* header, size_t header_length, void* data,
                                     const ucp_am_recv_param_t* param) {
-  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) ucp_am_data_release(worker_->worker(), data);
   FabricHello hello;
   if ((param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) == 0 ||
       !hello.ParseFromArray(header, static_cast<int>(header_length))) {
@@ -113,31 +116,30 @@ ucs_status_t FabricService::OnHello(const void* header, size_t header_length, vo
 
 ucs_status_t FabricService::OnRequest(const void* header, size_t header_length, void* data, size_t length,
                                       const ucp_am_recv_param_t* param) {
+  // Values not taken (a refused request) are dropped by returning UCS_OK, which completes the sender's send;
+  // never ucp_am_data_release as well (see ucx_chunk_transport.cc's OnReply: UCX 1.13 aborts the sender).
   const bool rendezvous = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
-  auto release = [&] {
-    if (rendezvous) ucp_am_data_release(worker_->worker(), data);
-  };
   auto request = std::make_shared<FabricRequest>();
   if (!request->ParseFromArray(header, static_cast<int>(header_length))) {
     LOG(WARNING) << "UCX: a request that does not parse (" << header_length << " header bytes); dropped";
-    release();
     return UCS_OK;
   }
   if ((param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) == 0) {
-    release();
     return UCS_OK;  // nowhere to answer
   }
   ucp_ep_h ep = param->reply_ep;
   auto connection = connections_.find(ep);
   if (connection == connections_.end()) {
-    release();
     SendReply(ep, ReplyWithStatus(request->request_id(),
                                   absl::UnauthenticatedError("this connection was not accepted: its first message must "
                                                              "be a hello with the job token and the worker's member key")));
     return UCS_OK;
   }
+  if (stopping_) {  // no new reply with values goes out while the sends in flight drain
+    SendReply(ep, ReplyWithStatus(request->request_id(), absl::UnavailableError("the server is stopping")));
+    return UCS_OK;
+  }
   if (request->op() == FabricRequest::PULL) {
-    release();
     const tessera::v1::PullRequest& r = request->pull();
     absl::StatusOr<ChunkValues> values = store_->Pull(ToChunkPull(r));
     if (!values.ok()) {
@@ -150,7 +152,6 @@ ucs_status_t FabricService::OnRequest(const void* header, size_t header_length, 
   const WireEncoding encoding = EncodingOf(request->push());
   const size_t width = BytesPerValue(encoding.precision);
   if ((!encoding.sparse && length % width != 0) || length > static_cast<size_t>(kMaxMessageBytes)) {
-    release();
     Reply(ep, ReplyWithStatus(request->request_id(),
                               absl::InvalidArgumentError(absl::StrCat(
                                   "a push of ", length, " bytes: expected ", PrecisionName(encoding.precision),
@@ -222,16 +223,22 @@ void FabricService::Apply(ucp_ep_h ep, std::shared_ptr<const FabricRequest> requ
 }
 
 void FabricService::SendReply(ucp_ep_h ep, const FabricReply& reply) {
-  SendActiveMessage(ep, kFabricReply, reply.SerializeAsString(), nullptr, 0, nullptr, nullptr);
+  Send(ep, reply, nullptr, 0);
+}
+
+void FabricService::Send(ucp_ep_h ep, const FabricReply& reply, std::shared_ptr<const PooledBuffer> values,
+                         size_t length) {
+  const void* data = values != nullptr ? values->data() : nullptr;
+  ++sends_in_flight_;
+  SendActiveMessage(ep, kFabricReply, reply.SerializeAsString(), data, data == nullptr ? 0 : length,
+                    std::move(values), [this](const absl::Status&) { --sends_in_flight_; });
 }
 
 void FabricService::Reply(ucp_ep_h ep, FabricReply reply, std::shared_ptr<const PooledBuffer> values,
                           size_t length) {
   auto send = [this, ep, reply = std::move(reply), values = std::move(values), length]() mutable {
     if (connections_.find(ep) == connections_.end()) return;  // closed meanwhile: the caller retries
-    const void* data = values != nullptr ? values->data() : nullptr;
-    SendActiveMessage(ep, kFabricReply, reply.SerializeAsString(), data, data == nullptr ? 0 : length,
-                      std::move(values), nullptr);
+    Send(ep, reply, std::move(values), length);
   };
   if (worker_->OnProgressThread()) {
     send();

@@ -64,6 +64,9 @@ class FabricService {
   void Close(ucp_ep_h ep);
   // Sends `reply` on `ep`, connection or not (a refusal).
   void SendReply(ucp_ep_h ep, const tessera::v1::FabricReply& reply);
+  // Sends `reply` and `values`' first `length` bytes (none when null), counted in sends_in_flight_.
+  void Send(ucp_ep_h ep, const tessera::v1::FabricReply& reply, std::shared_ptr<const PooledBuffer> values,
+            size_t length);
   ucs_status_t OnHello(const void* header, size_t header_length, void* data, const ucp_am_recv_param_t* param);
   ucs_status_t OnRequest(const void* header, size_t header_length, void* data, size_t length,
                          const ucp_am_recv_param_t* param);
@@ -81,6 +84,10 @@ class FabricService {
   const std::shared_ptr<const Security> security_;
   BufferPool buffers_;  // received push values
   std::unique_ptr<UcxWorker> worker_;
+  // Progress thread only: replies whose send has not completed (drained before the endpoints close), and
+  // whether the service is stopping (requests are then answered UNAVAILABLE).
+  int sends_in_flight_ = 0;
+  bool stopping_ = false;
   std::unordered_map<ucp_ep_h, Connection> connections_;  // progress thread only
 };
 

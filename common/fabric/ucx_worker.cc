@@ -188,6 +188,26 @@ void UcxWorker::SetOnStop(std::function<void()> fn) {
   on_stop_ = std::move(fn);
 }
 
+void UcxWorker::SetDrained(std::function<bool()> fn) {
+  absl::MutexLock lock(&mu_);
+  drained_ = std::move(fn);
+}
+
+void UcxWorker::Drain() {
+  std::function<bool()> drained;
+  {
+    absl::MutexLock lock(&mu_);
+    drained = drained_;
+  }
+  if (!drained) return;
+  const absl::Time until = absl::Now() + kDrainLimit;
+  while (!drained() && absl::Now() < until) {
+    const bool progressed = ucp_worker_progress(worker_) != 0;
+    if (!RunPosted() && !progressed) absl::SleepFor(absl::Microseconds(100));
+  }
+  if (!drained()) LOG(WARNING) << name_ << ": sends still in flight after " << kDrainLimit << "; closing anyway";
+}
+
 absl::Status UcxWorker::SetHandler(unsigned id, ucp_am_recv_callback_t cb, void* arg) {
   ucp_am_handler_param_t param{};
   param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
@@ -287,6 +307,7 @@ void UcxWorker::Loop() {
     poll(&fd, 1, armed == UCS_OK ? timeout_ms : 1);
     last_event = absl::Now();
   }
+  Drain();
   // Closing: what the owner closes completes while the thread still polls.
   std::function<void()> on_stop;
   {

@@ -91,6 +91,11 @@ class UcxWorker {
   // Runs once on the progress thread when the worker is destroyed, before it stops polling: close endpoints
   // here (their requests complete while the thread still polls).
   void SetOnStop(std::function<void()> fn);
+  // At Stop, before on_stop: the thread keeps polling until `fn` says that nothing is in flight, for at most
+  // kDrainLimit. A forced close completes a rendezvous send at once, and the peer's acknowledgement of it that
+  // arrives afterwards aborts UCX 1.13 (ucp_rndv_ats_handler's assertion): sends finish before endpoints close.
+  void SetDrained(std::function<bool()> fn);
+  static constexpr absl::Duration kDrainLimit = absl::Seconds(2);
   bool OnProgressThread() const { return std::this_thread::get_id() == thread_.get_id(); }
   // Progress thread: closes `ep` (force) a second from now, or when the worker stops. A failed peer's messages
   // already received (an acknowledgement in a shared-memory queue, say) are handled first: UCX 1.13 aborts when
@@ -112,6 +117,8 @@ class UcxWorker {
   void Wake();
   // Runs what was posted; true when anything ran.
   bool RunPosted();
+  // At stop: polls until drained_ says so, at most kDrainLimit.
+  void Drain();
 
   const std::string name_;
   const absl::Duration spin_;  // polling after the last event
@@ -128,6 +135,7 @@ class UcxWorker {
   absl::Duration tick_every_ ABSL_GUARDED_BY(mu_) = absl::InfiniteDuration();
   std::function<void()> tick_ ABSL_GUARDED_BY(mu_);
   std::function<void()> on_stop_ ABSL_GUARDED_BY(mu_);
+  std::function<bool()> drained_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<absl::Time, ucp_ep_h>> closing_;  // progress thread only
 };
 

@@ -67,7 +67,7 @@ DEFINE_int32(restart_servers, 0,
              "checkpoint), at most this many times per server; 0: the job goes on without it when it can");
 DEFINE_int32(restart_workers, 0,
              "start a worker that failed again (same rank, a new incarnation that rejoins the running job), at "
-             "most this many times per worker; 0: the job goes on without it");
+             "most this many times per worker; 0: the job goes on without it (one that never joined ends the run)");
 DEFINE_int32(restart_scheduler, 0,
              "start the scheduler again when it dies (killed, or exit 1), on the same port, at most this many "
              "times: it takes the running job back from the servers and workers, which wait for it up to the "

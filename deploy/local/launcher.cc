@@ -412,7 +412,7 @@ class Cluster {
   // Takes the children that exited. The scheduler decides the job's fate: when it exits, the job is over
   // (an error when it says the job did not complete, naming what failed). A server or worker that fails is
   // reported; a worker is started again (with its rank) while it has restarts left, and otherwise the job goes
-  // on without it for as long as the scheduler lets it.
+  // on without it for as long as the scheduler lets it (Supervise ends the run when its rank never joined).
   absl::Status Reap() {
     int status = 0;
     pid_t pid;

@@ -3,8 +3,10 @@
 // It starts the scheduler, then the servers and workers (worker i asks for rank i; a worker is tessera-worker, or
 // the user's command given after "--") pointed at the address the scheduler printed, forwards the scheduler's progress lines, and keeps every other daemon's output in
 // <run_dir>/logs/. The scheduler decides the job's fate, as it does for daemons started by hand: a server or
-// worker that fails is reported (and a worker started again while it has restarts left), and the launcher
-// returns when the scheduler has exited and the others with it: OK when the scheduler says the job completed,
+// worker that fails is reported (and a worker started again while it has restarts left; one that exits before its
+// rank joined the job, with none left, can never join, and the launcher ends the run at once naming each such
+// worker's error; once every worker has exited, the scheduler gets twice its heartbeat timeout and 5 s to end the
+// job), and the launcher returns when the scheduler has exited and the others with it: OK when the scheduler says the job completed,
 // its reason otherwise. On SIGINT/SIGTERM it asks the scheduler to stop the job gracefully and waits for it; a
 // second signal, or the timeout when one is set, stops all children (SIGTERM, then SIGKILL after a grace period).
 // Every run ends with a summary.json with a stop_reason: the scheduler's, or the launcher's when the scheduler

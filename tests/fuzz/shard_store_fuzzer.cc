@@ -1,9 +1,12 @@
 // Fuzzes a server's request handling: a ShardStore given a valid view, then a sequence of requests from the
 // wire (tests/fuzz/fuzz_input.h): AssignShards, Push, PushPull, Pull, DecideRounds and Checkpoint snapshots, as
-// ServerService hands them over. Nothing may crash, and no value may become non-finite.
+// ServerService hands them over, and Replicate calls to a second store that backs up the first's chunks, either
+// unsigned or signed by the primary's key (so that forged numbers reach the checks behind the signature).
+// Nothing may crash, and no value may become non-finite.
 #include <cmath>
 #include <cstring>
 
+#include "server/replica_auth.h"
 #include "server/server_service.h"
 #include "server/shard_store.h"
 #include "tests/fuzz/fuzz_input.h"
@@ -12,7 +15,21 @@
 namespace tessera::fuzz {
 namespace {
 
-enum Operation : uint8_t { kAssign, kPush, kPushPull, kPull, kDecideRounds, kSnapshot, kOperations };
+enum Operation : uint8_t { kAssign, kPush, kPushPull, kPull, kDecideRounds, kSnapshot, kReplicate, kOperations };
+
+// The primary's signing key (server 0), made once.
+const ReplicaSigner& PrimaryKey() {
+  static const ReplicaSigner* signer = ReplicaSigner::Generate()->release();
+  return *signer;
+}
+
+// FuzzView with server 1 backing up every chunk of server 0, whose replication key is PrimaryKey's.
+tessera::v1::ShardMap ReplicatedView() {
+  tessera::v1::ShardMap map = FuzzView(1);
+  for (auto& server : *map.mutable_servers()) server.set_replication_key(PrimaryKey().public_key());
+  for (auto& chunk : *map.mutable_chunks()) chunk.add_backup_server_ids(1);
+  return map;
+}
 
 void CheckFinite(ShardStore& store) {
   absl::StatusOr<tessera::v1::ShardCheckpoint> all = store.Snapshot(-1, absl::Now());
@@ -32,6 +49,10 @@ void Run(const uint8_t* data, size_t size) {
   const tessera::v1::JobSpec job = FuzzJob(data[0]);
   ShardStore store;
   if (!store.Assign(FuzzView(1), job, 0).ok()) __builtin_trap();
+  tessera::v1::JobSpec replicated_job = job;
+  replicated_job.mutable_replication()->set_backups(1);
+  ShardStore backup;
+  if (!backup.Assign(ReplicatedView(), replicated_job, 1).ok()) __builtin_trap();
   RequestReader reader(data + 1, size - 1);
   uint8_t op = 0;
   std::string_view bytes;
@@ -77,10 +98,22 @@ void Run(const uint8_t* data, size_t size) {
         (void)store.Stats();
         CheckFinite(store);
         break;
+      case kReplicate: {
+        tessera::v1::ReplicateRequest r;
+        if (!r.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) break;
+        // The high bit: signed by the primary for this backup (server 1, incarnation 1).
+        const std::string signature =
+            with_key ? PrimaryKey().Sign(ReplicateProof(ReplicateDigest(r), 1, 1)) : std::string();
+        (void)backup.TakeReplica(r, signature);
+        CheckFinite(backup);
+        break;
+      }
     }
   }
   CheckFinite(store);
+  CheckFinite(backup);
   store.CancelWaiters(absl::CancelledError("end of input"));
+  backup.CancelWaiters(absl::CancelledError("end of input"));
 }
 
 }  // namespace

@@ -25,17 +25,18 @@ namespace {
 
 // A small synthetic job on `servers` servers and `workers` workers. `to_target`: it stops when rank 0's
 // evaluation reaches a test accuracy most runs reach within a few hundred steps (every 5 steps evaluated, so
-// the stop comes mid-step for the others); otherwise after 40 steps.
+// the stop comes mid-step for the others); otherwise after 40 steps. Its first layer's chunks (32 KiB) are
+// large enough that UCX moves them by rendezvous, whose end a job's stop must not break.
 std::string Job(const std::string& mode, const std::string& transport, int servers, int workers, bool to_target) {
   return absl::StrCat(transport == "UCX" ? "transport: UCX trusted_network: true\n" : "", R"(
 name: "job-end"
-model { mlp { hidden_sizes: 16 } }
-data { format: SYNTHETIC synthetic_train_examples: 2048 synthetic_features: 16 synthetic_classes: 4 }
+model { mlp { hidden_sizes: 256 } }
+data { format: SYNTHETIC synthetic_train_examples: 2048 synthetic_features: 64 synthetic_classes: 4 }
 optimizer { kind: SGD learning_rate: 0.1 }
 batch_size: 16
 consistency { mode: )", mode, mode == "SSP" ? " staleness: 2" : "", R"( }
 eval_every_steps: 5
-chunk_bytes: 256
+chunk_bytes: 32768
 cluster { num_servers: )", servers, " num_workers: ", workers, " }\n",
                       to_target ? "stop { target_accuracy: 0.55 max_steps: 2000 }\n" : "stop { max_steps: 40 }\n");
 }
@@ -61,7 +62,7 @@ TEST_P(JobEndTest, EveryShortJobEndsCompleted) {
   const auto [mode, transport, size] = GetParam();
   const int runs = Runs();
   int completed = 0;
-  int late = 0;  // runs that completed though a server or worker failed at the end (the events say so)
+  int late = 0;  // runs that completed though a worker's last call failed after the stop (the events say so)
   for (int run = 0; run < runs; ++run) {
     const bool to_target = run % 2 == 0;
     SCOPED_TRACE(absl::StrCat("run ", run, to_target ? " (to the target)" : " (40 steps)"));
@@ -76,9 +77,11 @@ TEST_P(JobEndTest, EveryShortJobEndsCompleted) {
     bool failed_late = false;
     for (const nlohmann::json& e : summary.value("events", nlohmann::json::array())) {
       const std::string event = e.value("event", "");
-      ok = ok && event != "server lost";
-      failed_late |= event == "loss after the job completed" || event == "worker stopped with the job";
+      // A server that dies at the end is a failure here even though the job's verdict stands.
+      ok = ok && event != "server lost" && event != "loss after the job completed";
+      failed_late |= event == "worker stopped with the job";
     }
+    ok = ok && launch.output().find("failed (signal") == std::string::npos;
     late += ok && failed_late;
     EXPECT_TRUE(ok) << "exit code " << launch.exit_code() << "\n" << launch.output() << "\n"
                     << (summary.is_discarded() ? "no summary" : summary.dump(2));
@@ -90,7 +93,7 @@ TEST_P(JobEndTest, EveryShortJobEndsCompleted) {
   }
   std::cout << "job end, " << mode << " over " << transport << ", " << size << " server(s) + " << size
             << " worker(s): completed " << completed << " of " << runs << " (" << late
-            << " with a loss or a failed last call after the stop)" << std::endl;
+            << " with a worker's last call failed after the stop)" << std::endl;
   EXPECT_EQ(completed, runs);
 }
 

@@ -266,6 +266,34 @@ TEST_F(JobCoordinatorTest, AJobThatReachedItsTargetStaysCompletedWhenItsServersG
   EXPECT_NE(summary.dump().find("worker stopped with the job"), std::string::npos) << summary.dump();
 }
 
+// A job that reached its target, with a worker that never finishes (stuck on a call to a server that died):
+// it ends completed, without that worker, twice the heartbeat timeout after the stop; it does not wait forever.
+TEST_F(JobCoordinatorTest, AJobThatReachedItsTargetEndsCompletedWhenAWorkerNeverFinishes) {
+  job_.mutable_stop()->set_target_accuracy(0.5);
+  Create(ConsistencySpec::SYNC, /*max_steps=*/100, /*heartbeat_timeout=*/absl::Milliseconds(500));
+  RegisterEveryone();
+  ASSERT_THAT(Declare(0), IsOk());
+  coordinator_->StartFailureDetection();
+  tessera::v1::ReportRequest eval;
+  eval.set_worker_id(0);
+  eval.set_clock(5);
+  eval.set_has_eval(true);
+  eval.set_eval_clock(5);
+  eval.set_test_accuracy(0.75);
+  ASSERT_THAT(coordinator_->Report(eval), IsOk());
+  const absl::Time stopped = absl::Now();
+  ASSERT_THAT(Done(1, 5), IsOk());
+  // Worker 0 stays alive (it beats) and never says Done.
+  while (!finished_.HasBeenNotified() && absl::Now() - stopped < absl::Seconds(20)) {
+    Beat({{tessera::v1::WORKER, 0}});
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_TRUE(finished_.HasBeenNotified()) << "the job waited for worker 0 past 20 s";
+  EXPECT_GE(absl::Now() - stopped, absl::Milliseconds(900)) << "a grace of twice the heartbeat timeout";
+  EXPECT_TRUE(outcome_.completed) << outcome_.stop_reason;
+  EXPECT_EQ(coordinator_->summary()["lost_workers"], nlohmann::json::array()) << coordinator_->summary().dump();
+}
+
 // A job whose every worker has run its last step is complete: a stop asked for then (a signal) does not make it
 // a failure.
 TEST_F(JobCoordinatorTest, AStopAskedForAfterEveryWorkerRanItsCourseLeavesTheJobCompleted) {

@@ -27,6 +27,7 @@ struct UcxChunkTransport::Wire final : ChunkCallWire {
   void* send_request = nullptr;    // UCX requests in flight for the call
   void* recv_request = nullptr;
   bool decided = false;            // call->status is final
+  absl::Time failed_at = absl::InfiniteFuture();  // when Fail decided it
   std::atomic<bool> cancelled{false};  // Cancel came, maybe before the call started
   WireEncoding encoding;           // of the reply's values
 };
@@ -35,6 +36,9 @@ namespace {
 constexpr absl::Duration kDeadlineCheck = absl::Milliseconds(20);
 // Once a call to a server has waited this long, the server's gRPC port is probed this often until it answers.
 constexpr absl::Duration kProbeEvery = absl::Milliseconds(300);
+// A call that failed while UCX still sends or receives for it waits this long for its peer before the
+// connection is dropped (a frozen server, say).
+constexpr absl::Duration kReleaseWait = absl::Seconds(5);
 }  // namespace
 
 void UcxChunkTransport::Decode(ChunkCall* call) {
@@ -256,9 +260,11 @@ void UcxChunkTransport::Fail(ChunkCall* call, const absl::Status& status) {
   if (!wire.decided) {
     call->status = status;
     wire.decided = true;
+    wire.failed_at = absl::Now();
   }
-  if (wire.send_request != nullptr) ucp_request_cancel(worker_->worker(), wire.send_request);
-  if (wire.recv_request != nullptr) ucp_request_cancel(worker_->worker(), wire.recv_request);
+  // What UCX still does for the call is not cancelled (UCX 1.13 does not cancel an active message's rendezvous
+  // in progress): it completes as the peer answers, and a peer that never does is dropped (CheckDeadlines),
+  // which completes it.
   MaybeFinish(call);
 }
 
@@ -308,10 +314,17 @@ void UcxChunkTransport::CheckDeadlines() {
   const absl::Time now = absl::Now();
   std::vector<uint64_t> late;
   std::set<Endpoint*> waited_on;  // endpoints with a call waiting longer than kProbeEvery
+  std::set<Endpoint*> stuck;      // endpoints with a failed call UCX has not released for kReleaseWait
   for (auto& [id, c] : calls_) {
     const Wire& wire = static_cast<Wire&>(*c->wire);
-    if (wire.deadline < now) late.push_back(id);
+    if (wire.deadline < now && !wire.decided) late.push_back(id);
     if (wire.endpoint != nullptr && now - wire.started > kProbeEvery) waited_on.insert(wire.endpoint);
+    if (wire.endpoint != nullptr && now - wire.failed_at > kReleaseWait) stuck.insert(wire.endpoint);
+  }
+  for (Endpoint* e : stuck) {
+    waited_on.erase(e);
+    Drop(e, absl::UnavailableError(absl::StrCat(e->server, " did not finish a failed call's transfer within ",
+                                                absl::FormatDuration(kReleaseWait))));
   }
   for (Endpoint* e : waited_on) {
     if (e->probe == nullptr) continue;
@@ -330,20 +343,19 @@ void UcxChunkTransport::CheckDeadlines() {
 
 ucs_status_t UcxChunkTransport::OnReply(const void* header, size_t header_length, void* data, size_t length,
                                         const ucp_am_recv_param_t* param) {
+  // Values not taken (a reply no call waits for any more, or one that does not parse) are dropped by returning
+  // UCS_OK, which completes the sender's send. Releasing them too (ucp_am_data_release, which is for data a
+  // handler kept with UCS_INPROGRESS) answers the sender twice, and UCX 1.13 aborts there on the second answer
+  // (ucp_rndv_ats_handler's assertion: the servers' crash at a job's end).
   const bool rendezvous = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
-  auto release = [&] {
-    if (rendezvous) ucp_am_data_release(worker_->worker(), data);
-  };
   FabricReply reply;
   if (!reply.ParseFromArray(header, static_cast<int>(header_length))) {
     LOG(WARNING) << "UCX: a reply that does not parse (" << header_length << " header bytes); dropped";
-    release();
     return UCS_OK;
   }
   if (auto hello = hellos_.find(reply.request_id()); hello != hellos_.end()) {
     Endpoint* e = hello->second;
     hellos_.erase(hello);
-    release();
     absl::Status accepted = StatusOfReply(reply, absl::StrCat(e->server, " refused this worker"));
     if (!accepted.ok()) {
       Drop(e, accepted);
@@ -359,20 +371,17 @@ ucs_status_t UcxChunkTransport::OnReply(const void* header, size_t header_length
   }
   ChunkCall* call = Find(reply.request_id());
   if (call == nullptr || static_cast<Wire&>(*call->wire).decided) {  // given up on already
-    release();
     return UCS_OK;
   }
   Wire& wire = static_cast<Wire&>(*call->wire);
   absl::Status status = StatusOfReply(reply, call->What());
   if (!status.ok()) {
-    release();
     Fail(call, status);
     return UCS_OK;
   }
   call->version = reply.version();
   call->clock_version = reply.clock_version();
   if (call->op == kPush || call->op == kAssign || length == 0) {  // no values: a push, or unchanged values
-    release();
     wire.decided = true;
     MaybeFinish(call);
     return UCS_OK;
@@ -380,7 +389,6 @@ ucs_status_t UcxChunkTransport::OnReply(const void* header, size_t header_length
   WireEncoding encoding;
   encoding.precision = reply.data_precision();
   if (length != call->dst.size() * BytesPerValue(encoding.precision)) {
-    release();
     Fail(call, absl::InternalError(absl::StrCat(call->What(), ": the reply carries ", length, " bytes for ",
                                                 call->dst.size(), " ", PrecisionName(encoding.precision),
                                                 " values")));
