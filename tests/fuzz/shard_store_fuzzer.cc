@@ -4,6 +4,7 @@
 // unsigned or signed by the primary's key (so that forged numbers reach the checks behind the signature).
 // Nothing may crash, and no value may become non-finite.
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "server/replica_auth.h"
@@ -22,6 +23,15 @@ const ReplicaSigner& PrimaryKey() {
   static const ReplicaSigner* signer = ReplicaSigner::Generate()->release();
   return *signer;
 }
+
+// The backup store is the primary of nothing; a hand-over it would make reaches nobody.
+class NoPeers final : public ReplicaSender {
+ public:
+  void Send(const ReplicaTarget&, std::shared_ptr<const tessera::v1::ReplicateRequest>,
+            std::function<void(absl::StatusOr<int64_t>)> done) override {
+    done(absl::UnavailableError("no peers in the fuzzer"));
+  }
+};
 
 // FuzzView with server 1 backing up every chunk of server 0, whose replication key is PrimaryKey's.
 tessera::v1::ShardMap ReplicatedView() {
@@ -51,8 +61,12 @@ void Run(const uint8_t* data, size_t size) {
   if (!store.Assign(FuzzView(1), job, 0).ok()) __builtin_trap();
   tessera::v1::JobSpec replicated_job = job;
   replicated_job.mutable_replication()->set_backups(1);
-  ShardStore backup;
-  if (!backup.Assign(ReplicatedView(), replicated_job, 1).ok()) __builtin_trap();
+  NoPeers no_peers;
+  ShardStore backup(64 << 20, &no_peers);
+  if (absl::Status assigned = backup.Assign(ReplicatedView(), replicated_job, 1); !assigned.ok()) {
+    fprintf(stderr, "the backup's view: %s\n", assigned.ToString().c_str());
+    __builtin_trap();
+  }
   RequestReader reader(data + 1, size - 1);
   uint8_t op = 0;
   std::string_view bytes;

@@ -69,16 +69,6 @@ std::set<int> ListeningPorts(pid_t pid) {
   return ports;
 }
 
-int PortAfter(const std::string& output, const std::string& marker) {
-  const size_t at = output.find(marker);
-  return at == std::string::npos ? -1 : std::atoi(output.c_str() + at + marker.size());
-}
-
-int64_t LastStep(const std::string& output) {
-  const size_t at = output.rfind("step ");
-  return at == std::string::npos ? 0 : std::atoll(output.c_str() + at + 5);
-}
-
 // Connects to 127.0.0.1:`port`, sends `bytes` and closes (or, with `hold`, returns the descriptor open). -1 when
 // the connection failed.
 int SendFirstBytes(int port, const std::string& bytes, bool hold = false) {

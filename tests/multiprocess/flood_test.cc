@@ -52,18 +52,6 @@ std::vector<int> Flood(int port, int count) {
   return fds;
 }
 
-int PortAfter(const std::string& output, const std::string& marker) {
-  const size_t at = output.find(marker);
-  if (at == std::string::npos) return -1;
-  return std::atoi(output.c_str() + at + marker.size());
-}
-
-// The newest step of the scheduler's progress lines ("step    300 | ...").
-int64_t LastStep(const std::string& output) {
-  const size_t at = output.rfind("step ");
-  return at == std::string::npos ? 0 : std::atoll(output.c_str() + at + 5);
-}
-
 // The gRPC health service answers within `within`.
 void ExpectGrpcHealthy(int port, absl::Duration within, const std::string& what) {
   const absl::Time start = absl::Now();

@@ -89,11 +89,18 @@ class JobCoordinatorTest : public ::testing::Test {
     return answer.Get();
   }
 
-  // Both servers and both workers, each under its own id.
-  void RegisterEveryone() {
+  // Both servers and both workers, each under its own id; their member keys go to `keys` ([server/worker][id])
+  // when given.
+  void RegisterEveryone(std::string (*keys)[2] = nullptr) {
     for (int id = 0; id < 2; ++id) {
-      ASSERT_THAT(Register(tessera::v1::SERVER, id), IsOk());
-      ASSERT_THAT(Register(tessera::v1::WORKER, id), IsOk());
+      absl::StatusOr<tessera::v1::RegisterResponse> s = Register(tessera::v1::SERVER, id);
+      absl::StatusOr<tessera::v1::RegisterResponse> w = Register(tessera::v1::WORKER, id);
+      ASSERT_THAT(s, IsOk());
+      ASSERT_THAT(w, IsOk());
+      if (keys != nullptr) {
+        keys[0][id] = s->member_key();
+        keys[1][id] = w->member_key();
+      }
     }
   }
 
@@ -398,14 +405,7 @@ tessera::v1::RegisterRequest Rejoin(tessera::v1::Role role, int id, const std::s
 TEST_F(JobCoordinatorTest, ARestartedSchedulerTakesTheJobBackFromItsMembers) {
   Create(ConsistencySpec::SYNC, /*max_steps=*/100, /*heartbeat_timeout=*/absl::Seconds(5));
   std::string keys[2][2];  // [server/worker][id]
-  for (int id = 0; id < 2; ++id) {
-    absl::StatusOr<tessera::v1::RegisterResponse> s = Register(tessera::v1::SERVER, id);
-    absl::StatusOr<tessera::v1::RegisterResponse> w = Register(tessera::v1::WORKER, id);
-    ASSERT_THAT(s, IsOk());
-    ASSERT_THAT(w, IsOk());
-    keys[0][id] = s->member_key();
-    keys[1][id] = w->member_key();
-  }
+  ASSERT_NO_FATAL_FAILURE(RegisterEveryone(keys));
   ASSERT_THAT(Declare(0), IsOk());
   for (int64_t clock = 1; clock <= 3; ++clock) {
     Answer<tessera::v1::AdvanceClockResponse> a0, a1;
@@ -556,14 +556,7 @@ class TakeBackTest : public JobCoordinatorTest {
   // servers hold, keys_[server/worker][id] the members' keys.
   void RunThenRestart(int max_seconds = 0) {
     Create(ConsistencySpec::SYNC, /*max_steps=*/100, /*heartbeat_timeout=*/absl::Seconds(5));
-    for (int id = 0; id < 2; ++id) {
-      absl::StatusOr<tessera::v1::RegisterResponse> s = Register(tessera::v1::SERVER, id);
-      absl::StatusOr<tessera::v1::RegisterResponse> w = Register(tessera::v1::WORKER, id);
-      ASSERT_THAT(s, IsOk());
-      ASSERT_THAT(w, IsOk());
-      keys_[0][id] = s->member_key();
-      keys_[1][id] = w->member_key();
-    }
+    ASSERT_NO_FATAL_FAILURE(RegisterEveryone(keys_));
     ASSERT_THAT(Declare(0), IsOk());
     held_ = servers_.assigned();
     coordinator_->Abort("the scheduler process died");

@@ -111,6 +111,18 @@ inline nlohmann::json ReadJson(const std::filesystem::path& path) {
   return nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
 }
 
+// The number after the first `marker` in a daemon's output (a port: "serving at 127.0.0.1:"); -1 without one.
+inline int PortAfter(const std::string& output, const std::string& marker) {
+  const size_t at = output.find(marker);
+  return at == std::string::npos ? -1 : std::atoi(output.c_str() + at + marker.size());
+}
+
+// The newest step of the scheduler's progress lines ("step    300 | ..."); 0 before the first.
+inline int64_t LastStep(const std::string& output) {
+  const size_t at = output.rfind("step ");
+  return at == std::string::npos ? 0 : std::atoll(output.c_str() + at + 5);
+}
+
 inline std::string SchedulerAddress(const std::string& output) {
   const std::string marker = "scheduler listening on ";
   const size_t at = output.find(marker);
