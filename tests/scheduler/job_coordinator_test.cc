@@ -89,6 +89,17 @@ class JobCoordinatorTest : public ::testing::Test {
     return answer.Get();
   }
 
+  // Worker `worker`'s report of an evaluation of clock `clock` with test accuracy `accuracy`.
+  static tessera::v1::ReportRequest Evaluation(int worker, int64_t clock, double accuracy) {
+    tessera::v1::ReportRequest eval;
+    eval.set_worker_id(worker);
+    eval.set_clock(clock);
+    eval.set_has_eval(true);
+    eval.set_eval_clock(clock);
+    eval.set_test_accuracy(accuracy);
+    return eval;
+  }
+
   // Both servers and both workers, each under its own id; their member keys go to `keys` ([server/worker][id])
   // when given.
   void RegisterEveryone(std::string (*keys)[2] = nullptr) {
@@ -232,13 +243,7 @@ TEST_F(JobCoordinatorTest, AJobThatReachedItsTargetStaysCompletedWhenItsServersG
   Create(ConsistencySpec::SYNC, /*max_steps=*/100, /*heartbeat_timeout=*/absl::Milliseconds(500));
   RegisterEveryone();
   ASSERT_THAT(Declare(0), IsOk());
-  tessera::v1::ReportRequest eval;
-  eval.set_worker_id(0);
-  eval.set_clock(5);
-  eval.set_has_eval(true);
-  eval.set_eval_clock(5);
-  eval.set_test_accuracy(0.75);
-  absl::StatusOr<tessera::v1::ReportResponse> answer = coordinator_->Report(eval);
+  absl::StatusOr<tessera::v1::ReportResponse> answer = coordinator_->Report(Evaluation(0, 5, 0.75));
   ASSERT_THAT(answer, IsOk());
   EXPECT_TRUE(answer->stop()) << "the target is reached";
   ASSERT_THAT(Done(1, 5), IsOk());
@@ -281,13 +286,7 @@ TEST_F(JobCoordinatorTest, AJobThatReachedItsTargetEndsCompletedWhenAWorkerNever
   RegisterEveryone();
   ASSERT_THAT(Declare(0), IsOk());
   coordinator_->StartFailureDetection();
-  tessera::v1::ReportRequest eval;
-  eval.set_worker_id(0);
-  eval.set_clock(5);
-  eval.set_has_eval(true);
-  eval.set_eval_clock(5);
-  eval.set_test_accuracy(0.75);
-  ASSERT_THAT(coordinator_->Report(eval), IsOk());
+  ASSERT_THAT(coordinator_->Report(Evaluation(0, 5, 0.75)), IsOk());
   const absl::Time stopped = absl::Now();
   ASSERT_THAT(Done(1, 5), IsOk());
   // Worker 0 stays alive (it beats) and never says Done.
