@@ -846,6 +846,7 @@ void JobCoordinator::FailJob(const std::string& reason) {
     if (failure_.empty()) failure_ = reason;
   }
   clocks_.Stop(reason);
+  servers_->EndViewChanges();
 }
 
 void JobCoordinator::StopCompleted(const std::string& why) {
@@ -854,6 +855,7 @@ void JobCoordinator::StopCompleted(const std::string& why) {
     if (failure_.empty()) completed_ = true;
   }
   clocks_.Stop(why);
+  servers_->EndViewChanges();
 }
 
 bool JobCoordinator::Completed() {
@@ -883,6 +885,7 @@ void JobCoordinator::Abort(const std::string& reason) {
     if (failure_.empty() && !finishing_ && !completed) failure_ = reason;
   }
   clocks_.Stop(reason);
+  servers_->EndViewChanges();
 }
 
 void JobCoordinator::EndAStopNobodyFinishes() {

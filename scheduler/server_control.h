@@ -66,6 +66,10 @@ class ServerControl {
   // SYNC with backup workers: tells every server which workers make the rounds in `request`.
   [[nodiscard]] virtual absl::Status DecideRounds(const tessera::v1::ShardMap& map,
                                                   const tessera::v1::DecideRoundsRequest& request) = 0;
+  // The job has stopped: no view is handed over any more. Assign calls in flight are cancelled (one to a server
+  // that froze would hold the job's end for its whole deadline) and later ones fail CANCELLED at once; the
+  // other calls (statistics, checkpoints, the servers' shutdown) go on as before.
+  virtual void EndViewChanges() = 0;
 };
 
 }  // namespace tessera

@@ -41,9 +41,18 @@ absl::Status GrpcServerControl::Assign(const tessera::v1::ShardMap& map, const t
     tessera::v1::AssignShardsResponse response;
     grpc::ClientContext context;
     Prepare(context, server.address(), kControlTimeout);
+    {
+      absl::MutexLock lock(&mu_);
+      if (views_ended_) return absl::CancelledError("the job has stopped: no view is handed over any more");
+      assigning_.insert(&context);
+    }
     absl::Status status =
         FromGrpcStatus(StubFor(server.address())->AssignShards(&context, request, &response), context,
                        absl::StrCat("AssignShards to server ", server.id(), " at ", server.address()));
+    {
+      absl::MutexLock lock(&mu_);
+      assigning_.erase(&context);
+    }
     if (!status.ok()) return status;
   }
   return absl::OkStatus();
@@ -164,6 +173,12 @@ absl::Status GrpcServerControl::DecideRounds(const tessera::v1::ShardMap& map,
     if (first.ok()) first = status;  // tell every server even when one fails
   }
   return first;
+}
+
+void GrpcServerControl::EndViewChanges() {
+  absl::MutexLock lock(&mu_);
+  views_ended_ = true;
+  for (grpc::ClientContext* context : assigning_) context->TryCancel();
 }
 
 }  // namespace tessera

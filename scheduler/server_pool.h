@@ -4,6 +4,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "absl/synchronization/mutex.h"
@@ -33,6 +34,7 @@ class GrpcServerControl final : public ServerControl {
   absl::Status Probe(const std::string& address, absl::Duration timeout) override;
   absl::Status Shutdown(const tessera::v1::ShardMap& map) override;
   absl::Status DecideRounds(const tessera::v1::ShardMap& map, const tessera::v1::DecideRoundsRequest& request) override;
+  void EndViewChanges() override;
 
  private:
   tessera::v1::ParameterServer::Stub* StubFor(const std::string& address);
@@ -42,6 +44,8 @@ class GrpcServerControl final : public ServerControl {
   const std::shared_ptr<const Security> security_;
   absl::Mutex mu_;
   std::map<std::string, std::string> control_keys_ ABSL_GUARDED_BY(mu_);
+  bool views_ended_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<grpc::ClientContext*> assigning_ ABSL_GUARDED_BY(mu_);  // Assign calls in flight
   StubCache<tessera::v1::ParameterServer::Stub> stubs_;
 };
 

@@ -28,6 +28,7 @@ class FakeServerControl final : public ServerControl {
                       const std::vector<std::string>& restore_files, bool) override {
     absl::MutexLock lock(&mu_);
     ++assigns_;
+    if (views_ended_) return absl::CancelledError("the job has stopped: no view is handed over any more");
     if (!assign_error_.ok()) return assign_error_;
     assigned_ = map;
     job_name_ = job.name();
@@ -66,6 +67,14 @@ class FakeServerControl final : public ServerControl {
   }
   absl::Status DecideRounds(const tessera::v1::ShardMap&, const tessera::v1::DecideRoundsRequest&) override {
     return absl::OkStatus();
+  }
+  void EndViewChanges() override {
+    absl::MutexLock lock(&mu_);
+    views_ended_ = true;
+  }
+  bool views_ended() {
+    absl::MutexLock lock(&mu_);
+    return views_ended_;
   }
 
   // Every later call of that kind fails with `error` (OK: succeeds again).
@@ -119,6 +128,7 @@ class FakeServerControl final : public ServerControl {
   absl::Status probe_answer_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> probed_ ABSL_GUARDED_BY(mu_);
   absl::Status assign_error_ ABSL_GUARDED_BY(mu_);
+  bool views_ended_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status checkpoint_error_ ABSL_GUARDED_BY(mu_);
   tessera::v1::ShardMap assigned_ ABSL_GUARDED_BY(mu_);
   std::string job_name_ ABSL_GUARDED_BY(mu_);

@@ -1,4 +1,5 @@
-// A loopback port nobody listens on (bound and released by the OS), for "no scheduler answers" tests.
+// Loopback ports for tests: one nobody listens on (bound and released by the OS), for "no scheduler answers"
+// tests; one a socket listens on but nobody accepts from, for "a peer that froze" tests.
 #ifndef TESSERA_TESTS_TESTING_PORTS_H_
 #define TESSERA_TESTS_TESTING_PORTS_H_
 
@@ -8,7 +9,8 @@
 
 namespace tessera::testing {
 
-inline int UnusedLoopbackPort() {
+// A socket bound to a free loopback port (listening when `listening`); its port in `*port`. The caller closes it.
+inline int BoundLoopbackSocket(int* port, bool listening) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -16,10 +18,20 @@ inline int UnusedLoopbackPort() {
   addr.sin_port = 0;
   socklen_t len = sizeof(addr);
   bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  if (listening) listen(fd, 16);
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
+  *port = ntohs(addr.sin_port);
+  return fd;
 }
+
+inline int UnusedLoopbackPort() {
+  int port = 0;
+  close(BoundLoopbackSocket(&port, /*listening=*/false));
+  return port;
+}
+
+// Connections to it complete (the kernel accepts them into the backlog) and then nothing is ever answered.
+inline int ListeningLoopbackSocket(int* port) { return BoundLoopbackSocket(port, /*listening=*/true); }
 
 }  // namespace tessera::testing
 

@@ -2,30 +2,16 @@
 // probe never blocks and starts at most once per interval.
 #include "common/fabric/port_probe.h"
 
-#include <netinet/in.h>
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/ports.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tessera::testing {
 namespace {
-
-// A socket listening on a free loopback port; its port.
-int Listen(int* port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  listen(fd, 16);
-  socklen_t length = sizeof(address);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  *port = ntohs(address.sin_port);
-  return fd;
-}
 
 // Polls until a verdict comes, at most 2 s.
 absl::Status VerdictOf(PortProbe& probe) {
@@ -39,7 +25,7 @@ absl::Status VerdictOf(PortProbe& probe) {
 
 TEST(PortProbeTest, APortThatListensIsThereAndOneClosedSinceIsGone) {
   int port = 0;
-  const int listening = Listen(&port);
+  const int listening = ListeningLoopbackSocket(&port);
   absl::StatusOr<SocketAddress> address = ResolveHostPort(absl::StrCat("127.0.0.1:", port));
   ASSERT_THAT(address, IsOk());
   PortProbe probe(*address);
@@ -50,7 +36,7 @@ TEST(PortProbeTest, APortThatListensIsThereAndOneClosedSinceIsGone) {
 
 TEST(PortProbeTest, AProbeStartsAtMostOncePerInterval) {
   int port = 0;
-  const int listening = Listen(&port);
+  const int listening = ListeningLoopbackSocket(&port);
   close(listening);
   PortProbe probe(*ResolveHostPort(absl::StrCat("127.0.0.1:", port)));
   const absl::Time start = absl::Now();
