@@ -331,6 +331,10 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
   if (job.cluster().num_workers() <= 0 || job.cluster().num_workers() > 4096) {
     return FieldError("cluster.num_workers", absl::StrCat("expected 1 .. 4096, got ", job.cluster().num_workers()));
   }
+  if (!tessera::v1::ClusterSpec::WorkerErrors_IsValid(job.cluster().worker_errors())) {
+    return FieldError("cluster.worker_errors", absl::StrCat("expected FAIL_JOB or AWAIT_RESTART, got ",
+                                                            job.cluster().worker_errors()));
+  }
   const int backups = job.replication().backups();
   if (backups < 0 || backups >= job.cluster().num_servers()) {
     return FieldError("replication.backups",

@@ -265,9 +265,10 @@ absl::StatusOr<tessera::v1::ReportResponse> SchedulerClient::Report(const tesser
 }
 
 namespace {
-// An error's text, cut at a character boundary within the limit the scheduler accepts.
-std::string ErrorText(const absl::Status& error) {
-  std::string text = error.ToString();
+// An error's text ("CODE: message", or the message alone without `with_code`), cut at a character boundary
+// within the limit the scheduler accepts.
+std::string ErrorText(const absl::Status& error, bool with_code = true) {
+  std::string text = with_code ? error.ToString() : std::string(error.message());
   if (text.size() > kMaxErrorBytes) {
     size_t cut = kMaxErrorBytes;
     while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
@@ -296,11 +297,16 @@ absl::Status SchedulerClient::ReportServer(tessera::v1::Role role, int member_id
       /*retry_unavailable=*/false);
 }
 
-absl::Status SchedulerClient::Done(int worker_id, int64_t clock, const absl::Status& failure) {
+absl::Status SchedulerClient::Done(int worker_id, int64_t clock, const absl::Status& failure,
+                                   bool program_error) {
   tessera::v1::DoneRequest request;
   request.set_worker_id(worker_id);
   request.set_clock(clock);
-  if (!failure.ok()) request.set_failure(ErrorText(failure));
+  if (!failure.ok()) {
+    // A program's error is its own text ("ValueError: ..."), not a status.
+    request.set_failure(ErrorText(failure, /*with_code=*/!program_error));
+    request.set_program_error(program_error);
+  }
   tessera::v1::DoneResponse response;
   return MemberCall(
       [&] {

@@ -65,7 +65,9 @@ class SchedulerClient {
   [[nodiscard]] absl::StatusOr<tessera::v1::ReportResponse> Report(const tessera::v1::ReportRequest& request);
   // The worker leaves the job: at its end, or, with a `failure`, because of that error (sent as its text, cut
   // to common/wire_limits.h's kMaxErrorBytes; waits at most 2 s for the answer).
-  [[nodiscard]] absl::Status Done(int worker_id, int64_t clock, const absl::Status& failure = absl::OkStatus());
+  // `program_error`: the failure is the training program's own (DoneRequest.program_error).
+  [[nodiscard]] absl::Status Done(int worker_id, int64_t clock, const absl::Status& failure = absl::OkStatus(),
+                                  bool program_error = false);
   // Member (`role`, `member_id`) could not reach server `server_id` (incarnation `incarnation`) and says so
   // (`error`, cut like Done's failure): the scheduler probes it and declares it lost at once when it does not
   // answer.

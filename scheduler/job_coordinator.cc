@@ -704,6 +704,15 @@ absl::Status JobCoordinator::Done(const tessera::v1::DoneRequest& request) {
       absl::StrCat("done from worker ", request.worker_id(), ", which is not in the job (lost, or done before)");
   // Leaving is a membership change: its subscribers (OnMembership among them) take it from here.
   if (!request.failure().empty() && !clocks_.stopped()) {
+    if (request.program_error() && job_.cluster().worker_errors() == tessera::v1::ClusterSpec::FAIL_JOB) {
+      // A bug in the training program: the job fails now (cluster.worker_errors), before the worker leaves, so
+      // that its leaving finds the job stopped and ends it.
+      if (view_.Workers()[request.worker_id()].state != MemberState::kAlive) {
+        return absl::FailedPreconditionError(not_in_job);
+      }
+      FailJob(absl::StrCat("worker ", request.worker_id(), " failed at clock ", request.clock(), ": ",
+                           request.failure(), " (an error of its training program: cluster.worker_errors is FAIL_JOB)"));
+    }
     if (!view_.Leave(request.worker_id(), MemberState::kLost, request.failure())) {
       return absl::FailedPreconditionError(not_in_job);
     }
@@ -818,7 +827,7 @@ void JobCoordinator::WorkerLost(const Member& m, const std::string& failure) {
                                                   absl::FormatDuration(failure_detector_.timeout()), " at clock ",
                                                   clock)
                                    : absl::StrCat(m.Describe(), " failed at clock ", clock, ": ", failure))
-               << "; the others go on without it (it may rejoin)";
+               << (clocks_.stopped() ? "" : "; the others go on without it (it may rejoin)");
   {
     absl::MutexLock lock(&mu_);
     lost_workers_.push_back(m.id);

@@ -67,7 +67,9 @@ DEFINE_int32(restart_servers, 0,
              "checkpoint), at most this many times per server; 0: the job goes on without it when it can");
 DEFINE_int32(restart_workers, 0,
              "start a worker that failed again (same rank, a new incarnation that rejoins the running job), at "
-             "most this many times per worker; 0: the job goes on without it (one that never joined ends the run)");
+             "most this many times per worker; 0: the job goes on without it (one that never joined ends the run). "
+             "With restarts, an error a worker's own program raised no longer fails the job (the job's "
+             "cluster.worker_errors becomes AWAIT_RESTART)");
 DEFINE_int32(restart_scheduler, 0,
              "start the scheduler again when it dies (killed, or exit 1), on the same port, at most this many "
              "times: it takes the running job back from the servers and workers, which wait for it up to the "
@@ -135,6 +137,8 @@ int main(int argc, char** argv) {
     if (FLAGS_checkpoint_every_steps > 0) job->mutable_checkpoint()->set_every_steps(FLAGS_checkpoint_every_steps);
     if (FLAGS_checkpoint_every_s > 0) job->mutable_checkpoint()->set_every_seconds(FLAGS_checkpoint_every_s);
     if (!FLAGS_checkpoint_dir.empty()) job->mutable_checkpoint()->set_dir(FLAGS_checkpoint_dir);
+    // A worker that will be started again is awaited, whatever stopped it.
+    if (FLAGS_restart_workers > 0) job->mutable_cluster()->set_worker_errors(tessera::v1::ClusterSpec::AWAIT_RESTART);
   }
   if (!job.ok()) {
     std::cerr << "tessera-launch: " << origin << ": " << job.status().message() << std::endl;

@@ -96,3 +96,58 @@ def test_workers_that_joined_and_died_end_the_job_by_the_schedulers_rule(tmp_pat
     assert summary["stop_reason"].startswith("every worker was lost"), summary
     assert sorted(summary["lost_workers"]) == [0, 1], summary
     assert "stopped_by" not in summary, "the scheduler ended the job, not the launcher"
+
+
+def raising_script(marker):
+    """A worker command: rank 0 is a real tessera-worker; rank 1 a script of the tessera package that advances its
+    clock until the job's end, and raises at clock 15 unless `marker` exists (it creates it first: a restarted
+    rank 1 goes on)."""
+    script = ('import os, pathlib, sys\n'
+              'if os.environ["TESSERA_RANK"] == "0":\n'
+              f'    os.execv({str(BIN / "tessera-worker")!r}, ["tessera-worker", "--device=cpu", "--http_port=-1"])\n'
+              'import tessera\n'
+              'job = tessera.connect()\n'
+              'stop = job.client.stop_clock(1 << 40)\n'
+              f'marker = pathlib.Path({str(marker)!r})\n'
+              'while job.client.clock < stop:\n'
+              '    gate = job.client.advance_clock()\n'
+              '    if gate["stop"]:\n'
+              '        break\n'
+              '    if gate["clock"] == 15 and not marker.exists():\n'
+              '        marker.write_text("raised")\n'
+              '        raise RuntimeError("a bug in the script at clock 15")\n'
+              'job.client.done()\n')
+    return [sys.executable, "-c", script]
+
+
+def test_an_exception_a_script_raises_fails_the_job_naming_it(tmp_path):
+    # The default policy (cluster.worker_errors FAIL_JOB): the job fails at once, not after a heartbeat timeout
+    # and not as a success once the other worker finishes.
+    start = time.monotonic()
+    done = launch_job(tmp_path, job=job_file(tmp_path, steps=10000000),
+                      command=raising_script(tmp_path / "raised"), timeout_s=120)
+    took = time.monotonic() - start
+    output = done.stdout + done.stderr
+    assert (tmp_path / "raised").exists(), output
+    assert done.returncode == 1, output
+    assert "RuntimeError: a bug in the script at clock 15" in output, output
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["completed"] is False, summary
+    assert summary["stop_reason"].startswith(
+        "worker 1 failed at clock 15: RuntimeError: a bug in the script at clock 15"), summary
+    assert summary["lost_workers"] == [1], summary
+    assert took < 60, f"the launcher took {took:.1f} s:\n{output}"
+
+
+def test_with_worker_restarts_a_script_that_raised_is_awaited_and_the_job_completes(tmp_path):
+    # tessera-launch --restart_workers makes the policy AWAIT_RESTART: rank 1 raises once, is started again,
+    # rejoins and the job completes.
+    done = launch_job(tmp_path, "--restart_workers=1", job=job_file(tmp_path, steps=400),
+                      command=raising_script(tmp_path / "raised"), timeout_s=120)
+    output = done.stdout + done.stderr
+    assert (tmp_path / "raised").exists(), output
+    assert done.returncode == 0, output
+    assert "restarted worker 1" in output, output
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["completed"] is True, summary
+    assert "AWAIT_RESTART" in (tmp_path / "run" / "job.pbtxt").read_text()

@@ -362,13 +362,15 @@ absl::StatusOr<tessera::v1::ReportResponse> PsClient::Report(tessera::v1::Report
 }
 
 absl::Status PsClient::Done() {
+  left_ = true;
   if (heartbeater_) heartbeater_->Stop();
   return scheduler_->Done(worker_id_, clock_);
 }
 
-void PsClient::Fail(const absl::Status& why) {
+void PsClient::Fail(const absl::Status& why, bool program_error) {
+  if (left_.exchange(true)) return;
   if (heartbeater_) heartbeater_->Stop();
-  if (absl::Status told = scheduler_->Done(worker_id_, clock_, why); !told.ok()) {
+  if (absl::Status told = scheduler_->Done(worker_id_, clock_, why, program_error); !told.ok()) {
     LOG(INFO) << "could not tell the scheduler that this worker stops: " << told;
   }
 }

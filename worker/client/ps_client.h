@@ -207,7 +207,9 @@ class PsClient {
   [[nodiscard]] absl::Status Done();
   // This worker stops on `why`: it leaves the job now (the scheduler need not wait for its heartbeats to stop)
   // and the job's records name the error. Best effort: a scheduler that does not answer within 2 s is left.
-  void Fail(const absl::Status& why);
+  // `program_error`: the training program itself raised `why` (DoneRequest.program_error).
+  // Nothing is sent when this worker has already left (Done or Fail).
+  void Fail(const absl::Status& why, bool program_error = false);
 
   // Value bytes received by pulls and exchanges so far (unchanged chunks cost none).
   int64_t bytes_pulled() const;
@@ -259,6 +261,7 @@ class PsClient {
   std::string member_key_;  // from the registration: every push carries it
   std::unique_ptr<SchedulerClient> scheduler_;
   std::unique_ptr<Heartbeater> heartbeater_;
+  std::atomic<bool> left_{false};  // Done or Fail was called: a later Fail has nothing to tell
   int worker_id_ = -1;
   uint64_t incarnation_ = 0;
   tessera::v1::JobSpec job_;

@@ -530,9 +530,11 @@ PYBIND11_MODULE(_tessera, m) {
            })
       .def(
           "fail",
-          [](PyClient& c, const std::string& why) {
+          [](PyClient& c, const std::string& why, bool program_error) {
             py::gil_scoped_release release;
-            c.get().Fail(absl::InternalError(why));
+            c.get().Fail(absl::InternalError(why), program_error);
           },
-          py::arg("why"));
+          py::arg("why"), py::arg("program_error") = false,
+          "This worker leaves the job on `why`; program_error: the script itself raised it (an uncaught "
+          "exception), which fails the job unless its cluster.worker_errors is AWAIT_RESTART.");
 }

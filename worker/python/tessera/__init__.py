@@ -14,10 +14,18 @@
 
 Values and gradients are float32, C-contiguous arrays, read and written in place. Failures raise
 tessera.Error with the daemon's message ("UNAVAILABLE: ...").
+
+A script that ends on an exception it did not catch tells the scheduler so, with the exception's last line
+("ValueError: ..."): an error of the worker's own program fails the whole job at once (exit status 3, the
+summary naming the worker, its clock and the error), unless the job's cluster.worker_errors is AWAIT_RESTART
+(tessera-launch --restart_workers sets it), where the worker leaves and its rank may come back. A worker whose
+process or machine is lost (no heartbeats) is another case: the others go on without it.
 """
 
 import json
 import os
+import sys
+import traceback
 
 from ._tessera import BatchSchedule, Client, Error, Step, load_idx, resolve_join
 
@@ -41,6 +49,30 @@ def _setting(name, given, default, kind=str):
         return kind(text)
     except ValueError:
         raise Error(f"INVALID_ARGUMENT: TESSERA_{name.upper()}={text!r} is not a {kind.__name__}") from None
+
+
+_joined = []  # the clients of this process's jobs, told when the script ends on an uncaught exception
+_excepthook = None  # the hook ours calls first (Python's own prints the traceback)
+
+
+def _report_uncaught(kind, error, trace):
+    """sys.excepthook while a job is joined: the traceback as before, then each joined client leaves the job on
+    the exception's last line (a program error; KeyboardInterrupt is a stop, not a bug)."""
+    try:
+        _excepthook(kind, error, trace)
+    finally:
+        lines = "".join(traceback.format_exception_only(kind, error)).strip().splitlines()
+        why = lines[-1] if lines else kind.__name__
+        for client in _joined:
+            client.fail(why, program_error=not issubclass(kind, KeyboardInterrupt))
+
+
+def _watch(client):
+    global _excepthook
+    if _excepthook is None:
+        _excepthook = sys.excepthook
+        sys.excepthook = _report_uncaught
+    _joined.append(client)
 
 
 class Job:
@@ -80,4 +112,5 @@ def connect(scheduler=None, rank=None, device=None, token_file=None, tls_cert=No
         insecure=_setting("insecure", insecure, False, bool),
         connect_timeout_s=_setting("connect_timeout_s", connect_timeout_s, 120.0, float),
     )
+    _watch(client)
     return Job(client)
