@@ -63,7 +63,8 @@ def main():
         return mlp(x.shape[1], [int(h) for h in spec["model"]["mlp"]["hidden_sizes"]], classes)
 
     net = build()
-    model = tt.DistributedModel(net, job)
+    # One backward per step and no edit of its gradients: each may leave as backward computes it.
+    model = tt.DistributedModel(net, job, overlap=True)
     eval_every = args.eval_every or int(spec["eval_every_steps"])
     sampler = model.sampler(len(x))
     print(f"rank {job.rank}: {args.model}, {sum(p.numel() for p in net.parameters())} parameters, "

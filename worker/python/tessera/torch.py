@@ -12,9 +12,22 @@
             model.report(accuracy=score(net), loss=...)   # the summary, metrics.jsonl, /metrics, the dashboard
     model.done()
 
-How a step runs: each parameter's gradient leaves for the servers as soon as backward has accumulated it (a hook
-on its gradient accumulator), and the forward of each module waits for the new values of that module's own
-parameters only (a forward pre-hook), which arrive while the modules before it compute. On the CPU the values are
+How a step runs: the step's gradients are what its backward() calls accumulated, sent when the block ends; with
+overlap=True each parameter's gradient leaves as soon as the step's last backward has accumulated it (a hook on
+its gradient accumulator). The forward of each module waits for the new values of that module's own parameters
+only (a forward pre-hook), which arrive while the modules before it compute.
+
+What a step block may do with gradients (the servers' optimizer takes each step's gradient as backward made it):
+- several backward() calls (gradient accumulation over micro-batches): the step sends the sum of their
+  gradients, as PyTorch's .grad holds it. With overlap=True, run every backward but the last inside
+  model.no_sync() (as with DDP): those accumulate here only, and the last one's gradients leave as it computes
+  them; a second backward outside no_sync() that reaches a gradient already sent raises tessera.Error.
+- a parameter that no backward reached (an unused branch) sends zeros: the servers' optimizer steps on a zero
+  gradient, as torch.optim does when .grad holds zeros (zero_grad(set_to_none=False)): momentum still moves it.
+- an edit of a gradient after backward (clip_grad_norm_, unscaling, masking, a new .grad) cannot be honoured by
+  an optimizer that runs on the servers over the workers' sum: the block raises tessera.Error naming the
+  parameter, and without overlap nothing of the step has left (with overlap, the edited gradient had already
+  left as backward made it). Edits through .data or the NumPy memory are not seen. On the CPU the values are
 written straight into the parameters' memory and the gradients are read from memory the parameters' .grad views:
 nothing is copied. A CUDA model keeps a pinned host copy of each parameter: each gradient is copied there on a
 side stream as backward finishes it and sent once its copy is in; each parameter's values are copied back to the
@@ -31,6 +44,7 @@ worker normalises with the same statistics, a checkpoint holds them, and a resta
 Integer buffers (num_batches_tracked) stay each worker's own. buffers="local" keeps every buffer local.
 """
 
+import contextlib
 import signal
 import time
 
@@ -239,6 +253,11 @@ class _Step:
             return issubclass(kind, Error) and model._take_rollback()
         busy = time.perf_counter() - self._started - model._waited
         try:
+            model._send_the_rest()
+        except Error:
+            model._abandon()
+            raise
+        try:
             self.gate = model._finish(self.batch_size, busy)
         except Error:
             if not model._take_rollback():
@@ -298,7 +317,7 @@ class _HostMirror:
 
 
 _STEP_STATE = frozenset({"_current", "_previous", "_gate", "_waited", "_sent", "_set", "_grads", "_steps",
-                         "_samples", "_reported"})
+                         "_samples", "_reported", "_seen", "_fired", "_no_sync"})
 
 
 class DistributedModel(torch.nn.Module):
@@ -307,8 +326,12 @@ class DistributedModel(torch.nn.Module):
     Raises tessera.Error FAILED_PRECONDITION when the job's servers hold parameters of another model (other
     names or shapes), INVALID_ARGUMENT for a parameter that is not float32."""
 
-    def __init__(self, module, job, init_timeout_s=120.0, buffers="rank0", buffer_every=1):
+    def __init__(self, module, job, init_timeout_s=120.0, buffers="rank0", buffer_every=1, overlap=False):
         super().__init__()
+        self.overlap = bool(overlap)
+        self._no_sync = False
+        self._fired = []
+        self._seen = []
         if buffers not in ("rank0", "local"):
             raise Error(f"INVALID_ARGUMENT: buffers must be 'rank0' or 'local', not {buffers!r}")
         self.module = module
@@ -394,8 +417,22 @@ class DistributedModel(torch.nn.Module):
         return self.module(*args, **kwargs)
 
     def step(self, batch_size):
-        """A `with` block for one training step on `batch_size` examples: run forward and backward inside it."""
+        """A `with` block for one training step on `batch_size` examples: run forward and backward inside it (see
+        the module's documentation for several backward calls and for gradient edits)."""
         return _Step(self, batch_size)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Inside a step block, the backward calls run in this context accumulate gradients here only (DDP's
+        no_sync): with overlap=True, run every micro-batch but the last in it. Without overlap it changes nothing
+        (every gradient leaves when the block ends)."""
+        if self._no_sync:
+            raise Error("FAILED_PRECONDITION: no_sync() is already open")
+        self._no_sync = True
+        try:
+            yield
+        finally:
+            self._no_sync = False
 
     def sampler(self, examples):
         """A Sampler over a training set of `examples` examples; it also makes max_epochs a stop condition."""
@@ -561,11 +598,59 @@ class DistributedModel(torch.nn.Module):
                 p.grad = None
         self._waited = 0.0
         self._sent = [False] * len(self._params)
+        self._fired = [0] * len(self._params)
+        # Each .grad as the step last saw it (the tensor and its version): at the start, then after each backward
+        # that reached it. A change since is the script's edit.
+        self._seen = [self._grad_state(p) for _, p in self._params]
         self._current = self._plan.begin(self._set, batch_size)
 
+    @staticmethod
+    def _grad_state(p):
+        grad = p.grad
+        return (grad, grad._version if grad is not None else 0)
+
+    def _edited(self, i):
+        """Whether .grad of parameter i changed since the step last saw it (after its last backward, or at the
+        step's start when none reached it: a .grad set to None then counts as zeros)."""
+        p = self._params[i][1]
+        seen, version = self._seen[i]
+        grad = p.grad
+        if grad is seen and grad._version == version:
+            return False
+        # No backward reached it: None or zeros (zero_grad before backward) is still no gradient.
+        return self._fired[i] > 0 or (grad is not None and bool(grad.any()))
+
     def _gradient_ready(self, i):
-        if self._current is None or self._sent[i]:
+        if self._current is None:
             return
+        p = self._params[i][1]
+        self._fired[i] += 1
+        self._seen[i] = self._grad_state(p)
+        if self._no_sync or not self.overlap:
+            return  # leaves when the block ends
+        if self._sent[i]:
+            raise Error(f"FAILED_PRECONDITION: a second backward() outside no_sync() reached '{self.names[i]}' "
+                        "after its gradient had left for the servers (overlap=True sends on the step's last "
+                        "backward): run the earlier micro-batches inside model.no_sync(), or leave overlap off")
+        self._send(i)
+
+    def _send_the_rest(self):
+        """At the block's end: refuses the step when the script edited a gradient after backward (before anything
+        more leaves), then sends the gradients backward made that have not left."""
+        edited = [self.names[i] for i in range(len(self._params)) if self._edited(i)]
+        if edited:
+            sent = any(self._sent)
+            raise Error(
+                f"FAILED_PRECONDITION: the gradient of {_some(edited)} was changed after backward (clipping, "
+                "unscaling, masking or a new .grad): the servers' optimizer steps on the workers' sum of the "
+                "gradients as backward made them and cannot honour an edit on one worker" +
+                (" (with overlap=True, the unedited gradients had already left)" if sent else
+                 "; nothing of this step was sent"))
+        for i in range(len(self._params)):
+            if self._fired[i] and not self._sent[i]:
+                self._send(i)
+
+    def _send(self, i):
         if self._mirror is not None:
             self._sent[i] = True
             self._mirror.copy_gradient(i, self._mirror.grads[self._set])
