@@ -146,8 +146,16 @@ void ApplyJobDefaults(JobSpec& job) {
   }
   OptimizerSpec& opt = *job.mutable_optimizer();
   if (opt.kind() == OptimizerSpec::KIND_UNSPECIFIED) opt.set_kind(OptimizerSpec::SGD);
-  if (opt.learning_rate() == 0) opt.set_learning_rate(opt.kind() == OptimizerSpec::ADAM ? 0.001f : 0.05f);
-  if (opt.kind() == OptimizerSpec::ADAM) {
+  const bool adam = opt.kind() == OptimizerSpec::ADAM || opt.kind() == OptimizerSpec::ADAMW;
+  if (opt.learning_rate() == 0) opt.set_learning_rate(adam ? 0.001f : 0.05f);
+  if (!opt.has_weight_decay()) opt.set_weight_decay(opt.kind() == OptimizerSpec::ADAMW ? 0.01f : 0.0f);
+  if (opt.schedule().total_steps() == 0 && job.stop().max_steps() > 0) {
+    opt.mutable_schedule()->set_total_steps(job.stop().max_steps());
+  }
+  if (opt.schedule().kind() == tessera::v1::ScheduleSpec::STEP && opt.schedule().gamma() == 0) {
+    opt.mutable_schedule()->set_gamma(0.1f);
+  }
+  if (adam) {
     if (opt.beta1() == 0) opt.set_beta1(0.9f);
     if (opt.beta2() == 0) opt.set_beta2(0.999f);
     if (opt.epsilon() == 0) opt.set_epsilon(1e-8f);
@@ -240,10 +248,38 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
   if (!(opt.momentum() >= 0 && opt.momentum() < 1)) {
     return FieldError("optimizer.momentum", absl::StrCat("expected in [0, 1), got ", opt.momentum()));
   }
-  if (opt.kind() == OptimizerSpec::ADAM && opt.momentum() != 0) {
+  const bool adam = opt.kind() == OptimizerSpec::ADAM || opt.kind() == OptimizerSpec::ADAMW;
+  if (adam && opt.momentum() != 0) {
     return FieldError("optimizer.momentum", "applies to SGD only; Adam uses beta1");
   }
-  if (opt.kind() == OptimizerSpec::ADAM &&
+  if (!(opt.weight_decay() >= 0) || !std::isfinite(opt.weight_decay())) {
+    return FieldError("optimizer.weight_decay", absl::StrCat("expected a finite value >= 0, got ", opt.weight_decay()));
+  }
+  for (const std::string& pattern : opt.no_decay()) {
+    if (pattern.empty()) return FieldError("optimizer.no_decay", "an empty pattern would match every parameter");
+  }
+  const tessera::v1::ScheduleSpec& schedule = opt.schedule();
+  if (schedule.warmup_steps() < 0 || schedule.total_steps() < 0 || schedule.step_every() < 0 ||
+      schedule.scaling_reference_batch() < 0) {
+    return FieldError("optimizer.schedule", "steps and the reference batch must be >= 0");
+  }
+  if ((schedule.kind() == tessera::v1::ScheduleSpec::COSINE || schedule.kind() == tessera::v1::ScheduleSpec::LINEAR) &&
+      schedule.total_steps() <= schedule.warmup_steps()) {
+    return FieldError("optimizer.schedule.total_steps",
+                      absl::StrCat("a decay needs total_steps after the warmup (", schedule.warmup_steps(),
+                                   " steps), got ", schedule.total_steps(), " (it defaults to stop.max_steps)"));
+  }
+  if (!(schedule.min_factor() >= 0 && schedule.min_factor() <= 1)) {
+    return FieldError("optimizer.schedule.min_factor", absl::StrCat("expected in [0, 1], got ", schedule.min_factor()));
+  }
+  if (schedule.kind() == tessera::v1::ScheduleSpec::STEP &&
+      (schedule.step_every() <= 0 || !(schedule.gamma() > 0) || !std::isfinite(schedule.gamma()))) {
+    return FieldError("optimizer.schedule", "STEP needs step_every > 0 and gamma > 0");
+  }
+  if (!tessera::v1::ScheduleSpec::Kind_IsValid(schedule.kind()) || !OptimizerSpec::Kind_IsValid(opt.kind())) {
+    return FieldError("optimizer", "unknown optimizer or schedule kind");
+  }
+  if (adam &&
       !(opt.beta1() >= 0 && opt.beta1() < 1 && opt.beta2() >= 0 && opt.beta2() < 1 && opt.epsilon() > 0 &&
         std::isfinite(opt.epsilon()))) {
     return FieldError("optimizer.beta1/beta2/epsilon", "expected betas in [0, 1) and epsilon > 0");

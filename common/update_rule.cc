@@ -30,6 +30,11 @@ class FlushDenormalsScope {
 
 tessera::v1::OptimizerSpec AppliedOptimizer(const tessera::v1::JobSpec& job) {
   tessera::v1::OptimizerSpec spec = job.optimizer();
+  if (const int reference = spec.schedule().scaling_reference_batch(); reference > 0) {
+    const double global = static_cast<double>(job.batch_size()) * std::max(1, job.cluster().num_workers());
+    spec.set_learning_rate(static_cast<float>(spec.learning_rate() * global / reference));
+    spec.mutable_schedule()->set_scaling_reference_batch(0);
+  }
   const auto& consistency = job.consistency();
   if (consistency.mode() == tessera::v1::ConsistencySpec::SYNC ||
       consistency.async_momentum() == tessera::v1::ConsistencySpec::AS_GIVEN) {
@@ -39,15 +44,50 @@ tessera::v1::OptimizerSpec AppliedOptimizer(const tessera::v1::JobSpec& job) {
   // old); explicit momentum m' with (1 - m') / M = 1 - m keeps the total at the job's m.
   const double workers = std::max(1, job.cluster().num_workers());
   auto corrected = [&](double m) { return static_cast<float>(std::max(0.0, 1.0 - workers * (1.0 - m))); };
-  if (spec.kind() != tessera::v1::OptimizerSpec::ADAM) spec.set_momentum(corrected(spec.momentum()));
+  if (spec.kind() != tessera::v1::OptimizerSpec::ADAM && spec.kind() != tessera::v1::OptimizerSpec::ADAMW) {
+    spec.set_momentum(corrected(spec.momentum()));
+  }
   return spec;
 }
 
+float UpdateRule::RateFactor(int64_t clock) const {
+  const tessera::v1::ScheduleSpec& s = spec_.schedule();
+  clock = std::max<int64_t>(0, clock);
+  if (clock < s.warmup_steps()) return static_cast<float>(clock + 1) / static_cast<float>(s.warmup_steps());
+  const double t = static_cast<double>(clock - s.warmup_steps());
+  const double span = static_cast<double>(std::max<int64_t>(1, s.total_steps() - s.warmup_steps()));
+  const double done = std::min(1.0, t / span);
+  const double floor = s.min_factor();
+  switch (s.kind()) {
+    case tessera::v1::ScheduleSpec::COSINE:
+      return static_cast<float>(floor + (1.0 - floor) * 0.5 * (1.0 + std::cos(M_PI * done)));
+    case tessera::v1::ScheduleSpec::LINEAR:
+      return static_cast<float>(1.0 - (1.0 - floor) * done);
+    case tessera::v1::ScheduleSpec::STEP:
+      return static_cast<float>(std::pow(static_cast<double>(s.gamma()),
+                                         static_cast<double>((clock - s.warmup_steps()) / s.step_every())));
+    default:
+      return 1.0f;
+  }
+}
+
+bool UpdateRule::Decays(std::string_view parameter) const {
+  if (spec_.weight_decay() == 0) return false;
+  for (const std::string& pattern : spec_.no_decay()) {
+    if (parameter.find(pattern) != std::string_view::npos) return false;
+  }
+  return true;
+}
+
 double UpdateRule::Bound(double params, double state, double grad, int64_t step, float lr_scale,
-                         float grad_scale) const {
+                         float grad_scale, bool decay) const {
   const double lr = static_cast<double>(spec_.learning_rate()) * lr_scale;
-  const double g = grad * std::fabs(static_cast<double>(grad_scale));
-  if (spec_.kind() == tessera::v1::OptimizerSpec::ADAM) {
+  const double wd = decay ? static_cast<double>(spec_.weight_decay()) : 0.0;
+  const bool coupled = spec_.kind() != tessera::v1::OptimizerSpec::ADAMW;
+  // Coupled decay adds wd * |w| to the gradient; decoupled decay scales the values by |1 - lr * wd| first.
+  const double g = grad * std::fabs(static_cast<double>(grad_scale)) + (coupled ? wd * params : 0.0);
+  if (!coupled) params *= std::max(1.0, std::fabs(1.0 - lr * wd));
+  if (adam()) {
     const double b1 = spec_.beta1(), b2 = spec_.beta2();
     const double c1 = 1.0 - std::pow(b1, static_cast<double>(step));
     const double m = b1 * state + (1.0 - b1) * g;
@@ -61,20 +101,27 @@ double UpdateRule::Bound(double params, double state, double grad, int64_t step,
 }
 
 void UpdateRule::Apply(absl::Span<float> params, absl::Span<const float> grad, absl::Span<float> state, int64_t step,
-                       float lr_scale, float grad_scale) const {
+                       float lr_scale, float grad_scale, bool decay) const {
   CHECK_EQ(params.size(), grad.size());
   CHECK_EQ(state.size(), params.size() * static_cast<size_t>(state_slots()));
   FlushDenormalsScope flush;
   const size_t n = params.size();
   const float lr = spec_.learning_rate() * lr_scale;
-  if (spec_.kind() == tessera::v1::OptimizerSpec::ADAM) {
+  const float wd = decay ? spec_.weight_decay() : 0.0f;
+  // L2 (SGD, Adam: the decay joins the gradient, as torch.optim's weight_decay) or decoupled (AdamW).
+  const float coupled = spec_.kind() == tessera::v1::OptimizerSpec::ADAMW ? 0.0f : wd;
+  if (wd != 0 && coupled == 0) {
+    const float keep = 1.0f - lr * wd;
+    for (size_t i = 0; i < n; ++i) params[i] *= keep;
+  }
+  if (adam()) {
     const float b1 = spec_.beta1(), b2 = spec_.beta2(), eps = spec_.epsilon();
     const float c1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b1), static_cast<double>(step)));
     const float c2 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b2), static_cast<double>(step)));
     float* m = state.data();
     float* v = state.data() + n;
     for (size_t i = 0; i < n; ++i) {
-      const float g = grad[i] * grad_scale;
+      const float g = grad[i] * grad_scale + coupled * params[i];
       m[i] = b1 * m[i] + (1.0f - b1) * g;
       v[i] = b2 * v[i] + (1.0f - b2) * g * g;
       params[i] -= lr * (m[i] / c1) / (std::sqrt(v[i] / c2) + eps);
@@ -85,6 +132,13 @@ void UpdateRule::Apply(absl::Span<float> params, absl::Span<const float> grad, a
   float* __restrict velocity = state.data();
   float* __restrict p = params.data();
   const float* __restrict g = grad.data();
+  if (coupled != 0) {
+    for (size_t i = 0; i < n; ++i) {
+      velocity[i] = mu * velocity[i] + g[i] * grad_scale + coupled * p[i];
+      p[i] -= lr * velocity[i];
+    }
+    return;
+  }
   for (size_t i = 0; i < n; ++i) {
     velocity[i] = mu * velocity[i] + g[i] * grad_scale;
     p[i] -= lr * velocity[i];

@@ -7,6 +7,7 @@
 #define TESSERA_COMMON_UPDATE_RULE_H_
 
 #include <cstdint>
+#include <string_view>
 
 #include "absl/types/span.h"
 #include "proto/job.pb.h"
@@ -14,7 +15,8 @@
 namespace tessera {
 
 // The optimizer a server applies for `job` (validated, defaults applied): the job's, with the momentum
-// corrected for the implicit momentum of asynchrony in ASYNC and SSP (ConsistencySpec.async_momentum).
+// corrected for the implicit momentum of asynchrony in ASYNC and SSP (ConsistencySpec.async_momentum) and the
+// learning rate scaled by the linear scaling rule when the schedule asks for it.
 tessera::v1::OptimizerSpec AppliedOptimizer(const tessera::v1::JobSpec& job);
 
 // One optimizer, configured once. Thread-compatible (const methods only; state lives with the caller).
@@ -23,22 +25,33 @@ class UpdateRule {
   // `spec` must have passed ValidateJobSpec.
   explicit UpdateRule(const tessera::v1::OptimizerSpec& spec) : spec_(spec) {}
 
-  // Floats of optimizer state per parameter element: 1 for SGD (momentum buffer), 2 for Adam (m, v).
-  int state_slots() const { return spec_.kind() == tessera::v1::OptimizerSpec::ADAM ? 2 : 1; }
+  // Floats of optimizer state per parameter element: 1 for SGD (momentum buffer), 2 for Adam and AdamW (m, v).
+  int state_slots() const { return adam() ? 2 : 1; }
+
+  // The schedule's factor of the learning rate for an update of step `clock` (0: the first step).
+  float RateFactor(int64_t clock) const;
+  // Whether the parameter named `parameter` gets weight decay (its name holds none of optimizer.no_decay).
+  bool Decays(std::string_view parameter) const;
 
   // One step on `params` with gradient `grad`. `state` holds state_slots() * params.size() floats, zero before
   // the first step. `step` counts the updates applied to these values, this one included (Adam's bias
-  // correction). The learning rate is multiplied by `lr_scale` (staleness-aware training); the gradient is read
-  // as grad[i] * grad_scale (a sync round's sum of weighted gradients becomes their mean without another pass).
+  // correction). The learning rate is multiplied by `lr_scale` (the schedule's factor, times the staleness-aware
+  // scale); the gradient is read as grad[i] * grad_scale (a sync round's sum of weighted gradients becomes their
+  // mean without another pass). `decay`: apply the optimizer's weight decay (see Decays).
   void Apply(absl::Span<float> params, absl::Span<const float> grad, absl::Span<float> state, int64_t step,
-             float lr_scale, float grad_scale = 1.0f) const;
+             float lr_scale, float grad_scale = 1.0f, bool decay = true) const;
 
   // An upper bound on every |value| and |state| after Apply, given bounds before it on |params|, |state| and
   // |grad| (before grad_scale). The server applies in place when this is far below the largest float, and
   // keeps a copy to undo the update otherwise.
-  double Bound(double params, double state, double grad, int64_t step, float lr_scale, float grad_scale) const;
+  double Bound(double params, double state, double grad, int64_t step, float lr_scale, float grad_scale,
+               bool decay = true) const;
 
  private:
+  bool adam() const {
+    return spec_.kind() == tessera::v1::OptimizerSpec::ADAM || spec_.kind() == tessera::v1::OptimizerSpec::ADAMW;
+  }
+
   const tessera::v1::OptimizerSpec spec_;
 };
 

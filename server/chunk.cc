@@ -13,11 +13,15 @@ namespace tessera {
 bool ApplyUpdateLocked(const UpdateRule& rule, Chunk& chunk, absl::Span<const float> grad, float lr_scale,
                        float grad_scale, const std::vector<int>& workers, int64_t clock) {
   const int64_t step = chunk.gradient_updates + 1;
+  // The schedule's factor comes from the clock here, not from the caller: a backup replaying the update log
+  // (which holds `lr_scale` as given) computes the same one.
+  const float rate = lr_scale * rule.RateFactor(clock);
+  const bool decay = rule.Decays(chunk.key.first);
   // When the bounds say the result stays far below the largest float, the update is applied in place;
   // otherwise on a kept copy's watch, undone when anything came out non-finite.
   constexpr double kSafe = 1e36;
   const bool safe =
-      rule.Bound(chunk.values_bound, chunk.state_bound, MaxAbs(grad), step, lr_scale, grad_scale) < kSafe;
+      rule.Bound(chunk.values_bound, chunk.state_bound, MaxAbs(grad), step, rate, grad_scale, decay) < kSafe;
   thread_local std::vector<float> before;  // per thread, reused
   const size_t n = chunk.values.size();
   if (!safe) {
@@ -25,7 +29,7 @@ bool ApplyUpdateLocked(const UpdateRule& rule, Chunk& chunk, absl::Span<const fl
     std::memcpy(before.data(), chunk.values.data(), n * sizeof(float));
     if (!chunk.state.empty()) std::memcpy(before.data() + n, chunk.state.data(), chunk.state.size() * sizeof(float));
   }
-  rule.Apply(absl::MakeSpan(chunk.values), grad, absl::MakeSpan(chunk.state), step, lr_scale, grad_scale);
+  rule.Apply(absl::MakeSpan(chunk.values), grad, absl::MakeSpan(chunk.state), step, rate, grad_scale, decay);
   const float values_bound = MaxAbs(chunk.values);
   const float state_bound = MaxAbs(chunk.state);
   if (!std::isfinite(values_bound) || !std::isfinite(state_bound)) {

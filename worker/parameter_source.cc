@@ -83,7 +83,9 @@ absl::Status LocalSource::Push(const std::vector<std::string>& names,
       return absl::InvalidArgumentError(absl::StrCat(names[i], ": expected ", p->values.size(), " values"));
     }
     TESSERA_RETURN_IF_ERROR(CheckFinite(grads[i], names[i]));
-    rule_.Apply(absl::MakeSpan(p->values), grads[i], absl::MakeSpan(p->state), ++p->updates, 1.0f);
+    const int64_t step = ++p->updates;  // this one included; its clock is one less
+    rule_.Apply(absl::MakeSpan(p->values), grads[i], absl::MakeSpan(p->state), step, rule_.RateFactor(step - 1),
+                1.0f, rule_.Decays(names[i]));
   }
   ++updates_;
   return absl::OkStatus();

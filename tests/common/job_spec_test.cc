@@ -113,6 +113,28 @@ TEST(JobSpecTest, MomentumWithAdamIsAContradiction) {
   EXPECT_THAT(ValidateJobSpec(job), StatusIs(absl::StatusCode::kInvalidArgument, "optimizer.momentum"));
 }
 
+// AdamW decays by 0.01 unless told (as torch.optim.AdamW); a decaying schedule ends at stop.max_steps unless
+// told, and one that cannot end after its warmup is refused naming the field.
+TEST(JobSpecTest, AdamwAndSchedulesTakeTheirDefaultsAndRefuseWhatCannotRun) {
+  tessera::v1::JobSpec job = ParseValid(
+      "model { softmax_regression {} } stop { max_steps: 300 } optimizer { kind: ADAMW schedule { kind: COSINE "
+      "warmup_steps: 10 } }");
+  EXPECT_THAT(ValidateJobSpec(job), IsOk());
+  EXPECT_FLOAT_EQ(job.optimizer().weight_decay(), 0.01f);
+  EXPECT_FLOAT_EQ(job.optimizer().learning_rate(), 0.001f);
+  EXPECT_EQ(job.optimizer().schedule().total_steps(), 300);
+  EXPECT_FLOAT_EQ(ParseValid("model { softmax_regression {} } stop { max_steps: 3 } optimizer { kind: ADAMW "
+                             "weight_decay: 0 }").optimizer().weight_decay(), 0.0f);
+  job = ParseValid("model { softmax_regression {} } stop { epochs: 3 } optimizer { schedule { kind: LINEAR } }");
+  EXPECT_THAT(ValidateJobSpec(job), StatusIs(absl::StatusCode::kInvalidArgument, "optimizer.schedule.total_steps"));
+  job = ParseValid("model { softmax_regression {} } stop { max_steps: 3 } optimizer { schedule { kind: STEP } }");
+  EXPECT_THAT(ValidateJobSpec(job), StatusIs(absl::StatusCode::kInvalidArgument, "step_every"));
+  job = ParseValid("model { softmax_regression {} } stop { max_steps: 3 } optimizer { weight_decay: -1 }");
+  EXPECT_THAT(ValidateJobSpec(job), StatusIs(absl::StatusCode::kInvalidArgument, "optimizer.weight_decay"));
+  job = ParseValid("model { softmax_regression {} } stop { max_steps: 3 } cluster { worker_errors: AWAIT_RESTART }");
+  EXPECT_THAT(ValidateJobSpec(job), IsOk());
+}
+
 TEST(JobSpecTest, MissingStopConditionNamesTheField) {
   tessera::v1::JobSpec job = ParseValid("model { softmax_regression {} }");
   EXPECT_THAT(ValidateJobSpec(job), StatusIs(absl::StatusCode::kInvalidArgument, "job field stop"));

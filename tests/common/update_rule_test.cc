@@ -71,5 +71,79 @@ TEST(UpdateRuleTest, AdamMatchesTheBiasCorrectedFormula) {
   EXPECT_NEAR(w[0], expected, 1e-6);
 }
 
+// SGD's weight decay joins the gradient (torch.optim.SGD's); a parameter named by no_decay gets none.
+TEST(UpdateRuleTest, SgdWeightDecayJoinsTheGradientExceptForNoDecayParameters) {
+  tessera::v1::OptimizerSpec spec;
+  spec.set_kind(tessera::v1::OptimizerSpec::SGD);
+  spec.set_learning_rate(0.5f);
+  spec.set_weight_decay(0.1f);
+  spec.add_no_decay("bias");
+  UpdateRule rule(spec);
+  EXPECT_TRUE(rule.Decays("layer0/weight"));
+  EXPECT_FALSE(rule.Decays("layer0/bias"));
+  std::vector<float> w = {2.0f}, state(rule.state_slots(), 0.0f);
+  const std::vector<float> g = {0.2f};
+  rule.Apply(absl::MakeSpan(w), g, absl::MakeSpan(state), 1, 1.0f, 1.0f, /*decay=*/true);
+  EXPECT_FLOAT_EQ(w[0], 2.0f - 0.5f * (0.2f + 0.1f * 2.0f));
+  std::vector<float> b = {2.0f}, bstate(rule.state_slots(), 0.0f);
+  rule.Apply(absl::MakeSpan(b), g, absl::MakeSpan(bstate), 1, 1.0f, 1.0f, /*decay=*/false);
+  EXPECT_FLOAT_EQ(b[0], 2.0f - 0.5f * 0.2f);
+}
+
+// AdamW scales the values by 1 - lr * wd before Adam's step; the step itself does not see the decay.
+TEST(UpdateRuleTest, AdamwDecaysTheValuesApartFromTheGradient) {
+  tessera::v1::OptimizerSpec spec;
+  spec.set_kind(tessera::v1::OptimizerSpec::ADAMW);
+  spec.set_learning_rate(0.1f);
+  spec.set_beta1(0.9f);
+  spec.set_beta2(0.999f);
+  spec.set_epsilon(1e-8f);
+  spec.set_weight_decay(0.5f);
+  UpdateRule rule(spec);
+  EXPECT_EQ(rule.state_slots(), 2);
+  std::vector<float> w = {4.0f}, state(2, 0.0f);
+  const std::vector<float> g = {1.0f};
+  rule.Apply(absl::MakeSpan(w), g, absl::MakeSpan(state), 1, 1.0f);
+  // The first bias-corrected Adam step is lr * g / |g| = 0.1.
+  EXPECT_NEAR(w[0], 4.0f * (1.0f - 0.1f * 0.5f) - 0.1f, 1e-5);
+}
+
+// The schedule: a linear warmup to the full rate, then each decay reaches its floor at total_steps and stays.
+TEST(UpdateRuleTest, ScheduleFactorsWarmUpThenDecay) {
+  tessera::v1::OptimizerSpec spec;
+  spec.set_learning_rate(1.0f);
+  auto* s = spec.mutable_schedule();
+  s->set_warmup_steps(4);
+  s->set_total_steps(14);
+  s->set_min_factor(0.2f);
+  s->set_kind(tessera::v1::ScheduleSpec::COSINE);
+  EXPECT_FLOAT_EQ(UpdateRule(spec).RateFactor(0), 0.25f);
+  EXPECT_FLOAT_EQ(UpdateRule(spec).RateFactor(3), 1.0f);
+  EXPECT_FLOAT_EQ(UpdateRule(spec).RateFactor(4), 1.0f);
+  EXPECT_NEAR(UpdateRule(spec).RateFactor(9), 0.2f + 0.8f * 0.5f, 1e-6);  // half way: cos = 0
+  EXPECT_NEAR(UpdateRule(spec).RateFactor(14), 0.2f, 1e-6);
+  EXPECT_NEAR(UpdateRule(spec).RateFactor(1000), 0.2f, 1e-6);
+  s->set_kind(tessera::v1::ScheduleSpec::LINEAR);
+  EXPECT_NEAR(UpdateRule(spec).RateFactor(9), 1.0f - 0.8f * 0.5f, 1e-6);
+  s->set_kind(tessera::v1::ScheduleSpec::STEP);
+  s->set_step_every(3);
+  s->set_gamma(0.5f);
+  EXPECT_FLOAT_EQ(UpdateRule(spec).RateFactor(6), 1.0f);
+  EXPECT_FLOAT_EQ(UpdateRule(spec).RateFactor(7), 0.5f);
+  EXPECT_FLOAT_EQ(UpdateRule(spec).RateFactor(10), 0.25f);
+  s->set_kind(tessera::v1::ScheduleSpec::CONSTANT);
+  EXPECT_FLOAT_EQ(UpdateRule(spec).RateFactor(1000), 1.0f);
+}
+
+// The linear scaling rule: the rate was tuned for a reference global batch and grows with the real one.
+TEST(UpdateRuleTest, LinearScalingMultipliesTheRateByTheGlobalBatchOverTheReference) {
+  tessera::v1::JobSpec job;
+  job.set_batch_size(64);
+  job.mutable_cluster()->set_num_workers(4);
+  job.mutable_optimizer()->set_learning_rate(0.1f);
+  job.mutable_optimizer()->mutable_schedule()->set_scaling_reference_batch(128);
+  EXPECT_FLOAT_EQ(AppliedOptimizer(job).learning_rate(), 0.1f * 256 / 128);
+}
+
 }  // namespace
 }  // namespace tessera

@@ -16,7 +16,7 @@ JOB = """
 name: "python-test"
 model {{ mlp {{ hidden_sizes: 4 }} }}
 data {{ format: SYNTHETIC }}
-optimizer {{ kind: SGD learning_rate: {lr} momentum: {momentum} }}
+optimizer {{ {optimizer} }}
 batch_size: {batch_size}
 consistency {{ mode: {mode} {consistency} }}
 stop {{ max_steps: {max_steps} }}
@@ -69,13 +69,14 @@ class Cluster:
     """A scheduler and its servers, each its own process; `address` is the scheduler's HOST:PORT."""
 
     def __init__(self, tmp, mode, servers, workers, lr, token_file=None, momentum=0.0, chunk_bytes=16, batch_size=4,
-                 max_steps=1000, consistency=""):
+                 max_steps=1000, consistency="", optimizer=None):
         self.processes = []
         self.tmp = tmp
         job = tmp / "job.pbtxt"
         job.write_text(JOB.format(mode=mode, servers=servers, workers=workers, lr=lr, momentum=momentum,
                                   chunk_bytes=chunk_bytes, batch_size=batch_size, max_steps=max_steps,
-                                  consistency=consistency))
+                                  consistency=consistency,
+                                  optimizer=optimizer or f"kind: SGD learning_rate: {lr} momentum: {momentum}"))
         address_file = tmp / "scheduler.address"
         address_file.unlink(missing_ok=True)  # a cluster started before in this folder
         security = [f"--token_file={token_file}"] if token_file else []
@@ -113,13 +114,14 @@ class Cluster:
 
 @pytest.fixture
 def start_cluster(tmp_path):
-    """start_cluster(mode="SYNC", servers=2, workers=1, lr=0.5, ...) -> Cluster (see Cluster)."""
+    """start_cluster(mode="SYNC", servers=2, workers=1, lr=0.5, ...) -> Cluster (see Cluster); optimizer: the
+    job's optimizer { ... } text (default: SGD with `lr` and `momentum`)."""
     clusters = []
 
     def start(mode="SYNC", servers=2, workers=1, lr=0.5, token_file=None, momentum=0.0, chunk_bytes=16, batch_size=4,
-              max_steps=1000, consistency=""):
+              max_steps=1000, consistency="", optimizer=None):
         cluster = Cluster(tmp_path, mode, servers, workers, lr, token_file, momentum, chunk_bytes, batch_size,
-                          max_steps, consistency)
+                          max_steps, consistency, optimizer)
         clusters.append(cluster)
         return cluster
 

@@ -40,19 +40,49 @@ def data():
     return torch.randn(STEPS, GLOBAL_BATCH, 8, generator=g), torch.randint(0, 3, (STEPS, GLOBAL_BATCH), generator=g)
 
 
-def local_run(branchy=False):
-    """The reference: one process, the union batch, torch's own SGD with momentum (gradients zeroed, not set to
-    None, as a step block leaves a parameter no backward reached)."""
+def sgd(net):
+    return torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM), None
+
+
+def local_run(branchy=False, recipe=sgd):
+    """The reference: one process, the union batch, torch's own optimizer (SGD with momentum by default;
+    gradients zeroed, not set to None, as a step block leaves a parameter no backward reached) and schedule."""
     net = make_net(branchy)
     x, y = data()
-    opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
+    opt, schedule = recipe(net)
     for s in range(STEPS):
         opt.zero_grad(set_to_none=False)
         if branchy:
             net.use_extra = s % 2 == 0
         torch.nn.functional.cross_entropy(net(x[s]), y[s]).backward()
         opt.step()
+        if schedule is not None:
+            schedule.step()
     return [p.detach().clone() for p in net.parameters()]
+
+
+# The servers' AdamW with decay on weights only, warmup then cosine, against torch.optim.AdamW in two parameter
+# groups driven by a LambdaLR of the same schedule.
+ADAMW_LR, DECAY, WARMUP, MIN_FACTOR = 0.01, 0.05, 5, 0.1
+ADAMW_JOB = (f"kind: ADAMW learning_rate: {ADAMW_LR} weight_decay: {DECAY} no_decay: \"bias\" "
+             f"schedule {{ kind: COSINE warmup_steps: {WARMUP} total_steps: {STEPS} min_factor: {MIN_FACTOR} }}")
+
+
+def warmup_cosine(step):
+    import math
+
+    if step < WARMUP:
+        return (step + 1) / WARMUP
+    done = min(1.0, (step - WARMUP) / (STEPS - WARMUP))
+    return MIN_FACTOR + (1 - MIN_FACTOR) * 0.5 * (1 + math.cos(math.pi * done))
+
+
+def adamw(net):
+    decay = [p for n, p in net.named_parameters() if "bias" not in n]
+    rest = [p for n, p in net.named_parameters() if "bias" in n]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": DECAY}, {"params": rest, "weight_decay": 0.0}],
+                            lr=ADAMW_LR)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine)
 
 
 def one_backward(model, xs, ys):
@@ -85,11 +115,12 @@ RECIPES = {
 }
 
 
-def train_through_servers(start_cluster, workers, recipe, branchy=False, overlap=False, sent_inside=None):
+def train_through_servers(start_cluster, workers, recipe, branchy=False, overlap=False, sent_inside=None,
+                          optimizer=None, reference=sgd):
     torch.set_num_threads(1)
     share = GLOBAL_BATCH // workers
     cluster = start_cluster(mode="SYNC", servers=2, workers=workers, lr=LR, momentum=MOMENTUM, chunk_bytes=256,
-                            batch_size=share)
+                            batch_size=share, optimizer=optimizer)
     x, y = data()
     final = {}
     nets = [make_net(branchy) for _ in range(workers)]  # here: torch's seed is the process's, not a thread's
@@ -115,10 +146,10 @@ def train_through_servers(start_cluster, workers, recipe, branchy=False, overlap
         final[rank] = [p.detach().clone() for p in net.parameters()]
 
     run_workers(workers, worker)
-    reference = local_run(branchy)
+    expected = local_run(branchy, reference)
     worst = 0.0
     for rank in range(workers):
-        for got, want in zip(final[rank], reference):
+        for got, want in zip(final[rank], expected):
             worst = max(worst, (got - want).abs().max().item())
     return worst
 
@@ -130,6 +161,14 @@ def test_sync_training_equals_one_process_on_the_union_batch(start_cluster, work
     worst = train_through_servers(start_cluster, workers, make, overlap=overlap, sent_inside=sent_inside)
     print(f"largest difference from the one-process run after {STEPS} steps, {workers} worker(s), {recipe}: "
           f"{worst:.3g}")
+    assert worst < 1e-5
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_servers_adamw_with_a_no_decay_group_and_warmup_cosine_equals_torch(start_cluster, workers):
+    worst = train_through_servers(start_cluster, workers, micro_batches, optimizer=ADAMW_JOB, reference=adamw)
+    print(f"largest difference from torch.optim.AdamW + LambdaLR after {STEPS} steps, {workers} worker(s), two "
+          f"micro-batches: {worst:.3g}")
     assert worst < 1e-5
 
 
