@@ -217,8 +217,7 @@ def test_an_edit_after_backward_raises_before_anything_of_the_step_leaves(start_
 def test_a_second_backward_outside_no_sync_with_overlap_raises_naming_the_parameter(start_cluster):
     job, model = one_worker_model(start_cluster, overlap=True)
     x, y = data()
-    with pytest.raises(tessera.Error, match=r"a second backward\(\) outside no_sync\(\) reached '0.weight'|"
-                                            r"a second backward\(\) outside no_sync\(\) reached '2."):
+    with pytest.raises(tessera.Error, match=r"a second backward\(\) outside no_sync\(\) reached [02]\.(weight|bias)"):
         with model.step(batch_size=GLOBAL_BATCH):
             micro_batches(model, x[0], y[0])
     job.client.done()

@@ -26,6 +26,7 @@ import json
 import os
 import sys
 import traceback
+import weakref
 
 from ._tessera import BatchSchedule, Client, Error, Step, load_idx, resolve_join
 
@@ -51,7 +52,10 @@ def _setting(name, given, default, kind=str):
         raise Error(f"INVALID_ARGUMENT: TESSERA_{name.upper()}={text!r} is not a {kind.__name__}") from None
 
 
-_joined = []  # the clients of this process's jobs, told when the script ends on an uncaught exception
+# The jobs this process joined and still holds, told when the script ends on an uncaught exception. Weak: a job
+# the script let go closes its client as before (one kept alive here would be closed only while the interpreter
+# shuts down, which can wait for ever on the client's threads).
+_joined = weakref.WeakSet()
 _excepthook = None  # the hook ours calls first (Python's own prints the traceback)
 
 
@@ -63,16 +67,17 @@ def _report_uncaught(kind, error, trace):
     finally:
         lines = "".join(traceback.format_exception_only(kind, error)).strip().splitlines()
         why = lines[-1] if lines else kind.__name__
-        for client in _joined:
-            client.fail(why, program_error=not issubclass(kind, KeyboardInterrupt))
+        for job in list(_joined):
+            job.client.fail(why, program_error=not issubclass(kind, KeyboardInterrupt))
 
 
-def _watch(client):
+def _watch(job):
     global _excepthook
     if _excepthook is None:
         _excepthook = sys.excepthook
         sys.excepthook = _report_uncaught
-    _joined.append(client)
+    _joined.add(job)
+    return job
 
 
 class Job:
@@ -112,5 +117,4 @@ def connect(scheduler=None, rank=None, device=None, token_file=None, tls_cert=No
         insecure=_setting("insecure", insecure, False, bool),
         connect_timeout_s=_setting("connect_timeout_s", connect_timeout_s, 120.0, float),
     )
-    _watch(client)
-    return Job(client)
+    return _watch(Job(client))

@@ -21,7 +21,8 @@ What a step block may do with gradients (the servers' optimizer takes each step'
 - several backward() calls (gradient accumulation over micro-batches): the step sends the sum of their
   gradients, as PyTorch's .grad holds it. With overlap=True, run every backward but the last inside
   model.no_sync() (as with DDP): those accumulate here only, and the last one's gradients leave as it computes
-  them; a second backward outside no_sync() that reaches a gradient already sent raises tessera.Error.
+  them; a second backward outside no_sync() that reaches a gradient already sent makes the block raise
+  tessera.Error when it ends.
 - a parameter that no backward reached (an unused branch) sends zeros: the servers' optimizer steps on a zero
   gradient, as torch.optim does when .grad holds zeros (zero_grad(set_to_none=False)): momentum still moves it.
 - an edit of a gradient after backward (clip_grad_norm_, unscaling, masking, a new .grad) cannot be honoured by
@@ -317,7 +318,7 @@ class _HostMirror:
 
 
 _STEP_STATE = frozenset({"_current", "_previous", "_gate", "_waited", "_sent", "_set", "_grads", "_steps",
-                         "_samples", "_reported", "_seen", "_fired", "_no_sync"})
+                         "_samples", "_reported", "_seen", "_fired", "_no_sync", "_resent"})
 
 
 class DistributedModel(torch.nn.Module):
@@ -332,6 +333,7 @@ class DistributedModel(torch.nn.Module):
         self._no_sync = False
         self._fired = []
         self._seen = []
+        self._resent = []
         if buffers not in ("rank0", "local"):
             raise Error(f"INVALID_ARGUMENT: buffers must be 'rank0' or 'local', not {buffers!r}")
         self.module = module
@@ -599,6 +601,7 @@ class DistributedModel(torch.nn.Module):
         self._waited = 0.0
         self._sent = [False] * len(self._params)
         self._fired = [0] * len(self._params)
+        self._resent = []  # parameters a backward reached again after their gradient left (overlap)
         # Each .grad as the step last saw it (the tensor and its version): at the start, then after each backward
         # that reached it. A change since is the script's edit.
         self._seen = [self._grad_state(p) for _, p in self._params]
@@ -629,14 +632,20 @@ class DistributedModel(torch.nn.Module):
         if self._no_sync or not self.overlap:
             return  # leaves when the block ends
         if self._sent[i]:
-            raise Error(f"FAILED_PRECONDITION: a second backward() outside no_sync() reached '{self.names[i]}' "
-                        "after its gradient had left for the servers (overlap=True sends on the step's last "
-                        "backward): run the earlier micro-batches inside model.no_sync(), or leave overlap off")
+            # Raised when the block ends: an exception out of an autograd hook leaves the engine holding tensors
+            # that the interpreter's exit then waits on for ever.
+            self._resent.append(i)
+            return
         self._send(i)
 
     def _send_the_rest(self):
         """At the block's end: refuses the step when the script edited a gradient after backward (before anything
         more leaves), then sends the gradients backward made that have not left."""
+        if self._resent:
+            raise Error(f"FAILED_PRECONDITION: a second backward() outside no_sync() reached "
+                        f"{_some([self.names[i] for i in self._resent])} after its gradient had left for the servers "
+                        "(overlap=True sends on the step's last backward): run the earlier micro-batches inside "
+                        "model.no_sync(), or leave overlap off")
         edited = [self.names[i] for i in range(len(self._params)) if self._edited(i)]
         if edited:
             sent = any(self._sent)
