@@ -5,6 +5,8 @@ launcher runs it once per worker, in the manner of torchrun:
         python3 worker/python/examples/fashion_mnist.py
     build/bin/tessera-launch --job=deploy/jobs/fashion_mnist_cnn.pbtxt \\
         --job_override='consistency { mode: SSP staleness: 3 }' -- python3 worker/python/examples/fashion_mnist.py
+    build/bin/tessera-launch --job=deploy/jobs/fashion_mnist_cnn_adamw.pbtxt -- \\
+        python3 worker/python/examples/fashion_mnist.py --micro_batches=2
 
 The data is the job's (data { format: IDX }: Debian's dataset-fashion-mnist files), read by Tessera's own
 loader; each worker trains on its slice of every step's global batch, as tessera-worker does. The optimizer,
@@ -14,6 +16,7 @@ job ends at its target accuracy.
 """
 
 import argparse
+import contextlib
 import time
 
 import torch
@@ -44,9 +47,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=["cnn", "mlp"], default="cnn")
     parser.add_argument("--threads", type=int, default=1, help="PyTorch's threads per worker (default 1)")
+    parser.add_argument("--micro_batches", type=int, default=1,
+                        help="backward calls per step, each on a part of the worker's slice (gradient accumulation; "
+                             "all but the last inside model.no_sync()); default 1")
     parser.add_argument("--eval_every", type=int, default=0,
                         help="steps between rank 0's evaluations (default: the job's eval_every_steps)")
     args = parser.parse_args()
+    if args.micro_batches < 1:
+        parser.error("--micro_batches must be at least 1")
     torch.set_num_threads(args.threads)
 
     job = tt.init()
@@ -80,10 +88,16 @@ def main():
             model.report(accuracy=accuracy, test_loss=test_loss, clock=clock)
 
     for indices in sampler:
+        parts = indices.chunk(args.micro_batches)
         with model.step(batch_size=len(indices)):
-            loss = nn.functional.cross_entropy(model(x[indices]), y[indices])
-            loss.backward()
-        losses.append(loss.item())
+            loss = 0.0
+            for k, part in enumerate(parts):
+                # Each part's mean loss, weighted by its share: the sum of the gradients is the slice's mean.
+                with model.no_sync() if k < len(parts) - 1 else contextlib.nullcontext():
+                    part_loss = nn.functional.cross_entropy(model(x[part]), y[part]) * (len(part) / len(indices))
+                    part_loss.backward()
+                loss += part_loss.item()
+        losses.append(loss)
         if model.clock % eval_every == 0:
             model.report(loss=sum(losses) / len(losses))
             losses = []
