@@ -854,8 +854,12 @@ void JobCoordinator::FailJob(const std::string& reason) {
     absl::MutexLock lock(&mu_);
     if (failure_.empty()) failure_ = reason;
   }
-  clocks_.Stop(reason);
-  servers_->EndViewChanges();
+  StopClocks(reason);
+}
+
+void JobCoordinator::StopClocks(const std::string& why) {
+  clocks_.Stop(why);
+  servers_->EndViewChanges();  // a stopped job hands no view over: none may hold its end back
 }
 
 void JobCoordinator::StopCompleted(const std::string& why) {
@@ -863,8 +867,7 @@ void JobCoordinator::StopCompleted(const std::string& why) {
     absl::MutexLock lock(&mu_);
     if (failure_.empty()) completed_ = true;
   }
-  clocks_.Stop(why);
-  servers_->EndViewChanges();
+  StopClocks(why);
 }
 
 bool JobCoordinator::Completed() {
@@ -893,8 +896,7 @@ void JobCoordinator::Abort(const std::string& reason) {
     absl::MutexLock lock(&mu_);
     if (failure_.empty() && !finishing_ && !completed) failure_ = reason;
   }
-  clocks_.Stop(reason);
-  servers_->EndViewChanges();
+  StopClocks(reason);
 }
 
 void JobCoordinator::EndAStopNobodyFinishes() {

@@ -180,6 +180,8 @@ class JobCoordinator {
   // The job stops because it is complete (the target reached, stop.max_seconds): the verdict is "completed" from
   // here on (unless the job had failed already), then every gate opens with `why`.
   void StopCompleted(const std::string& why);
+  // Every way the job stops: the clock gate says stop, and the servers are handed no view any more.
+  void StopClocks(const std::string& why);
   // Whether the job's verdict is "completed": it stopped complete (StopCompleted), or no worker is left before its
   // last step (every one done, lost, or alive at stop.max_steps) and one at least ran its course. Decided once and
   // for good: no later loss of a server or worker, and no stop asked for, makes the job a failure.
