@@ -28,10 +28,26 @@ class BranchyNet(torch.nn.Module):
         return out + self.extra(x) if self.use_extra else out
 
 
-def make_net(branchy=False):
+class ParentReadsChildNet(torch.nn.Module):
+    """The head's parameters read by the parent's forward (F.linear on self.head.weight), never by a forward of
+    the head itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU())
+        self.head = torch.nn.Linear(16, 3)
+
+    def forward(self, x):
+        return torch.nn.functional.linear(self.body(x), self.head.weight, self.head.bias)
+
+
+NETS = {"branchy": BranchyNet, "parent_reads_child": ParentReadsChildNet}
+
+
+def make_net(kind=None):
     torch.manual_seed(0)
-    if branchy:
-        return BranchyNet()
+    if kind is not None:
+        return NETS[kind]()
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
 
 
@@ -44,15 +60,15 @@ def sgd(net):
     return torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM), None
 
 
-def local_run(branchy=False, recipe=sgd):
+def local_run(kind=None, recipe=sgd):
     """The reference: one process, the union batch, torch's own optimizer (SGD with momentum by default;
     gradients zeroed, not set to None, as a step block leaves a parameter no backward reached) and schedule."""
-    net = make_net(branchy)
+    net = make_net(kind)
     x, y = data()
     opt, schedule = recipe(net)
     for s in range(STEPS):
         opt.zero_grad(set_to_none=False)
-        if branchy:
+        if kind == "branchy":
             net.use_extra = s % 2 == 0
         torch.nn.functional.cross_entropy(net(x[s]), y[s]).backward()
         opt.step()
@@ -115,7 +131,7 @@ RECIPES = {
 }
 
 
-def train_through_servers(start_cluster, workers, recipe, branchy=False, overlap=False, sent_inside=None,
+def train_through_servers(start_cluster, workers, recipe, kind=None, overlap=False, sent_inside=None,
                           optimizer=None, reference=sgd):
     torch.set_num_threads(1)
     share = GLOBAL_BATCH // workers
@@ -123,7 +139,7 @@ def train_through_servers(start_cluster, workers, recipe, branchy=False, overlap
                             batch_size=share, optimizer=optimizer)
     x, y = data()
     final = {}
-    nets = [make_net(branchy) for _ in range(workers)]  # here: torch's seed is the process's, not a thread's
+    nets = [make_net(kind) for _ in range(workers)]  # here: torch's seed is the process's, not a thread's
 
     def worker(rank):
         job = tt.init(scheduler=cluster.address, rank=rank)
@@ -135,7 +151,7 @@ def train_through_servers(start_cluster, workers, recipe, branchy=False, overlap
         model = tt.DistributedModel(net, job, overlap=overlap)
         for s in range(STEPS):
             xs, ys = x[s][rank * share:(rank + 1) * share], y[s][rank * share:(rank + 1) * share]
-            if branchy:
+            if kind == "branchy":
                 net.use_extra = s % 2 == 0
             with model.step(batch_size=share) as step:
                 recipe(model, xs, ys)
@@ -146,7 +162,7 @@ def train_through_servers(start_cluster, workers, recipe, branchy=False, overlap
         final[rank] = [p.detach().clone() for p in net.parameters()]
 
     run_workers(workers, worker)
-    expected = local_run(branchy, reference)
+    expected = local_run(kind, reference)
     worst = 0.0
     for rank in range(workers):
         for got, want in zip(final[rank], expected):
@@ -175,8 +191,15 @@ def test_the_servers_adamw_with_a_no_decay_group_and_warmup_cosine_equals_torch(
 @pytest.mark.parametrize("overlap", [False, True], ids=["at_the_end", "overlapped"])
 def test_parameters_an_unused_branch_leaves_without_gradient_train_as_torch_with_zeroed_gradients(
         start_cluster, overlap):
-    worst = train_through_servers(start_cluster, 2, one_backward, branchy=True, overlap=overlap)
+    worst = train_through_servers(start_cluster, 2, one_backward, kind="branchy", overlap=overlap)
     print(f"largest difference from the one-process run, a head used every other step: {worst:.3g}")
+    assert worst < 1e-5
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["at_the_end", "overlapped"])
+def test_parameters_read_outside_a_forward_of_their_module_train_as_torch(start_cluster, overlap):
+    worst = train_through_servers(start_cluster, 2, one_backward, kind="parent_reads_child", overlap=overlap)
+    print(f"largest difference from the one-process run, a head read by its parent: {worst:.3g}")
     assert worst < 1e-5
 
 

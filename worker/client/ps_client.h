@@ -292,7 +292,9 @@ class StepExchange {
  public:
   virtual ~StepExchange() = default;
   // grads[index] is final: its chunks start now (queued behind earlier parameters at a busy server).
-  // INVALID_ARGUMENT when the gradient is not finite (nothing of it was sent).
+  // INVALID_ARGUMENT when the gradient is not finite (nothing of it was sent). The caller waits for the previous
+  // step's values of `index` (WaitValues) before sending it, here or through Finish: both steps' replies write
+  // into the same memory, and the later one must land last.
   [[nodiscard]] virtual absl::Status Send(int index) = 0;
   // Sends what was not sent yet and returns the clock (in SSP after the gate and the pull). In SYNC and ASYNC
   // the values may still be arriving: WaitValues before reading them. When the clock says stop, whatever is

@@ -15,7 +15,9 @@
 How a step runs: the step's gradients are what its backward() calls accumulated, sent when the block ends; with
 overlap=True each parameter's gradient leaves as soon as the step's last backward has accumulated it (a hook on
 its gradient accumulator). The forward of each module waits for the new values of that module's own parameters
-only (a forward pre-hook), which arrive while the modules before it compute.
+only (a forward pre-hook), which arrive while the modules before it compute; a parameter read outside a forward of
+its own module (a child's weight used by its parent) is seen when its gradient comes, and from the next step on
+the model's forward waits for it first.
 
 What a step block may do with gradients (the servers' optimizer takes each step's gradient as backward made it):
 - several backward() calls (gradient accumulation over micro-batches): the step sends the sum of their
@@ -317,7 +319,7 @@ class _HostMirror:
             self.values_copied.synchronize()
 
 
-_STEP_STATE = frozenset({"_current", "_previous", "_gate", "_waited", "_sent", "_set", "_grads", "_steps",
+_STEP_STATE = frozenset({"_current", "_previous", "_ready", "_outside", "_hooked", "_gate", "_waited", "_sent", "_set", "_grads", "_steps",
                          "_samples", "_reported", "_seen", "_fired", "_no_sync", "_resent"})
 
 
@@ -388,7 +390,13 @@ class DistributedModel(torch.nn.Module):
         self._check_matches_job(mine, self._client.job_parameters())  # a worker of another model declared first
         self._plan = self._client.step_plan(self.names, self._grad_sets, self._values)
         self._grad_pointers = [[g.ctypes.data for g in grads] for grads in self._grad_sets]
-        self._previous = None  # the last step's exchange, whose values may still be arriving
+        # The last step's exchange, whose values may still be arriving, and which of them this step has waited
+        # for (_after).
+        self._after(None)
+        # Parameters a step read without a forward of a module of theirs (a child's weight used by its parent):
+        # the model's own forward waits for them.
+        self._outside = set()
+        self._hooked = [False] * len(self._params)  # parameters whose module's forward ran in the open step
         self._current = None
         self._waited = 0.0
         self._gate = {"clock": self._client.clock, "stop": False, "stop_reason": ""}
@@ -405,7 +413,10 @@ class DistributedModel(torch.nn.Module):
             self._accumulators.append(accumulator)
         for m in module.modules():
             own = [self._index[id(p)] for p in m.parameters(recurse=False) if id(p) in self._index]
-            if own:
+            if m is module:
+                self._hooks.append(m.register_forward_pre_hook(
+                    lambda mod, inputs, own=own: self._need(own + sorted(self._outside))))
+            elif own:
                 self._hooks.append(m.register_forward_pre_hook(lambda mod, inputs, own=own: self._need(own)))
 
     def __setattr__(self, name, value):
@@ -601,6 +612,7 @@ class DistributedModel(torch.nn.Module):
         self._waited = 0.0
         self._sent = [False] * len(self._params)
         self._fired = [0] * len(self._params)
+        self._hooked = [False] * len(self._params)
         self._resent = []  # parameters a backward reached again after their gradient left (overlap)
         # Each .grad as the step last saw it (the tensor and its version): at the start, then after each backward
         # that reached it. A change since is the script's edit.
@@ -629,6 +641,12 @@ class DistributedModel(torch.nn.Module):
         p = self._params[i][1]
         self._fired[i] += 1
         self._seen[i] = self._grad_state(p)
+        if not self._hooked[i]:
+            # Read without a forward of a module of its own, so without waiting for the last step's values: from
+            # the next step on the model's forward waits for it first.
+            self._outside.add(i)
+        if not self._ready[i]:
+            return  # leaves when the block ends, after the last step's values (an older reply must not land last)
         if self._no_sync or not self.overlap:
             return  # leaves when the block ends
         if self._sent[i]:
@@ -655,6 +673,9 @@ class DistributedModel(torch.nn.Module):
                 "gradients as backward made them and cannot honour an edit on one worker" +
                 (" (with overlap=True, the unedited gradients had already left)" if sent else
                  "; nothing of this step was sent"))
+        # A parameter this step did not read (an unused branch) may still await the last step's values: they land
+        # before its gradient (zeros, or what backward made) leaves, so that this step's values land after them.
+        self._need(range(len(self._params)))
         for i in range(len(self._params)):
             if self._fired[i] and not self._sent[i]:
                 self._send(i)
@@ -672,20 +693,31 @@ class DistributedModel(torch.nn.Module):
         self._sent[i] = True
         self._current.send(i)
 
+    def _after(self, step):
+        """The step whose values the next step waits for (None: nothing to wait for)."""
+        self._previous = step
+        self._ready = [step is None] * len(self._params)
+
     def _need(self, indices):
-        if self._previous is None:
+        """Waits for the last step's values of `indices` (those not waited for yet)."""
+        indices = list(indices)
+        for i in indices:
+            self._hooked[i] = True
+        indices = [i for i in indices if not self._ready[i]]
+        if not indices:
             return
         started = time.perf_counter()
         try:
             for i in indices:
                 self._previous.wait_values(i)
+                self._ready[i] = True
         except Error as e:
             if not self._previous.stopped:
                 raise
             # The job ended while this round was open: the forward runs on the values there are, and the step
             # block ends with the job's stop.
             self._gate = dict(self._gate, stop=True, stop_reason=self._gate["stop_reason"] or str(e))
-            self._previous = None
+            self._after(None)
         if self._mirror is not None:
             self._mirror.load_values(indices)
         self._waited += time.perf_counter() - started
@@ -696,7 +728,7 @@ class DistributedModel(torch.nn.Module):
         if self._gate["stop"]:
             # Rounds the job stopped in may never close, and the values may be partly written: the servers' own,
             # while they still answer (a stopping job's calls are given up on, not waited out).
-            self._previous = None
+            self._after(None)
             try:
                 self._client.pull(self.names, self._values)
             except Error as e:
@@ -706,7 +738,7 @@ class DistributedModel(torch.nn.Module):
                 self._mirror.load_values(range(len(self._params)))
             return
         self._need(range(len(self._params)))
-        self._previous = None
+        self._after(None)
 
     def _finish(self, batch_size, busy_seconds):
         step, self._current = self._current, None
@@ -718,7 +750,7 @@ class DistributedModel(torch.nn.Module):
             gate = dict(gate, stop=True, stop_reason=gate["stop_reason"] or self._gate["stop_reason"])
         self._gate = gate
         self._settle()
-        self._previous = step
+        self._after(step)
         self._samples += batch_size
         self._client.note_step(batch_size, max(0.0, busy_seconds))
         if self._buffers and self.rank == 0 and self._steps % self._buffer_every == 0:
@@ -734,7 +766,7 @@ class DistributedModel(torch.nn.Module):
         print(f"tessera: worker {self.rank}: the job went back to clock {to} (from {self.clock}); training on "
               "from there", flush=True)
         self._current = None
-        self._previous = None
+        self._after(None)
         self._client.pull(self.names, self._values)
         if self._mirror is not None:
             self._mirror.load_values(range(len(self._params)))
