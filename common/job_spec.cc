@@ -16,6 +16,7 @@
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/message_differencer.h"
 
 namespace tessera {
 namespace {
@@ -147,9 +148,11 @@ void ApplyJobDefaults(JobSpec& job) {
   OptimizerSpec& opt = *job.mutable_optimizer();
   if (opt.kind() == OptimizerSpec::KIND_UNSPECIFIED) opt.set_kind(OptimizerSpec::SGD);
   const bool adam = opt.kind() == OptimizerSpec::ADAM || opt.kind() == OptimizerSpec::ADAMW;
-  if (opt.learning_rate() == 0) opt.set_learning_rate(adam ? 0.001f : 0.05f);
+  const bool script = opt.kind() == OptimizerSpec::SCRIPT;
+  // SCRIPT: an update arrives whole (its rate is the script's), scaled only by the staleness-aware factor.
+  if (opt.learning_rate() == 0) opt.set_learning_rate(script ? 1.0f : adam ? 0.001f : 0.05f);
   if (!opt.has_weight_decay()) opt.set_weight_decay(opt.kind() == OptimizerSpec::ADAMW ? 0.01f : 0.0f);
-  if (opt.schedule().total_steps() == 0 && job.stop().max_steps() > 0) {
+  if (opt.schedule().total_steps() == 0 && job.stop().max_steps() > 0 && !script) {
     opt.mutable_schedule()->set_total_steps(job.stop().max_steps());
   }
   if (opt.schedule().kind() == tessera::v1::ScheduleSpec::STEP && opt.schedule().gamma() == 0) {
@@ -242,6 +245,19 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
     return FieldError("data.synthetic_train_examples", "synthetic sizes contradict format IDX; remove one of them");
   }
   const OptimizerSpec& opt = job.optimizer();
+  if (opt.kind() == OptimizerSpec::ROUND_MEAN) {
+    return FieldError("optimizer.kind", "ROUND_MEAN is what SCRIPT becomes on a SYNC job's servers; write SCRIPT");
+  }
+  if (opt.kind() == OptimizerSpec::SCRIPT) {
+    OptimizerSpec bare;
+    bare.set_kind(OptimizerSpec::SCRIPT);
+    bare.set_learning_rate(1.0f);
+    bare.set_weight_decay(0.0f);
+    if (!google::protobuf::util::MessageDifferencer::Equals(opt, bare)) {
+      return FieldError("optimizer", "SCRIPT runs the workers' own optimizer: the learning rate, momentum, betas, "
+                                     "weight decay, no_decay and schedule are the script's; remove them here");
+    }
+  }
   if (!(opt.learning_rate() > 0) || !std::isfinite(opt.learning_rate())) {
     return FieldError("optimizer.learning_rate", absl::StrCat("expected a finite value > 0, got ", opt.learning_rate()));
   }

@@ -36,6 +36,10 @@ tessera::v1::OptimizerSpec AppliedOptimizer(const tessera::v1::JobSpec& job) {
     spec.mutable_schedule()->set_scaling_reference_batch(0);
   }
   const auto& consistency = job.consistency();
+  if (spec.kind() == tessera::v1::OptimizerSpec::SCRIPT) {
+    if (consistency.mode() == tessera::v1::ConsistencySpec::SYNC) spec.set_kind(tessera::v1::OptimizerSpec::ROUND_MEAN);
+    return spec;
+  }
   if (consistency.mode() == tessera::v1::ConsistencySpec::SYNC ||
       consistency.async_momentum() == tessera::v1::ConsistencySpec::AS_GIVEN) {
     return spec;
@@ -82,6 +86,10 @@ bool UpdateRule::Decays(std::string_view parameter) const {
 double UpdateRule::Bound(double params, double state, double grad, int64_t step, float lr_scale,
                          float grad_scale, bool decay) const {
   const double lr = static_cast<double>(spec_.learning_rate()) * lr_scale;
+  if (spec_.kind() == tessera::v1::OptimizerSpec::ROUND_MEAN) return grad * std::fabs(static_cast<double>(grad_scale));
+  if (spec_.kind() == tessera::v1::OptimizerSpec::SCRIPT) {
+    return params + std::fabs(lr) * grad * std::fabs(static_cast<double>(grad_scale));
+  }
   const double wd = decay ? static_cast<double>(spec_.weight_decay()) : 0.0;
   const bool coupled = spec_.kind() != tessera::v1::OptimizerSpec::ADAMW;
   // Coupled decay adds wd * |w| to the gradient; decoupled decay scales the values by |1 - lr * wd| first.
@@ -107,6 +115,15 @@ void UpdateRule::Apply(absl::Span<float> params, absl::Span<const float> grad, a
   FlushDenormalsScope flush;
   const size_t n = params.size();
   const float lr = spec_.learning_rate() * lr_scale;
+  if (spec_.kind() == tessera::v1::OptimizerSpec::ROUND_MEAN) {
+    for (size_t i = 0; i < n; ++i) params[i] = grad[i] * grad_scale;
+    return;
+  }
+  if (spec_.kind() == tessera::v1::OptimizerSpec::SCRIPT) {
+    const float rate = lr * grad_scale;
+    for (size_t i = 0; i < n; ++i) params[i] += rate * grad[i];
+    return;
+  }
   const float wd = decay ? spec_.weight_decay() : 0.0f;
   // L2 (SGD, Adam: the decay joins the gradient, as torch.optim's weight_decay) or decoupled (AdamW).
   const float coupled = spec_.kind() == tessera::v1::OptimizerSpec::ADAMW ? 0.0f : wd;

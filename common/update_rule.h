@@ -25,8 +25,9 @@ class UpdateRule {
   // `spec` must have passed ValidateJobSpec.
   explicit UpdateRule(const tessera::v1::OptimizerSpec& spec) : spec_(spec) {}
 
-  // Floats of optimizer state per parameter element: 1 for SGD (momentum buffer), 2 for Adam and AdamW (m, v).
-  int state_slots() const { return adam() ? 2 : 1; }
+  // Floats of optimizer state per parameter element: 1 for SGD (momentum buffer), 2 for Adam and AdamW (m, v),
+  // none where the workers' own optimizer runs (SCRIPT, ROUND_MEAN).
+  int state_slots() const { return combines_only() ? 0 : adam() ? 2 : 1; }
 
   // The schedule's factor of the learning rate for an update of step `clock` (0: the first step).
   float RateFactor(int64_t clock) const;
@@ -37,7 +38,9 @@ class UpdateRule {
   // the first step. `step` counts the updates applied to these values, this one included (Adam's bias
   // correction). The learning rate is multiplied by `lr_scale` (the schedule's factor, times the staleness-aware
   // scale); the gradient is read as grad[i] * grad_scale (a sync round's sum of weighted gradients becomes their
-  // mean without another pass). `decay`: apply the optimizer's weight decay (see Decays).
+  // mean without another pass). `decay`: apply the optimizer's weight decay (see Decays). SCRIPT adds
+  // lr_scale * grad * grad_scale to the values (an update a worker's optimizer made); ROUND_MEAN replaces the
+  // values by grad * grad_scale (the round's mean gradient).
   void Apply(absl::Span<float> params, absl::Span<const float> grad, absl::Span<float> state, int64_t step,
              float lr_scale, float grad_scale = 1.0f, bool decay = true) const;
 
@@ -48,6 +51,9 @@ class UpdateRule {
                bool decay = true) const;
 
  private:
+  bool combines_only() const {
+    return spec_.kind() == tessera::v1::OptimizerSpec::SCRIPT || spec_.kind() == tessera::v1::OptimizerSpec::ROUND_MEAN;
+  }
   bool adam() const {
     return spec_.kind() == tessera::v1::OptimizerSpec::ADAM || spec_.kind() == tessera::v1::OptimizerSpec::ADAMW;
   }

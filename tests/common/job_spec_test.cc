@@ -1,5 +1,6 @@
 #include "common/job_spec.h"
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 
@@ -133,6 +134,23 @@ TEST(JobSpecTest, AdamwAndSchedulesTakeTheirDefaultsAndRefuseWhatCannotRun) {
   EXPECT_THAT(ValidateJobSpec(job), StatusIs(absl::StatusCode::kInvalidArgument, "optimizer.weight_decay"));
   job = ParseValid("model { softmax_regression {} } stop { max_steps: 3 } cluster { worker_errors: AWAIT_RESTART }");
   EXPECT_THAT(ValidateJobSpec(job), IsOk());
+}
+
+// SCRIPT leaves the optimizer to the workers: any server optimizer field beside it is refused, and the internal
+// ROUND_MEAN is not for job files.
+TEST(JobSpecTest, TheScriptsOptimizerTakesNoServerOptimizerFields) {
+  tessera::v1::JobSpec job =
+      ParseValid("model { softmax_regression {} } stop { max_steps: 300 } optimizer { kind: SCRIPT }");
+  EXPECT_THAT(ValidateJobSpec(job), IsOk());
+  EXPECT_EQ(job.optimizer().schedule().total_steps(), 0) << "no schedule runs on the servers";
+  for (const char* field : {"learning_rate: 0.1", "momentum: 0.9", "weight_decay: 0.01", "no_decay: \"bias\"",
+                            "schedule { warmup_steps: 10 }", "beta1: 0.8"}) {
+    job = ParseValid(absl::StrCat("model { softmax_regression {} } stop { max_steps: 3 } optimizer { kind: SCRIPT ",
+                                  field, " }"));
+    EXPECT_THAT(ValidateJobSpec(job), StatusIs(absl::StatusCode::kInvalidArgument, "the script's")) << field;
+  }
+  job = ParseValid("model { softmax_regression {} } stop { max_steps: 3 } optimizer { kind: ROUND_MEAN }");
+  EXPECT_THAT(ValidateJobSpec(job), StatusIs(absl::StatusCode::kInvalidArgument, "write SCRIPT"));
 }
 
 TEST(JobSpecTest, MissingStopConditionNamesTheField) {

@@ -1,6 +1,7 @@
 #include "common/update_rule.h"
 
 #include <cmath>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -25,6 +26,29 @@ TEST(UpdateRuleTest, AppliedMomentumIsCorrectedForAsynchrony) {
   job.mutable_consistency()->set_mode(tessera::v1::ConsistencySpec::ASYNC);
   job.mutable_consistency()->set_async_momentum(tessera::v1::ConsistencySpec::AS_GIVEN);
   EXPECT_FLOAT_EQ(AppliedOptimizer(job).momentum(), 0.9f);
+}
+
+// SCRIPT: in SYNC a round's values become its mean gradient; in ASYNC and SSP a push (a worker optimizer's
+// change) is added, times the staleness-aware scale. Neither keeps optimizer state.
+TEST(UpdateRuleTest, TheScriptsOptimizerLeavesTheServersTheMeanOrTheSum) {
+  tessera::v1::JobSpec job;
+  job.mutable_optimizer()->set_kind(tessera::v1::OptimizerSpec::SCRIPT);
+  job.mutable_optimizer()->set_learning_rate(1.0f);
+  job.mutable_consistency()->set_mode(tessera::v1::ConsistencySpec::SYNC);
+  const UpdateRule mean(AppliedOptimizer(job));
+  EXPECT_EQ(mean.state_slots(), 0);
+  std::vector<float> values = {5.0f, -5.0f};
+  const std::vector<float> sum = {3.0f, 1.0f};
+  mean.Apply(absl::MakeSpan(values), sum, {}, 1, 1.0f, 0.5f);
+  EXPECT_EQ(values, (std::vector<float>{1.5f, 0.5f}));
+  EXPECT_GE(mean.Bound(5.0, 0.0, 3.0, 1, 1.0f, 0.5f), 1.5);
+  job.mutable_consistency()->set_mode(tessera::v1::ConsistencySpec::ASYNC);
+  job.mutable_cluster()->set_num_workers(4);
+  const UpdateRule add(AppliedOptimizer(job));
+  EXPECT_EQ(add.state_slots(), 0);
+  add.Apply(absl::MakeSpan(values), sum, {}, 7, 0.5f);
+  EXPECT_EQ(values, (std::vector<float>{3.0f, 1.0f})) << "1.5 + 0.5 * 3, 0.5 + 0.5 * 1";
+  EXPECT_GE(add.Bound(3.0, 0.0, 3.0, 1, 1.0f, 1.0f), 6.0);
 }
 
 TEST(UpdateRuleTest, SgdWithMomentumAccumulatesVelocity) {

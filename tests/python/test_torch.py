@@ -51,9 +51,9 @@ def make_net(kind=None):
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
 
 
-def data():
+def data(steps=STEPS):
     g = torch.Generator().manual_seed(1)
-    return torch.randn(STEPS, GLOBAL_BATCH, 8, generator=g), torch.randint(0, 3, (STEPS, GLOBAL_BATCH), generator=g)
+    return torch.randn(steps, GLOBAL_BATCH, 8, generator=g), torch.randint(0, 3, (steps, GLOBAL_BATCH), generator=g)
 
 
 def sgd(net):

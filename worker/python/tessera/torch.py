@@ -56,7 +56,7 @@ import torch
 
 from . import Error, connect
 
-__all__ = ["BackgroundEvaluator", "DistributedModel", "Sampler", "evaluate", "init", "load_split", "match_blas_threads",
+__all__ = ["BackgroundEvaluator", "DistributedModel", "DistributedOptimizer", "Sampler", "evaluate", "init", "load_split", "match_blas_threads",
            "stop_signal"]
 
 _signal = 0  # the SIGTERM or SIGINT that asked this worker to stop (0: none)
@@ -255,6 +255,10 @@ class _Step:
             # the checkpoint's clock, as tessera-worker does.
             return issubclass(kind, Error) and model._take_rollback()
         busy = time.perf_counter() - self._started - model._waited
+        if model.script and not model._sync:
+            model._end_local_block(self.batch_size, busy)
+            self.gate = model._gate
+            return False
         try:
             model._send_the_rest()
         except Error:
@@ -269,6 +273,8 @@ class _Step:
             return False
         if model._take_rollback():
             self.gate = model._gate
+        elif model.script:
+            model._install_mean_gradients()
         return False
 
 
@@ -319,8 +325,66 @@ class _HostMirror:
             self.values_copied.synchronize()
 
 
-_STEP_STATE = frozenset({"_current", "_previous", "_ready", "_outside", "_hooked", "_gate", "_waited", "_sent", "_set", "_grads", "_steps",
+_STEP_STATE = frozenset({"_current", "_previous", "_ready", "_outside", "_hooked", "_script_push", "_digests", "_gate", "_waited", "_sent", "_set", "_grads", "_steps",
                          "_samples", "_reported", "_seen", "_fired", "_no_sync", "_resent"})
+
+
+_LOCAL_BLOCK = object()  # the open step of ASYNC or SSP with SCRIPT: nothing leaves until the optimizer steps
+_DIGEST = "script:digest"  # SYNC with SCRIPT: rank 0's [clock, digest of its values]
+
+
+def DistributedOptimizer(optimizer, model, check_every=100):
+    """Keeps the script's own torch.optim optimizer (any, with its parameter groups, lr_scheduler, clipping and
+    GradScaler) in a job whose servers only combine (optimizer { kind: SCRIPT }). Returns `optimizer` itself,
+    its step() extended; the loop is a DDP script's:
+
+        opt = tt.DistributedOptimizer(torch.optim.AdamW(net.parameters(), lr=1e-3), model)
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, ...)
+        for indices in model.sampler(len(x)):
+            opt.zero_grad()
+            with model.step(batch_size=len(indices)):
+                loss_fn(model(x[indices]), y[indices]).backward()
+            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)   # on the round's mean gradient (SYNC)
+            opt.step()
+            sched.step()
+
+    SYNC: each gradient leaves as the step block sends it (overlap as the model says); when the block ends,
+    .grad holds the workers' mean gradient, and every worker's optimizer makes the same step. Every
+    `check_every` clocks each worker compares a digest of its values with rank 0's; a mismatch fails the job
+    naming the worker. ASYNC and SSP: the block's gradients stay here; step() steps on them, sends the change
+    it made to the values (the servers add it, times the staleness-aware scale) and takes the servers' values,
+    with everyone's changes, before the next forward. A step the script skips (GradScaler after inf) sends no
+    change.
+
+    Raises tessera.Error FAILED_PRECONDITION when the job's servers run an optimizer of their own, and
+    INVALID_ARGUMENT for an optimizer over parameters the model does not train."""
+    if not model.script:
+        raise Error(f"FAILED_PRECONDITION: the job's servers run its optimizer ({model.job.spec['optimizer']['kind']}"
+                    "); a script's own optimizer needs optimizer { kind: SCRIPT } in the job")
+    if getattr(optimizer, "_tessera_model", None) is not None:
+        raise Error("FAILED_PRECONDITION: this optimizer is already a DistributedOptimizer")
+    trained = {id(p) for _, p in model._params}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if id(p) not in trained:
+                raise Error("INVALID_ARGUMENT: the optimizer holds a parameter the model does not train (frozen, "
+                            "or of another module)")
+    model._check_every = int(check_every)
+    step = optimizer.step
+
+    def distributed_step(*args, **kwargs):
+        if model._current is not None:
+            raise Error("FAILED_PRECONDITION: optimizer.step() inside a step block: call it after the block, once "
+                        "the block's gradients are complete")
+        result = step(*args, **kwargs)
+        model._note_script_step()
+        return result
+
+    if getattr(step, "_with_counter", False):
+        distributed_step._with_counter = True  # an lr_scheduler made before: its order check still holds
+    optimizer.step = distributed_step
+    optimizer._tessera_model = model
+    return optimizer
 
 
 class DistributedModel(torch.nn.Module):
@@ -362,16 +426,29 @@ class DistributedModel(torch.nn.Module):
         self.names = [name for name, _ in self._params]
         self._index = {id(p): i for i, (_, p) in enumerate(self._params)}
         tensors = [p for _, p in self._params]
+        # optimizer { kind: SCRIPT }: the script's own optimizer steps (DistributedOptimizer); the servers only
+        # combine: in SYNC the exchange brings the workers' mean gradient, in ASYNC and SSP it takes this worker's
+        # change to the values and brings the servers' values.
+        self.script = job.spec["optimizer"]["kind"] == "SCRIPT"
+        self._sync = job.mode == "SYNC"
+        self._script_push = None  # ASYNC and SSP with SCRIPT: (batch size, values before the optimizer's step)
+        self._digests = {}  # SYNC with SCRIPT: this worker's digest of its values, by clock
+        self._check_every = 100
         if self.device.type == "cuda":
             self._mirror = _HostMirror(tensors)
-            self._values = [v.numpy() for v in self._mirror.values]
+            self._weights = [v.numpy() for v in self._mirror.values]
             self._grad_sets = [[g.numpy() for g in grads] for grads in self._mirror.grads]
         else:
             self._mirror = None
-            self._values = [p.data.numpy() for p in tensors]  # the parameters' own memory
+            self._weights = [p.data.numpy() for p in tensors]  # the parameters' own memory
             # Gradients accumulate in memory of ours, which the exchange reads as it sends (no copy): each
             # parameter's .grad is a tensor over it.
             self._grad_sets = [[np.zeros(tuple(p.shape), np.float32) for p in tensors] for _ in range(2)]
+        # Where the exchange writes: the parameters' values, or in SYNC with SCRIPT the round's mean gradient.
+        self._values = self._weights
+        if self.script and self._sync:
+            pin = self._mirror is not None
+            self._values = [torch.zeros(p.shape, dtype=torch.float32, pin_memory=pin).numpy() for p in tensors]
         # Two gradient sets, one per step in turn: a step's pushes may still be on the wire while the next step's
         # backward runs, and a set is reused only once its step's exchange has settled.
         self._steps = 0
@@ -384,6 +461,8 @@ class DistributedModel(torch.nn.Module):
         self.buffer_names = ["buffer:" + name for name, _ in self._buffers]
         params = [(name, list(p.shape)) for name, p in self._params]
         state = [(name, list(b.shape)) for name, (_, b) in zip(self.buffer_names, self._buffers)]
+        if self.script and self._sync:
+            state.append((_DIGEST, [4]))
         mine = dict(params + state)
         self._check_matches_job(mine, self._client.job_parameters())
         self._client.declare([(name, shape, 0.0, 0) for name, shape in params], state=state)
@@ -522,6 +601,8 @@ class DistributedModel(torch.nn.Module):
     def done(self):
         """Waits for the last step's values, then tells the scheduler this worker is finished, or, after SIGTERM
         or Ctrl-C, that it stopped (and exits with status 130 after Ctrl-C)."""
+        if self._script_push is not None and not self._gate["stop"]:
+            self._push_script_update()
         self._settle()
         if self._buffers and self.rank == 0:
             try:
@@ -559,16 +640,20 @@ class DistributedModel(torch.nn.Module):
     # a rejoining or resumed worker finds trained values), and every rank waits until they are there.
     def _start_from_rank_zero(self, timeout_s):
         names = self.names + self.buffer_names
-        scratch = [v.copy() for v in self._values] + [b.copy() for b in self._buffer_host]
+        scratch = [v.copy() for v in self._weights] + [b.copy() for b in self._buffer_host]
         self._client.pull(names, scratch)
         fresh = all(self._client.pulled_version(n) == 0 for n in names)
+        if self.script and self._sync and not fresh and self._client.clock > 0:
+            raise Error("UNIMPLEMENTED: joining a SYNC job with optimizer { kind: SCRIPT } after its start: the "
+                        "values and the optimizer's state live on the workers, and a new worker cannot take them "
+                        "yet (ASYNC and SSP keep the values on the servers)")
         if self.rank == 0 and fresh:
-            self._client.assign(self.names, [v.copy() for v in self._values] if self._mirror else self._values)
+            self._client.assign(self.names, [v.copy() for v in self._weights] if self._mirror else self._weights)
             if self._buffers:
                 self._client.assign(self.buffer_names, self._buffer_host)
         deadline = time.time() + timeout_s
         while True:
-            self._client.pull(self.names, self._values)
+            self._client.pull(self.names, self._weights)
             if all(self._client.pulled_version(n) > 0 for n in self.names):
                 break
             if time.time() > deadline:
@@ -596,6 +681,12 @@ class DistributedModel(torch.nn.Module):
             raise Error("FAILED_PRECONDITION: a step is already open")
         if self._buffers and self.rank != 0 and self._steps % self._buffer_every == 0:
             self._take_buffers()
+        if self.script and not self._sync:
+            if self._script_push is not None:
+                self._push_script_update()  # the last block's optimizer step was skipped (GradScaler): no change
+            self._current = _LOCAL_BLOCK
+            self._waited = 0.0
+            return
         # The set of two steps ago: that step's exchange has settled (_finish), so its bytes have left.
         self._set = self._steps % 2
         self._grads = self._grad_sets[self._set]
@@ -636,7 +727,7 @@ class DistributedModel(torch.nn.Module):
         return self._fired[i] > 0 or (grad is not None and bool(grad.any()))
 
     def _gradient_ready(self, i):
-        if self._current is None:
+        if self._current is None or self._current is _LOCAL_BLOCK:
             return
         p = self._params[i][1]
         self._fired[i] += 1
@@ -693,6 +784,94 @@ class DistributedModel(torch.nn.Module):
         self._sent[i] = True
         self._current.send(i)
 
+    # optimizer { kind: SCRIPT } (see DistributedOptimizer).
+    def _install_mean_gradients(self):
+        """SYNC: once the round's mean gradient is in, it becomes each parameter's .grad (the script's optimizer
+        steps on it); then rank 0's digest of the values two blocks back is compared with this worker's."""
+        self._settle()
+        for (_, p), mean in zip(self._params, self._values):
+            p.grad = torch.from_numpy(mean).to(p.device) if self._mirror is not None else torch.from_numpy(mean)
+        self._compare_digest()
+
+    def _values_digest(self):
+        """Three sums over every parameter's values: equal on every worker of a SYNC job with SCRIPT (the same
+        mean gradient, the same optimizer)."""
+        total, squares, strided = 0.0, 0.0, 0.0
+        with torch.no_grad():
+            for _, p in self._params:
+                flat = p.detach().reshape(-1).double()
+                total += flat.sum().item()
+                squares += flat.dot(flat).item()
+                strided += flat[::7].sum().item()
+        return np.array([total, squares, strided], np.float64)
+
+    def _note_script_step(self):
+        """After the script's optimizer stepped. SYNC: every check_every clocks, this worker's digest of its values
+        is kept, and rank 0 sends its own to the servers. ASYNC and SSP: the change leaves."""
+        if not self._sync:
+            self._push_script_update()
+            return
+        clock = self.clock
+        if self._check_every <= 0 or clock % self._check_every:
+            return
+        digest = self._values_digest()
+        if self.rank == 0:
+            self._client.assign([_DIGEST], [np.array([clock, *digest], np.float32)])
+        else:
+            self._digests = {clock: digest}
+
+    def _compare_digest(self):
+        """A round after a digest clock c (rank 0 sent its digest of c before it pushed this round): a worker
+        whose values differ from rank 0's fails the job naming itself."""
+        if self.rank == 0 or not self._digests:
+            return
+        (clock, mine), = self._digests.items()
+        if self.clock <= clock:
+            return
+        self._digests = {}
+        theirs = np.zeros(4, np.float32)
+        self._client.pull([_DIGEST], [theirs])
+        if int(theirs[0]) != clock:
+            return  # rank 0 stopped or restarted in between: nothing to compare
+        mine32 = mine.astype(np.float32)
+        if np.allclose(mine32, theirs[1:], rtol=1e-5, atol=1e-6):
+            return
+        why = (f"worker {self.rank}'s parameters differ from rank 0's at clock {clock} (digest {mine32.tolist()} "
+               f"against {theirs[1:].tolist()}): with optimizer {{ kind: SCRIPT }} in SYNC every worker's optimizer "
+               "must make the same step from the same mean gradient (the same optimizer, settings and schedule, "
+               "and no change to the values outside it)")
+        self._client.fail(why, program_error=True)
+        raise Error("FAILED_PRECONDITION: " + why)
+
+    def _end_local_block(self, batch_size, busy):
+        """ASYNC and SSP with SCRIPT: the block's gradients stay here for the script's optimizer; the values it
+        starts from are kept to make its change."""
+        self._current = None
+        self._settle()
+        self._script_push = (batch_size, busy, [p.detach().clone() for _, p in self._params])
+
+    def _push_script_update(self):
+        """Sends the change the optimizer made since the block ended (the servers add it) and takes the clock."""
+        if self._script_push is None:
+            raise Error("FAILED_PRECONDITION: optimizer.step() without a step block before it")
+        batch_size, busy, before = self._script_push
+        self._script_push = None
+        self._set = self._steps % 2
+        self._grads = self._grad_sets[self._set]
+        self._steps += 1
+        with torch.no_grad():
+            for (_, p), b, g in zip(self._params, before, self._grads):
+                torch.sub(p.detach(), b, out=b)
+                torch.from_numpy(g).copy_(b)
+        self._current = self._plan.begin(self._set, batch_size)
+        for i in range(len(self._params)):
+            self._current.send(i)
+        try:
+            self._finish(batch_size, busy)
+        except Error:
+            self._abandon()
+            raise
+
     def _after(self, step):
         """The step whose values the next step waits for (None: nothing to wait for)."""
         self._previous = step
@@ -718,7 +897,7 @@ class DistributedModel(torch.nn.Module):
             # block ends with the job's stop.
             self._gate = dict(self._gate, stop=True, stop_reason=self._gate["stop_reason"] or str(e))
             self._after(None)
-        if self._mirror is not None:
+        if self._mirror is not None and self._values is self._weights:
             self._mirror.load_values(indices)
         self._waited += time.perf_counter() - started
 
@@ -729,6 +908,8 @@ class DistributedModel(torch.nn.Module):
             # Rounds the job stopped in may never close, and the values may be partly written: the servers' own,
             # while they still answer (a stopping job's calls are given up on, not waited out).
             self._after(None)
+            if self._values is not self._weights:
+                return  # SYNC with SCRIPT: the values are the workers' own
             try:
                 self._client.pull(self.names, self._values)
             except Error as e:
@@ -763,6 +944,10 @@ class DistributedModel(torch.nn.Module):
         to = self._client.take_rollback()
         if to is None:
             return False
+        if self._values is not self._weights:
+            raise Error(f"UNIMPLEMENTED: the job went back to the checkpoint of clock {to}, and with optimizer "
+                        "{ kind: SCRIPT } in SYNC the values and the optimizer's state are the workers' own, which "
+                        "a checkpoint does not hold yet")
         print(f"tessera: worker {self.rank}: the job went back to clock {to} (from {self.clock}); training on "
               "from there", flush=True)
         self._current = None

@@ -1,0 +1,155 @@
+"""tessera.torch.DistributedOptimizer: the script's own torch.optim optimizer, schedule and clipping over servers
+that only combine (optimizer { kind: SCRIPT }). SYNC equals one process on the union batch; ASYNC with one worker
+equals one process; ASYNC and SSP with two workers train; a worker whose values drift fails the job."""
+
+import math
+
+import pytest
+
+from conftest import run_workers
+
+torch = pytest.importorskip("torch", reason="Debian's python3-torch is not installed")
+import tessera  # noqa: E402
+import tessera.torch as tt  # noqa: E402
+from test_torch import GLOBAL_BATCH, data, make_net, micro_batches, one_backward  # noqa: E402
+
+STEPS = 100
+LR, WARMUP, MIN_FACTOR, DECAY, CLIP = 0.01, 10, 0.1, 0.05, 0.5
+
+
+def warmup_cosine(step):
+    if step < WARMUP:
+        return (step + 1) / WARMUP
+    done = min(1.0, (step - WARMUP) / (STEPS - WARMUP))
+    return MIN_FACTOR + (1 - MIN_FACTOR) * 0.5 * (1 + math.cos(math.pi * done))
+
+
+def adamw_recipe(net, lr=LR):
+    """AdamW in two parameter groups (no decay on biases) and a warmup-then-cosine LambdaLR."""
+    decay = [p for n, p in net.named_parameters() if "bias" not in n]
+    rest = [p for n, p in net.named_parameters() if "bias" in n]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": DECAY}, {"params": rest, "weight_decay": 0.0}], lr=lr)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine)
+
+
+def local_run(steps=STEPS):
+    """The reference: one process, the union batch, the same optimizer, schedule and clipping."""
+    net = make_net()
+    x, y = data(steps)
+    opt, schedule = adamw_recipe(net)
+    for s in range(steps):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(x[s]), y[s]).backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), CLIP)
+        opt.step()
+        schedule.step()
+    return [p.detach().clone() for p in net.parameters()]
+
+
+def learnable_data(steps):
+    """Examples whose class is the argmax of a fixed linear map of them: a loss that training lowers."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(steps, GLOBAL_BATCH, 8, generator=g)
+    return x, (x @ torch.randn(8, 3, generator=g)).argmax(-1)
+
+
+def train(start_cluster, workers, mode, accumulate=micro_batches, overlap=False, steps=STEPS, lr_of_rank=None,
+          consistency="", examples=data):
+    """Trains make_net() with the AdamW recipe through `workers` workers; returns their final parameters and the
+    per-rank losses of the first and last steps."""
+    torch.set_num_threads(1)
+    share = GLOBAL_BATCH // workers
+    cluster = start_cluster(mode=mode, servers=2, workers=workers, chunk_bytes=256, batch_size=share,
+                            optimizer="kind: SCRIPT", consistency=consistency)
+    x, y = examples(steps)
+    nets = [make_net() for _ in range(workers)]
+    final, losses = {}, {}
+
+    def worker(rank):
+        job = tt.init(scheduler=cluster.address, rank=rank)
+        net = nets[rank]
+        model = tt.DistributedModel(net, job, overlap=overlap)
+        lr = LR if lr_of_rank is None else lr_of_rank(rank)
+        opt, schedule = adamw_recipe(net, lr)
+        opt = tt.DistributedOptimizer(opt, model, check_every=10)
+        seen = []
+        for s in range(steps):
+            xs, ys = x[s][rank * share:(rank + 1) * share], y[s][rank * share:(rank + 1) * share]
+            opt.zero_grad()
+            with model.step(batch_size=share):
+                accumulate(model, xs, ys)
+            with torch.no_grad():
+                seen.append(torch.nn.functional.cross_entropy(net(x[s]), y[s]).item())
+            torch.nn.utils.clip_grad_norm_(net.parameters(), CLIP)
+            opt.step()
+            schedule.step()
+        model.done()
+        final[rank] = [p.detach().clone() for p in net.parameters()]
+        losses[rank] = (sum(seen[:5]) / 5, sum(seen[-5:]) / 5)
+
+    run_workers(workers, worker)
+    return final, losses
+
+
+def largest_difference(final, expected):
+    return max((got - want).abs().max().item() for params in final.values() for got, want in zip(params, expected))
+
+
+@pytest.mark.parametrize("accumulate", ["one_backward", "two_micro_batches", "two_micro_batches_no_sync"])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sync_with_the_scripts_adamw_schedule_and_clipping_equals_one_process(start_cluster, workers, accumulate):
+    how = {"one_backward": one_backward, "two_micro_batches": micro_batches,
+           "two_micro_batches_no_sync": lambda m, x, y: micro_batches(m, x, y, no_sync=True)}[accumulate]
+    final, _ = train(start_cluster, workers, "SYNC", accumulate=how, overlap=accumulate.endswith("no_sync"))
+    worst = largest_difference(final, local_run())
+    print(f"largest difference from torch.optim.AdamW + LambdaLR + clip_grad_norm_ in one process after {STEPS} "
+          f"steps, {workers} worker(s), {accumulate}: {worst:.3g}")
+    assert worst < 1e-5
+
+
+def test_async_with_one_worker_equals_one_process(start_cluster):
+    final, _ = train(start_cluster, 1, "ASYNC", accumulate=one_backward)
+    worst = largest_difference(final, local_run())
+    print(f"largest difference from one process after {STEPS} ASYNC steps, 1 worker: {worst:.3g}")
+    assert worst < 1e-5
+
+
+@pytest.mark.parametrize("mode", ["ASYNC", "SSP"])
+def test_async_and_ssp_with_two_workers_lower_the_loss(start_cluster, mode):
+    _, losses = train(start_cluster, 2, mode, accumulate=one_backward, lr_of_rank=lambda rank: 0.05,
+                          consistency="staleness: 2" if mode == "SSP" else "", examples=learnable_data)
+    for rank, (first, last) in losses.items():
+        print(f"{mode} rank {rank}: mean loss of the first 5 steps {first:.3f}, of the last 5 {last:.3f}")
+        assert last < 0.7 * first
+
+
+def test_a_worker_whose_values_drift_from_rank_zeros_fails_the_job_naming_it(start_cluster):
+    with pytest.raises(tessera.Error, match=r"worker 1's parameters differ from rank 0's at clock 10"):
+        train(start_cluster, 2, "SYNC", accumulate=one_backward, steps=30,
+              lr_of_rank=lambda rank: LR * (1 + rank))
+
+
+def test_the_scripts_optimizer_needs_a_script_job_and_steps_after_the_block(start_cluster):
+    cluster = start_cluster(mode="ASYNC", servers=1, workers=1)
+    job = tt.init(scheduler=cluster.address)
+    net = make_net()
+    model = tt.DistributedModel(net, job)
+    with pytest.raises(tessera.Error, match=r"servers run its optimizer \(SGD\).*kind: SCRIPT"):
+        tt.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), model)
+    job.client.done()
+
+
+def test_a_step_inside_the_block_is_refused(start_cluster):
+    cluster = start_cluster(mode="SYNC", servers=1, workers=1, optimizer="kind: SCRIPT")
+    job = tt.init(scheduler=cluster.address)
+    net = make_net()
+    model = tt.DistributedModel(net, job)
+    opt = tt.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), model)
+    x, y = data()
+    with pytest.raises(tessera.Error, match=r"optimizer.step\(\) inside a step block"):
+        with model.step(batch_size=GLOBAL_BATCH):
+            one_backward(model, x[0], y[0])
+            opt.step()
+    with pytest.raises(tessera.Error, match="the model does not train"):
+        tt.DistributedOptimizer(torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1), model)
+    job.client.done()
