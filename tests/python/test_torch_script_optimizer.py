@@ -153,3 +153,60 @@ def test_a_step_inside_the_block_is_refused(start_cluster):
     with pytest.raises(tessera.Error, match="the model does not train"):
         tt.DistributedOptimizer(torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1), model)
     job.client.done()
+
+
+def test_a_restarted_worker_continues_with_its_optimizers_state(start_cluster):
+    """ASYNC: rank 1 steps AdamW 20 times and is lost; a new rank 1 (a fresh model and optimizer, as a restarted
+    script makes them) starts at the job's clock with the moments and step count the lost one had."""
+    import threading
+
+    torch.set_num_threads(1)
+    cluster = start_cluster(mode="ASYNC", servers=2, workers=2, chunk_bytes=256, batch_size=4,
+                            optimizer="kind: SCRIPT")
+    x, y = learnable_data(40)
+    rejoined = threading.Event()
+    seen = {}
+
+    def steps(model, opt, net, rank, count):
+        for _ in range(count):
+            s = model.clock
+            xs, ys = x[s][rank * 4:(rank + 1) * 4], y[s][rank * 4:(rank + 1) * 4]
+            opt.zero_grad()
+            with model.step(batch_size=4):
+                one_backward(model, xs, ys)
+            opt.step()
+
+    def snapshot(opt):
+        return {k: {n: v.clone() for n, v in state.items()} for k, state in opt.state_dict()["state"].items()}
+
+    def start(rank):
+        net = make_net()
+        model = tt.DistributedModel(net, tt.init(scheduler=cluster.address, rank=rank))
+        return net, model, tt.DistributedOptimizer(adamw_recipe(net)[0], model)
+
+    def worker(rank):
+        net, model, opt = start(rank)
+        if rank == 0:
+            steps(model, opt, net, rank, 10)
+            assert rejoined.wait(120)
+            steps(model, opt, net, rank, 10)
+            model.done()
+            return
+        steps(model, opt, net, rank, 20)
+        seen["lost"] = snapshot(opt)
+        model.job.client.fail("rank 1 lost (the test's stand-in for a dead process)")
+        net, model, opt = start(rank)
+        seen["clock"] = model.clock
+        seen["restored"] = snapshot(opt)
+        rejoined.set()
+        steps(model, opt, net, rank, 5)
+        model.done()
+
+    run_workers(2, worker)
+    assert seen["clock"] == 20
+    lost, restored = seen["lost"], seen["restored"]
+    assert sorted(lost) == sorted(restored) and lost
+    for k in lost:
+        assert sorted(lost[k]) == sorted(restored[k]) == ["exp_avg", "exp_avg_sq", "step"]
+        for name in lost[k]:
+            assert torch.equal(lost[k][name], restored[k][name]), (k, name)

@@ -331,9 +331,61 @@ _STEP_STATE = frozenset({"_current", "_previous", "_ready", "_outside", "_hooked
 
 _LOCAL_BLOCK = object()  # the open step of ASYNC or SSP with SCRIPT: nothing leaves until the optimizer steps
 _DIGEST = "script:digest"  # SYNC with SCRIPT: rank 0's [clock, digest of its values]
+_OPTIMIZER_STATE = "script:optimizer:"  # + owner: the state of a script's optimizer, kept on the servers
 
 
-def DistributedOptimizer(optimizer, model, check_every=100):
+class _OptimizerState:
+    """A script optimizer's state (Adam's moments and step, SGD's momentum, ...) as state entries on the servers,
+    so that checkpoints hold it and a restarted worker continues with it. Its layout is found by stepping a copy
+    of the optimizer once, over copies of the parameters, on zero gradients."""
+
+    def __init__(self, optimizer, model, owner):
+        self.optimizer = optimizer
+        self.model = model
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        copies = {id(p): p.detach().clone().requires_grad_(True) for p in params}
+        groups = [dict(group, params=[copies[id(p)] for p in group["params"]]) for group in optimizer.param_groups]
+        try:
+            probe = type(optimizer)(groups)
+            for c in copies.values():
+                c.grad = torch.zeros_like(c)
+            probe.step()
+        except Exception as e:  # noqa: BLE001: any optimizer's own complaint
+            raise Error(f"INVALID_ARGUMENT: the layout of {type(optimizer).__name__}'s state could not be found by "
+                        f"stepping a copy of it ({e}); pass state_every=0 to keep its state in this process only")
+        self.entries = []  # (name, parameter, key, like): `like` a tensor of the state's dtype, shape, device
+        for j, p in enumerate(params):
+            for key, value in sorted(probe.state.get(copies[id(p)], {}).items()):
+                if torch.is_tensor(value) and value.is_floating_point():
+                    self.entries.append((f"{_OPTIMIZER_STATE}{owner}:{j}:{key}", p, key, value))
+        self.names = [name for name, *_ in self.entries]
+        self.host = [np.zeros(max(1, like.numel()), np.float32) for *_, like in self.entries]
+        if self.entries:
+            model._client.declare([], state=[(name, [len(h)]) for name, h in zip(self.names, self.host)])
+
+    def save(self):
+        state = self.optimizer.state
+        for (name, p, key, like), host in zip(self.entries, self.host):
+            value = state.get(p, {}).get(key)
+            if value is not None:
+                np.copyto(host, value.detach().reshape(-1).float().cpu().numpy())
+        if self.entries:
+            self.model._client.assign(self.names, self.host)
+
+    def restore(self):
+        """Takes the saved state when there is one (False when none was saved yet)."""
+        if not self.entries:
+            return False
+        self.model._client.pull(self.names, self.host)
+        if not all(self.model._client.pulled_version(n) > 0 for n in self.names):
+            return False
+        for (name, p, key, like), host in zip(self.entries, self.host):
+            value = torch.from_numpy(host.copy()).reshape(like.shape).to(dtype=like.dtype, device=like.device)
+            self.optimizer.state[p][key] = value
+        return True
+
+
+def DistributedOptimizer(optimizer, model, check_every=100, state_every=1):
     """Keeps the script's own torch.optim optimizer (any, with its parameter groups, lr_scheduler, clipping and
     GradScaler) in a job whose servers only combine (optimizer { kind: SCRIPT }). Returns `optimizer` itself,
     its step() extended; the loop is a DDP script's:
@@ -356,6 +408,12 @@ def DistributedOptimizer(optimizer, model, check_every=100):
     with everyone's changes, before the next forward. A step the script skips (GradScaler after inf) sends no
     change.
 
+    The optimizer's state (moments, step counts, momentum) is sent to the servers every `state_every` steps (by
+    rank 0 in SYNC, where every worker's is the same; by every worker in ASYNC and SSP): checkpoints hold it, and
+    a worker that restarts takes it here and continues with it (0: the state stays in this process). Make the
+    schedule after this call with last_epoch=model.clock - 1, so that a restarted worker's schedule starts where
+    the job is (the base rate is kept as each group's initial_lr).
+
     Raises tessera.Error FAILED_PRECONDITION when the job's servers run an optimizer of their own, and
     INVALID_ARGUMENT for an optimizer over parameters the model does not train."""
     if not model.script:
@@ -370,6 +428,14 @@ def DistributedOptimizer(optimizer, model, check_every=100):
                 raise Error("INVALID_ARGUMENT: the optimizer holds a parameter the model does not train (frozen, "
                             "or of another module)")
     model._check_every = int(check_every)
+    model._state_every = int(state_every)
+    for group in optimizer.param_groups:
+        group.setdefault("initial_lr", group["lr"])
+    if model._state_every > 0:
+        model._optimizer_state = _OptimizerState(optimizer, model, "all" if model._sync else f"rank{model.rank}")
+        if model.clock > 0 and model._optimizer_state.restore():
+            print(f"tessera: worker {model.rank}: the optimizer's state continues from the servers' copy at clock "
+                  f"{model.clock}", flush=True)
     step = optimizer.step
 
     def distributed_step(*args, **kwargs):
@@ -434,6 +500,8 @@ class DistributedModel(torch.nn.Module):
         self._script_push = None  # ASYNC and SSP with SCRIPT: (batch size, values before the optimizer's step)
         self._digests = {}  # SYNC with SCRIPT: this worker's digest of its values, by clock
         self._check_every = 100
+        self._state_every = 0
+        self._optimizer_state = None
         if self.device.type == "cuda":
             self._mirror = _HostMirror(tensors)
             self._weights = [v.numpy() for v in self._mirror.values]
@@ -621,6 +689,7 @@ class DistributedModel(torch.nn.Module):
     @staticmethod
     def _check_matches_job(mine, theirs):
         """FAILED_PRECONDITION unless the servers hold nothing yet or exactly this model's parameters."""
+        theirs = {n: s for n, s in theirs.items() if not n.startswith(_OPTIMIZER_STATE)}
         if not theirs or theirs == mine:
             return
         missing = sorted(set(theirs) - set(mine))
@@ -808,10 +877,15 @@ class DistributedModel(torch.nn.Module):
     def _note_script_step(self):
         """After the script's optimizer stepped. SYNC: every check_every clocks, this worker's digest of its values
         is kept, and rank 0 sends its own to the servers. ASYNC and SSP: the change leaves."""
+        keeps = self._optimizer_state is not None and (self.rank == 0 or not self._sync)
         if not self._sync:
             self._push_script_update()
+            if keeps and self.clock % self._state_every == 0:
+                self._optimizer_state.save()
             return
         clock = self.clock
+        if keeps and clock % self._state_every == 0:
+            self._optimizer_state.save()
         if self._check_every <= 0 or clock % self._check_every:
             return
         digest = self._values_digest()
