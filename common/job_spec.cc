@@ -212,9 +212,6 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
   if (job.model().mlp().hidden_sizes_size() > kMaxDimensions * 8) {
     return FieldError("model.mlp.hidden_sizes", absl::StrCat("at most ", kMaxDimensions * 8, " layers"));
   }
-  if (job.model().kind_case() == tessera::v1::ModelSpec::KIND_NOT_SET) {
-    return FieldError("model", "not set; choose softmax_regression {} or mlp { hidden_sizes: ... }");
-  }
   for (int i = 0; i < job.model().mlp().hidden_sizes_size(); ++i) {
     if (job.model().mlp().hidden_sizes(i) <= 0 || job.model().mlp().hidden_sizes(i) > kMaxLayerWidth) {
       return FieldError(absl::StrCat("model.mlp.hidden_sizes[", i, "]"),

@@ -55,6 +55,17 @@ StepLoop::StepLoop(ParameterSource* source, Backend* backend, const TrainerOptio
 absl::Status StepLoop::Prepare() {
   const tessera::v1::JobSpec& job = source_->job();
   const int workers = source_->num_workers();
+  // A job for scripts (tessera.torch) may name no model, and may leave the optimizer to them.
+  if (job.model().kind_case() == tessera::v1::ModelSpec::KIND_NOT_SET) {
+    return absl::FailedPreconditionError(
+        "the job names no model { softmax_regression {} or mlp { hidden_sizes: ... } }: tessera-worker trains "
+        "that built-in model; a job without one is for scripts (tessera-launch ... -- python3 script.py)");
+  }
+  if (job.optimizer().kind() == tessera::v1::OptimizerSpec::SCRIPT) {
+    return absl::FailedPreconditionError(
+        "the job's optimizer { kind: SCRIPT } is the workers' own (tessera.torch.DistributedOptimizer); "
+        "tessera-worker steps the servers' optimizer only (SGD, ADAM, ADAMW)");
+  }
   TESSERA_ASSIGN_OR_RETURN(Dataset train, LoadSplit(job.data(), /*train=*/true, job.seed()));
   train_ = std::make_unique<Dataset>(std::move(train));
   // The data's own widths (an IDX file's, known only now) within what a worker may be asked to allocate.

@@ -153,6 +153,12 @@ TEST(JobSpecTest, TheScriptsOptimizerTakesNoServerOptimizerFields) {
   EXPECT_THAT(ValidateJobSpec(job), StatusIs(absl::StatusCode::kInvalidArgument, "write SCRIPT"));
 }
 
+// A job for scripts names only what the servers need: no model, no data (the default is Fashion-MNIST's files),
+// and with SCRIPT no optimizer settings.
+TEST(JobSpecTest, AScriptsJobNeedsNoModel) {
+  EXPECT_THAT(ValidateJobSpec(ParseValid("stop { max_steps: 3 } optimizer { kind: SCRIPT }")), IsOk());
+}
+
 TEST(JobSpecTest, MissingStopConditionNamesTheField) {
   tessera::v1::JobSpec job = ParseValid("model { softmax_regression {} }");
   EXPECT_THAT(ValidateJobSpec(job), StatusIs(absl::StatusCode::kInvalidArgument, "job field stop"));

@@ -125,6 +125,26 @@ TEST(TrainerTest, ARunTrainsEveryStepOnceLearnsAndSaysDone) {
   EXPECT_TRUE(source->done());
 }
 
+// A job for scripts (no built-in model, or the scripts' own optimizer) is refused before anything is trained.
+TEST(TrainerTest, AJobForScriptsIsRefusedNamingWhy) {
+  CpuBackend backend;
+  tessera::v1::JobSpec job = LocalJob(10);
+  job.clear_model();
+  absl::StatusOr<std::unique_ptr<LocalSource>> local = LocalSource::Create(job, "");
+  ASSERT_TRUE(local.ok()) << local.status();
+  absl::StatusOr<TrainerResult> result = Trainer(local->get(), &backend, {}).Run();
+  EXPECT_THAT(result.status().message(), HasSubstr("the job names no model"));
+  job = LocalJob(10);
+  job.mutable_optimizer()->Clear();
+  job.mutable_optimizer()->set_kind(tessera::v1::OptimizerSpec::SCRIPT);
+  ApplyJobDefaults(job);
+  ASSERT_TRUE(ValidateJobSpec(job).ok());
+  local = LocalSource::Create(job, "");
+  ASSERT_TRUE(local.ok()) << local.status();
+  result = Trainer(local->get(), &backend, {}).Run();
+  EXPECT_THAT(result.status().message(), HasSubstr("tessera-worker steps the servers' optimizer only"));
+}
+
 TEST(TrainerTest, ARollbackVoidsTheStepItLandsInAndTrainingGoesOnFromTheCheckpointsClock) {
   auto source = Source(30);
   source->RollBackAt(/*at=*/12, /*to=*/5);

@@ -7,16 +7,21 @@ launcher runs it once per worker, in the manner of torchrun:
         --job_override='consistency { mode: SSP staleness: 3 }' -- python3 worker/python/examples/fashion_mnist.py
     build/bin/tessera-launch --job=deploy/jobs/fashion_mnist_cnn_adamw.pbtxt -- \\
         python3 worker/python/examples/fashion_mnist.py --micro_batches=2
+    build/bin/tessera-launch --job=deploy/jobs/fashion_mnist_cnn_script.pbtxt -- \\
+        python3 worker/python/examples/fashion_mnist.py --micro_batches=2
 
 The data is the job's (data { format: IDX }: Debian's dataset-fashion-mnist files), read by Tessera's own
-loader; each worker trains on its slice of every step's global batch, as tessera-worker does. The optimizer,
-the consistency and the stop rules are the job's. Rank 0 scores the model on the test set every
+loader; each worker trains on its slice of every step's global batch, as tessera-worker does. The consistency
+and the stop rules are the job's; so is the optimizer, unless the job says optimizer { kind: SCRIPT }: then this
+script's own runs (torch.optim.AdamW without decay on biases and norms, a linear warmup then a cosine decay to
+the job's last step, clip_grad_norm_; see --lr, --weight_decay, --warmup_steps and --clip). Rank 0 scores the model on the test set every
 eval_every_steps steps and reports it: the summary, metrics.jsonl, /metrics and the dashboard show it, and the
 job ends at its target accuracy.
 """
 
 import argparse
 import contextlib
+import math
 import time
 
 import torch
@@ -50,6 +55,14 @@ def main():
     parser.add_argument("--micro_batches", type=int, default=1,
                         help="backward calls per step, each on a part of the worker's slice (gradient accumulation; "
                              "all but the last inside model.no_sync()); default 1")
+    parser.add_argument("--lr", type=float, default=0.003, help="optimizer { kind: SCRIPT }: AdamW's peak rate")
+    parser.add_argument("--weight_decay", type=float, default=0.05,
+                        help="optimizer { kind: SCRIPT }: AdamW's decay of the weights (not of biases and norms)")
+    parser.add_argument("--warmup_steps", type=int, default=200,
+                        help="optimizer { kind: SCRIPT }: steps of linear warmup before the cosine decay")
+    parser.add_argument("--clip", type=float, default=1.0,
+                        help="optimizer { kind: SCRIPT }: clip_grad_norm_'s largest norm of the step's mean "
+                             "gradient (0: none)")
     parser.add_argument("--eval_every", type=int, default=0,
                         help="steps between rank 0's evaluations (default: the job's eval_every_steps)")
     args = parser.parse_args()
@@ -75,6 +88,24 @@ def main():
     model = tt.DistributedModel(net, job, overlap=True)
     eval_every = args.eval_every or int(spec["eval_every_steps"])
     sampler = model.sampler(len(x))
+    own = model.script  # the job's optimizer is this script's (optimizer { kind: SCRIPT })
+    if own:
+        total = min(int(spec["stop"]["max_steps"]) or 1 << 40,
+                    int(spec["stop"]["epochs"]) * sampler.steps_per_epoch or 1 << 40)
+        if total == 1 << 40:
+            raise SystemExit("the schedule needs the job's last step: stop { max_steps } or stop { epochs }")
+        opt = tt.DistributedOptimizer(torch.optim.AdamW(
+            [{"params": [p for p in net.parameters() if p.ndim > 1], "weight_decay": args.weight_decay},
+             {"params": [p for p in net.parameters() if p.ndim <= 1], "weight_decay": 0.0}], lr=args.lr), model)
+
+        def warmup_cosine(step):
+            if step < args.warmup_steps:
+                return (step + 1) / args.warmup_steps
+            return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - args.warmup_steps) /
+                                                     max(1, total - args.warmup_steps))))
+
+        # From the job's clock: a restarted worker's schedule goes on where the job is.
+        schedule = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine, last_epoch=model.clock - 1)
     print(f"rank {job.rank}: {args.model}, {sum(p.numel() for p in net.parameters())} parameters, "
           f"{sampler.steps_per_epoch} steps per epoch, from clock {model.clock}", flush=True)
     # Rank 0 scores copies of the model on a thread of its own, so that it keeps pace with the other workers.
@@ -89,6 +120,8 @@ def main():
 
     for indices in sampler:
         parts = indices.chunk(args.micro_batches)
+        if own:
+            opt.zero_grad()
         with model.step(batch_size=len(indices)):
             loss = 0.0
             for k, part in enumerate(parts):
@@ -97,6 +130,11 @@ def main():
                     part_loss = nn.functional.cross_entropy(model(x[part]), y[part]) * (len(part) / len(indices))
                     part_loss.backward()
                 loss += part_loss.item()
+        if own:  # .grad holds the step's gradient: the workers' mean in SYNC, this worker's in ASYNC and SSP
+            if args.clip > 0:
+                nn.utils.clip_grad_norm_(net.parameters(), args.clip)
+            opt.step()
+            schedule.step()
         losses.append(loss)
         if model.clock % eval_every == 0:
             model.report(loss=sum(losses) / len(losses))

@@ -50,6 +50,7 @@ Integer buffers (num_batches_tracked) stay each worker's own. buffers="local" ke
 import contextlib
 import signal
 import time
+import types
 
 import numpy as np
 import torch
@@ -438,7 +439,7 @@ def DistributedOptimizer(optimizer, model, check_every=100, state_every=1):
                   f"{model.clock}", flush=True)
     step = optimizer.step
 
-    def distributed_step(*args, **kwargs):
+    def distributed_step(self, *args, **kwargs):
         if model._current is not None:
             raise Error("FAILED_PRECONDITION: optimizer.step() inside a step block: call it after the block, once "
                         "the block's gradients are complete")
@@ -448,7 +449,8 @@ def DistributedOptimizer(optimizer, model, check_every=100, state_every=1):
 
     if getattr(step, "_with_counter", False):
         distributed_step._with_counter = True  # an lr_scheduler made before: its order check still holds
-    optimizer.step = distributed_step
+    # A bound method, as torch.optim.lr_scheduler expects of an optimizer's step when it wraps it.
+    optimizer.step = types.MethodType(distributed_step, optimizer)
     optimizer._tessera_model = model
     return optimizer
 
