@@ -22,6 +22,7 @@ consistency {{ mode: {mode} {consistency} }}
 stop {{ max_steps: {max_steps} }}
 cluster {{ num_servers: {servers} num_workers: {workers} }}
 chunk_bytes: {chunk_bytes}
+{extra}
 """
 
 
@@ -65,17 +66,21 @@ def child_environment(**extra):
     return env
 
 
+# The job's fields for each way values travel that the tests compare.
+TRANSPORTS = {"grpc": "", "ucx": "transport: UCX trusted_network: true"}
+
+
 class Cluster:
     """A scheduler and its servers, each its own process; `address` is the scheduler's HOST:PORT."""
 
     def __init__(self, tmp, mode, servers, workers, lr, token_file=None, momentum=0.0, chunk_bytes=16, batch_size=4,
-                 max_steps=1000, consistency="", optimizer=None):
+                 max_steps=1000, consistency="", optimizer=None, extra=""):
         self.processes = []
         self.tmp = tmp
         job = tmp / "job.pbtxt"
         job.write_text(JOB.format(mode=mode, servers=servers, workers=workers, lr=lr, momentum=momentum,
                                   chunk_bytes=chunk_bytes, batch_size=batch_size, max_steps=max_steps,
-                                  consistency=consistency,
+                                  consistency=consistency, extra=extra,
                                   optimizer=optimizer or f"kind: SGD learning_rate: {lr} momentum: {momentum}"))
         address_file = tmp / "scheduler.address"
         address_file.unlink(missing_ok=True)  # a cluster started before in this folder
@@ -115,13 +120,13 @@ class Cluster:
 @pytest.fixture
 def start_cluster(tmp_path):
     """start_cluster(mode="SYNC", servers=2, workers=1, lr=0.5, ...) -> Cluster (see Cluster); optimizer: the
-    job's optimizer { ... } text (default: SGD with `lr` and `momentum`)."""
+    job's optimizer { ... } text (default: SGD with `lr` and `momentum`); extra: more fields of the job."""
     clusters = []
 
     def start(mode="SYNC", servers=2, workers=1, lr=0.5, token_file=None, momentum=0.0, chunk_bytes=16, batch_size=4,
-              max_steps=1000, consistency="", optimizer=None):
+              max_steps=1000, consistency="", optimizer=None, extra=""):
         cluster = Cluster(tmp_path, mode, servers, workers, lr, token_file, momentum, chunk_bytes, batch_size,
-                          max_steps, consistency, optimizer)
+                          max_steps, consistency, optimizer, extra)
         clusters.append(cluster)
         return cluster
 

@@ -3,7 +3,7 @@ the ways a step block may accumulate gradients; edits the servers' optimizer can
 
 import pytest
 
-from conftest import run_workers
+from conftest import TRANSPORTS, run_workers
 
 torch = pytest.importorskip("torch", reason="Debian's python3-torch is not installed")
 import tessera  # noqa: E402
@@ -132,11 +132,11 @@ RECIPES = {
 
 
 def train_through_servers(start_cluster, workers, recipe, kind=None, overlap=False, sent_inside=None,
-                          optimizer=None, reference=sgd):
+                          optimizer=None, reference=sgd, extra=""):
     torch.set_num_threads(1)
     share = GLOBAL_BATCH // workers
     cluster = start_cluster(mode="SYNC", servers=2, workers=workers, lr=LR, momentum=MOMENTUM, chunk_bytes=256,
-                            batch_size=share, optimizer=optimizer)
+                            batch_size=share, optimizer=optimizer, extra=extra)
     x, y = data()
     final = {}
     nets = [make_net(kind) for _ in range(workers)]  # here: torch's seed is the process's, not a thread's
@@ -185,6 +185,14 @@ def test_the_servers_adamw_with_a_no_decay_group_and_warmup_cosine_equals_torch(
     worst = train_through_servers(start_cluster, workers, micro_batches, optimizer=ADAMW_JOB, reference=adamw)
     print(f"largest difference from torch.optim.AdamW + LambdaLR after {STEPS} steps, {workers} worker(s), two "
           f"micro-batches: {worst:.3g}")
+    assert worst < 1e-5
+
+
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_the_servers_adamw_equals_torch_over_each_transport(start_cluster, transport):
+    worst = train_through_servers(start_cluster, 2, lambda m, x, y: micro_batches(m, x, y, no_sync=True),
+                                  overlap=True, optimizer=ADAMW_JOB, reference=adamw, extra=TRANSPORTS[transport])
+    print(f"largest difference from torch.optim.AdamW + LambdaLR after {STEPS} steps over {transport}: {worst:.3g}")
     assert worst < 1e-5
 
 

@@ -244,7 +244,13 @@ absl::Status PsClient::RunChunks(ChunkOp op, const std::vector<std::string>& nam
     // A job that is over lets its servers go: one that does not answer then is leaving, not lost.
     if (!scheduler_->stopping()) ReportUnreachable(absorbed.unreachable);
     if (absorbed.newer_epoch > 0) {
-      TESSERA_RETURN_IF_ERROR(RefreshMap(absorbed.newer_epoch));
+      // A server takes a new view a moment before the scheduler commits it (a declaration, a join): until then
+      // the scheduler's map is older, and the call waits and tries again.
+      if (absl::Status refreshed = RefreshMap(absorbed.newer_epoch); !refreshed.ok()) {
+        if (!absl::IsUnavailable(refreshed)) return refreshed;
+        last = std::move(refreshed);
+        backoff.Wait();
+      }
     } else {
       backoff.Wait();
       // The server may be gone and its chunks elsewhere by now.

@@ -77,7 +77,13 @@ class ExchangeStep : public StepExchange {
     if (!absorbed.failed_names.empty() || deferred_[index]) {
       // Retry through the ordinary path, with the same sequence number: a server that applied the push
       // answers the retry as a duplicate, with the values.
-      if (absorbed.newer_epoch > 0) TESSERA_RETURN_IF_ERROR(client_->RefreshMap(absorbed.newer_epoch));
+      if (absorbed.newer_epoch > 0) {
+        // A scheduler not yet at the servers' view (UNAVAILABLE) is waited for by RunChunks' own retries.
+        if (absl::Status refreshed = client_->RefreshMap(absorbed.newer_epoch);
+            !refreshed.ok() && !absl::IsUnavailable(refreshed)) {
+          return refreshed;
+        }
+      }
       TESSERA_RETURN_IF_ERROR(client_->RunChunks(kExchange, {names_[index]}, {grads_[index]}, batch_size_,
                                                  {out_[index]}, stamp_));
     }

@@ -332,6 +332,7 @@ _STEP_STATE = frozenset({"_current", "_previous", "_ready", "_outside", "_hooked
 
 _LOCAL_BLOCK = object()  # the open step of ASYNC or SSP with SCRIPT: nothing leaves until the optimizer steps
 _DIGEST = "script:digest"  # SYNC with SCRIPT: rank 0's [clock, digest of its values]
+_FOUND_INF = "script:found_inf"  # SYNC with SCRIPT: exchanged every round, > 0 when a worker's gradient was not finite
 _OPTIMIZER_STATE = "script:optimizer:"  # + owner: the state of a script's optimizer, kept on the servers
 
 
@@ -516,9 +517,18 @@ class DistributedModel(torch.nn.Module):
             self._grad_sets = [[np.zeros(tuple(p.shape), np.float32) for p in tensors] for _ in range(2)]
         # Where the exchange writes: the parameters' values, or in SYNC with SCRIPT the round's mean gradient.
         self._values = self._weights
+        # SYNC with SCRIPT: one more entry rides in every round, 1 from a worker whose gradient had an inf or NaN
+        # (it sends zeros in their place): the whole round's mean is then NaN on every worker, as one process's
+        # gradient would be, and a GradScaler skips the step everywhere alike.
+        self._flags_inf = self.script and self._sync
+        exchanged = list(self.names)
         if self.script and self._sync:
             pin = self._mirror is not None
             self._values = [torch.zeros(p.shape, dtype=torch.float32, pin_memory=pin).numpy() for p in tensors]
+            self._values.append(np.zeros(1, np.float32))
+            for grads in self._grad_sets:
+                grads.append(np.zeros(1, np.float32))
+            exchanged.append(_FOUND_INF)
         # Two gradient sets, one per step in turn: a step's pushes may still be on the wire while the next step's
         # backward runs, and a set is reused only once its step's exchange has settled.
         self._steps = 0
@@ -530,6 +540,8 @@ class DistributedModel(torch.nn.Module):
         self._buffer_host = [np.ascontiguousarray(b.detach().cpu().numpy()) for _, b in self._buffers]
         self.buffer_names = ["buffer:" + name for name, _ in self._buffers]
         params = [(name, list(p.shape)) for name, p in self._params]
+        if self._flags_inf:
+            params.append((_FOUND_INF, [1]))
         state = [(name, list(b.shape)) for name, (_, b) in zip(self.buffer_names, self._buffers)]
         if self.script and self._sync:
             state.append((_DIGEST, [4]))
@@ -537,7 +549,7 @@ class DistributedModel(torch.nn.Module):
         self._check_matches_job(mine, self._client.job_parameters())
         self._client.declare([(name, shape, 0.0, 0) for name, shape in params], state=state)
         self._check_matches_job(mine, self._client.job_parameters())  # a worker of another model declared first
-        self._plan = self._client.step_plan(self.names, self._grad_sets, self._values)
+        self._plan = self._client.step_plan(exchanged, self._grad_sets, self._values)
         self._grad_pointers = [[g.ctypes.data for g in grads] for grads in self._grad_sets]
         # The last step's exchange, whose values may still be arriving, and which of them this step has waited
         # for (_after).
@@ -771,6 +783,8 @@ class DistributedModel(torch.nn.Module):
             for (_, p), g in zip(self._params, self._grads):
                 g.fill(0)  # what a parameter without a gradient this step sends
                 p.grad = None
+        if self._flags_inf:
+            self._grads[len(self._params)][0] = 0.0
         self._waited = 0.0
         self._sent = [False] * len(self._params)
         self._fired = [0] * len(self._params)
@@ -847,34 +861,63 @@ class DistributedModel(torch.nn.Module):
             self._sent[i] = True
             self._mirror.copy_gradient(i, self._mirror.grads[self._set])
             for j in self._mirror.copied(wait=False):
-                self._current.send(j)
+                self._send_copied(self._current, j)
             return
         p = self._params[i][1]
         if p.grad.data_ptr() != self._grad_pointers[self._set][i]:
             np.copyto(self._grads[i], p.grad.numpy())  # autograd put the sum in a new tensor: one copy into ours
         self._sent[i] = True
-        self._current.send(i)
+        self._send_copied(self._current, i)
+
+    def _send_copied(self, step, i):
+        """Sends gradient i from our memory; SYNC with SCRIPT: an inf or NaN leaves as zeros and flags the round."""
+        if self._flags_inf:
+            g = self._grads[i]
+            if not np.isfinite(g).all():
+                np.nan_to_num(g, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
+                self._grads[len(self._params)][0] = 1.0
+        step.send(i)
 
     # optimizer { kind: SCRIPT } (see DistributedOptimizer).
     def _install_mean_gradients(self):
         """SYNC: once the round's mean gradient is in, it becomes each parameter's .grad (the script's optimizer
         steps on it); then rank 0's digest of the values two blocks back is compared with this worker's."""
-        self._settle()
+        n = len(self._params)
+        if self._previous is not None:
+            try:
+                for i in range(n + 1):  # the parameters' means and the round's flag
+                    self._previous.wait_values(i)
+            except Error:
+                if not self._previous.stopped:
+                    raise
+                self._after(None)
+                for _, p in self._params:
+                    p.grad = None  # the optimizer makes no step on a mean that did not arrive
+                print(f"tessera: worker {self.rank}: the job stopped before the round's mean gradient arrived; the "
+                      "optimizer's last step is skipped", flush=True)
+                return
+        self._after(None)
+        if self._values[-1][0] > 0:  # a worker's gradient was not finite: so is the round's, on every worker
+            for mean in self._values[:-1]:
+                mean.fill(np.nan)
         for (_, p), mean in zip(self._params, self._values):
             p.grad = torch.from_numpy(mean).to(p.device) if self._mirror is not None else torch.from_numpy(mean)
         self._compare_digest()
 
     def _values_digest(self):
-        """Three sums over every parameter's values: equal on every worker of a SYNC job with SCRIPT (the same
-        mean gradient, the same optimizer)."""
-        total, squares, strided = 0.0, 0.0, 0.0
+        """The mean, the root mean square and the mean of every 7th of all the parameters' values: equal on every
+        worker of a SYNC job with SCRIPT (the same mean gradient, the same optimizer); means, so that a 16-bit
+        wire carries them unclamped."""
+        total, squares, strided, count, strided_count = 0.0, 0.0, 0.0, 0, 0
         with torch.no_grad():
             for _, p in self._params:
                 flat = p.detach().reshape(-1).double()
                 total += flat.sum().item()
                 squares += flat.dot(flat).item()
                 strided += flat[::7].sum().item()
-        return np.array([total, squares, strided], np.float64)
+                count += flat.numel()
+                strided_count += flat[::7].numel()
+        return np.array([total / count, (squares / count) ** 0.5, strided / strided_count], np.float64)
 
     def _note_script_step(self):
         """After the script's optimizer stepped. SYNC: every check_every clocks, this worker's digest of its values
@@ -910,7 +953,9 @@ class DistributedModel(torch.nn.Module):
         if int(theirs[0]) != clock:
             return  # rank 0 stopped or restarted in between: nothing to compare
         mine32 = mine.astype(np.float32)
-        if np.allclose(mine32, theirs[1:], rtol=1e-5, atol=1e-6):
+        # The digest travels at the wire's precision for values: 8 bits of mantissa in BF16, 11 in FP16.
+        rtol = {"BF16": 2.0 ** -7, "FP16": 2.0 ** -10}.get(self.job.spec.get("wire", {}).get("values"), 1e-5)
+        if np.allclose(mine32, theirs[1:], rtol=rtol, atol=1e-6):
             return
         why = (f"worker {self.rank}'s parameters differ from rank 0's at clock {clock} (digest {mine32.tolist()} "
                f"against {theirs[1:].tolist()}): with optimizer {{ kind: SCRIPT }} in SYNC every worker's optimizer "
@@ -1001,7 +1046,7 @@ class DistributedModel(torch.nn.Module):
         step, self._current = self._current, None
         if self._mirror is not None:
             for j in self._mirror.copied(wait=True):
-                step.send(j)
+                self._send_copied(step, j)
         gate = step.finish()
         if self._gate["stop"]:  # the job ended during the step (its forward found it so)
             gate = dict(gate, stop=True, stop_reason=gate["stop_reason"] or self._gate["stop_reason"])
