@@ -125,9 +125,10 @@ absl::StatusOr<std::vector<tessera::v1::ParameterSpec>> PsClient::JobParameters(
   return std::vector<tessera::v1::ParameterSpec>(map->params().begin(), map->params().end());
 }
 
-absl::Status PsClient::RefreshMap(uint64_t at_least_epoch) {
+absl::Status PsClient::RefreshMap(uint64_t at_least_epoch, bool* behind) {
   TESSERA_ASSIGN_OR_RETURN(tessera::v1::ShardMap map, scheduler_->GetShardMap());
   if (map.epoch() < at_least_epoch) {
+    if (behind != nullptr) *behind = true;
     return absl::UnavailableError(absl::StrCat("scheduler's shard map is at epoch ", map.epoch(),
                                                ", a server is already at ", at_least_epoch));
   }
@@ -246,8 +247,9 @@ absl::Status PsClient::RunChunks(ChunkOp op, const std::vector<std::string>& nam
     if (absorbed.newer_epoch > 0) {
       // A server takes a new view a moment before the scheduler commits it (a declaration, a join): until then
       // the scheduler's map is older, and the call waits and tries again.
-      if (absl::Status refreshed = RefreshMap(absorbed.newer_epoch); !refreshed.ok()) {
-        if (!absl::IsUnavailable(refreshed)) return refreshed;
+      bool behind = false;
+      if (absl::Status refreshed = RefreshMap(absorbed.newer_epoch, &behind); !refreshed.ok()) {
+        if (!behind) return refreshed;
         last = std::move(refreshed);
         backoff.Wait();
       }

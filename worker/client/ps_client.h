@@ -224,7 +224,9 @@ class PsClient {
   explicit PsClient(const Options& options);
 
   // Adopts the scheduler's map when it is newer (FAILED_PRECONDITION-free: 0 asks for whatever is newer).
-  absl::Status RefreshMap(uint64_t at_least_epoch);
+  // `behind` (when given) is set when the scheduler's map is older than at_least_epoch: a server took a new view
+  // a moment before the scheduler committed it, and asking again shortly finds it.
+  absl::Status RefreshMap(uint64_t at_least_epoch, bool* behind = nullptr);
   // The clock advanced by a gate's answer.
   ClockResult Advanced(const tessera::v1::AdvanceClockResponse& gate);
   void NoteRollback(uint64_t generation, int64_t clock);

@@ -78,9 +78,9 @@ class ExchangeStep : public StepExchange {
       // Retry through the ordinary path, with the same sequence number: a server that applied the push
       // answers the retry as a duplicate, with the values.
       if (absorbed.newer_epoch > 0) {
-        // A scheduler not yet at the servers' view (UNAVAILABLE) is waited for by RunChunks' own retries.
-        if (absl::Status refreshed = client_->RefreshMap(absorbed.newer_epoch);
-            !refreshed.ok() && !absl::IsUnavailable(refreshed)) {
+        // A scheduler not yet at the servers' view is waited for by RunChunks' own retries.
+        bool behind = false;
+        if (absl::Status refreshed = client_->RefreshMap(absorbed.newer_epoch, &behind); !refreshed.ok() && !behind) {
           return refreshed;
         }
       }
