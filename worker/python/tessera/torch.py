@@ -929,6 +929,8 @@ class DistributedModel(torch.nn.Module):
                 self._optimizer_state.save()
             return
         clock = self.clock
+        if self._gate["stop"]:
+            return  # the job is over: its servers may be leaving
         if keeps and clock % self._state_every == 0:
             self._optimizer_state.save()
         if self._check_every <= 0 or clock % self._check_every:
