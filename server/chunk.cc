@@ -47,6 +47,17 @@ bool ApplyUpdateLocked(const UpdateRule& rule, Chunk& chunk, absl::Span<const fl
   return true;
 }
 
+void SkipUpdateLocked(Chunk& chunk, const std::vector<int>& workers, int64_t clock) {
+  ++chunk.version;
+  for (int w : workers) chunk.applied_clocks[w] = std::max(chunk.applied_clocks[w], clock + 1);
+  if (chunk.replication.backups.empty() || chunk.replication.log_base < 0) return;
+  tessera::v1::ChunkUpdate& u = chunk.replication.log.emplace_back();
+  u.set_version(chunk.version);
+  u.set_skipped(true);
+  for (int w : workers) u.add_workers(w);
+  u.set_clock(clock);
+}
+
 void LogUpdateLocked(Chunk& chunk, bool assign, absl::Span<const float> values, float lr_scale, float grad_scale,
                      const std::vector<int>& workers, int64_t clock) {
   ChunkReplication& r = chunk.replication;
@@ -80,7 +91,7 @@ absl::Status ApplyReplicatedLocked(const UpdateRule& rule,
       return absl::FailedPreconditionError(absl::StrCat("update to version ", u.version(), " does not follow version ",
                                                         chunk.version + i, " of the backup"));
     }
-    if (u.values().size() != n * sizeof(float)) {
+    if (u.skipped() ? !u.values().empty() : u.values().size() != n * sizeof(float)) {
       return absl::InvalidArgumentError(absl::StrCat("an update of ", u.values().size(), " bytes for a chunk of ", n,
                                                      " values"));
     }
@@ -92,6 +103,10 @@ absl::Status ApplyReplicatedLocked(const UpdateRule& rule,
   }
   std::vector<float> values(n);
   for (const tessera::v1::ChunkUpdate& u : updates) {
+    if (u.skipped()) {
+      SkipUpdateLocked(chunk, std::vector<int>(u.workers().begin(), u.workers().end()), u.clock());
+      continue;
+    }
     std::memcpy(values.data(), u.values().data(), n * sizeof(float));
     if (!std::all_of(values.begin(), values.end(), [](float v) { return std::isfinite(v); })) {
       return absl::InvalidArgumentError("an update with non-finite values");

@@ -76,6 +76,7 @@ struct Chunk {
   std::map<int, uint64_t> last_seq ABSL_GUARDED_BY(mu);     // per worker id: the newest push applied
   std::vector<int64_t> applied_clocks ABSL_GUARDED_BY(mu);  // per worker id
   SyncRound round ABSL_GUARDED_BY(mu);                      // SYNC only: the round being collected
+  bool last_round_skipped ABSL_GUARDED_BY(mu) = false;     // SYNC: the newest round closed without an update
   ChunkReplication replication ABSL_GUARDED_BY(mu);
 };
 
@@ -90,6 +91,12 @@ inline int64_t RoundLocked(const Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chu
 // overflow: a huge one, or a diverging job) is undone: false, and the chunk is as it was.
 [[nodiscard]] bool ApplyUpdateLocked(const UpdateRule& rule, Chunk& chunk, absl::Span<const float> grad,
                                      float lr_scale, float grad_scale, const std::vector<int>& workers, int64_t clock)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+
+// Closes a SYNC round of `clock` without an update (a worker skipped its step, or the update would have
+// overflowed): the version and the clocks of `workers` advance, the values and the optimizer's state (Adam's t
+// too) stay, and the backups are told the same.
+void SkipUpdateLocked(Chunk& chunk, const std::vector<int>& workers, int64_t clock)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
 
 // The smallest clock of the active workers' updates in the chunk (workers that left hold nobody back).

@@ -33,6 +33,8 @@ struct ChunkPush {
   int64_t read_clock_version = 0;   // clock_version of the values the gradient was computed on
   int batch_size = 0;               // weight in the sync mean
   bool assign = false;              // overwrite the values instead of applying a gradient
+  float lr_factor = 1.0f;           // the worker's schedule's factor on the learning rate (PushRequest.lr_factor)
+  bool skip = false;                // the worker skips this step (PushRequest.skip)
   std::string member_key;           // the worker's, from its registration (checked against the view's digest)
 };
 

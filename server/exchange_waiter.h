@@ -22,6 +22,7 @@ struct ChunkValues {
   std::shared_ptr<const PooledBuffer> bytes;
   size_t length = 0;
   WirePrecision precision = tessera::v1::WireSpec::FP32;
+  bool skipped = false;  // SYNC: the last round closed without an update, skipped by a worker (PushRequest.skip)
 };
 
 // One PushPull waiting for its answer. Exactly one Complete() runs `done`; later ones do nothing, so the round

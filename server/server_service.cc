@@ -1,5 +1,6 @@
 #include "server/server_service.h"
 
+#include <cmath>
 #include <memory>
 
 #include "common/checkpoint_file.h"
@@ -33,6 +34,7 @@ void WriteValues(const ChunkValues& values, grpc::ByteBuffer* response) {
   PullResponse header;
   header.set_version(values.version);
   header.set_clock_version(values.clock_version);
+  header.set_skipped(values.skipped);
   header.set_data_precision(values.precision);
   if (values.bytes == nullptr) {
     grpc::Slice head(header.SerializeAsString());
@@ -58,6 +60,14 @@ absl::StatusOr<ChunkPush> ToChunkPush(const PushRequest& r, absl::string_view me
   push.read_clock_version = r.read_clock_version();
   push.batch_size = r.batch_size();
   push.assign = r.kind() == PushRequest::ASSIGN;
+  if (r.lr_factor() != 0.0f) {
+    if (!std::isfinite(r.lr_factor()) || r.lr_factor() < 0.0f || r.lr_factor() > kMaxLrFactor) {
+      return absl::InvalidArgumentError(absl::StrCat("learning-rate factor ", r.lr_factor(), " must be within 0 .. ",
+                                                     kMaxLrFactor));
+    }
+    push.lr_factor = r.lr_factor();
+  }
+  push.skip = r.skip();
   push.member_key = std::string(member_key);
   return push;
 }

@@ -411,6 +411,7 @@ ChunkValues ShardStore::ValuesLocked(const Chunk& chunk, const Roster& roster, W
   values.version = chunk.version;
   values.clock_version = ClockVersionLocked(chunk, roster);
   values.precision = precision;
+  values.skipped = chunk.last_round_skipped;
   values.length = chunk.values.size() * BytesPerValue(precision);
   std::shared_ptr<PooledBuffer> buffer = buffers_.Get(values.length);
   EncodeValues(chunk.values, precision, buffer->data());
@@ -434,6 +435,7 @@ absl::StatusOr<ChunkValues> ShardStore::Pull(const ChunkPull& request) const {
     ChunkValues unchanged;
     unchanged.version = chunk.version;
     unchanged.clock_version = ClockVersionLocked(chunk, *found.roster);
+    unchanged.skipped = chunk.last_round_skipped;
     return unchanged;
   }
   return ValuesLocked(chunk, *found.roster, request.precision);

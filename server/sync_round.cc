@@ -9,24 +9,30 @@ void SyncRound::Prepare(size_t length, int workers, bool keep_apart) {
   if (keep_apart) {
     kept_.resize(workers);
     kept_batch_.assign(workers, 0);
+    kept_terms_.assign(workers, RoundTerms{});
   }
 }
 
-void SyncRound::Add(int worker, absl::Span<const float> grad, int batch_size) {
+void SyncRound::Add(int worker, absl::Span<const float> grad, int batch_size, RoundTerms terms) {
   const float weight = static_cast<float>(batch_size);
   float* sum = sum_.data();
   if (workers_.empty()) {
     for (size_t i = 0; i < grad.size(); ++i) sum[i] = weight * grad[i];
+    lr_factor_ = terms.lr_factor;
+    skip_ = terms.skip;
   } else {
     for (size_t i = 0; i < grad.size(); ++i) sum[i] += weight * grad[i];
+    lr_factor_ = std::min(lr_factor_, terms.lr_factor);
+    skip_ = skip_ || terms.skip;
   }
   weight_ += batch_size;
   workers_.push_back(worker);
 }
 
-void SyncRound::Keep(int worker, absl::Span<const float> grad, int batch_size) {
+void SyncRound::Keep(int worker, absl::Span<const float> grad, int batch_size, RoundTerms terms) {
   kept_[worker].assign(grad.begin(), grad.end());
   kept_batch_[worker] = batch_size;
+  kept_terms_[worker] = terms;
 }
 
 int64_t SyncRound::Sum(const std::vector<int>* members) {
@@ -36,7 +42,7 @@ int64_t SyncRound::Sum(const std::vector<int>* members) {
   for (size_t w = 0; w < kept_batch_.size(); ++w) {
     if (kept_batch_[w] == 0) continue;
     if (members != nullptr && std::binary_search(members->begin(), members->end(), static_cast<int>(w))) {
-      Add(static_cast<int>(w), kept_[w], kept_batch_[w]);
+      Add(static_cast<int>(w), kept_[w], kept_batch_[w], kept_terms_[w]);
     } else {
       ++left_out;
     }
@@ -68,6 +74,7 @@ std::vector<std::shared_ptr<ExchangeWaiter>> SyncRound::TakeWaiters() {
 
 std::vector<std::shared_ptr<ExchangeWaiter>> SyncRound::Reset() {
   weight_ = 0;
+  skip_ = false;
   workers_.clear();
   std::fill(kept_batch_.begin(), kept_batch_.end(), 0);
   return TakeWaiters();

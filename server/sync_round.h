@@ -12,6 +12,12 @@
 
 namespace tessera {
 
+// What a worker's push says of its round besides the gradient (PushRequest.lr_factor and skip).
+struct RoundTerms {
+  float lr_factor = 1.0f;
+  bool skip = false;
+};
+
 class SyncRound {
  public:
   // Sizes the round for chunks of `length` values; `keep_apart` (backup workers) keeps one gradient per worker
@@ -20,9 +26,9 @@ class SyncRound {
 
   // Adds `batch_size` * `grad` of `worker` to the round's sum (the first gradient starts it, so nothing needs
   // clearing between rounds).
-  void Add(int worker, absl::Span<const float> grad, int batch_size);
+  void Add(int worker, absl::Span<const float> grad, int batch_size, RoundTerms terms = {});
   // Backup workers: keeps `worker`'s gradient apart until Sum.
-  void Keep(int worker, absl::Span<const float> grad, int batch_size);
+  void Keep(int worker, absl::Span<const float> grad, int batch_size, RoundTerms terms = {});
   // Backup workers: sums the kept gradients of `members` (ascending ids) as Add would and forgets every kept
   // one; returns how many of them were left out (not members).
   int64_t Sum(const std::vector<int>* members);
@@ -36,6 +42,10 @@ class SyncRound {
   const std::vector<float>& sum() const { return sum_; }
   double weight() const { return weight_; }
   const std::vector<int>& workers() const { return workers_; }  // whose gradients are in the sum
+  // The smallest learning-rate factor of the workers in the sum (1 when none sent one).
+  float lr_factor() const { return workers_.empty() ? 1.0f : lr_factor_; }
+  // Did a worker in the sum skip its step? The round then applies no update.
+  bool skip() const { return skip_; }
 
   // Parks an exchange until the round closes (exchanges that gave up meanwhile are dropped, keeping it bounded).
   void Park(std::shared_ptr<ExchangeWaiter> waiter);
@@ -50,6 +60,9 @@ class SyncRound {
   std::vector<int> workers_;
   std::vector<std::vector<float>> kept_;  // backup workers: per worker
   std::vector<int> kept_batch_;           // backup workers: per worker, 0 = nothing kept
+  std::vector<RoundTerms> kept_terms_;         // backup workers: per worker
+  float lr_factor_ = 1.0f;
+  bool skip_ = false;
   std::vector<std::shared_ptr<ExchangeWaiter>> waiters_;
 };
 

@@ -10,7 +10,14 @@ absl::StatusOr<Admission> AsyncPolicy::AdmitLocked(const ChunkPush& push, absl::
                                                    const Roster& roster, const std::string& what) {
   Admission admission;
   admission.staleness = std::max<int64_t>(0, push.clock - push.read_clock_version);
-  const float scale = staleness_aware_lr_ ? 1.0f / static_cast<float>(std::max<int64_t>(1, admission.staleness)) : 1.0f;
+  if (push.skip) {
+    // The worker skipped its step (its gradient scaler found inf or NaN): its clock advances, nothing else.
+    int64_t& applied = chunk.applied_clocks[push.worker_id];
+    applied = std::max(applied, push.clock + 1);
+    return admission;
+  }
+  const float scale = push.lr_factor *
+                      (staleness_aware_lr_ ? 1.0f / static_cast<float>(std::max<int64_t>(1, admission.staleness)) : 1.0f);
   if (!ApplyUpdateLocked(rule_, chunk, grad, scale, 1.0f, {push.worker_id}, push.clock)) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": the update would make values non-finite (a gradient too "
                                                    "large for the job's learning rate); nothing changed"));

@@ -48,7 +48,7 @@ bool SyncPolicy::CloseIfCompleteLocked(Chunk& chunk, const Roster& roster, int64
 }
 
 void SyncPolicy::CollectLocked(const ChunkPush& push, absl::Span<const float> grad, Chunk& chunk, Admission&) {
-  chunk.round.Add(push.worker_id, grad, push.batch_size);
+  chunk.round.Add(push.worker_id, grad, push.batch_size, {push.lr_factor, push.skip});
 }
 
 bool SyncPolicy::RoundCompleteLocked(const Chunk& chunk, const Roster& roster) const {
@@ -65,12 +65,16 @@ std::vector<std::shared_ptr<ExchangeWaiter>> SyncPolicy::CloseLocked(Chunk& chun
 std::vector<std::shared_ptr<ExchangeWaiter>> SyncPolicy::ApplyRoundLocked(Chunk& chunk) {
   const float inv = static_cast<float>(1.0 / chunk.round.weight());
   const int64_t round = RoundLocked(chunk);
-  if (!ApplyUpdateLocked(rule_, chunk, chunk.round.sum(), 1.0f, inv, chunk.round.workers(), round)) {
+  chunk.last_round_skipped = chunk.round.skip();
+  if (chunk.round.skip()) {
+    // A worker skipped its step (its gradient scaler found inf or NaN): every worker's values stay as they were.
+    SkipUpdateLocked(chunk, chunk.round.workers(), round);
+  } else if (!ApplyUpdateLocked(rule_, chunk, chunk.round.sum(), chunk.round.lr_factor(), inv, chunk.round.workers(),
+                                round)) {
     // The round's mean would overflow the values: the round closes without an update, so nobody waits forever.
     LOG_EVERY_N(WARNING, 100) << "chunk " << chunk.key.first << "/" << chunk.key.second << ": round " << round
                               << "'s update would make values non-finite; left out";
-    for (int w : chunk.round.workers()) chunk.applied_clocks[w] = std::max(chunk.applied_clocks[w], round + 1);
-    ++chunk.version;
+    SkipUpdateLocked(chunk, chunk.round.workers(), round);
   }
   return chunk.round.Reset();
 }
@@ -92,7 +96,7 @@ std::shared_ptr<const std::vector<int>> BackupSyncPolicy::MembersOf(int64_t roun
 
 void BackupSyncPolicy::CollectLocked(const ChunkPush& push, absl::Span<const float> grad, Chunk& chunk,
                                      Admission& admission) {
-  chunk.round.Keep(push.worker_id, grad, push.batch_size);
+  chunk.round.Keep(push.worker_id, grad, push.batch_size, {push.lr_factor, push.skip});
   std::shared_ptr<const std::vector<int>> members = MembersOf(RoundLocked(chunk));
   admission.late = members != nullptr && !std::binary_search(members->begin(), members->end(), push.worker_id);
 }
@@ -118,7 +122,8 @@ std::vector<std::shared_ptr<ExchangeWaiter>> BackupSyncPolicy::CloseLocked(Chunk
   // staleness back (clock_version).
   for (int64_t& applied : chunk.applied_clocks) applied = std::max(applied, round + 1);
   if (chunk.round.workers().empty()) {
-    ++chunk.version;  // every member left the job: the round closes with no update
+    SkipUpdateLocked(chunk, {}, round);  // every member left the job: the round closes with no update
+    chunk.last_round_skipped = false;
     return chunk.round.Reset();
   }
   return ApplyRoundLocked(chunk);

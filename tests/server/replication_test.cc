@@ -583,5 +583,36 @@ TEST_F(ReplicationTest, AHandOverCountsOnlyAtTheVersionTheBackupSaysItHolds) {
   }
 }
 
+// SYNC rounds that close without an update (a worker skipped its step) reach the backup as updates of their own:
+// it holds every round bit for bit, the skipped ones included, and goes on from the same version.
+TEST_F(ReplicationTest, SkippedAndScaledSyncRoundsReachTheBackupBitForBit) {
+  Start(tessera::v1::ConsistencySpec::SYNC, 2);
+  uint64_t seq[2] = {0, 0};
+  for (int round = 0; round < 12; ++round) {
+    std::vector<std::shared_ptr<std::optional<absl::StatusOr<ChunkValues>>>> answers;
+    for (int w = 0; w < 2; ++w) {
+      const float g = 0.37f * static_cast<float>(round + 1) / static_cast<float>(w + 3);
+      Sent sent = Gradient(w, ++seq[w], round, {g, -g, g * g});
+      sent.push.skip = round % 3 == 1 && w == 1;
+      sent.push.lr_factor = 1.0f / static_cast<float>(round + 1);
+      answers.push_back(Exchange(0, sent));
+    }
+    for (const auto& a : answers) {
+      ASSERT_TRUE(a->has_value()) << "round " << round;
+      ASSERT_THAT(**a, IsOk());
+      EXPECT_EQ((**a)->skipped, round % 3 == 1) << "round " << round;
+    }
+  }
+  const tessera::v1::ChunkState before = State(0);
+  EXPECT_EQ(before.version(), 12);
+  EXPECT_EQ(before.gradient_updates(), 8) << "the 4 skipped rounds took no optimizer step";
+  FailOver();
+  const tessera::v1::ChunkState after = State(1);
+  EXPECT_EQ(after.version(), before.version());
+  EXPECT_EQ(after.gradient_updates(), before.gradient_updates());
+  EXPECT_EQ(after.values(), before.values()) << "values differ in their bits";
+  EXPECT_EQ(after.optimizer_state(), before.optimizer_state()) << "momentum differs";
+}
+
 }  // namespace
 }  // namespace tessera

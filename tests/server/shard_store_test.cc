@@ -550,5 +550,51 @@ TEST_F(ShardStoreTest, ASyncRoundWhoseMeanWouldOverflowClosesWithoutAnUpdate) {
   EXPECT_THAT(Push(Gradient(0, 3, 2, {1, 1, 1})), IsOk());
 }
 
+// A worker's gradient scaler found inf or NaN and it skips its step: the round applies nothing on the chunk, for
+// every worker, its exchanges' answers say so, and the next round applies as usual.
+TEST_F(ShardStoreTest, ASyncRoundAWorkerSkipsAppliesNothingAndItsAnswersSaySkipped) {
+  Assign(tessera::v1::ConsistencySpec::SYNC, 2);
+  TestPush skip = Gradient(1, 1, 0, {0, 0, 0});
+  skip.push.skip = true;
+  auto first = PushPull(Gradient(0, 1, 0, {5, 5, 5}));
+  auto second = PushPull(skip);
+  ASSERT_TRUE(first->has_value() && second->has_value());
+  for (const auto& answer : {first, second}) {
+    ASSERT_THAT(**answer, IsOk());
+    EXPECT_TRUE((**answer)->skipped);
+    EXPECT_EQ(Floats(***answer), (std::vector<float>{0, 0, 0}));
+  }
+  auto next = PushPull(Gradient(0, 2, 1, {1, 1, 1}));
+  ASSERT_THAT(Push(Gradient(1, 2, 1, {3, 3, 3})), IsOk()) << "the round after a skipped one is open";
+  ASSERT_TRUE(next->has_value());
+  EXPECT_FALSE((**next)->skipped);
+  EXPECT_EQ(Values(), (std::vector<float>{-2, -2, -2}));
+}
+
+// The learning rate a worker's schedule sets (PushRequest.lr_factor) scales the step: in SYNC the round takes the
+// smallest of its workers', in ASYNC each push its own.
+TEST_F(ShardStoreTest, ALearningRateFactorScalesTheStepInEveryMode) {
+  Assign(tessera::v1::ConsistencySpec::SYNC, 2);
+  TestPush a = Gradient(0, 1, 0, {4, 4, 4});
+  TestPush b = Gradient(1, 1, 0, {4, 4, 4});
+  a.push.lr_factor = 0.5f;
+  b.push.lr_factor = 0.25f;
+  ASSERT_THAT(Push(a), IsOk());
+  ASSERT_THAT(Push(b), IsOk());
+  EXPECT_EQ(Values(), (std::vector<float>{-1, -1, -1}));
+}
+
+TEST_F(ShardStoreTest, AnAsyncPushWithALearningRateFactorOrASkipScalesOrSkipsOnlyItself) {
+  Assign(tessera::v1::ConsistencySpec::ASYNC, 2);
+  TestPush half = Gradient(0, 1, 0, {4, 4, 4});
+  half.push.lr_factor = 0.5f;
+  ASSERT_THAT(Push(half), IsOk());
+  EXPECT_EQ(Values(), (std::vector<float>{-2, -2, -2}));
+  TestPush skip = Gradient(1, 1, 0, {9, 9, 9});
+  skip.push.skip = true;
+  ASSERT_THAT(Push(skip), IsOk());
+  EXPECT_EQ(Values(), (std::vector<float>{-2, -2, -2}));
+}
+
 }  // namespace
 }  // namespace tessera

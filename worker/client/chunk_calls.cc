@@ -113,6 +113,10 @@ absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> ChunkCaller::Make(
       r.mutable_key()->set_param(placement->param());
       r.mutable_key()->set_index(placement->index());
       r.set_priority(priority);
+      if (op != kAssign) {
+        r.set_lr_factor(stamp.lr_factor);
+        r.set_skip(stamp.skip);
+      }
       const absl::Span<const float> chunk = grad.subspan(placement->offset(), placement->length());
       if (op == kAssign) {
         call->src = BytesOf(chunk);  // assignments are exact

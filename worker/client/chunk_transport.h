@@ -54,6 +54,7 @@ struct ChunkCall {
   absl::Status status;
   int64_t version = -1;
   int64_t clock_version = 0;
+  bool skipped = false;  // SYNC: the round these values close applied no update (PullResponse.skipped)
   int64_t bytes = 0;  // value bytes received
 
   std::pair<std::string, int> key() const { return {placement->param(), placement->index()}; }

@@ -46,6 +46,7 @@ absl::Status Decode(ChunkCall& c) {
   TESSERA_RETURN_IF_ERROR(ParseWithPayload(wire.response, PullResponse::kDataFieldNumber, &header, &payload));
   c.version = header.version();
   c.clock_version = header.clock_version();
+  c.skipped = header.skipped();
   if (payload.empty()) return absl::OkStatus();  // unchanged since the version the pull named
   WireEncoding encoding;
   encoding.precision = header.data_precision();

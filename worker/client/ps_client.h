@@ -310,6 +310,29 @@ class StepExchange {
   }
   // True once the scheduler said the job is over (SYNC; checked without blocking).
   virtual bool stopped() const { return false; }
+
+  // Before the first Send: the learning rate of each parameter's updates in this step, as a factor of the job's
+  // (a schedule the worker drives; PushRequest.lr_factor). Empty: the job's own.
+  void SetLearningRateFactors(std::vector<float> factors) { lr_factors_ = std::move(factors); }
+  // Before the first Send: this worker skips the step (its gradient scaler found inf or NaN). Every push says so
+  // and nothing of its gradients is applied (they must still be finite: the caller sends zeros); in SYNC no chunk
+  // applies the round, for any worker.
+  void SkipStep() { skip_ = true; }
+  // After the values were waited for: did the step apply no update? (This worker skipped it, or, in SYNC,
+  // another worker did: every round of it closed without an update.)
+  virtual bool skipped() const { return skip_; }
+
+ protected:
+  // The stamp of the pushes of parameter `index`, from the step's.
+  Stamp StampOf(Stamp stamp, size_t index) const {
+    stamp.lr_factor = index < lr_factors_.size() ? lr_factors_[index] : 0.0f;
+    stamp.skip = skip_;
+    return stamp;
+  }
+
+ private:
+  std::vector<float> lr_factors_;
+  bool skip_ = false;
 };
 
 }  // namespace tessera

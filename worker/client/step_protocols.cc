@@ -1,6 +1,7 @@
 #include "worker/client/step_protocols.h"
 
 #include <atomic>
+#include <map>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -44,7 +45,8 @@ class ExchangeStep : public StepExchange {
     sent_[index] = true;
     TESSERA_RETURN_IF_ERROR(CheckFinite(grads_[index], absl::StrCat("gradient of '", names_[index], "'")));
     absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> calls =
-        client_->MakeCalls(kExchange, index, names_[index], grads_[index], batch_size_, out_[index], stamp_);
+        client_->MakeCalls(kExchange, index, names_[index], grads_[index], batch_size_, out_[index],
+                           StampOf(stamp_, index));
     if (absl::IsUnavailable(calls.status())) {
       deferred_[index] = true;  // sent through the retrying path when its values are waited for
       return absl::OkStatus();
@@ -74,6 +76,7 @@ class ExchangeStep : public StepExchange {
                                              "': the job is stopping"));
     }
     TESSERA_ASSIGN_OR_RETURN(PsClient::Absorbed absorbed, client_->Absorb(batch_.CallsOf(index)));
+    for (const ChunkCall* c : batch_.CallsOf(index)) round_skipped_ = round_skipped_ || (c->status.ok() && c->skipped);
     if (!absorbed.failed_names.empty() || deferred_[index]) {
       // Retry through the ordinary path, with the same sequence number: a server that applied the push
       // answers the retry as a duplicate, with the values.
@@ -85,13 +88,14 @@ class ExchangeStep : public StepExchange {
         }
       }
       TESSERA_RETURN_IF_ERROR(client_->RunChunks(kExchange, {names_[index]}, {grads_[index]}, batch_size_,
-                                                 {out_[index]}, stamp_));
+                                                 {out_[index]}, StampOf(stamp_, index)));
     }
     settled_[index] = true;
     return absl::OkStatus();
   }
 
   bool stopped() const override { return client_->scheduler_->stopping(); }
+  bool skipped() const override { return StepExchange::skipped() || round_skipped_; }
 
  protected:
   // Every gradient is on its way: advances the clock.
@@ -111,6 +115,7 @@ class ExchangeStep : public StepExchange {
   std::vector<bool> sent_;
   std::vector<bool> deferred_;  // sent, but no chunk call could be made (a server left the view)
   std::vector<bool> settled_;   // values in place and absorbed into the client's cache
+  bool round_skipped_ = false;  // a reply said its round applied no update (another worker skipped the step)
 };
 
 class SyncExchangeStep final : public ExchangeStep {
@@ -211,7 +216,19 @@ class SspStep final : public StepExchange {
     for (size_t i = 0; i < names_.size(); ++i) {
       if (!sent_[i]) TESSERA_RETURN_IF_ERROR(Send(static_cast<int>(i)));
     }
-    TESSERA_RETURN_IF_ERROR(client_->Push(names_, grads_, batch_size_));
+    // One sequence number for the step; the parameters go out in groups of one learning-rate factor each.
+    const Stamp stamp = client_->NewStamp();
+    std::map<float, std::vector<size_t>> groups;
+    for (size_t i = 0; i < names_.size(); ++i) groups[StampOf(stamp, i).lr_factor].push_back(i);
+    for (const auto& [factor, members] : groups) {
+      std::vector<std::string> names;
+      std::vector<absl::Span<const float>> grads;
+      for (size_t i : members) {
+        names.push_back(names_[i]);
+        grads.push_back(grads_[i]);
+      }
+      TESSERA_RETURN_IF_ERROR(client_->RunChunks(kPush, names, grads, batch_size_, {}, StampOf(stamp, members[0])));
+    }
     TESSERA_ASSIGN_OR_RETURN(ClockResult gate, client_->Clock());
     if (!gate.stop) TESSERA_RETURN_IF_ERROR(client_->Pull(names_, out_));
     return gate;

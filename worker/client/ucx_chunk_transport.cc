@@ -381,6 +381,7 @@ ucs_status_t UcxChunkTransport::OnReply(const void* header, size_t header_length
   }
   call->version = reply.version();
   call->clock_version = reply.clock_version();
+  call->skipped = reply.skipped();
   if (call->op == kPush || call->op == kAssign || length == 0) {  // no values: a push, or unchanged values
     wire.decided = true;
     MaybeFinish(call);

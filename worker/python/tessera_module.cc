@@ -138,6 +138,9 @@ class PyStep {
     Check(status);
   }
   bool stopped() const { return step_->stopped(); }
+  void SetLearningRateFactors(std::vector<float> factors) { step_->SetLearningRateFactors(std::move(factors)); }
+  void Skip() { step_->SkipStep(); }
+  bool skipped() const { return step_->skipped(); }
 
  private:
   const std::vector<std::string> names_;  // the exchange keeps a reference to it
@@ -343,7 +346,15 @@ PYBIND11_MODULE(_tessera, m) {
       .def("finish", &PyStep::Finish, "Sends what was not sent and returns the clock (a dict).")
       .def("wait_values", &PyStep::WaitValues, py::arg("index"),
            "Waits until out[index] holds the values after this step.")
-      .def_property_readonly("stopped", &PyStep::stopped);
+      .def_property_readonly("stopped", &PyStep::stopped)
+      .def("set_lr_factors", &PyStep::SetLearningRateFactors, py::arg("factors"),
+           "Before the first send: each parameter's learning rate in this step, as a factor of the job's.")
+      .def("skip", &PyStep::Skip,
+           "Before the first send: this worker skips the step (its gradient scaler found inf or NaN); the "
+           "gradients sent must be finite (zeros) and none is applied.")
+      .def_property_readonly("skipped", &PyStep::skipped,
+                             "After the values were waited for: the step applied no update (SYNC: some worker "
+                             "skipped it).");
 
   py::class_<tessera::PyStepPlan>(m, "StepPlan", "A model's step exchange, converted once (Client.step_plan).")
       .def("begin", &tessera::PyStepPlan::Begin, py::arg("set"), py::arg("batch_size"), py::keep_alive<0, 1>(),
