@@ -239,10 +239,27 @@ def test_a_restarted_worker_continues_with_its_optimizers_state(start_cluster):
 class LossScaler:
     """What a step relies on of torch.cuda.amp.GradScaler, which turns itself off without CUDA: the loss is
     multiplied by the scale; unscale_ divides every .grad by it and notes an inf or NaN; step() then skips the
-    optimizer's step, and update() halves the scale after such a step."""
+    optimizer's step; update() halves the scale after such a step and doubles it after growth_interval steps
+    without one, or takes update(new_scale); and GradScaler's getters."""
 
-    def __init__(self, scale=1024.0):
+    def __init__(self, scale=1024.0, growth_interval=2000):
         self.scale_value, self.found_inf, self.skipped = scale, False, 0
+        self.growth_interval, self.good_steps = growth_interval, 0
+
+    def is_enabled(self):
+        return True
+
+    def get_scale(self):
+        return self.scale_value
+
+    def get_backoff_factor(self):
+        return 0.5
+
+    def get_growth_factor(self):
+        return 2.0
+
+    def get_growth_interval(self):
+        return self.growth_interval
 
     def scale(self, loss):
         return loss * self.scale_value
@@ -260,9 +277,17 @@ class LossScaler:
         else:
             opt.step()
 
-    def update(self):
-        if self.found_inf:
-            self.scale_value /= 2
+    def update(self, new_scale=None):
+        if new_scale is not None:
+            self.scale_value = new_scale
+        elif self.found_inf:
+            self.scale_value *= self.get_backoff_factor()
+            self.good_steps = 0
+        else:
+            self.good_steps += 1
+            if self.good_steps == self.growth_interval:
+                self.scale_value *= self.get_growth_factor()
+                self.good_steps = 0
         self.found_inf = False
 
 

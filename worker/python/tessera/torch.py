@@ -30,7 +30,10 @@ What a step block may do with gradients (the servers' optimizer takes each step'
 - an edit of a gradient after backward (clip_grad_norm_, unscaling, masking, a new .grad) cannot be honoured by
   an optimizer that runs on the servers over the workers' sum: the block raises tessera.Error naming the
   parameter, and without overlap nothing of the step has left (with overlap, the edited gradient had already
-  left as backward made it). Edits through .data or the NumPy memory are not seen. On the CPU the values are
+  left as backward made it). Edits through .data or the NumPy memory are not seen. What the servers' path does
+  honour: a gradient scaler passed to model.step(batch_size, scaler=...) (the block unscales, and skips a step with
+  an inf or NaN on every worker alike) and a learning rate the script's lr_scheduler sets through ServerOptimizer.
+  Clipping and the script's own optimizer need optimizer { kind: SCRIPT } and DistributedOptimizer. On the CPU the values are
 written straight into the parameters' memory and the gradients are read from memory the parameters' .grad views:
 nothing is copied. A CUDA model keeps a pinned host copy of each parameter: each gradient is copied there on a
 side stream as backward finishes it and sent once its copy is in; each parameter's values are copied back to the
@@ -57,8 +60,8 @@ import torch
 
 from . import Error, connect
 
-__all__ = ["BackgroundEvaluator", "DistributedModel", "DistributedOptimizer", "Sampler", "evaluate", "init", "load_split", "match_blas_threads",
-           "stop_signal"]
+__all__ = ["BackgroundEvaluator", "DistributedModel", "DistributedOptimizer", "Sampler", "ServerOptimizer", "evaluate",
+           "init", "load_split", "match_blas_threads", "stop_signal"]
 
 _signal = 0  # the SIGTERM or SIGINT that asked this worker to stop (0: none)
 
@@ -238,13 +241,15 @@ class Sampler:
 class _Step:
     """One step of a DistributedModel (see DistributedModel.step)."""
 
-    def __init__(self, model, batch_size):
+    def __init__(self, model, batch_size, scaler):
         self._model = model
         self.batch_size = batch_size
+        self._scaler = scaler
         self.gate = None  # after the block: {"clock", "stop", "stop_reason", ...}
+        self.skipped = False  # after the block, with a scaler: the step applied no update (an inf or NaN)
 
     def __enter__(self):
-        self._model._begin(self.batch_size)
+        self._model._begin(self.batch_size, self._scaler)
         self._started = time.perf_counter()
         return self
 
@@ -276,6 +281,8 @@ class _Step:
             self.gate = model._gate
         elif model.script:
             model._install_mean_gradients()
+        elif model._scaling is not None:
+            self.skipped = model._update_scaler()
         return False
 
 
@@ -326,7 +333,7 @@ class _HostMirror:
             self.values_copied.synchronize()
 
 
-_STEP_STATE = frozenset({"_current", "_previous", "_ready", "_outside", "_hooked", "_script_push", "_digests", "_gate", "_waited", "_sent", "_set", "_grads", "_steps",
+_STEP_STATE = frozenset({"_current", "_scaling", "_previous", "_ready", "_outside", "_hooked", "_script_push", "_digests", "_gate", "_waited", "_sent", "_set", "_grads", "_steps",
                          "_samples", "_reported", "_seen", "_fired", "_no_sync", "_resent"})
 
 
@@ -456,6 +463,114 @@ def DistributedOptimizer(optimizer, model, check_every=100, state_every=1):
     return optimizer
 
 
+class ServerOptimizer(torch.optim.Optimizer):
+    """The servers' optimizer as a torch.optim.Optimizer, so that the script's torch.optim.lr_scheduler drives the
+    learning rate the servers step with (the servers' path: the job's optimizer runs there, sharded). Each block
+    sends every parameter's group["lr"] as a factor of the job's learning_rate with its gradient:
+
+        model = tt.DistributedModel(net, job)
+        opt = tt.ServerOptimizer(model)                      # or parameter groups, each with its own "lr"
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, ...)   # any schedule over group["lr"]
+        for indices in model.sampler(len(x)):
+            with model.step(batch_size=len(indices)):
+                loss_fn(model(x[indices]), y[indices]).backward()
+            opt.step()                                         # nothing to do: the servers stepped
+            sched.step()
+
+    Parameter groups (`params`, as torch.optim takes them) may set "lr" and "weight_decay"; every parameter the
+    model trains must be in one. A group's weight decay must be what the job gives its parameters (the job's
+    weight_decay, 0 for names matching its no_decay): the servers apply the job's. zero_grad() does nothing (each
+    step block starts from zeros, and a step's gradients may still be leaving when the block ends).
+
+    Raises tessera.Error FAILED_PRECONDITION in a job whose optimizer is the script's (SCRIPT: use
+    DistributedOptimizer) or that schedules its own learning rate (optimizer.schedule: one schedule, not two), and
+    INVALID_ARGUMENT for a group setting the servers cannot honour or a parameter left out or not trained."""
+
+    def __init__(self, model, params=None):
+        spec = model.job.spec["optimizer"]
+        if model.script:
+            raise Error("FAILED_PRECONDITION: the job's optimizer is the script's (kind: SCRIPT): wrap it in "
+                        "tt.DistributedOptimizer instead")
+        schedule = spec.get("schedule") or {}
+        if int(schedule.get("warmup_steps", 0) or 0) or schedule.get("kind", "CONSTANT") not in ("CONSTANT", 0):
+            raise Error("FAILED_PRECONDITION: the job schedules its own learning rate (optimizer.schedule); a "
+                        "script's schedule through ServerOptimizer would multiply it: keep one of the two")
+        self.base_lr = float(spec["learning_rate"])
+        groups = params if params is not None else [p for _, p in model._params]
+        super().__init__(groups, {"lr": self.base_lr})
+        allowed = {"params", "lr", "weight_decay"}
+        decay = float(spec.get("weight_decay") or 0.0)
+        no_decay = list(spec.get("no_decay") or [])
+        group_of = {}
+        for g, group in enumerate(self.param_groups):
+            unknown = sorted(set(group) - allowed)
+            if unknown:
+                raise Error(f"INVALID_ARGUMENT: parameter group {g} sets {', '.join(unknown)}: the servers run the "
+                            f"job's optimizer ({spec['kind']}) with its own settings; a group may set lr and "
+                            "weight_decay only")
+            for p in group["params"]:
+                i = model._index.get(id(p))
+                if i is None:
+                    raise Error(f"INVALID_ARGUMENT: parameter group {g} holds a parameter the model does not train "
+                                "(frozen, or of another module)")
+                group_of[i] = g
+                name = model.names[i]
+                job_decay = 0.0 if any(s in name for s in no_decay) else decay
+                if "weight_decay" in group and float(group["weight_decay"]) != job_decay:
+                    raise Error(f"INVALID_ARGUMENT: parameter group {g} gives '{name}' weight decay "
+                                f"{group['weight_decay']}, the job {job_decay} (weight_decay {decay}, no_decay "
+                                f"{no_decay}): the servers apply the job's; set it in the job's optimizer")
+        missing = [name for i, name in enumerate(model.names) if i not in group_of]
+        if missing:
+            raise Error(f"INVALID_ARGUMENT: {_some(missing)} in no parameter group: every parameter the model trains "
+                        "needs a learning rate")
+        self._group_of = [group_of[i] for i in range(len(model.names))]
+        model._server_optimizer = self
+
+    def factors(self):
+        """Each parameter's learning rate now, as a factor of the job's."""
+        return [float(self.param_groups[g]["lr"]) / self.base_lr for g in self._group_of]
+
+    def step(self, closure=None):
+        """Nothing to do: the servers stepped when the block's gradients arrived."""
+        return closure() if closure is not None else None
+
+    def zero_grad(self, set_to_none=False):
+        """Nothing to do: each step block starts from zeros."""
+
+
+class _Scaling:
+    """The servers' path with a gradient scaler (model.step(..., scaler=)): the block divides the gradients by the
+    scale before they leave and skips a step with an inf or NaN on every worker alike; then it updates the scale
+    as torch.cuda.amp.GradScaler.update() would after that step (backoff after a skipped one, growth after
+    growth_interval steps without one), through update(new_scale), so every worker keeps the same scale."""
+
+    def __init__(self, scaler):
+        self.scaler = scaler
+        self.good_steps = 0
+
+    def unscale(self, grads):
+        """Divides `grads` (tensors) by the scale; True when one of them is not finite."""
+        inv = float(np.float32(1.0 / float(self.scaler.get_scale())))
+        found_inf = False
+        for g in grads:
+            g.mul_(inv)
+            found_inf = found_inf or not bool(torch.isfinite(g).all())
+        return found_inf
+
+    def update(self, skipped):
+        scale = float(self.scaler.get_scale())
+        if skipped:
+            self.good_steps = 0
+            scale *= self.scaler.get_backoff_factor()
+        else:
+            self.good_steps += 1
+            if self.good_steps >= self.scaler.get_growth_interval():
+                self.good_steps = 0
+                scale *= self.scaler.get_growth_factor()
+        self.scaler.update(scale)
+
+
 class DistributedModel(torch.nn.Module):
     """Wraps `module` for training through the job's servers. Call it as the module; train in `step` blocks.
 
@@ -505,6 +620,9 @@ class DistributedModel(torch.nn.Module):
         self._check_every = 100
         self._state_every = 0
         self._optimizer_state = None
+        self._server_optimizer = None  # ServerOptimizer: the script's schedule drives the servers' learning rate
+        self._scaling = None  # the open step's gradient scaler (_Scaling), in the servers' path
+        self._scalings = {}  # by id(scaler): each scaler's count of steps since it last changed
         if self.device.type == "cuda":
             self._mirror = _HostMirror(tensors)
             self._weights = [v.numpy() for v in self._mirror.values]
@@ -590,10 +708,20 @@ class DistributedModel(torch.nn.Module):
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
-    def step(self, batch_size):
+    def step(self, batch_size, scaler=None):
         """A `with` block for one training step on `batch_size` examples: run forward and backward inside it (see
-        the module's documentation for several backward calls and for gradient edits)."""
-        return _Step(self, batch_size)
+        the module's documentation for several backward calls and for gradient edits).
+
+        `scaler` (a torch.cuda.amp.GradScaler, in the servers' path): the block divides the gradients by its scale
+        before they leave (they leave when the block ends), a step whose gradients hold an inf or NaN on any
+        worker is skipped by every worker alike (the block's `skipped` says so), and the scaler's scale is updated
+        as GradScaler.update() would; call neither scaler.step() nor scaler.update(). A disabled scaler (no CUDA)
+        is ignored. With optimizer { kind: SCRIPT } use the scaler with the script's optimizer instead."""
+        if scaler is not None and self.script:
+            raise Error("FAILED_PRECONDITION: with optimizer { kind: SCRIPT } the scaler goes with the script's "
+                        "optimizer (scaler.unscale_(opt), scaler.step(opt), scaler.update() after the block), not "
+                        "to model.step()")
+        return _Step(self, batch_size, scaler)
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -759,7 +887,7 @@ class DistributedModel(torch.nn.Module):
             for host, (_, b) in zip(self._buffer_host, self._buffers):
                 b.copy_(torch.from_numpy(host))
 
-    def _begin(self, batch_size):
+    def _begin(self, batch_size, scaler=None):
         if self._current is not None:
             raise Error("FAILED_PRECONDITION: a step is already open")
         if self._buffers and self.rank != 0 and self._steps % self._buffer_every == 0:
@@ -794,6 +922,11 @@ class DistributedModel(torch.nn.Module):
         # that reached it. A change since is the script's edit.
         self._seen = [self._grad_state(p) for _, p in self._params]
         self._current = self._plan.begin(self._set, batch_size)
+        if self._server_optimizer is not None:
+            self._current.set_lr_factors(self._server_optimizer.factors())
+        self._scaling = None
+        if scaler is not None and scaler.is_enabled():
+            self._scaling = self._scalings.setdefault(id(scaler), _Scaling(scaler))
 
     @staticmethod
     def _grad_state(p):
@@ -823,8 +956,8 @@ class DistributedModel(torch.nn.Module):
             self._outside.add(i)
         if not self._ready[i]:
             return  # leaves when the block ends, after the last step's values (an older reply must not land last)
-        if self._no_sync or not self.overlap:
-            return  # leaves when the block ends
+        if self._no_sync or not self.overlap or self._scaling is not None:
+            return  # leaves when the block ends (with a scaler: once every gradient is unscaled and checked)
         if self._sent[i]:
             # Raised when the block ends: an exception out of an autograd hook leaves the engine holding tensors
             # that the interpreter's exit then waits on for ever.
@@ -852,9 +985,30 @@ class DistributedModel(torch.nn.Module):
         # A parameter this step did not read (an unused branch) may still await the last step's values: they land
         # before its gradient (zeros, or what backward made) leaves, so that this step's values land after them.
         self._need(range(len(self._params)))
+        if self._scaling is not None:
+            self._unscale()
         for i in range(len(self._params)):
             if self._fired[i] and not self._sent[i]:
                 self._send(i)
+
+    def _unscale(self):
+        """The servers' path with a scaler: the gradients leave divided by its scale; with an inf or NaN in any of
+        them, zeros leave and the step is skipped (in SYNC by every worker: no server applies its round)."""
+        grads = [p.grad for i, (_, p) in enumerate(self._params) if self._fired[i] and p.grad is not None]
+        if self._scaling.unscale(grads):
+            for g in grads:
+                g.zero_()
+            self._current.skip()
+
+    def _update_scaler(self):
+        """After a block with a scaler: waits for its values, and updates the scale from whether the step (any
+        worker's, in SYNC) was skipped. Returns that."""
+        scaling, self._scaling = self._scaling, None
+        step = self._previous
+        self._need(range(len(self._params)))
+        skipped = step is not None and step.skipped
+        scaling.update(skipped)
+        return skipped
 
     def _send(self, i):
         if self._mirror is not None:
@@ -1084,5 +1238,6 @@ class DistributedModel(torch.nn.Module):
 
     def _abandon(self):
         self._current = None
+        self._scaling = None
         if self._mirror is not None:
             self._mirror.copying = []
