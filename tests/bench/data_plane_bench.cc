@@ -15,7 +15,10 @@
 //      unchanged 16 MiB tensor into the same buffer (the unchanged-chunk cache, labelled as such).
 //   b. round trips per second of a 16-byte tensor (push; pull), 1 server, against the target of 10,000/s.
 //   c. the servers' update rule (UpdateRule::Apply) over --update_mib of float32, SGD, SGD with momentum and
-//      Adam, in GB/s of parameters updated, against a plain y += a*x loop over the same arrays.
+//      Adam, in GB/s of parameters updated, against a plain y += a*x loop over the same arrays; and what the
+//      servers do when the script's optimizer steps (optimizer { kind: SCRIPT }): a SYNC round's weighted sum of
+//      two workers' gradients (SyncRound::Add) and its mean (ROUND_MEAN), and an ASYNC worker's change added
+//      (SCRIPT), in GB/s of gradient taken, against a plain y += x loop.
 //   d. the Quick start MLP for --steps fixed steps (local baseline; 1 server + 1 worker sync; 2 servers +
 //      2 workers sync; the cluster rows once per --transports) as ratios of steady-state milliseconds per step
 //      to the local baseline of the same global batch (every run evaluates only after its last step, outside
@@ -74,6 +77,7 @@
 #include "common/signals.h"
 #include "common/status_macros.h"
 #include "deploy/local/credentials.h"
+#include "server/sync_round.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "nlohmann/json.hpp"
@@ -825,6 +829,41 @@ void UpdateSection(Table& table) {
     const double gbs = bytes / s / kGB;
     table.Add({"c", absl::StrCat("update ", FLAGS_update_mib, " MiB, ", rule.label), Gbs(gbs), reference,
                Ratio(gbs, axpy_gbs), rule.target, "GB/s of parameters updated, one thread"});
+  }
+
+  // The servers' work when the script's optimizer steps: summing and adding, against y += x.
+  const double add_s = time_median([&](int) {
+    float* y = params.data();
+    const float* x = grad.data();
+    for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+  });
+  const double add_gbs = bytes / add_s / kGB;
+  const std::string add_reference = absl::StrFormat("y += x: %.2f GB/s", add_gbs);
+  SyncRound round;
+  round.Prepare(n, 2, /*keep_apart=*/false);
+  const double sum_s = time_median([&](int) {
+    round.Add(0, grad, 1);
+    round.Add(1, grad, 3);
+    round.Reset();
+  });
+  const double sum_gbs = 2 * bytes / sum_s / kGB;
+  table.Add({"c", absl::StrCat("a SYNC round's weighted sum, 2 workers x ", FLAGS_update_mib, " MiB (SyncRound::Add)"),
+             Gbs(sum_gbs), add_reference, Ratio(sum_gbs, add_gbs), "", "GB/s of gradients summed, one thread"});
+  for (const auto& [label, kind] :
+       {std::pair<std::string, tessera::v1::OptimizerSpec::Kind>{"ROUND_MEAN (SCRIPT in SYNC: values := the mean)",
+                                                                 tessera::v1::OptimizerSpec::ROUND_MEAN},
+        {"SCRIPT (ASYNC: values += a worker's change)", tessera::v1::OptimizerSpec::SCRIPT}}) {
+    tessera::v1::OptimizerSpec spec;
+    spec.set_kind(kind);
+    spec.set_learning_rate(1.0f);
+    const UpdateRule update(spec);
+    int64_t step = 0;
+    const double s = time_median([&](int) {
+      update.Apply(absl::MakeSpan(params), absl::MakeConstSpan(grad), {}, ++step, 1.0f, 0.25f);
+    });
+    const double gbs = bytes / s / kGB;
+    table.Add({"c", absl::StrCat("update ", FLAGS_update_mib, " MiB, ", label), Gbs(gbs), add_reference,
+               Ratio(gbs, add_gbs), "", "GB/s of parameters updated, one thread"});
   }
   double checksum = 0;
   for (int64_t i = 0; i < n; i += 4096) checksum += params[i];

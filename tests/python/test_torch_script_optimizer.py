@@ -236,6 +236,68 @@ def test_a_restarted_worker_continues_with_its_optimizers_state(start_cluster):
             assert torch.equal(lost[k][name], restored[k][name]), (k, name)
 
 
+def test_a_worker_rejoining_a_sync_job_takes_rank_zeros_values_and_optimizer_state(start_cluster):
+    """SYNC: rank 1 makes 10 steps and is lost; rank 0 goes on alone; a new rank 1 (a fresh model with other
+    values, a fresh optimizer) joins and takes rank 0's values and AdamW moments of its start clock: from there
+    both make the same steps, and end with the same values and moments, bit for bit (the digest check agrees)."""
+    import threading
+
+    torch.set_num_threads(1)
+    cluster = start_cluster(mode="SYNC", servers=2, workers=2, chunk_bytes=256, batch_size=4,
+                            optimizer="kind: SCRIPT")
+    x, y = learnable_data(40)
+    registered = threading.Event()
+    seen = {}
+    nets = [make_net() for _ in range(3)]  # rank 0, rank 1, and rank 1 again
+    with torch.no_grad():
+        for p in nets[0].parameters():
+            p.add_(1.0)  # the new rank 1 starts elsewhere: only rank 0's values may make it equal
+
+    def steps(model, opt, net, rank, until):
+        while model.clock < until:
+            s = model.clock
+            xs, ys = x[s][rank * 4:(rank + 1) * 4], y[s][rank * 4:(rank + 1) * 4]
+            opt.zero_grad()
+            with model.step(batch_size=4):
+                one_backward(model, xs, ys)
+            opt.step()
+
+    def optimizer(net, model):
+        return tt.DistributedOptimizer(adamw_recipe(net)[0], model, check_every=5)
+
+    def state(opt, net):
+        moments = {k: {n: v.clone() for n, v in s.items()} for k, s in opt.state_dict()["state"].items()}
+        return [p.detach().clone() for p in net.parameters()], moments
+
+    def worker(rank):
+        net = nets.pop()
+        model = tt.DistributedModel(net, tt.init(scheduler=cluster.address, rank=rank))
+        opt = optimizer(net, model)
+        steps(model, opt, net, rank, 10)
+        if rank == 0:
+            assert registered.wait(120)
+            steps(model, opt, net, rank, 30)
+        else:
+            model.job.client.fail("rank 1 lost (the test's stand-in for a dead process)")
+            net = nets.pop()
+            model = tt.DistributedModel(net, tt.init(scheduler=cluster.address, rank=rank))
+            seen["clock"] = model.clock
+            registered.set()
+            opt = optimizer(net, model)  # waits for rank 0's values and moments of its clock
+            steps(model, opt, net, rank, 30)
+        model.done()
+        seen[rank] = state(opt, net)
+
+    run_workers(2, worker)
+    assert seen["clock"] == 11
+    (values0, moments0), (values1, moments1) = seen[0], seen[1]
+    assert all(torch.equal(a, b) for a, b in zip(values0, values1))
+    assert sorted(moments0) == sorted(moments1) and moments0
+    for k in moments0:
+        for name in moments0[k]:
+            assert torch.equal(moments0[k][name], moments1[k][name]), (k, name)
+
+
 class LossScaler:
     """What a step relies on of torch.cuda.amp.GradScaler, which turns itself off without CUDA: the loss is
     multiplied by the scale; unscale_ divides every .grad by it and notes an inf or NaN; step() then skips the

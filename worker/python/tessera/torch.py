@@ -341,16 +341,22 @@ _LOCAL_BLOCK = object()  # the open step of ASYNC or SSP with SCRIPT: nothing le
 _DIGEST = "script:digest"  # SYNC with SCRIPT: rank 0's [clock, digest of its values]
 _FOUND_INF = "script:found_inf"  # SYNC with SCRIPT: exchanged every round, > 0 when a worker's gradient was not finite
 _OPTIMIZER_STATE = "script:optimizer:"  # + owner: the state of a script's optimizer, kept on the servers
+_VALUES = "script:values:"  # + parameter index. SYNC with SCRIPT: rank 0's values, for a worker that joins
+_SAVED_CLOCK = "script:saved_clock"  # SYNC with SCRIPT: the clock of rank 0's last saved values and state
 
 
 class _OptimizerState:
     """A script optimizer's state (Adam's moments and step, SGD's momentum, ...) as state entries on the servers,
     so that checkpoints hold it and a restarted worker continues with it. Its layout is found by stepping a copy
-    of the optimizer once, over copies of the parameters, on zero gradients."""
+    of the optimizer once, over copies of the parameters, on zero gradients. With `values` (SYNC, where the values
+    are the workers' own) the parameters' values go with it, and then the clock they are of: a worker joining at
+    clock c takes them once rank 0 saved those of c."""
 
-    def __init__(self, optimizer, model, owner):
+    def __init__(self, optimizer, model, owner, values=False):
         self.optimizer = optimizer
         self.model = model
+        self.value_names = [f"{_VALUES}{j}" for j in range(len(model._params))] if values else []
+        self.value_host = [np.zeros(max(1, p.numel()), np.float32) for _, p in model._params] if values else []
         params = [p for group in optimizer.param_groups for p in group["params"]]
         copies = {id(p): p.detach().clone().requires_grad_(True) for p in params}
         groups = [dict(group, params=[copies[id(p)] for p in group["params"]]) for group in optimizer.param_groups]
@@ -369,17 +375,49 @@ class _OptimizerState:
                     self.entries.append((f"{_OPTIMIZER_STATE}{owner}:{j}:{key}", p, key, value))
         self.names = [name for name, *_ in self.entries]
         self.host = [np.zeros(max(1, like.numel()), np.float32) for *_, like in self.entries]
-        if self.entries:
-            model._client.declare([], state=[(name, [len(h)]) for name, h in zip(self.names, self.host)])
+        state = [(name, [len(h)]) for name, h in zip(self.names + self.value_names, self.host + self.value_host)]
+        if values:
+            state.append((_SAVED_CLOCK, [1]))
+        if state:
+            model._client.declare([], state=state)
 
-    def save(self):
+    def save(self, clock):
         state = self.optimizer.state
         for (name, p, key, like), host in zip(self.entries, self.host):
             value = state.get(p, {}).get(key)
             if value is not None:
                 np.copyto(host, value.detach().reshape(-1).float().cpu().numpy())
-        if self.entries:
-            self.model._client.assign(self.names, self.host)
+        with torch.no_grad():
+            for (_, p), host in zip(self.model._params, self.value_host):
+                np.copyto(host, p.detach().reshape(-1).cpu().numpy())
+        if self.entries or self.value_names:
+            self.model._client.assign(self.names + self.value_names, self.host + self.value_host)
+        if self.value_names:  # after the rest has landed: a joiner that sees this clock takes all of it
+            self.model._client.assign([_SAVED_CLOCK], [np.array([clock], np.float32)])
+
+    def take_values(self, clock, timeout_s=300.0, wait=True):
+        """SYNC: waits until rank 0 saved its values and state of `clock` (it does before it pushes that round,
+        which cannot close without this worker), then takes them. Raises tessera.Error UNAVAILABLE when none come
+        (without `wait`: when they are not there now)."""
+        saved = np.zeros(1, np.float32)
+        deadline = time.time() + timeout_s
+        while True:
+            self.model._client.pull([_SAVED_CLOCK], [saved])
+            if self.model._client.pulled_version(_SAVED_CLOCK) > 0 and int(saved[0]) == clock:
+                break
+            if not wait or time.time() > deadline or int(saved[0]) > clock or self.model._client.job_stopped():
+                raise Error(f"UNAVAILABLE: rank 0's values and optimizer state of clock {clock} are not on the "
+                            f"servers (they hold those of clock {int(saved[0])}): this worker cannot join the SYNC "
+                            "job where the others are")
+            time.sleep(0.05)
+        self.model._client.pull(self.value_names, self.value_host)
+        with torch.no_grad():
+            for (_, p), host in zip(self.model._params, self.value_host):
+                p.copy_(torch.from_numpy(host).reshape(p.shape))
+        if self.model._mirror is not None:
+            for (_, p), mirror in zip(self.model._params, self.model._weights):
+                np.copyto(mirror, p.detach().cpu().numpy())
+        self.restore()
 
     def restore(self):
         """Takes the saved state when there is one (False when none was saved yet)."""
@@ -440,9 +478,19 @@ def DistributedOptimizer(optimizer, model, check_every=100, state_every=1):
     model._state_every = int(state_every)
     for group in optimizer.param_groups:
         group.setdefault("initial_lr", group["lr"])
+    if model._joining and (model._state_every <= 0 or model.clock % model._state_every):
+        raise Error(f"UNIMPLEMENTED: joining a SYNC job with optimizer {{ kind: SCRIPT }} at clock {model.clock} "
+                    f"takes rank 0's values and optimizer state of that clock, which rank 0 saves every state_every "
+                    f"({model._state_every}) clocks: run the job with state_every=1 for workers to rejoin")
     if model._state_every > 0:
-        model._optimizer_state = _OptimizerState(optimizer, model, "all" if model._sync else f"rank{model.rank}")
-        if model.clock > 0 and model._optimizer_state.restore():
+        model._optimizer_state = _OptimizerState(optimizer, model, "all" if model._sync else f"rank{model.rank}",
+                                                 values=model._sync)
+        if model._joining:
+            model._optimizer_state.take_values(model.clock, wait=model.rank != 0)
+            model._joining = False
+            print(f"tessera: worker {model.rank}: joined at clock {model.clock} with rank 0's values and optimizer "
+                  "state", flush=True)
+        elif model.clock > 0 and model._optimizer_state.restore():
             print(f"tessera: worker {model.rank}: the optimizer's state continues from the servers' copy at clock "
                   f"{model.clock}", flush=True)
     step = optimizer.step
@@ -620,6 +668,7 @@ class DistributedModel(torch.nn.Module):
         self._check_every = 100
         self._state_every = 0
         self._optimizer_state = None
+        self._joining = False  # SYNC with SCRIPT, joined after the start: the values come with DistributedOptimizer
         self._server_optimizer = None  # ServerOptimizer: the script's schedule drives the servers' learning rate
         self._scaling = None  # the open step's gradient scaler (_Scaling), in the servers' path
         self._scalings = {}  # by id(scaler): each scaler's count of steps since it last changed
@@ -831,7 +880,7 @@ class DistributedModel(torch.nn.Module):
     @staticmethod
     def _check_matches_job(mine, theirs):
         """FAILED_PRECONDITION unless the servers hold nothing yet or exactly this model's parameters."""
-        theirs = {n: s for n, s in theirs.items() if not n.startswith(_OPTIMIZER_STATE)}
+        theirs = {n: s for n, s in theirs.items() if not n.startswith((_OPTIMIZER_STATE, _VALUES, _SAVED_CLOCK))}
         if not theirs or theirs == mine:
             return
         missing = sorted(set(theirs) - set(mine))
@@ -855,9 +904,11 @@ class DistributedModel(torch.nn.Module):
         self._client.pull(names, scratch)
         fresh = all(self._client.pulled_version(n) == 0 for n in names)
         if self.script and self._sync and not fresh and self._client.clock > 0:
-            raise Error("UNIMPLEMENTED: joining a SYNC job with optimizer { kind: SCRIPT } after its start: the "
-                        "values and the optimizer's state live on the workers, and a new worker cannot take them "
-                        "yet (ASYNC and SSP keep the values on the servers)")
+            # The values are the workers' own (the servers hold the rounds' mean gradients): DistributedOptimizer
+            # takes rank 0's, with the optimizer's state.
+            self._joining = True
+            self._take_buffers()
+            return
         if self.rank == 0 and fresh:
             self._client.assign(self.names, [v.copy() for v in self._weights] if self._mirror else self._weights)
             if self._buffers:
@@ -890,6 +941,10 @@ class DistributedModel(torch.nn.Module):
     def _begin(self, batch_size, scaler=None):
         if self._current is not None:
             raise Error("FAILED_PRECONDITION: a step is already open")
+        if self._joining:
+            raise Error(f"FAILED_PRECONDITION: this worker joined the SYNC job at clock {self.clock}, whose values "
+                        "are the workers' own: wrap the optimizer in tt.DistributedOptimizer before the first step, "
+                        "so that it takes rank 0's values and optimizer state")
         if self._buffers and self.rank != 0 and self._steps % self._buffer_every == 0:
             self._take_buffers()
         if self.script and not self._sync:
@@ -1080,13 +1135,13 @@ class DistributedModel(torch.nn.Module):
         if not self._sync:
             self._push_script_update()
             if keeps and self.clock % self._state_every == 0:
-                self._optimizer_state.save()
+                self._optimizer_state.save(self.clock)
             return
         clock = self.clock
         if self._gate["stop"]:
             return  # the job is over: its servers may be leaving
         if keeps and clock % self._state_every == 0:
-            self._optimizer_state.save()
+            self._optimizer_state.save(self.clock)
         if self._check_every <= 0 or clock % self._check_every:
             return
         digest = self._values_digest()
