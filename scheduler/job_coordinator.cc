@@ -616,6 +616,11 @@ void JobCoordinator::AdvanceClock(const tessera::v1::AdvanceClockRequest& reques
                       response.set_late(true);
                       response.set_next_clock(*gate->late_next_clock);
                     }
+                    for (const Member& m : view_.Workers()) {
+                      if (m.state == MemberState::kAlive && m.joined_clock > response.joining_clock()) {
+                        response.set_joining_clock(m.joined_clock);
+                      }
+                    }
                     if (balancer_.enabled() && !gate->stop) {
                       const int64_t next = gate->rolled_back_to   ? *gate->rolled_back_to
                                            : gate->late_next_clock ? *gate->late_next_clock

@@ -12,6 +12,12 @@ data loading and declaration are left out, and nothing evaluates inside the span
   4. Tessera's C++ worker (the built-in MLP, the same shape) through 1 server + 1 worker, SYNC, timed as 2 (once
      per transport), against its own local baseline (tessera-worker --local, its summary's "training").
 
+And, for each of --models (the MLP; torchvision's ResNet-18 with random initialisation, its first convolution
+taking Fashion-MNIST's one channel, when Debian's python3-torchvision is installed), a SYNC step through 1 server +
+1 worker in each optimizer path over the same model's plain loop with its own optimizer step (SGD, momentum 0.9):
+the servers' optimizer (the job's SGD; the script has no optimizer) and the script's (optimizer { kind: SCRIPT }:
+the servers only average, tt.DistributedOptimizer steps torch.optim.SGD on the mean gradient), once per transport.
+
 Prints Markdown rows in the data-plane table's columns. The Python layer's cost: what the exchange adds to a
 tessera.torch step (2 - 1) against what it adds to a C++ worker's step (4 - its local baseline), since the two
 models compute at different speeds (PyTorch's kernels against the C++ worker's own).
@@ -54,6 +60,27 @@ def mlp(torch):
     return nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 10))
 
 
+def resnet18(torch):
+    """torchvision's ResNet-18, random initialisation (nothing downloaded), 10 classes, one input channel; the
+    examples as 1x28x28 images."""
+    import torchvision
+    torch.manual_seed(SEED)
+    net = torchvision.models.resnet18(weights=None, num_classes=10)
+    net.conv1 = torch.nn.Conv2d(1, 64, kernel_size=7, stride=2, padding=3, bias=False)
+    return torch.nn.Sequential(torch.nn.Unflatten(1, (1, 28, 28)), net)
+
+
+MODELS = {"mlp": ("MLP 784-256-128-10", mlp), "resnet18": ("ResNet-18 (torchvision, 11.2M parameters)", resnet18)}
+
+
+def has_torchvision():
+    try:
+        import torchvision  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
 def data(tessera, torch):
     x, y, _ = tessera.load_idx(f"{FASHION}/train-images-idx3-ubyte.gz", f"{FASHION}/train-labels-idx1-ubyte.gz")
     return torch.from_numpy(x), torch.from_numpy(y)
@@ -73,47 +100,63 @@ def one_thread(torch):
     tt.match_blas_threads(1)
 
 
-def plain_loop(args):
+def plain_loop(args, model="mlp", steps=None):
     import tessera
     import torch
     one_thread(torch)
     x, y = data(tessera, torch)
-    net = mlp(torch)
+    net = MODELS[model][1](torch)
+    steps = steps or args.steps
     opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
     schedule = tessera.BatchSchedule(len(x), args.batch, 1, 0, SEED)
     first = None
-    for step in range(args.steps):
+    for step in range(steps):
         idx = torch.from_numpy(schedule.batch(step))
         opt.zero_grad()
         torch.nn.functional.cross_entropy(net(x[idx]), y[idx]).backward()
         opt.step()
         if step == 0:
             first = time.perf_counter()
-    return steady(first, time.perf_counter(), args.steps)
+    return steady(first, time.perf_counter(), steps)
 
 
 # ---- 2. the tessera.torch worker (run by tessera-launch) ---------------------------------------------------------
 
-def tessera_worker():
+def tessera_worker(model_name, state_every=1):
+    """The worker: the servers' optimizer (no optimizer here) or, in a SCRIPT job, torch.optim.SGD stepping on the
+    round's mean gradient."""
     import torch
     import tessera.torch as tt
     one_thread(torch)
     job = tt.init()
     x, y, _ = tt.load_split(job, train=True)
-    model = tt.DistributedModel(mlp(torch), job)
+    net = MODELS[model_name][1](torch)
+    model = tt.DistributedModel(net, job)
+    opt = None
+    if job.spec["optimizer"]["kind"] == "SCRIPT":
+        opt = tt.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM), model,
+                                      state_every=state_every)
     for idx in model.sampler(len(x)):
+        if opt is not None:
+            opt.zero_grad()
         with model.step(batch_size=len(idx)):
             torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+        if opt is not None:
+            opt.step()
     model.done()
 
 
-def launch(args, name, command, transport="grpc"):
+def launch(args, name, command, transport="grpc", steps=None, script=False):
     """Runs the job through tessera-launch, its chunks over `transport`; the scheduler's training span per step."""
     work = pathlib.Path(args.work) / name
     work.mkdir(parents=True, exist_ok=True)
     job = work / "job.pbtxt"
-    job.write_text(JOB.format(batch=args.batch, steps=args.steps, chunk_bytes=args.chunk_bytes,
-                              transport=TRANSPORTS[transport][1]))
+    text = JOB.format(batch=args.batch, steps=steps or args.steps, chunk_bytes=args.chunk_bytes,
+                      transport=TRANSPORTS[transport][1])
+    if script:
+        text = text.replace(f"optimizer {{ kind: SGD learning_rate: {LR} momentum: {MOMENTUM} }}",
+                            "optimizer { kind: SCRIPT }")
+    job.write_text(text)
     env = dict(os.environ)
     env.pop("TESSERA_BIN_DIR", None)
     argv = [str(pathlib.Path(args.bin) / "tessera-launch"), f"--job={job}", f"--run_dir={work / 'run'}",
@@ -232,13 +275,18 @@ def main():
     parser.add_argument("--work", default="runs/bench/pytorch", help="job files, logs and run folders")
     parser.add_argument("--transports", default="grpc,ucx",
                         help="the Tessera rows' data-plane transports, each with rows of its own (grpc, ucx)")
+    parser.add_argument("--models", default="mlp,resnet18",
+                        help="models with rows per optimizer path (mlp, resnet18: needs python3-torchvision)")
+    parser.add_argument("--resnet_steps", type=int, default=60, help="steps of each ResNet-18 run")
     parser.add_argument("--as_worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--worker_model", default="mlp", help=argparse.SUPPRESS)
+    parser.add_argument("--worker_state_every", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--rpc_role", choices=["server", "worker"], help=argparse.SUPPRESS)
     parser.add_argument("--rpc_port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--rpc_out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.as_worker:
-        return tessera_worker()
+        return tessera_worker(args.worker_model, args.worker_state_every)
     if args.rpc_role:
         return rpc_role(args.rpc_role, args.rpc_port, args.steps, args.batch, args.rpc_out)
 
@@ -260,6 +308,46 @@ def main():
                      lambda t=t: launch(args, f"tessera-torch-{t}", me, t)))
         runs.append((f"cpp-{t}", f"Tessera C++ worker (built-in MLP), 1 server + 1 worker, sync, {over}",
                      lambda t=t: launch(args, f"cpp-{t}", None, t)))
+    models = [m for m in args.models.split(",") if m]
+    for m in models:
+        if m not in MODELS:
+            parser.error(f"--models: '{m}' is neither mlp nor resnet18")
+    if "resnet18" in models and not has_torchvision():
+        progress("ResNet-18 rows skipped: Debian's python3-torchvision is not installed")
+        models.remove("resnet18")
+    path_runs = []  # (model, plain key, [(key, label)])
+    for m in models:
+        steps = args.resnet_steps if m == "resnet18" else args.steps
+        name = MODELS[m][0]
+        plain_key = "plain" if m == "mlp" else f"plain-{m}"
+        if m != "mlp":
+            runs.append((plain_key, f"{name}: plain PyTorch loop (torch.optim.SGD)",
+                         lambda m=m, steps=steps: plain_loop(args, m, steps)))
+        rows = []
+        for t in transports:
+            over = TRANSPORTS[t][0]
+            worker = me + [f"--worker_model={m}"]
+            if m != "mlp":
+                key = f"server-{m}-{t}"
+                runs.append((key, f"{name}: tessera.torch, the servers' SGD, 1 server + 1 worker, sync, {over}",
+                             lambda t=t, m=m, w=worker, s=steps: launch(args, f"server-{m}-{t}", w, t, s)))
+                rows.append(key)
+            else:
+                rows.append(f"tessera-{t}")
+            key = f"script-{m}-{t}"
+            runs.append((key, f"{name}: tessera.torch, the script's torch.optim.SGD (kind: SCRIPT), 1 server + 1 "
+                              f"worker, sync, {over}",
+                         lambda t=t, m=m, w=worker, s=steps: launch(args, f"script-{m}-{t}", w, t, s, script=True)))
+            rows.append(key)
+            if t == transports[0]:
+                # What sending the optimizer's state (and in SYNC rank 0's values) after every step costs.
+                key = f"script-nostate-{m}-{t}"
+                runs.append((key, f"{name}: as the row above, state_every=0 (the optimizer's state stays on the "
+                                  "worker)",
+                             lambda t=t, m=m, w=worker + ["--worker_state_every=0"], s=steps:
+                             launch(args, f"script-nostate-{m}-{t}", w, t, s, script=True)))
+                rows.append(key)
+        path_runs.append((m, plain_key, rows))
     samples = {key: [] for key, _, _ in runs}
     for repeat in range(args.repeats):  # interleaved, so that a slow moment of the machine touches every run
         for key, label, run in runs:
@@ -303,6 +391,16 @@ def main():
             print(f"| h | Python layer, {TRANSPORTS[t][0]}: the exchange's cost per step through tessera.torch over "
                   f"the C++ worker's | {1000 * python_cost:.2f} ms | C++ worker: {1000 * cpp_cost:.2f} ms per step | "
                   f"{100 * share:+.1f}% of the C++ worker's step | < 5% | {note} |")
+    # Each optimizer path over its model's plain loop (with the loop's own optimizer step), ms per step.
+    for m, plain_key, keys in path_runs:
+        steps = args.resnet_steps if m == "resnet18" else args.steps
+        for key in [plain_key] + keys:
+            s, ref = seconds[key], seconds[plain_key]
+            ms = f"{1000 * s:.1f} ms per step" if s else "failed"
+            reference = "(reference)" if key == plain_key else f"plain loop: {1000 * ref:.1f} ms" if ref else "n/a"
+            print(f"| h | {labels[key]}; batch {args.batch} | {ms} | {reference} | "
+                  f"{'1.00x' if key == plain_key else ratio(s, ref)} |  | median of {args.repeats}, {steps} steps "
+                  "each, timed from the end of the first |")
     return 0 if all(seconds.values()) else 1
 
 

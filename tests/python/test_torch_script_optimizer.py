@@ -236,10 +236,12 @@ def test_a_restarted_worker_continues_with_its_optimizers_state(start_cluster):
             assert torch.equal(lost[k][name], restored[k][name]), (k, name)
 
 
-def test_a_worker_rejoining_a_sync_job_takes_rank_zeros_values_and_optimizer_state(start_cluster):
+@pytest.mark.parametrize("state_every", [1, 0], ids=["saved_every_step", "saved_for_the_joiner_only"])
+def test_a_worker_rejoining_a_sync_job_takes_rank_zeros_values_and_optimizer_state(start_cluster, state_every):
     """SYNC: rank 1 makes 10 steps and is lost; rank 0 goes on alone; a new rank 1 (a fresh model with other
-    values, a fresh optimizer) joins and takes rank 0's values and AdamW moments of its start clock: from there
-    both make the same steps, and end with the same values and moments, bit for bit (the digest check agrees)."""
+    values, a fresh optimizer) joins and takes rank 0's values and AdamW moments of its start clock (saved every
+    step, or only at the clock the scheduler names for the joiner): from there both make the same steps, and end
+    with the same values and moments, bit for bit (the digest check agrees)."""
     import threading
 
     torch.set_num_threads(1)
@@ -263,7 +265,7 @@ def test_a_worker_rejoining_a_sync_job_takes_rank_zeros_values_and_optimizer_sta
             opt.step()
 
     def optimizer(net, model):
-        return tt.DistributedOptimizer(adamw_recipe(net)[0], model, check_every=5)
+        return tt.DistributedOptimizer(adamw_recipe(net)[0], model, check_every=5, state_every=state_every)
 
     def state(opt, net):
         moments = {k: {n: v.clone() for n, v in s.items()} for k, s in opt.state_dict()["state"].items()}

@@ -79,6 +79,7 @@ struct ClockResult {
   std::string stop_reason;
   bool rolled_back = false;  // SYNC: the job went back to a checkpoint; see PsClient::TakeRollback
   bool late = false;         // SYNC with backup workers: the step's round closed without this worker's gradients
+  int64_t joining_clock = 0;  // the newest start clock of a live worker that joined after the start (0: none)
 };
 
 // Not thread-safe: one training loop drives one client (its heartbeat runs on a thread of its own).

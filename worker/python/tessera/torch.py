@@ -457,8 +457,10 @@ def DistributedOptimizer(optimizer, model, check_every=100, state_every=1):
 
     The optimizer's state (moments, step counts, momentum) is sent to the servers every `state_every` steps (by
     rank 0 in SYNC, where every worker's is the same; by every worker in ASYNC and SSP): checkpoints hold it, and
-    a worker that restarts takes it here and continues with it (0: the state stays in this process). Make the
-    schedule after this call with last_epoch=model.clock - 1, so that a restarted worker's schedule starts where
+    a worker that restarts takes it here and continues with it (0: the state stays in this process). In SYNC the
+    values are the workers' own: rank 0's go with its state, and a worker that joins the running job waits here
+    for rank 0's values and state of its start clock (rank 0 saves them then whatever state_every says: the
+    scheduler's gate names the clock). Make the schedule after this call with last_epoch=model.clock - 1, so that a restarted worker's schedule starts where
     the job is (the base rate is kept as each group's initial_lr).
 
     Raises tessera.Error FAILED_PRECONDITION when the job's servers run an optimizer of their own, and
@@ -478,11 +480,7 @@ def DistributedOptimizer(optimizer, model, check_every=100, state_every=1):
     model._state_every = int(state_every)
     for group in optimizer.param_groups:
         group.setdefault("initial_lr", group["lr"])
-    if model._joining and (model._state_every <= 0 or model.clock % model._state_every):
-        raise Error(f"UNIMPLEMENTED: joining a SYNC job with optimizer {{ kind: SCRIPT }} at clock {model.clock} "
-                    f"takes rank 0's values and optimizer state of that clock, which rank 0 saves every state_every "
-                    f"({model._state_every}) clocks: run the job with state_every=1 for workers to rejoin")
-    if model._state_every > 0:
+    if model._state_every > 0 or model._sync:  # SYNC: rank 0 also saves for a worker that joins
         model._optimizer_state = _OptimizerState(optimizer, model, "all" if model._sync else f"rank{model.rank}",
                                                  values=model._sync)
         if model._joining:
@@ -1132,15 +1130,17 @@ class DistributedModel(torch.nn.Module):
         """After the script's optimizer stepped. SYNC: every check_every clocks, this worker's digest of its values
         is kept, and rank 0 sends its own to the servers. ASYNC and SSP: the change leaves."""
         keeps = self._optimizer_state is not None and (self.rank == 0 or not self._sync)
+        periodic = self._state_every > 0 and self.clock % self._state_every == 0
         if not self._sync:
             self._push_script_update()
-            if keeps and self.clock % self._state_every == 0:
+            if keeps and periodic:
                 self._optimizer_state.save(self.clock)
             return
         clock = self.clock
         if self._gate["stop"]:
             return  # the job is over: its servers may be leaving
-        if keeps and clock % self._state_every == 0:
+        # Rank 0 also saves for a worker that joins at this clock (the gate names it), whatever state_every says.
+        if keeps and (periodic or self._gate.get("joining_clock") == clock):
             self._optimizer_state.save(self.clock)
         if self._check_every <= 0 or clock % self._check_every:
             return
