@@ -351,7 +351,7 @@ def main():
     samples = {key: [] for key, _, _ in runs}
     for repeat in range(args.repeats):  # interleaved, so that a slow moment of the machine touches every run
         for key, label, run in runs:
-            progress(f"{label}: {args.steps} steps (repeat {repeat + 1} of {args.repeats})")
+            progress(f"{label} (repeat {repeat + 1} of {args.repeats})")
             try:
                 samples[key].append(run())
             except Exception as e:  # noqa: BLE001 - the row says it failed

@@ -189,3 +189,60 @@ def test_a_scaler_in_async_skips_only_its_own_step(start_cluster):
     model.settle()
     assert not step.skipped and not all(torch.equal(a, b) for a, b in zip(before, net.parameters()))
     model.done()
+
+
+def autocast_run(start_cluster, workers, steps=50):
+    """The servers' SGD with momentum; each worker's forward under torch.autocast in bfloat16 on float32
+    parameters (the servers hold float32 master values). Returns the workers' final values, and those of one
+    process that computes each worker's half of the batch under autocast and averages them (what the workers
+    compute) and of one process on the union batch."""
+    torch.set_num_threads(1)
+    share, lr, momentum = GLOBAL_BATCH // workers, 0.1, 0.9
+    cluster = start_cluster(mode="SYNC", servers=2, workers=workers, chunk_bytes=256, batch_size=share, lr=lr,
+                            momentum=momentum)
+    x, y = data(steps)
+    nets = [make_net() for _ in range(workers)]
+    final = {}
+
+    def loss_of(net, xs, ys):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = net(xs)
+        assert out.dtype == torch.bfloat16
+        return torch.nn.functional.cross_entropy(out.float(), ys)
+
+    def worker(rank):
+        net = nets[rank]
+        model = tt.DistributedModel(net, tt.init(scheduler=cluster.address, rank=rank))
+        for s in range(steps):
+            xs, ys = x[s][rank * share:(rank + 1) * share], y[s][rank * share:(rank + 1) * share]
+            with model.step(batch_size=share):
+                loss_of(model, xs, ys).backward()
+        model.done()
+        final[rank] = [p.detach().clone() for p in net.parameters()]
+
+    run_workers(workers, worker)
+    references = []
+    for parts in (workers, 1):
+        net = make_net()
+        opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
+        size = GLOBAL_BATCH // parts
+        for s in range(steps):
+            opt.zero_grad()
+            for k in range(parts):
+                (loss_of(net, x[s][k * size:(k + 1) * size], y[s][k * size:(k + 1) * size]) / parts).backward()
+            opt.step()
+        references.append([p.detach() for p in net.parameters()])
+    assert all(p.dtype == torch.float32 for params in final.values() for p in params)
+    return final, references[0], references[1]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_autocast_bf16_trains_as_one_process_over_the_same_slices(start_cluster, workers):
+    """bfloat16 rounds each worker's forward on its own slice; the exchange adds nothing to that: the workers
+    equal one process that computes the same slices under autocast. Against one process on the union batch the
+    rounding of the slices shows (printed, not asserted: it is autocast's, not the exchange's)."""
+    final, same_slices, union = autocast_run(start_cluster, workers)
+    worst = largest_difference(final, same_slices)
+    print(f"bf16 autocast, {workers} worker(s), 50 steps: largest difference from one process over the same slices "
+          f"{worst:.3g}, from one process on the union batch {largest_difference(final, union):.3g}")
+    assert worst < 1e-5
