@@ -11,7 +11,7 @@ packages=(
   libabsl-dev libgoogle-glog-dev libgflags-dev libssl-dev zlib1g-dev
   libopenblas-dev nlohmann-json3-dev libcpp-httplib-dev libgtest-dev libgmock-dev
   dataset-fashion-mnist openssl libucx-dev
-  pybind11-dev python3-dev python3-pybind11 python3-numpy python3-pytest python3-torch
+  pybind11-dev python3-dev python3-pybind11 python3-numpy python3-pytest python3-torch python3-torchvision
   "$@"
 )
 
