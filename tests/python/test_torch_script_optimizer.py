@@ -178,6 +178,17 @@ def test_a_step_inside_the_block_is_refused(start_cluster):
     job.client.done()
 
 
+def step_until(model, opt, x, y, rank, until, share=4):
+    """Trains from the model's clock up to clock `until`, each step on this rank's slice of x[clock]."""
+    while model.clock < until:
+        s = model.clock
+        xs, ys = x[s][rank * share:(rank + 1) * share], y[s][rank * share:(rank + 1) * share]
+        opt.zero_grad()
+        with model.step(batch_size=share):
+            one_backward(model, xs, ys)
+        opt.step()
+
+
 def test_a_restarted_worker_continues_with_its_optimizers_state(start_cluster):
     """ASYNC: rank 1 steps AdamW 20 times and is lost; a new rank 1 (a fresh model and optimizer, as a restarted
     script makes them) starts at the job's clock with the moments and step count the lost one had."""
@@ -191,15 +202,6 @@ def test_a_restarted_worker_continues_with_its_optimizers_state(start_cluster):
     seen = {}
     nets = [make_net() for _ in range(3)]  # rank 0, rank 1, and rank 1 again
 
-    def steps(model, opt, net, rank, count):
-        for _ in range(count):
-            s = model.clock
-            xs, ys = x[s][rank * 4:(rank + 1) * 4], y[s][rank * 4:(rank + 1) * 4]
-            opt.zero_grad()
-            with model.step(batch_size=4):
-                one_backward(model, xs, ys)
-            opt.step()
-
     def snapshot(opt):
         return {k: {n: v.clone() for n, v in state.items()} for k, state in opt.state_dict()["state"].items()}
 
@@ -211,19 +213,19 @@ def test_a_restarted_worker_continues_with_its_optimizers_state(start_cluster):
     def worker(rank):
         net, model, opt = start(rank)
         if rank == 0:
-            steps(model, opt, net, rank, 10)
+            step_until(model, opt, x, y, rank, model.clock + 10)
             assert rejoined.wait(120)
-            steps(model, opt, net, rank, 10)
+            step_until(model, opt, x, y, rank, model.clock + 10)
             model.done()
             return
-        steps(model, opt, net, rank, 20)
+        step_until(model, opt, x, y, rank, model.clock + 20)
         seen["lost"] = snapshot(opt)
         model.job.client.fail("rank 1 lost (the test's stand-in for a dead process)")
         net, model, opt = start(rank)
         seen["clock"] = model.clock
         seen["restored"] = snapshot(opt)
         rejoined.set()
-        steps(model, opt, net, rank, 5)
+        step_until(model, opt, x, y, rank, model.clock + 5)
         model.done()
 
     run_workers(2, worker)
@@ -255,15 +257,6 @@ def test_a_worker_rejoining_a_sync_job_takes_rank_zeros_values_and_optimizer_sta
         for p in nets[0].parameters():
             p.add_(1.0)  # the new rank 1 starts elsewhere: only rank 0's values may make it equal
 
-    def steps(model, opt, net, rank, until):
-        while model.clock < until:
-            s = model.clock
-            xs, ys = x[s][rank * 4:(rank + 1) * 4], y[s][rank * 4:(rank + 1) * 4]
-            opt.zero_grad()
-            with model.step(batch_size=4):
-                one_backward(model, xs, ys)
-            opt.step()
-
     def optimizer(net, model):
         return tt.DistributedOptimizer(adamw_recipe(net)[0], model, check_every=5, state_every=state_every)
 
@@ -275,10 +268,10 @@ def test_a_worker_rejoining_a_sync_job_takes_rank_zeros_values_and_optimizer_sta
         net = nets.pop()
         model = tt.DistributedModel(net, tt.init(scheduler=cluster.address, rank=rank))
         opt = optimizer(net, model)
-        steps(model, opt, net, rank, 10)
+        step_until(model, opt, x, y, rank, 10)
         if rank == 0:
             assert registered.wait(120)
-            steps(model, opt, net, rank, 30)
+            step_until(model, opt, x, y, rank, 30)
         else:
             model.job.client.fail("rank 1 lost (the test's stand-in for a dead process)")
             net = nets.pop()
@@ -286,7 +279,7 @@ def test_a_worker_rejoining_a_sync_job_takes_rank_zeros_values_and_optimizer_sta
             seen["clock"] = model.clock
             registered.set()
             opt = optimizer(net, model)  # waits for rank 0's values and moments of its clock
-            steps(model, opt, net, rank, 30)
+            step_until(model, opt, x, y, rank, 30)
         model.done()
         seen[rank] = state(opt, net)
 

@@ -3,8 +3,6 @@ script's torch.optim.lr_scheduler set each parameter group's learning rate, and 
 gradients before they leave and skips a step with an inf or NaN on every worker alike. Each equals one process
 running torch's own optimizer on the union batch."""
 
-import math
-
 import pytest
 
 from conftest import TRANSPORTS, run_workers
@@ -12,20 +10,12 @@ from conftest import TRANSPORTS, run_workers
 torch = pytest.importorskip("torch", reason="Debian's python3-torch is not installed")
 import tessera  # noqa: E402
 import tessera.torch as tt  # noqa: E402
-from test_torch import GLOBAL_BATCH, data, make_net, micro_batches, one_backward  # noqa: E402
-from test_torch_script_optimizer import LossScaler, largest_difference  # noqa: E402
+from test_torch import GLOBAL_BATCH, data, make_net, micro_batches  # noqa: E402
+from test_torch_script_optimizer import STEPS, LossScaler, largest_difference, warmup_cosine  # noqa: E402
 
-STEPS = 100
-LR, DECAY, WARMUP, MIN_FACTOR, BIAS_LR = 0.01, 0.05, 10, 0.1, 3.0
+LR, DECAY, BIAS_LR = 0.01, 0.05, 3.0
 # The servers' AdamW: decay on weights only, through the job; the rate is the script's to set.
 ADAMW_JOB = f'kind: ADAMW learning_rate: {LR} weight_decay: {DECAY} no_decay: "bias"'
-
-
-def warmup_cosine(step):
-    if step < WARMUP:
-        return (step + 1) / WARMUP
-    done = min(1.0, (step - WARMUP) / (STEPS - WARMUP))
-    return MIN_FACTOR + (1 - MIN_FACTOR) * 0.5 * (1 + math.cos(math.pi * done))
 
 
 def groups(net, decay=True):
