@@ -178,6 +178,17 @@ def test_a_step_inside_the_block_is_refused(start_cluster):
     job.client.done()
 
 
+def restart_setup(start_cluster, mode):
+    """A SCRIPT job of 2 workers, 4 examples each; its data, three nets (rank 0, rank 1, rank 1 again) and an event
+    for the restarted rank to set."""
+    import threading
+
+    torch.set_num_threads(1)
+    cluster = start_cluster(mode=mode, servers=2, workers=2, chunk_bytes=256, batch_size=4, optimizer="kind: SCRIPT")
+    x, y = learnable_data(40)
+    return cluster, x, y, [make_net() for _ in range(3)], threading.Event()
+
+
 def step_until(model, opt, x, y, rank, until, share=4):
     """Trains from the model's clock up to clock `until`, each step on this rank's slice of x[clock]."""
     while model.clock < until:
@@ -192,15 +203,8 @@ def step_until(model, opt, x, y, rank, until, share=4):
 def test_a_restarted_worker_continues_with_its_optimizers_state(start_cluster):
     """ASYNC: rank 1 steps AdamW 20 times and is lost; a new rank 1 (a fresh model and optimizer, as a restarted
     script makes them) starts at the job's clock with the moments and step count the lost one had."""
-    import threading
-
-    torch.set_num_threads(1)
-    cluster = start_cluster(mode="ASYNC", servers=2, workers=2, chunk_bytes=256, batch_size=4,
-                            optimizer="kind: SCRIPT")
-    x, y = learnable_data(40)
-    rejoined = threading.Event()
+    cluster, x, y, nets, rejoined = restart_setup(start_cluster, "ASYNC")
     seen = {}
-    nets = [make_net() for _ in range(3)]  # rank 0, rank 1, and rank 1 again
 
     def snapshot(opt):
         return {k: {n: v.clone() for n, v in state.items()} for k, state in opt.state_dict()["state"].items()}
@@ -244,15 +248,8 @@ def test_a_worker_rejoining_a_sync_job_takes_rank_zeros_values_and_optimizer_sta
     values, a fresh optimizer) joins and takes rank 0's values and AdamW moments of its start clock (saved every
     step, or only at the clock the scheduler names for the joiner): from there both make the same steps, and end
     with the same values and moments, bit for bit (the digest check agrees)."""
-    import threading
-
-    torch.set_num_threads(1)
-    cluster = start_cluster(mode="SYNC", servers=2, workers=2, chunk_bytes=256, batch_size=4,
-                            optimizer="kind: SCRIPT")
-    x, y = learnable_data(40)
-    registered = threading.Event()
+    cluster, x, y, nets, registered = restart_setup(start_cluster, "SYNC")
     seen = {}
-    nets = [make_net() for _ in range(3)]  # rank 0, rank 1, and rank 1 again
     with torch.no_grad():
         for p in nets[0].parameters():
             p.add_(1.0)  # the new rank 1 starts elsewhere: only rank 0's values may make it equal
