@@ -47,9 +47,9 @@ inline constexpr uint64_t kMaxIncarnation = uint64_t{1} << 40;
 // A chunk's version and its counts of updates and assignments, and a worker's push sequence numbers: at most one
 // per push, so far beyond any job's (2^48 pushes). A larger one is a forgery; nothing near it can overflow.
 inline constexpr int64_t kMaxUpdateCount = int64_t{1} << 48;
-// The longest any call may ask to wait (a clock gate, a checkpoint at a version).
 // A push's learning-rate factor (PushRequest.lr_factor): a schedule's multiple of the job's rate.
 inline constexpr float kMaxLrFactor = 1e6f;
+// The longest any call may ask to wait (a clock gate, a checkpoint at a version).
 inline constexpr absl::Duration kMaxWait = absl::Hours(1);
 // Checkpoint files one AssignShards may name (one per server).
 inline constexpr int kMaxRestoreFiles = 4096;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -616,10 +617,12 @@ void JobCoordinator::AdvanceClock(const tessera::v1::AdvanceClockRequest& reques
                       response.set_late(true);
                       response.set_next_clock(*gate->late_next_clock);
                     }
-                    for (const Member& m : view_.Workers()) {
-                      if (m.state == MemberState::kAlive && m.joined_clock > response.joining_clock()) {
-                        response.set_joining_clock(m.joined_clock);
+                    if (job_.consistency().mode() == tessera::v1::ConsistencySpec::SYNC) {
+                      std::set<int64_t> joining;
+                      for (const Member& m : view_.Workers()) {
+                        if (m.state == MemberState::kAlive && m.joined_clock > 0) joining.insert(m.joined_clock);
                       }
+                      response.mutable_joining_clocks()->Add(joining.begin(), joining.end());
                     }
                     if (balancer_.enabled() && !gate->stop) {
                       const int64_t next = gate->rolled_back_to   ? *gate->rolled_back_to

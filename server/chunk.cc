@@ -56,6 +56,7 @@ void SkipUpdateLocked(Chunk& chunk, const std::vector<int>& workers, int64_t clo
   u.set_skipped(true);
   for (int w : workers) u.add_workers(w);
   u.set_clock(clock);
+  chunk.replication.log_bytes += sizeof(tessera::v1::ChunkUpdate);  // bounded with the rest of the log
 }
 
 void LogUpdateLocked(Chunk& chunk, bool assign, absl::Span<const float> values, float lr_scale, float grad_scale,
@@ -103,6 +104,7 @@ absl::Status ApplyReplicatedLocked(const UpdateRule& rule,
   }
   std::vector<float> values(n);
   for (const tessera::v1::ChunkUpdate& u : updates) {
+    chunk.last_round_skipped = u.skipped();
     if (u.skipped()) {
       SkipUpdateLocked(chunk, std::vector<int>(u.workers().begin(), u.workers().end()), u.clock());
       continue;
@@ -184,6 +186,7 @@ void RestoreChunkLocked(const tessera::v1::ChunkState& state, const std::vector<
   chunk.version = state.version();
   chunk.gradient_updates = state.gradient_updates();
   chunk.assignments = state.assignments();
+  chunk.last_round_skipped = false;
   for (int w = 0; w < state.applied_clocks_size() && w < static_cast<int>(chunk.applied_clocks.size()); ++w) {
     chunk.applied_clocks[w] = state.applied_clocks(w);
   }

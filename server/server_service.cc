@@ -60,7 +60,7 @@ absl::StatusOr<ChunkPush> ToChunkPush(const PushRequest& r, absl::string_view me
   push.read_clock_version = r.read_clock_version();
   push.batch_size = r.batch_size();
   push.assign = r.kind() == PushRequest::ASSIGN;
-  if (r.lr_factor() != 0.0f) {
+  if (r.has_lr_factor()) {
     if (!std::isfinite(r.lr_factor()) || r.lr_factor() < 0.0f || r.lr_factor() > kMaxLrFactor) {
       return absl::InvalidArgumentError(absl::StrCat("learning-rate factor ", r.lr_factor(), " must be within 0 .. ",
                                                      kMaxLrFactor));

@@ -236,3 +236,29 @@ def test_autocast_bf16_trains_as_one_process_over_the_same_slices(start_cluster,
     print(f"bf16 autocast, {workers} worker(s), 50 steps: largest difference from one process over the same slices "
           f"{worst:.3g}, from one process on the union batch {largest_difference(final, union):.3g}")
     assert worst < 1e-5
+
+
+def test_a_rate_of_zero_leaves_the_values_and_a_negative_one_is_refused(start_cluster):
+    """A schedule that reaches 0 (a warmup from 0, a cosine to eta_min=0) means no step, not the job's rate."""
+    torch.set_num_threads(1)
+    cluster = start_cluster(mode="SYNC", servers=2, workers=1, chunk_bytes=256, batch_size=GLOBAL_BATCH, lr=0.1)
+    x, y = data(3)
+    net = make_net()
+    model = tt.DistributedModel(net, tt.init(scheduler=cluster.address, rank=0))
+    opt = tt.ServerOptimizer(model)
+    opt.param_groups[0]["lr"] = 0.0
+    before = [p.detach().clone() for p in net.parameters()]
+    with model.step(batch_size=GLOBAL_BATCH):
+        torch.nn.functional.cross_entropy(model(x[0]), y[0]).backward()
+    model.settle()
+    assert all(torch.equal(a, b) for a, b in zip(before, net.parameters()))
+    opt.param_groups[0]["lr"] = -0.1
+    with pytest.raises(tessera.Error, match="learning rate -0.1"):
+        with model.step(batch_size=GLOBAL_BATCH):
+            pass
+    opt.param_groups[0]["lr"] = 0.1
+    with model.step(batch_size=GLOBAL_BATCH):  # the refused step left no block open
+        torch.nn.functional.cross_entropy(model(x[1]), y[1]).backward()
+    model.settle()
+    assert not all(torch.equal(a, b) for a, b in zip(before, net.parameters()))
+    model.done()

@@ -99,7 +99,8 @@ absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> ChunkCaller::Make(
       r.mutable_key()->set_index(placement->index());
       const bool same_memory = cached != pulled.end() && cached->second.where == call->dst.data();
       r.set_have_version(same_memory ? cached->second.version : -1);
-      r.set_reply_precision(values_);
+      // Module state (buffers, a script optimizer's state) is assigned exactly and comes back exactly.
+      r.set_reply_precision(spec->state() ? tessera::v1::WireSpec::FP32 : values_);
     } else {
       tessera::v1::PushRequest& r = call->push;
       r.set_epoch(map->epoch());
@@ -113,13 +114,13 @@ absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> ChunkCaller::Make(
       r.mutable_key()->set_param(placement->param());
       r.mutable_key()->set_index(placement->index());
       r.set_priority(priority);
-      if (op != kAssign) {
-        r.set_lr_factor(stamp.lr_factor);
-        r.set_skip(stamp.skip);
-      }
+      if (op != kAssign && stamp.lr_factor >= 0.0f) r.set_lr_factor(stamp.lr_factor);
+      if (op != kAssign) r.set_skip(stamp.skip);
       const absl::Span<const float> chunk = grad.subspan(placement->offset(), placement->length());
       if (op == kAssign) {
         call->src = BytesOf(chunk);  // assignments are exact
+      } else if (stamp.skip) {
+        call->src = BytesOf(chunk);  // never applied: the error feedback's residual waits for the next step
       } else {
         EncodeGradientOf(*call, chunk, stamp.seq);
       }

@@ -19,8 +19,9 @@ enum ChunkOp { kPull = 0, kPush = 1, kAssign = 2, kExchange = 3 };
 struct Stamp {
   uint64_t seq = 0;
   int64_t clock = 0;
-  // Gradients only: what the push says of its step besides the gradient (PushRequest.lr_factor and skip).
-  float lr_factor = 0.0f;
+  // Gradients only: what the push says of its step besides the gradient (PushRequest.lr_factor, negative: not
+  // sent, the job's rate; and skip).
+  float lr_factor = -1.0f;
   bool skip = false;
 };
 

@@ -335,7 +335,7 @@ ClockResult PsClient::Advanced(const tessera::v1::AdvanceClockResponse& gate) {
   result.stop_reason = gate.stop_reason();
   result.rolled_back = rollback_.has_value();
   result.late = gate.late();
-  result.joining_clock = gate.joining_clock();
+  result.joining_clocks.assign(gate.joining_clocks().begin(), gate.joining_clocks().end());
   return result;
 }
 

@@ -79,7 +79,7 @@ struct ClockResult {
   std::string stop_reason;
   bool rolled_back = false;  // SYNC: the job went back to a checkpoint; see PsClient::TakeRollback
   bool late = false;         // SYNC with backup workers: the step's round closed without this worker's gradients
-  int64_t joining_clock = 0;  // the newest start clock of a live worker that joined after the start (0: none)
+  std::vector<int64_t> joining_clocks;  // SYNC: start clocks of live workers that joined after the start
 };
 
 // Not thread-safe: one training loop drives one client (its heartbeat runs on a thread of its own).
@@ -326,7 +326,7 @@ class StepExchange {
  protected:
   // The stamp of the pushes of parameter `index`, from the step's.
   Stamp StampOf(Stamp stamp, size_t index) const {
-    stamp.lr_factor = index < lr_factors_.size() ? lr_factors_[index] : 0.0f;
+    stamp.lr_factor = index < lr_factors_.size() ? lr_factors_[index] : -1.0f;
     stamp.skip = skip_;
     return stamp;
   }

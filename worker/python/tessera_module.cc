@@ -88,7 +88,7 @@ py::dict ClockDict(const ClockResult& r) {
   d["stop_reason"] = r.stop_reason;
   d["rolled_back"] = r.rolled_back;
   d["late"] = r.late;
-  d["joining_clock"] = r.joining_clock;
+  d["joining_clocks"] = r.joining_clocks;
   return d;
 }
 

@@ -51,6 +51,7 @@ Integer buffers (num_batches_tracked) stay each worker's own. buffers="local" ke
 """
 
 import contextlib
+import math
 import signal
 import time
 import types
@@ -377,47 +378,61 @@ class _OptimizerState:
         self.host = [np.zeros(max(1, like.numel()), np.float32) for *_, like in self.entries]
         state = [(name, [len(h)]) for name, h in zip(self.names + self.value_names, self.host + self.value_host)]
         if values:
-            state.append((_SAVED_CLOCK, [1]))
+            state.append((_SAVED_CLOCK, [2]))
         if state:
             model._client.declare([], state=state)
 
-    def save(self, clock):
+    def save(self, clock, values=False):
+        """Sends the optimizer's state; with `values` (SYNC, for a worker joining at `clock`) the parameters' values
+        too, and then the clock they are of."""
         state = self.optimizer.state
         for (name, p, key, like), host in zip(self.entries, self.host):
             value = state.get(p, {}).get(key)
             if value is not None:
                 np.copyto(host, value.detach().reshape(-1).float().cpu().numpy())
-        with torch.no_grad():
-            for (_, p), host in zip(self.model._params, self.value_host):
-                np.copyto(host, p.detach().reshape(-1).cpu().numpy())
-        if self.entries or self.value_names:
-            self.model._client.assign(self.names + self.value_names, self.host + self.value_host)
-        if self.value_names:  # after the rest has landed: a joiner that sees this clock takes all of it
-            self.model._client.assign([_SAVED_CLOCK], [np.array([clock], np.float32)])
+        values = values and bool(self.value_names)
+        if values:
+            with torch.no_grad():
+                for (_, p), host in zip(self.model._params, self.value_host):
+                    np.copyto(host, p.detach().reshape(-1).cpu().numpy())
+        names, hosts = self.names + (self.value_names if values else []), self.host + (self.value_host if values else [])
+        if names:
+            self.model._client.assign(names, hosts)
+        if values:  # after the rest has landed: a joiner that sees this clock takes all of it
+            self.model._client.assign([_SAVED_CLOCK], [_clock_parts(clock)])
 
     def take_values(self, clock, timeout_s=300.0, wait=True):
         """SYNC: waits until rank 0 saved its values and state of `clock` (it does before it pushes that round,
         which cannot close without this worker), then takes them. Raises tessera.Error UNAVAILABLE when none come
         (without `wait`: when they are not there now)."""
-        saved = np.zeros(1, np.float32)
+        client = self.model._client
+        saved = np.zeros(2, np.float32)
+
+        def saved_clock():
+            client.pull([_SAVED_CLOCK], [saved])
+            return _clock_of(saved) if client.pulled_version(_SAVED_CLOCK) > 0 else -1
+
         deadline = time.time() + timeout_s
         while True:
-            self.model._client.pull([_SAVED_CLOCK], [saved])
-            if self.model._client.pulled_version(_SAVED_CLOCK) > 0 and int(saved[0]) == clock:
-                break
-            if not wait or time.time() > deadline or int(saved[0]) > clock or self.model._client.job_stopped():
+            held = saved_clock()
+            if held == clock:
+                client.pull(self.value_names, self.value_host)
+                client.pull(self.names, self.host)
+                if saved_clock() == clock:
+                    break  # not overwritten while this worker read them
+                held = saved_clock()
+            if not wait or time.time() > deadline or held > clock or client.job_stopped():
                 raise Error(f"UNAVAILABLE: rank 0's values and optimizer state of clock {clock} are not on the "
-                            f"servers (they hold those of clock {int(saved[0])}): this worker cannot join the SYNC "
-                            "job where the others are")
+                            f"servers (they hold those of clock {held}; -1: none): this worker cannot join the SYNC "
+                            "job where the others are (a lost rank 0 cannot rejoin: nobody else keeps the values)")
             time.sleep(0.05)
-        self.model._client.pull(self.value_names, self.value_host)
         with torch.no_grad():
             for (_, p), host in zip(self.model._params, self.value_host):
                 p.copy_(torch.from_numpy(host).reshape(p.shape))
         if self.model._mirror is not None:
             for (_, p), mirror in zip(self.model._params, self.model._weights):
                 np.copyto(mirror, p.detach().cpu().numpy())
-        self.restore()
+        self._take_pulled()
 
     def restore(self):
         """Takes the saved state when there is one (False when none was saved yet)."""
@@ -426,10 +441,23 @@ class _OptimizerState:
         self.model._client.pull(self.names, self.host)
         if not all(self.model._client.pulled_version(n) > 0 for n in self.names):
             return False
+        self._take_pulled()
+        return True
+
+    def _take_pulled(self):
+        """The optimizer's state from what was pulled into the host buffers."""
         for (name, p, key, like), host in zip(self.entries, self.host):
             value = torch.from_numpy(host.copy()).reshape(like.shape).to(dtype=like.dtype, device=like.device)
             self.optimizer.state[p][key] = value
-        return True
+
+
+def _clock_parts(clock):
+    """A clock as two float32s exact up to 2^44 (the low 20 bits and the rest)."""
+    return np.array([clock % (1 << 20), clock >> 20], np.float32)
+
+
+def _clock_of(parts):
+    return int(parts[0]) + (int(parts[1]) << 20)
 
 
 def DistributedOptimizer(optimizer, model, check_every=100, state_every=1):
@@ -458,9 +486,8 @@ def DistributedOptimizer(optimizer, model, check_every=100, state_every=1):
     The optimizer's state (moments, step counts, momentum) is sent to the servers every `state_every` steps (by
     rank 0 in SYNC, where every worker's is the same; by every worker in ASYNC and SSP): checkpoints hold it, and
     a worker that restarts takes it here and continues with it (0: the state stays in this process). In SYNC the
-    values are the workers' own: rank 0's go with its state, and a worker that joins the running job waits here
-    for rank 0's values and state of its start clock (rank 0 saves them then whatever state_every says: the
-    scheduler's gate names the clock). Make the schedule after this call with last_epoch=model.clock - 1, so that a restarted worker's schedule starts where
+    values are the workers' own: a worker that joins the running job waits here for rank 0's values and state of
+    its start clock, which rank 0 sends at the start of that step (the scheduler's gate names the clock). Make the schedule after this call with last_epoch=model.clock - 1, so that a restarted worker's schedule starts where
     the job is (the base rate is kept as each group's initial_lr).
 
     Raises tessera.Error FAILED_PRECONDITION when the job's servers run an optimizer of their own, and
@@ -516,7 +543,7 @@ class ServerOptimizer(torch.optim.Optimizer):
 
         model = tt.DistributedModel(net, job)
         opt = tt.ServerOptimizer(model)                      # or parameter groups, each with its own "lr"
-        sched = torch.optim.lr_scheduler.OneCycleLR(opt, ...)   # any schedule over group["lr"]
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)   # any schedule over group["lr"]
         for indices in model.sampler(len(x)):
             with model.step(batch_size=len(indices)):
                 loss_fn(model(x[indices]), y[indices]).backward()
@@ -524,7 +551,8 @@ class ServerOptimizer(torch.optim.Optimizer):
             sched.step()
 
     Parameter groups (`params`, as torch.optim takes them) may set "lr" and "weight_decay"; every parameter the
-    model trains must be in one. A group's weight decay must be what the job gives its parameters (the job's
+    model trains must be in one; each keeps its base rate as initial_lr, so a restarted script makes its schedule
+    with last_epoch=model.clock - 1. A group's weight decay must be what the job gives its parameters (the job's
     weight_decay, 0 for names matching its no_decay): the servers apply the job's. zero_grad() does nothing (each
     step block starts from zeros, and a step's gradients may still be leaving when the block ends).
 
@@ -542,9 +570,12 @@ class ServerOptimizer(torch.optim.Optimizer):
             raise Error("FAILED_PRECONDITION: the job schedules its own learning rate (optimizer.schedule); a "
                         "script's schedule through ServerOptimizer would multiply it: keep one of the two")
         self.base_lr = float(spec["learning_rate"])
+        if not self.base_lr > 0:
+            raise Error(f"FAILED_PRECONDITION: the job's learning_rate is {self.base_lr}: a schedule's rates are "
+                        "factors of it")
         groups = params if params is not None else [p for _, p in model._params]
         super().__init__(groups, {"lr": self.base_lr})
-        allowed = {"params", "lr", "weight_decay"}
+        allowed = {"params", "lr", "weight_decay", "initial_lr"}
         decay = float(spec.get("weight_decay") or 0.0)
         no_decay = list(spec.get("no_decay") or [])
         group_of = {}
@@ -571,11 +602,19 @@ class ServerOptimizer(torch.optim.Optimizer):
             raise Error(f"INVALID_ARGUMENT: {_some(missing)} in no parameter group: every parameter the model trains "
                         "needs a learning rate")
         self._group_of = [group_of[i] for i in range(len(model.names))]
+        for group in self.param_groups:
+            group.setdefault("initial_lr", group["lr"])  # a restarted script's schedule with last_epoch continues
         model._server_optimizer = self
 
     def factors(self):
-        """Each parameter's learning rate now, as a factor of the job's."""
-        return [float(self.param_groups[g]["lr"]) / self.base_lr for g in self._group_of]
+        """Each parameter's learning rate now, as a factor of the job's. Raises tessera.Error INVALID_ARGUMENT for a
+        group's rate that is negative or not finite."""
+        rates = [float(group["lr"]) for group in self.param_groups]
+        bad = [g for g, lr in enumerate(rates) if not math.isfinite(lr) or lr < 0]
+        if bad:
+            raise Error(f"INVALID_ARGUMENT: parameter group {bad[0]} has learning rate {rates[bad[0]]}: the servers "
+                        "take a finite rate of 0 or more")
+        return [rates[g] / self.base_lr for g in self._group_of]
 
     def step(self, closure=None):
         """Nothing to do: the servers stepped when the block's gradients arrived."""
@@ -598,11 +637,11 @@ class _Scaling:
     def unscale(self, grads):
         """Divides `grads` (tensors) by the scale; True when one of them is not finite."""
         inv = float(np.float32(1.0 / float(self.scaler.get_scale())))
-        found_inf = False
+        finite = []
         for g in grads:
             g.mul_(inv)
-            found_inf = found_inf or not bool(torch.isfinite(g).all())
-        return found_inf
+            finite.append(torch.isfinite(g).all())
+        return bool(finite) and not bool(torch.stack(finite).all())  # one device synchronisation
 
     def update(self, skipped):
         scale = float(self.scaler.get_scale())
@@ -667,6 +706,7 @@ class DistributedModel(torch.nn.Module):
         self._state_every = 0
         self._optimizer_state = None
         self._joining = False  # SYNC with SCRIPT, joined after the start: the values come with DistributedOptimizer
+        self._saved_for = -1  # SYNC with SCRIPT, rank 0: the last joiner's clock it saved its values for
         self._server_optimizer = None  # ServerOptimizer: the script's schedule drives the servers' learning rate
         self._scaling = None  # the open step's gradient scaler (_Scaling), in the servers' path
         self._scalings = {}  # by id(scaler): each scaler's count of steps since it last changed
@@ -939,12 +979,20 @@ class DistributedModel(torch.nn.Module):
     def _begin(self, batch_size, scaler=None):
         if self._current is not None:
             raise Error("FAILED_PRECONDITION: a step is already open")
+        # Checked before the step changes anything (a refused block leaves none open).
+        factors = self._server_optimizer.factors() if self._server_optimizer is not None else None
         if self._joining:
             raise Error(f"FAILED_PRECONDITION: this worker joined the SYNC job at clock {self.clock}, whose values "
                         "are the workers' own: wrap the optimizer in tt.DistributedOptimizer before the first step, "
                         "so that it takes rank 0's values and optimizer state")
         if self._buffers and self.rank != 0 and self._steps % self._buffer_every == 0:
             self._take_buffers()
+        if (self.script and self._sync and self.rank == 0 and self._optimizer_state is not None
+                and self.clock in self._gate.get("joining_clocks", ()) and self._saved_for != self.clock):
+            # A worker joins at this clock (the gate names it): rank 0's values and state of it go to the servers
+            # before this round's gradients, which cannot close without the joiner's.
+            self._optimizer_state.save(self.clock, values=True)
+            self._saved_for = self.clock
         if self.script and not self._sync:
             if self._script_push is not None:
                 self._push_script_update()  # the last block's optimizer step was skipped (GradScaler): no change
@@ -975,8 +1023,8 @@ class DistributedModel(torch.nn.Module):
         # that reached it. A change since is the script's edit.
         self._seen = [self._grad_state(p) for _, p in self._params]
         self._current = self._plan.begin(self._set, batch_size)
-        if self._server_optimizer is not None:
-            self._current.set_lr_factors(self._server_optimizer.factors())
+        if factors is not None:
+            self._current.set_lr_factors(factors)
         self._scaling = None
         if scaler is not None and scaler.is_enabled():
             self._scaling = self._scalings.setdefault(id(scaler), _Scaling(scaler))
@@ -1139,8 +1187,7 @@ class DistributedModel(torch.nn.Module):
         clock = self.clock
         if self._gate["stop"]:
             return  # the job is over: its servers may be leaving
-        # Rank 0 also saves for a worker that joins at this clock (the gate names it), whatever state_every says.
-        if keeps and (periodic or self._gate.get("joining_clock") == clock):
+        if keeps and periodic:
             self._optimizer_state.save(self.clock)
         if self._check_every <= 0 or clock % self._check_every:
             return
