@@ -1,5 +1,9 @@
 #include "worker/client/grpc_chunk_transport.h"
 
+#include <atomic>
+
+#include "absl/strings/str_cat.h"
+
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "common/wire_payload.h"
@@ -17,6 +21,7 @@ struct GrpcWire final : ChunkCallWire {
   grpc::ClientContext context;
   grpc::ByteBuffer request;
   grpc::ByteBuffer response;
+  std::atomic<bool> cancelled{false};  // Cancel() was called: a CANCELLED status is ours
 };
 
 GrpcWire& WireOf(ChunkCall& call) { return static_cast<GrpcWire&>(*call.wire); }
@@ -88,11 +93,21 @@ void GrpcChunkTransport::Start(ChunkCall* c, std::function<void()> done) {
   wire.stub->UnaryCall(&wire.context, MethodName(c->op), grpc::StubOptions(), &wire.request, &wire.response,
                        [c, done = std::move(done)](grpc::Status status) {
                          c->status = FromGrpcStatus(status, WireOf(*c).context, c->What());
+                         if (status.error_code() == grpc::StatusCode::CANCELLED && !WireOf(*c).cancelled) {
+                           // Not cancelled here: the server ended the call (a drained or stopping server shuts
+                           // down with calls in flight). As a lost connection, retried where the view says.
+                           c->status = absl::UnavailableError(
+                               absl::StrCat(c->What(), ": the server ended the call (", status.error_message(),
+                                            "); it may be shutting down"));
+                         }
                          if (c->status.ok()) c->status = Decode(*c);
                          done();
                        });
 }
 
-void GrpcChunkTransport::Cancel(ChunkCall* call) { WireOf(*call).context.TryCancel(); }
+void GrpcChunkTransport::Cancel(ChunkCall* call) {
+  WireOf(*call).cancelled = true;
+  WireOf(*call).context.TryCancel();
+}
 
 }  // namespace tessera
