@@ -167,6 +167,7 @@ absl::StatusOr<ClusterView::Joined> ClusterView::JoinSlot(const tessera::v1::Reg
   slot->joined_clock = server ? 0 : start_clock(*slot);
   slot->incarnation += 1;
   HoldSlot(*slot, request, NewSecret(), now);
+  slot->unanswered = true;
   // Servers take a worker's pushes only with its key, whose digest comes with the view: every registration
   // after placement is a new view.
   ChangedLocked();
@@ -334,13 +335,21 @@ void ClusterView::AdvanceEpochPast(uint64_t seen) {
   ++changes_;
 }
 
+void ClusterView::Answered(tessera::v1::Role role, int id, uint64_t incarnation, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  std::vector<Member>& slots = role == tessera::v1::SERVER ? servers_ : workers_;
+  if (id < 0 || id >= static_cast<int>(slots.size()) || slots[id].incarnation != incarnation) return;
+  slots[id].unanswered = false;
+  slots[id].last_seen = now;
+}
+
 std::vector<Member> ClusterView::MarkSilentLost(absl::Time now, absl::Duration timeout) {
   std::vector<Member> lost;
   {
     absl::MutexLock lock(&mu_);
     for (std::vector<Member>* slots : {&servers_, &workers_}) {
       for (Member& m : *slots) {
-        if (m.state != MemberState::kAlive || now - m.last_seen <= timeout) continue;
+        if (m.state != MemberState::kAlive || m.unanswered || now - m.last_seen <= timeout) continue;
         m.state = MemberState::kLost;
         m.awaited = false;
         lost.push_back(m);

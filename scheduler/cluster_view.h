@@ -94,7 +94,11 @@ class ClusterView {
   // checked.
   [[nodiscard]] absl::Status Touch(tessera::v1::Role role, int id, uint64_t incarnation, absl::Time now);
 
-  // Members alive but silent for longer than `timeout` become lost; returns them. Advances the epoch once
+  // The registration of (role, id, incarnation) has been answered: from `now` its own silence counts.
+  void Answered(tessera::v1::Role role, int id, uint64_t incarnation, absl::Time now);
+
+  // Members alive but silent for longer than `timeout` become lost (not one still waiting for the answer to its
+  // registration); returns them. Advances the epoch once
   // parameters are placed.
   std::vector<Member> MarkSilentLost(absl::Time now, absl::Duration timeout);
 

@@ -282,6 +282,7 @@ void JobCoordinator::Register(const tessera::v1::RegisterRequest& request,
               << (m.role == tessera::v1::WORKER && m.joined_clock > 0 ? absl::StrCat(", starting at clock ", m.joined_clock)
                                                                      : "");
     done(Registered(m));
+    view_.Answered(m.role, m.id, m.incarnation, absl::Now());
   });
 }
 
@@ -430,6 +431,7 @@ void JobCoordinator::TakeBack(const tessera::v1::RegisterRequest& request, const
   tessera::v1::RegisterResponse response = Registered(*member);
   if (!server) response.set_start_clock(rejoin.clock());
   done(std::move(response));
+  view_.Answered(member->role, member->id, member->incarnation, absl::Now());
 }
 
 absl::StatusOr<Member> JobCoordinator::AdoptGathered(const tessera::v1::ShardMap& view, int caller) {

@@ -34,6 +34,9 @@ struct Member {
   // In the view a restarted scheduler took back, not come back yet: its calls are answered NOT_FOUND (come back
   // first: ClusterView::Return), and it is lost like a silent member when it does not come back.
   bool awaited = false;
+  // Registered afresh and not told so yet (the servers take the view with its key first, and a frozen server
+  // makes that slow): its silence is the scheduler's, so it is not lost for it (ClusterView::Answered).
+  bool unanswered = false;
 
   // "server 1 at node8:4100" or "worker 2 on gpu3".
   std::string Describe() const;

@@ -8,6 +8,7 @@
 #include "common/wire_limits.h"
 #include "gtest/gtest.h"
 #include "tests/testing/param_spec.h"
+#include "tests/testing/registrations.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tessera {
@@ -17,25 +18,15 @@ using ::tessera::testing::FloatParam;
 using ::tessera::testing::IsOk;
 using ::tessera::testing::StatusIs;
 
+using ::tessera::testing::AtZero;
+using ::tessera::testing::JoinAnswered;
+
 tessera::v1::RegisterRequest Server(const std::string& address, int id = -1) {
-  tessera::v1::RegisterRequest r;
-  r.set_role(tessera::v1::SERVER);
-  if (id >= 0) r.set_requested_id(id);
-  r.set_address(address);
-  r.set_control_key("control-key-of-" + address);
-  r.set_replication_key(std::string(32, 'r'));  // a server's public replication key (server/replica_auth.h)
-  return r;
+  return ::tessera::testing::ServerRegistration(address, id);
 }
-
 tessera::v1::RegisterRequest Worker(const std::string& host, int rank = -1) {
-  tessera::v1::RegisterRequest r;
-  r.set_role(tessera::v1::WORKER);
-  r.set_hostname(host);
-  if (rank >= 0) r.set_requested_id(rank);
-  return r;
+  return ::tessera::testing::WorkerRegistration(host, rank);
 }
-
-int64_t AtZero(const Member&) { return 0; }
 
 // Places `params` and commits the plan, as the coordinator does once every server holds it.
 absl::Status PlaceAndCommit(ClusterView& view, const std::vector<tessera::v1::ParameterSpec>& params,
@@ -49,26 +40,46 @@ TEST(ClusterViewTest, WaitingSummaryNamesWhoIsMissingAndWhenEachMemberWasLastHea
   ClusterView view(/*num_servers=*/2, /*num_workers=*/2);
   const absl::Time t0 = absl::FromUnixSeconds(1000);
   EXPECT_EQ(view.WaitingSummary(t0, absl::Seconds(10)), "waiting for 2 more servers and 2 more workers");
-  ASSERT_THAT(view.Join(Server("node7:4100"), t0, AtZero).status(), IsOk());
-  ASSERT_THAT(view.Join(Worker("gpu3"), t0 + absl::Seconds(30), AtZero).status(), IsOk());
+  ASSERT_THAT(JoinAnswered(view, Server("node7:4100"), t0, AtZero).status(), IsOk());
+  ASSERT_THAT(JoinAnswered(view, Worker("gpu3"), t0 + absl::Seconds(30), AtZero).status(), IsOk());
   EXPECT_EQ(view.WaitingSummary(t0 + absl::Seconds(34), absl::Seconds(10)),
             "waiting for 1 more server and 1 more worker; server 0 at node7:4100 lost, last heard 34 s ago; "
             "worker 0 on gpu3 last heard 4 s ago");
   ASSERT_THAT(view.Touch(tessera::v1::SERVER, 0, 1, t0 + absl::Seconds(33)), IsOk());
   EXPECT_NE(view.WaitingSummary(t0 + absl::Seconds(34), absl::Seconds(10)).find("server 0 at node7:4100 last heard 1 s ago"),
             std::string::npos);
-  ASSERT_THAT(view.Join(Server("node8:4100"), t0, AtZero).status(), IsOk());
-  ASSERT_THAT(view.Join(Worker("gpu4"), t0, AtZero).status(), IsOk());
+  ASSERT_THAT(JoinAnswered(view, Server("node8:4100"), t0, AtZero).status(), IsOk());
+  ASSERT_THAT(JoinAnswered(view, Worker("gpu4"), t0, AtZero).status(), IsOk());
   EXPECT_EQ(view.WaitingSummary(t0, absl::Seconds(10)), "") << "nobody is missing";
 }
 
 // The scenario a new user met: a server dies before the job starts. The view says so, the replacement takes its
 // place (a new incarnation of the same id), a second replacement finds no place, and the epoch moves.
+// A member is not lost while its registration waits to be answered (the servers taking the view with its key
+// first, one of them frozen): its silence counts from the answer.
+TEST(ClusterViewTest, AMemberIsNotLostBeforeItsRegistrationIsAnswered) {
+  ClusterView view(/*num_servers=*/1, /*num_workers=*/1);
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  ASSERT_THAT(JoinAnswered(view, Server("a:1"), t0, AtZero).status(), IsOk());
+  absl::StatusOr<ClusterView::Joined> worker = view.Join(Worker("h0"), t0, AtZero);
+  ASSERT_THAT(worker.status(), IsOk());
+  EXPECT_TRUE(view.MarkSilentLost(t0 + absl::Seconds(30), absl::Seconds(10)).size() == 1u) << "only server 0";
+  EXPECT_EQ(view.Workers()[0].state, MemberState::kAlive);
+  view.Answered(tessera::v1::WORKER, 0, worker->member.incarnation, t0 + absl::Seconds(30));
+  EXPECT_TRUE(view.MarkSilentLost(t0 + absl::Seconds(39), absl::Seconds(10)).empty());
+  std::vector<Member> lost = view.MarkSilentLost(t0 + absl::Seconds(41), absl::Seconds(10));
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0].role, tessera::v1::WORKER);
+  // An answer for an incarnation that no longer holds the slot changes nothing.
+  view.Answered(tessera::v1::WORKER, 0, worker->member.incarnation + 1, t0 + absl::Seconds(50));
+  EXPECT_EQ(view.Workers()[0].state, MemberState::kLost);
+}
+
 TEST(ClusterViewTest, AReplacementTakesTheLostServersPlace) {
   ClusterView view(2, 1);
   const absl::Time t0 = absl::FromUnixSeconds(1000);
-  ASSERT_THAT(view.Join(Server("a:1"), t0, AtZero).status(), IsOk());
-  ASSERT_THAT(view.Join(Server("b:1"), t0 + absl::Seconds(20), AtZero).status(), IsOk());
+  ASSERT_THAT(JoinAnswered(view, Server("a:1"), t0, AtZero).status(), IsOk());
+  ASSERT_THAT(JoinAnswered(view, Server("b:1"), t0 + absl::Seconds(20), AtZero).status(), IsOk());
   const uint64_t before = view.epoch();
   std::vector<Member> lost = view.MarkSilentLost(t0 + absl::Seconds(21), absl::Seconds(10));
   ASSERT_EQ(lost.size(), 1u);
@@ -80,12 +91,12 @@ TEST(ClusterViewTest, AReplacementTakesTheLostServersPlace) {
               StatusIs(absl::StatusCode::kFailedPrecondition, "declared lost"));
   EXPECT_THAT(view.Place({FloatParam("w", 10)}, 16).status(), StatusIs(absl::StatusCode::kUnavailable, "server 0 at a:1 (lost)"));
 
-  absl::StatusOr<ClusterView::Joined> replacement = view.Join(Server("c:1"), t0 + absl::Seconds(23), AtZero);
+  absl::StatusOr<ClusterView::Joined> replacement = JoinAnswered(view, Server("c:1"), t0 + absl::Seconds(23), AtZero);
   ASSERT_THAT(replacement, IsOk());
   EXPECT_EQ(replacement->member.id, 0);
   EXPECT_EQ(replacement->member.incarnation, 2u);
   EXPECT_EQ(replacement->was, MemberState::kLost);
-  EXPECT_THAT(view.Join(Server("d:1"), t0, AtZero).status(), StatusIs(absl::StatusCode::kResourceExhausted, "all its"));
+  EXPECT_THAT(JoinAnswered(view, Server("d:1"), t0, AtZero).status(), StatusIs(absl::StatusCode::kResourceExhausted, "all its"));
   absl::StatusOr<ClusterView::Placed> placed = view.Place({FloatParam("w", 10)}, 16);
   ASSERT_THAT(placed, IsOk());
   ASSERT_EQ(placed->map.servers_size(), 2);
@@ -98,9 +109,9 @@ TEST(ClusterViewTest, AReplacementTakesTheLostServersPlace) {
 TEST(ClusterViewTest, WorkersRejoinWithANewIncarnation) {
   ClusterView view(1, 2);
   const absl::Time t0 = absl::FromUnixSeconds(1000);
-  ASSERT_THAT(view.Join(Server("a:1"), t0, AtZero).status(), IsOk());
-  ASSERT_THAT(view.Join(Worker("h0"), t0, AtZero).status(), IsOk());
-  ASSERT_THAT(view.Join(Worker("h1"), t0 + absl::Seconds(30), AtZero).status(), IsOk());
+  ASSERT_THAT(JoinAnswered(view, Server("a:1"), t0, AtZero).status(), IsOk());
+  ASSERT_THAT(JoinAnswered(view, Worker("h0"), t0, AtZero).status(), IsOk());
+  ASSERT_THAT(JoinAnswered(view, Worker("h1"), t0 + absl::Seconds(30), AtZero).status(), IsOk());
   ASSERT_THAT(PlaceAndCommit(view, {FloatParam("w", 10)}, 16), IsOk());
   const uint64_t placed_epoch = view.epoch();
   ASSERT_EQ(view.MarkSilentLost(t0 + absl::Seconds(31), absl::Seconds(10)).size(), 2u) << "server 0 and worker 0";
@@ -112,7 +123,7 @@ TEST(ClusterViewTest, WorkersRejoinWithANewIncarnation) {
   EXPECT_EQ(map->servers_size(), 0) << "the lost server is out of the view";
 
   // No rank asked for: the lost rank is the one free.
-  absl::StatusOr<ClusterView::Joined> back = view.Join(Worker("h0"), t0 + absl::Seconds(32), [](const Member& slot) {
+  absl::StatusOr<ClusterView::Joined> back = JoinAnswered(view, Worker("h0"), t0 + absl::Seconds(32), [](const Member& slot) {
     EXPECT_EQ(slot.incarnation, 1u);
     return int64_t{7};
   });
@@ -125,20 +136,20 @@ TEST(ClusterViewTest, WorkersRejoinWithANewIncarnation) {
   EXPECT_EQ(map->workers(0).joined_clock(), 7);
 
   // Rank 1 asked for while its holder is alive: the old incarnation is replaced.
-  absl::StatusOr<ClusterView::Joined> restarted = view.Join(Worker("h1", /*rank=*/1), t0 + absl::Seconds(33), AtZero);
+  absl::StatusOr<ClusterView::Joined> restarted = JoinAnswered(view, Worker("h1", /*rank=*/1), t0 + absl::Seconds(33), AtZero);
   ASSERT_THAT(restarted, IsOk());
   EXPECT_EQ(restarted->member.incarnation, 2u);
   EXPECT_EQ(restarted->was, MemberState::kAlive);
   EXPECT_THAT(view.Touch(tessera::v1::WORKER, 1, 1, t0 + absl::Seconds(33)),
               StatusIs(absl::StatusCode::kFailedPrecondition, "replaced by incarnation 2"));
-  EXPECT_THAT(view.Join(Worker("h2"), t0, AtZero).status(), StatusIs(absl::StatusCode::kResourceExhausted, "all its"));
-  EXPECT_THAT(view.Join(Worker("h2", 5), t0, AtZero).status(), StatusIs(absl::StatusCode::kInvalidArgument, "id 5"));
+  EXPECT_THAT(JoinAnswered(view, Worker("h2"), t0, AtZero).status(), StatusIs(absl::StatusCode::kResourceExhausted, "all its"));
+  EXPECT_THAT(JoinAnswered(view, Worker("h2", 5), t0, AtZero).status(), StatusIs(absl::StatusCode::kInvalidArgument, "id 5"));
 }
 
 TEST(ClusterViewTest, ALostServersChunksMoveToTheLeastLoadedSurvivors) {
   ClusterView view(3, 1);
   const absl::Time t0 = absl::FromUnixSeconds(1000);
-  for (const char* a : {"a:1", "b:1", "c:1"}) ASSERT_THAT(view.Join(Server(a), t0, AtZero).status(), IsOk());
+  for (const char* a : {"a:1", "b:1", "c:1"}) ASSERT_THAT(JoinAnswered(view, Server(a), t0, AtZero).status(), IsOk());
   ASSERT_THAT(PlaceAndCommit(view, {FloatParam("w", 60), FloatParam("b", 6)}, 40), IsOk());
   ASSERT_THAT(view.Touch(tessera::v1::SERVER, 0, 1, t0 + absl::Seconds(20)), IsOk());
   ASSERT_THAT(view.Touch(tessera::v1::SERVER, 2, 1, t0 + absl::Seconds(20)), IsOk());
@@ -162,7 +173,7 @@ TEST(ClusterViewTest, ALostServersChunksMoveToTheLeastLoadedSurvivors) {
 TEST(ClusterViewTest, WithBackupsALostPrimarysChunksGoToTheirBackupsAndGetNewOnes) {
   ClusterView view(3, 1, /*backups=*/1);
   const absl::Time t0 = absl::FromUnixSeconds(1000);
-  for (const char* a : {"a:1", "b:1", "c:1"}) ASSERT_THAT(view.Join(Server(a), t0, AtZero).status(), IsOk());
+  for (const char* a : {"a:1", "b:1", "c:1"}) ASSERT_THAT(JoinAnswered(view, Server(a), t0, AtZero).status(), IsOk());
   ASSERT_THAT(PlaceAndCommit(view, {FloatParam("w", 60), FloatParam("b", 6)}, 40), IsOk());
   std::optional<tessera::v1::ShardMap> before = view.Map();
   std::map<std::pair<std::string, int>, int> backup_of;
@@ -194,7 +205,7 @@ TEST(ClusterViewTest, WithBackupsALostPrimarysChunksGoToTheirBackupsAndGetNewOne
 TEST(ClusterViewTest, WithBackupsAReplacementBacksUpTheChunksShortOfBackups) {
   ClusterView view(2, 1, /*backups=*/1);
   const absl::Time t0 = absl::FromUnixSeconds(1000);
-  for (const char* a : {"a:1", "b:1"}) ASSERT_THAT(view.Join(Server(a), t0, AtZero).status(), IsOk());
+  for (const char* a : {"a:1", "b:1"}) ASSERT_THAT(JoinAnswered(view, Server(a), t0, AtZero).status(), IsOk());
   ASSERT_THAT(PlaceAndCommit(view, {FloatParam("w", 60)}, 40), IsOk());
   ASSERT_THAT(view.Touch(tessera::v1::SERVER, 0, 1, t0 + absl::Seconds(20)), IsOk());
   ASSERT_EQ(view.MarkSilentLost(t0 + absl::Seconds(20), absl::Seconds(10)).size(), 1u);
@@ -204,7 +215,7 @@ TEST(ClusterViewTest, WithBackupsAReplacementBacksUpTheChunksShortOfBackups) {
     EXPECT_EQ(c.server_id(), 0);
     EXPECT_EQ(c.backup_server_ids_size(), 0) << "one server left: no room for a backup";
   }
-  ASSERT_THAT(view.Join(Server("c:1", 1), t0 + absl::Seconds(21), AtZero).status(), IsOk());
+  ASSERT_THAT(JoinAnswered(view, Server("c:1", 1), t0 + absl::Seconds(21), AtZero).status(), IsOk());
   absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> given = view.GiveShareTo(1);
   ASSERT_THAT(given, IsOk());
   const tessera::v1::ShardMap after = *view.Map();
@@ -221,7 +232,7 @@ TEST(ClusterViewTest, WithBackupsAReplacementBacksUpTheChunksShortOfBackups) {
 TEST(ClusterViewTest, ADrainMovesEveryCopyOffTheServerInTwoPhases) {
   ClusterView view(3, 1, /*backups=*/1);
   const absl::Time t0 = absl::FromUnixSeconds(1000);
-  for (const char* a : {"a:1", "b:1", "c:1"}) ASSERT_THAT(view.Join(Server(a), t0, AtZero).status(), IsOk());
+  for (const char* a : {"a:1", "b:1", "c:1"}) ASSERT_THAT(JoinAnswered(view, Server(a), t0, AtZero).status(), IsOk());
   ASSERT_THAT(PlaceAndCommit(view, {FloatParam("w", 60), FloatParam("b", 6)}, 40), IsOk());
   absl::StatusOr<std::vector<ClusterView::ChunkMove>> moves = view.DrainMoves(1);
   ASSERT_THAT(moves, IsOk());
@@ -247,7 +258,7 @@ TEST(ClusterViewTest, ADrainMovesEveryCopyOffTheServerInTwoPhases) {
   }
   ASSERT_TRUE(view.MarkServerDrained(1));
   EXPECT_EQ(view.Map()->servers_size(), 2);
-  absl::StatusOr<ClusterView::Joined> joined = view.Join(Server("d:1"), t0 + absl::Seconds(1), AtZero);
+  absl::StatusOr<ClusterView::Joined> joined = JoinAnswered(view, Server("d:1"), t0 + absl::Seconds(1), AtZero);
   ASSERT_THAT(joined.status(), IsOk());
   EXPECT_EQ(joined->member.id, 1) << "the drained slot is taken again";
   EXPECT_FALSE(view.ShareMoves(1).empty()) << "the newcomer gets a share of the primaries";
@@ -276,20 +287,20 @@ TEST(ClusterViewTest, EveryChangeIsPublishedToItsSubscribersOnceMade) {
   view.Subscribe(listen(first));
   view.Subscribe(listen(second));
   const absl::Time t0 = absl::FromUnixSeconds(1000);
-  ASSERT_THAT(view.Join(Server("a:1"), t0, AtZero).status(), IsOk());
-  ASSERT_THAT(view.Join(Server("b:1"), t0, AtZero).status(), IsOk());
-  ASSERT_THAT(view.Join(Worker("h0"), t0, AtZero).status(), IsOk());
-  ASSERT_THAT(view.Join(Worker("h1"), t0, AtZero).status(), IsOk());
+  ASSERT_THAT(JoinAnswered(view, Server("a:1"), t0, AtZero).status(), IsOk());
+  ASSERT_THAT(JoinAnswered(view, Server("b:1"), t0, AtZero).status(), IsOk());
+  ASSERT_THAT(JoinAnswered(view, Worker("h0"), t0, AtZero).status(), IsOk());
+  ASSERT_THAT(JoinAnswered(view, Worker("h1"), t0, AtZero).status(), IsOk());
   ASSERT_THAT(PlaceAndCommit(view, {FloatParam("w", 60)}, 40), IsOk());
   ASSERT_TRUE(view.Leave(0, MemberState::kLost, "INTERNAL: out of memory"));
-  ASSERT_THAT(view.Join(Worker("h0", 0), t0, AtZero).status(), IsOk());
+  ASSERT_THAT(JoinAnswered(view, Worker("h0", 0), t0, AtZero).status(), IsOk());
   ASSERT_TRUE(view.Leave(1, MemberState::kDone));
   ASSERT_THAT(view.Touch(tessera::v1::SERVER, 0, 1, t0 + absl::Seconds(20)), IsOk());
   ASSERT_THAT(view.Touch(tessera::v1::WORKER, 0, 2, t0 + absl::Seconds(20)), IsOk());
   ASSERT_EQ(view.MarkSilentLost(t0 + absl::Seconds(20), absl::Seconds(10)).size(), 1u);  // server 1
   ASSERT_THAT(view.MoveChunksOf(1), IsOk());
   view.RollBack(7);
-  ASSERT_THAT(view.Join(Server("c:1", 1), t0 + absl::Seconds(21), AtZero).status(), IsOk());
+  ASSERT_THAT(JoinAnswered(view, Server("c:1", 1), t0 + absl::Seconds(21), AtZero).status(), IsOk());
   const std::vector<ClusterView::ChunkMove> share = view.ShareMoves(1);
   ASSERT_FALSE(share.empty());
   ASSERT_THAT(view.BeginMoves(share), IsOk());
@@ -324,7 +335,7 @@ TEST(ClusterViewTest, EveryChangeIsPublishedToItsSubscribersOnceMade) {
 TEST(ClusterViewTest, APlacementExistsOnlyOnceCommitted) {
   ClusterView view(2, 1);
   const absl::Time t0 = absl::FromUnixSeconds(1000);
-  for (const char* a : {"a:1", "b:1"}) ASSERT_THAT(view.Join(Server(a), t0, AtZero).status(), IsOk());
+  for (const char* a : {"a:1", "b:1"}) ASSERT_THAT(JoinAnswered(view, Server(a), t0, AtZero).status(), IsOk());
   absl::StatusOr<ClusterView::Placed> first = view.Place({FloatParam("w", 10)}, 16);
   ASSERT_THAT(first, IsOk());
   EXPECT_TRUE(first->changed);
@@ -336,7 +347,7 @@ TEST(ClusterViewTest, APlacementExistsOnlyOnceCommitted) {
   EXPECT_TRUE(second->changed);
   EXPECT_GT(second->map.epoch(), first->map.epoch());
   // A member changed meanwhile (server 1 replaced): the plan is refused, and placing again works.
-  ASSERT_THAT(view.Join(Server("c:1", 1), t0 + absl::Seconds(1), AtZero).status(), IsOk());
+  ASSERT_THAT(JoinAnswered(view, Server("c:1", 1), t0 + absl::Seconds(1), AtZero).status(), IsOk());
   EXPECT_THAT(view.Commit(*second), StatusIs(absl::StatusCode::kAborted, "placing again"));
   EXPECT_FALSE(view.placed());
   absl::StatusOr<ClusterView::Placed> third = view.Place({FloatParam("w", 10)}, 16);
@@ -363,20 +374,20 @@ TEST(ClusterViewTest, ARestartedMemberWithoutItsIdWaitsForTheSlotOfOneThatStoppe
       r.set_hostname(host);
       return r;
     };
-    for (const char* h : {"h0", "h1"}) ASSERT_THAT(view.Join(member(h), t0, AtZero).status(), IsOk());
+    for (const char* h : {"h0", "h1"}) ASSERT_THAT(JoinAnswered(view, member(h), t0, AtZero).status(), IsOk());
     const absl::Duration suspect_after = absl::Seconds(1);
-    EXPECT_THAT(view.Join(member("h9"), t0 + absl::Milliseconds(500), AtZero, suspect_after).status(),
+    EXPECT_THAT(JoinAnswered(view, member("h9"), t0 + absl::Milliseconds(500), AtZero, suspect_after).status(),
                 StatusIs(absl::StatusCode::kResourceExhausted, server ? "--id" : "--rank"));
     // Restarted on its own host: waits at once.
-    EXPECT_THAT(view.Join(member("h1"), t0 + absl::Milliseconds(500), AtZero, suspect_after).status(),
+    EXPECT_THAT(JoinAnswered(view, member("h1"), t0 + absl::Milliseconds(500), AtZero, suspect_after).status(),
                 StatusIs(absl::StatusCode::kUnavailable, "was last heard"));
     // From elsewhere: waits once a member has been silent past suspect_after.
     ASSERT_THAT(view.Touch(server ? tessera::v1::SERVER : tessera::v1::WORKER, 0, 1, t0 + absl::Seconds(2)),
                 IsOk());
-    EXPECT_THAT(view.Join(member("h9"), t0 + absl::Seconds(2), AtZero, suspect_after).status(),
+    EXPECT_THAT(JoinAnswered(view, member("h9"), t0 + absl::Seconds(2), AtZero, suspect_after).status(),
                 StatusIs(absl::StatusCode::kUnavailable, absl::StrCat(server ? "--id" : "--rank", "=1")));
     ASSERT_EQ(view.MarkSilentLost(t0 + absl::Seconds(11), absl::Seconds(10)).size(), 1u);
-    absl::StatusOr<ClusterView::Joined> back = view.Join(member("h1"), t0 + absl::Seconds(11), AtZero, suspect_after);
+    absl::StatusOr<ClusterView::Joined> back = JoinAnswered(view, member("h1"), t0 + absl::Seconds(11), AtZero, suspect_after);
     ASSERT_THAT(back, IsOk());
     EXPECT_EQ(back->member.id, 1);
     EXPECT_EQ(back->member.incarnation, 2u);
@@ -442,7 +453,7 @@ TEST(ClusterViewTest, IncarnationsStopAtTheirBoundInsteadOfWrapping) {
   r.mutable_rejoin()->set_job("j");
   r.mutable_rejoin()->set_incarnation(kMaxIncarnation);
   ASSERT_THAT(view.Return(r, "some-key", absl::Now()), IsOk());
-  EXPECT_THAT(view.Join(Worker("h", 0), absl::Now(), AtZero),
+  EXPECT_THAT(JoinAnswered(view, Worker("h", 0), absl::Now(), AtZero),
               StatusIs(absl::StatusCode::kResourceExhausted, "incarnations"));
   EXPECT_EQ(view.Workers()[0].incarnation, kMaxIncarnation);
 }
@@ -453,15 +464,15 @@ TEST(ClusterViewTest, ServersOfAJobWithBackupsRegisterTheirReplicationKey) {
   ClusterView view(2, 1, /*backups=*/1);
   tessera::v1::RegisterRequest without = Server("s0:1", 0);
   without.clear_replication_key();
-  EXPECT_THAT(view.Join(without, absl::Now(), AtZero), StatusIs(absl::StatusCode::kInvalidArgument, "replication key"));
+  EXPECT_THAT(JoinAnswered(view, without, absl::Now(), AtZero), StatusIs(absl::StatusCode::kInvalidArgument, "replication key"));
   tessera::v1::RegisterRequest short_key = Server("s0:1", 0);
   short_key.set_replication_key("short");
-  EXPECT_THAT(view.Join(short_key, absl::Now(), AtZero), StatusIs(absl::StatusCode::kInvalidArgument, "32 bytes"));
+  EXPECT_THAT(JoinAnswered(view, short_key, absl::Now(), AtZero), StatusIs(absl::StatusCode::kInvalidArgument, "32 bytes"));
   tessera::v1::RegisterRequest worker = Worker("h", 0);
   worker.set_replication_key(std::string(32, 'w'));
-  EXPECT_THAT(view.Join(worker, absl::Now(), AtZero), StatusIs(absl::StatusCode::kInvalidArgument, "server's"));
-  ASSERT_THAT(view.Join(Server("s0:1", 0), absl::Now(), AtZero), IsOk());
-  ASSERT_THAT(view.Join(Server("s1:1", 1), absl::Now(), AtZero), IsOk());
+  EXPECT_THAT(JoinAnswered(view, worker, absl::Now(), AtZero), StatusIs(absl::StatusCode::kInvalidArgument, "server's"));
+  ASSERT_THAT(JoinAnswered(view, Server("s0:1", 0), absl::Now(), AtZero), IsOk());
+  ASSERT_THAT(JoinAnswered(view, Server("s1:1", 1), absl::Now(), AtZero), IsOk());
   ASSERT_THAT(PlaceAndCommit(view, {FloatParam("w", 8)}, 16), IsOk());
   std::optional<tessera::v1::ShardMap> map = view.Map();
   ASSERT_TRUE(map.has_value());

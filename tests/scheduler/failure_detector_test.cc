@@ -5,6 +5,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
+#include "tests/testing/registrations.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tessera {
@@ -12,30 +13,17 @@ namespace {
 
 using ::tessera::testing::IsOk;
 
-tessera::v1::RegisterRequest Server(const std::string& address) {
-  tessera::v1::RegisterRequest r;
-  r.set_role(tessera::v1::SERVER);
-  r.set_address(address);
-  r.set_control_key("key-of-" + address);
-  return r;
-}
-
-tessera::v1::RegisterRequest Worker(const std::string& host) {
-  tessera::v1::RegisterRequest r;
-  r.set_role(tessera::v1::WORKER);
-  r.set_hostname(host);
-  return r;
-}
-
-int64_t AtZero(const Member&) { return 0; }
+using ::tessera::testing::JoinAnswered;
+using ::tessera::testing::ServerRegistration;
+using ::tessera::testing::WorkerRegistration;
 
 // A member silent for the timeout is declared lost once, and only it; one that heartbeats stays.
 TEST(FailureDetectorTest, DeclaresLostExactlyTheMembersSilentForTheTimeoutAndEachOnce) {
   ClusterView view(/*num_servers=*/1, /*num_workers=*/2);
   const absl::Time t0 = absl::FromUnixSeconds(5000);
-  ASSERT_THAT(view.Join(Server("s:1"), t0, AtZero).status(), IsOk());
-  ASSERT_THAT(view.Join(Worker("a"), t0, AtZero).status(), IsOk());
-  ASSERT_THAT(view.Join(Worker("b"), t0, AtZero).status(), IsOk());
+  ASSERT_THAT(JoinAnswered(view, ServerRegistration("s:1"), t0).status(), IsOk());
+  ASSERT_THAT(JoinAnswered(view, WorkerRegistration("a"), t0).status(), IsOk());
+  ASSERT_THAT(JoinAnswered(view, WorkerRegistration("b"), t0).status(), IsOk());
   std::vector<std::string> lost;
   FailureDetector detector(&view, absl::Seconds(10), [&](const Member& m) { lost.push_back(m.Describe()); });
 
@@ -63,7 +51,7 @@ TEST(FailureDetectorTest, StartedItChecksOnItsOwnThreadUntilStopped) {
   ClusterView view(1, 1);
   // Joined long ago on the clock Start uses (absl::Now): silent far past the timeout at the first check.
   const absl::Time long_ago = absl::Now() - absl::Hours(1);
-  ASSERT_THAT(view.Join(Worker("a"), long_ago, AtZero).status(), IsOk());
+  ASSERT_THAT(JoinAnswered(view, WorkerRegistration("a"), long_ago).status(), IsOk());
   absl::Notification declared;
   absl::Mutex mu;
   int calls = 0;

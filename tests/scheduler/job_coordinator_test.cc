@@ -234,6 +234,31 @@ TEST_F(JobCoordinatorTest, ALostWorkerNoLongerHoldsTheSyncGateAndTheOtherFinishe
   EXPECT_NE(coordinator_->summary().dump().find("worker lost"), std::string::npos) << coordinator_->summary().dump();
 }
 
+// A worker registering while a server is slow to take the view (frozen: the servers learn the worker's key
+// before it hears back): the wait is the scheduler's, not the worker's silence. It is not lost at the first check
+// after its answer, only once it stays silent for the timeout from then.
+TEST_F(JobCoordinatorTest, AWorkerIsNotLostWhileItsRegistrationWaitsForTheServers) {
+  Create(ConsistencySpec::ASYNC, 100, /*heartbeat_timeout=*/absl::Milliseconds(500));
+  ASSERT_THAT(Register(tessera::v1::SERVER, 0), IsOk());
+  ASSERT_THAT(Register(tessera::v1::SERVER, 1), IsOk());
+  ASSERT_THAT(Register(tessera::v1::WORKER, 0), IsOk());
+  ASSERT_THAT(Declare(0), IsOk());
+  servers_.SlowAssigns(absl::Milliseconds(800));
+  const absl::Time joined = absl::Now();
+  ASSERT_THAT(Register(tessera::v1::WORKER, 1), IsOk());
+  ASSERT_GE(absl::Now() - joined, absl::Milliseconds(800));
+  const std::vector<std::pair<tessera::v1::Role, int>> others = {
+      {tessera::v1::SERVER, 0}, {tessera::v1::SERVER, 1}, {tessera::v1::WORKER, 0}};
+  Beat(others);
+  coordinator_->CheckLiveness(absl::Now());
+  EXPECT_EQ(coordinator_->view().Workers()[1].state, MemberState::kAlive);
+  absl::SleepFor(absl::Milliseconds(600));
+  Beat(others);
+  coordinator_->CheckLiveness(absl::Now());
+  EXPECT_EQ(coordinator_->view().Workers()[1].state, MemberState::kLost);
+  EXPECT_EQ(coordinator_->view().Workers()[0].state, MemberState::kAlive);
+}
+
 // The job's end: worker 0's evaluation reaches the target, worker 1 is done, and then, while worker 0 still
 // finishes, both servers fall silent and are reported. The verdict "completed" stands: no server is declared lost
 // on a report after the stop, a server lost by its silence is no failure, and worker 0's failed last pull makes it

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "common/checkpoint_file.h"
 #include "proto/checkpoint.pb.h"
 #include "scheduler/server_control.h"
@@ -26,6 +27,7 @@ class FakeServerControl final : public ServerControl {
 
   absl::Status Assign(const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job,
                       const std::vector<std::string>& restore_files, bool) override {
+    absl::SleepFor(assign_delay());
     absl::MutexLock lock(&mu_);
     ++assigns_;
     if (views_ended_) return absl::CancelledError("the job has stopped: no view is handed over any more");
@@ -82,6 +84,11 @@ class FakeServerControl final : public ServerControl {
     absl::MutexLock lock(&mu_);
     assign_error_ = std::move(error);
   }
+  // Every later Assign takes `delay` before it answers (as a frozen server's does, until its deadline).
+  void SlowAssigns(absl::Duration delay) {
+    absl::MutexLock lock(&mu_);
+    assign_delay_ = delay;
+  }
   // What every later Probe answers (OK: the server answers).
   void AnswerProbes(absl::Status answer) {
     absl::MutexLock lock(&mu_);
@@ -127,7 +134,13 @@ class FakeServerControl final : public ServerControl {
   mutable absl::Mutex mu_;
   absl::Status probe_answer_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> probed_ ABSL_GUARDED_BY(mu_);
+  absl::Duration assign_delay() const {
+    absl::MutexLock lock(&mu_);
+    return assign_delay_;
+  }
+
   absl::Status assign_error_ ABSL_GUARDED_BY(mu_);
+  absl::Duration assign_delay_ ABSL_GUARDED_BY(mu_);
   bool views_ended_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status checkpoint_error_ ABSL_GUARDED_BY(mu_);
   tessera::v1::ShardMap assigned_ ABSL_GUARDED_BY(mu_);
