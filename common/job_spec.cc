@@ -252,7 +252,7 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
     bare.set_weight_decay(0.0f);
     if (!google::protobuf::util::MessageDifferencer::Equals(opt, bare)) {
       return FieldError("optimizer", "SCRIPT runs the workers' own optimizer: the learning rate, momentum, betas, "
-                                     "weight decay, no_decay and schedule are the script's; remove them here");
+                                     "weight decay, no_decay, schedule and clipping are the script's; remove them here");
     }
   }
   if (!(opt.learning_rate() > 0) || !std::isfinite(opt.learning_rate())) {
@@ -267,6 +267,10 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
   }
   if (!(opt.weight_decay() >= 0) || !std::isfinite(opt.weight_decay())) {
     return FieldError("optimizer.weight_decay", absl::StrCat("expected a finite value >= 0, got ", opt.weight_decay()));
+  }
+  if (!(opt.clip_global_norm() >= 0) || !std::isfinite(opt.clip_global_norm())) {
+    return FieldError("optimizer.clip_global_norm",
+                      absl::StrCat("expected a finite value >= 0 (0: off), got ", opt.clip_global_norm()));
   }
   for (const std::string& pattern : opt.no_decay()) {
     if (pattern.empty()) return FieldError("optimizer.no_decay", "an empty pattern would match every parameter");
@@ -352,6 +356,12 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
                       absl::StrCat("expected 0 .. num_workers-1 (", workers - 1, ") in SYNC, got ", c.backup_workers(),
                                    " in ", ConsistencySpec::Mode_Name(c.mode())));
   }
+  if (c.backup_workers() > 0 && job.optimizer().clip_global_norm() > 0) {
+    return FieldError("optimizer.clip_global_norm",
+                      "not with backup workers: clipping's norm round waits for every worker of a round, which "
+                      "backup workers exist not to do");
+  }
+
   const auto& stop = job.stop();
   if (stop.max_steps() < 0) return FieldError("stop.max_steps", "expected >= 0");
   if (stop.epochs() < 0) return FieldError("stop.epochs", "expected >= 0");

@@ -195,6 +195,14 @@ void RestoreChunkLocked(const tessera::v1::ChunkState& state, const std::vector<
     if (worker >= 0 && worker < static_cast<int>(keep_seq.size()) && keep_seq[worker]) chunk.last_seq[worker] = seq;
   }
   for (auto& w : chunk.round.Reset()) dropped.push_back(std::move(w));
+  for (auto& w : chunk.norm_round.Reset()) dropped.push_back(std::move(w));
+  chunk.norm_closed_round = -1;
+}
+
+std::vector<std::shared_ptr<ExchangeWaiter>> TakeWaitersLocked(Chunk& chunk) {
+  std::vector<std::shared_ptr<ExchangeWaiter>> waiters = chunk.round.TakeWaiters();
+  for (auto& w : chunk.norm_round.TakeWaiters()) waiters.push_back(std::move(w));
+  return waiters;
 }
 
 }  // namespace tessera

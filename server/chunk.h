@@ -77,6 +77,11 @@ struct Chunk {
   std::vector<int64_t> applied_clocks ABSL_GUARDED_BY(mu);  // per worker id
   SyncRound round ABSL_GUARDED_BY(mu);                      // SYNC only: the round being collected
   bool last_round_skipped ABSL_GUARDED_BY(mu) = false;     // SYNC: the newest round closed without an update
+  // SYNC with optimizer.clip_global_norm: the norm round of the round being collected (PushRequest.norm_only),
+  // and the newest one closed (its round, and the squared norm of its mean), which answers a retried push again.
+  SyncRound norm_round ABSL_GUARDED_BY(mu);
+  int64_t norm_closed_round ABSL_GUARDED_BY(mu) = -1;
+  double norm_closed_sq ABSL_GUARDED_BY(mu) = 0;
   ChunkReplication replication ABSL_GUARDED_BY(mu);
 };
 
@@ -98,6 +103,10 @@ inline int64_t RoundLocked(const Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chu
 // too) stay, and the backups are told the same.
 void SkipUpdateLocked(Chunk& chunk, const std::vector<int>& workers, int64_t clock)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+
+// Hands over the exchanges waiting on the chunk's round and on its norm round, leaving both rounds as they are
+// (shutdown, a chunk moved away or handed to another role).
+std::vector<std::shared_ptr<ExchangeWaiter>> TakeWaitersLocked(Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
 
 // The smallest clock of the active workers' updates in the chunk (workers that left hold nobody back).
 int64_t ClockVersionLocked(const Chunk& chunk, const Roster& roster) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);

@@ -35,6 +35,7 @@ struct ChunkPush {
   bool assign = false;              // overwrite the values instead of applying a gradient
   float lr_factor = 1.0f;           // the worker's schedule's factor on the learning rate (PushRequest.lr_factor)
   bool skip = false;                // the worker skips this step (PushRequest.skip)
+  bool norm_only = false;           // SYNC clipping: the gradient joins the chunk's norm round (PushRequest)
   std::string member_key;           // the worker's, from its registration (checked against the view's digest)
 };
 

@@ -23,6 +23,7 @@ struct ChunkValues {
   size_t length = 0;
   WirePrecision precision = tessera::v1::WireSpec::FP32;
   bool skipped = false;  // SYNC: the last round closed without an update, skipped by a worker (PushRequest.skip)
+  double round_sq_norm = 0;  // the answer to a norm-only push (PushRequest.norm_only); no values come with it
 };
 
 // One PushPull waiting for its answer. Exactly one Complete() runs `done`; later ones do nothing, so the round

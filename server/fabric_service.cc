@@ -23,6 +23,7 @@ FabricReply ReplyWithValues(uint64_t request_id, const ChunkValues& values) {
   reply.set_version(values.version);
   reply.set_clock_version(values.clock_version);
   reply.set_skipped(values.skipped);
+  reply.set_round_sq_norm(values.round_sq_norm);
   reply.set_data_precision(values.precision);
   return reply;
 }

@@ -35,6 +35,7 @@ void WriteValues(const ChunkValues& values, grpc::ByteBuffer* response) {
   header.set_version(values.version);
   header.set_clock_version(values.clock_version);
   header.set_skipped(values.skipped);
+  header.set_round_sq_norm(values.round_sq_norm);
   header.set_data_precision(values.precision);
   if (values.bytes == nullptr) {
     grpc::Slice head(header.SerializeAsString());
@@ -68,6 +69,7 @@ absl::StatusOr<ChunkPush> ToChunkPush(const PushRequest& r, absl::string_view me
     push.lr_factor = r.lr_factor();
   }
   push.skip = r.skip();
+  push.norm_only = r.norm_only();
   push.member_key = std::string(member_key);
   return push;
 }

@@ -182,7 +182,7 @@ absl::Status ShardStore::AdoptView(
       other.erase(key);
       Chunk& chunk = *home[key];
       absl::MutexLock chunk_lock(&chunk.mu);
-      for (auto& w : chunk.round.TakeWaiters()) dropped.push_back(std::move(w));
+      for (auto& w : TakeWaitersLocked(chunk)) dropped.push_back(std::move(w));
       if (primary && !chunk.replication.filled && !(restore != nullptr && restore_all)) {
         // Its primary was lost before it filled this copy (two servers lost within moments): what it holds is
         // not the chunk. Requests for it fail loudly rather than train on initial values.
@@ -267,7 +267,7 @@ absl::Status ShardStore::AdoptView(
       }
       {
         absl::MutexLock chunk_lock(&it->second->mu);
-        for (auto& w : it->second->round.TakeWaiters()) dropped.push_back(std::move(w));
+        for (auto& w : TakeWaitersLocked(*it->second)) dropped.push_back(std::move(w));
         ChunkReplication& replication = it->second->replication;
         for (auto& [version, done] : replication.waiting) released.emplace_back(std::move(done), Moved(map.epoch()));
         replication.waiting.clear();
@@ -322,6 +322,11 @@ void ShardStore::CloseCompleteRounds(const JobConfig& config, const Roster& rost
   for (auto& [key, chunk] : chunks_) {
     absl::MutexLock chunk_lock(&chunk->mu);
     std::vector<std::shared_ptr<ExchangeWaiter>> waiters;
+    double sq_norm = 0;
+    if (config.policy->CloseNormIfCompleteLocked(*chunk, roster, sq_norm, waiters)) {
+      closed.push_back(ClosedRound{chunk.get(), std::move(waiters), NormLocked(*chunk, roster, sq_norm)});
+      waiters.clear();
+    }
     if (!config.policy->CloseIfCompleteLocked(*chunk, roster, dropped, waiters)) continue;
     cut_.OfferLocked(*chunk);
     closed.push_back(
@@ -404,6 +409,14 @@ absl::StatusOr<ShardStore::Found> ShardStore::Find(const ChunkAddress& address) 
     }
   }
   return Found{it->second.get(), config_.get(), roster_};
+}
+
+ChunkValues ShardStore::NormLocked(const Chunk& chunk, const Roster& roster, double sq_norm) const {
+  ChunkValues answer;
+  answer.version = chunk.version;
+  answer.clock_version = ClockVersionLocked(chunk, roster);
+  answer.round_sq_norm = sq_norm;
+  return answer;
 }
 
 ChunkValues ShardStore::ValuesLocked(const Chunk& chunk, const Roster& roster, WirePrecision precision) const {
@@ -534,6 +547,22 @@ absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& re
   {
     absl::MutexLock lock(&chunk.mu);
     auto seq_it = chunk.last_seq.find(worker);
+    if (request.norm_only) {
+      // Changes no state, so it takes no sequence number: a retry finds its worker in the round, or the round
+      // closed with its norm kept.
+      if (request.assign || chunk.module_state) {
+        return absl::InvalidArgumentError(absl::StrCat(what, ": a norm-only push is a gradient of a trained parameter"));
+      }
+      TESSERA_ASSIGN_OR_RETURN(admission, config.policy->AdmitNormLocked(request, values, chunk, roster, what));
+      outcome.version = chunk.version;
+      if (waiter != nullptr && admission.round_open) {
+        chunk.norm_round.Park(*waiter);
+      } else {
+        applied.values = NormLocked(chunk, roster, admission.round_sq_norm);
+      }
+      admission.staleness = -1;
+      return applied;
+    }
     if (seq_it != chunk.last_seq.end() && request.seq <= seq_it->second) {
       outcome.duplicate = true;
       // A retried exchange of a round that is still open waits for it like the original.
@@ -917,7 +946,7 @@ void ShardStore::CancelWaiters(const absl::Status& why) {
     absl::ReaderMutexLock lock(&mu_);
     for (const auto& [key, chunk] : chunks_) {
       absl::MutexLock chunk_lock(&chunk->mu);
-      for (auto& w : chunk->round.TakeWaiters()) waiting.push_back(std::move(w));
+      for (auto& w : TakeWaitersLocked(*chunk)) waiting.push_back(std::move(w));
       for (auto& [version, done] : chunk->replication.waiting) held.push_back(std::move(done));
       chunk->replication.waiting.clear();
     }

@@ -40,6 +40,7 @@ struct Admission {
   std::vector<std::shared_ptr<ExchangeWaiter>> closed_waiters;
   int64_t dropped = 0;       // late gradients the closed round left out
   int64_t staleness = -1;    // of the gradient, when it counts (-1: not counted)
+  double round_sq_norm = 0;  // a norm-only push whose norm round is closed: the squared norm of its mean
 };
 
 // Backup workers: how many decided rounds a server keeps (the newest).
@@ -60,6 +61,22 @@ class ConsistencyPolicy {
   // round, INVALID_ARGUMENT for an update that would make values non-finite. `what` names the push in errors.
   virtual absl::StatusOr<Admission> AdmitLocked(const ChunkPush& push, absl::Span<const float> grad, Chunk& chunk,
                                                 const Roster& roster, const std::string& what) = 0;
+
+  // SYNC clipping (PushRequest.norm_only): takes one checked gradient `grad` into the chunk's norm round of
+  // push.clock, changing nothing else. `closed` when the norm round is closed (by this push, or before: a retry),
+  // with its squared norm and the exchanges that waited for it; `round_open` while it waits for other workers.
+  // UNAVAILABLE for a round not open yet, ABORTED for a round whose update was applied already,
+  // FAILED_PRECONDITION where the mode has no norm rounds.
+  virtual absl::StatusOr<Admission> AdmitNormLocked(const ChunkPush& push, absl::Span<const float> grad, Chunk& chunk,
+                                                    const Roster& roster, const std::string& what) {
+    return absl::FailedPreconditionError(absl::StrCat(what, ": a norm-only push is for SYNC jobs that clip"));
+  }
+  // After a new view: closes the chunk's norm round when it has gradients and is complete now, appending its
+  // waiting exchanges to `closed` and setting `sq_norm`. True when it closed one.
+  virtual bool CloseNormIfCompleteLocked(Chunk& chunk, const Roster& roster, double& sq_norm,
+                                         std::vector<std::shared_ptr<ExchangeWaiter>>& closed) {
+    return false;
+  }
 
   // A retried push that was applied already: does its exchange wait for the round, like the original did?
   virtual bool DuplicateWaitsLocked(const ChunkPush& push, const Chunk& chunk) const { return false; }

@@ -51,11 +51,75 @@ void SyncPolicy::CollectLocked(const ChunkPush& push, absl::Span<const float> gr
   chunk.round.Add(push.worker_id, grad, push.batch_size, {push.lr_factor, push.skip});
 }
 
-bool SyncPolicy::RoundCompleteLocked(const Chunk& chunk, const Roster& roster) const {
+namespace {
+
+// Has every worker that round `round` waits for contributed to `collected`?
+bool EveryoneInLocked(const SyncRound& collected, int64_t round, const Roster& roster) {
   for (size_t w = 0; w < roster.active.size(); ++w) {
-    if (roster.InRound(static_cast<int>(w), RoundLocked(chunk)) && !chunk.round.Has(static_cast<int>(w))) return false;
+    if (roster.InRound(static_cast<int>(w), round) && !collected.Has(static_cast<int>(w))) return false;
   }
   return true;
+}
+
+}  // namespace
+
+bool SyncPolicy::RoundCompleteLocked(const Chunk& chunk, const Roster& roster) const {
+  return EveryoneInLocked(chunk.round, RoundLocked(chunk), roster);
+}
+
+absl::StatusOr<Admission> SyncPolicy::AdmitNormLocked(const ChunkPush& push, absl::Span<const float> grad,
+                                                      Chunk& chunk, const Roster& roster, const std::string& what) {
+  Admission admission;
+  const int64_t round = RoundLocked(chunk);
+  if (push.clock == chunk.norm_closed_round && push.clock == round) {
+    admission.closed = true;  // a retry: the norm round closed already
+    admission.round_sq_norm = chunk.norm_closed_sq;
+    return admission;
+  }
+  if (push.clock < round) {
+    return absl::AbortedError(absl::StrCat(what, ": the norm round of ", push.clock,
+                                           " is over (its update was applied); the chunk is at round ", round));
+  }
+  if (push.clock > round) {
+    return absl::UnavailableError(
+        absl::StrCat(what, ": norm round ", push.clock, " is not open yet; the chunk is collecting round ", round));
+  }
+  if (!chunk.norm_round.Has(push.worker_id)) {
+    // Sized on first use: only jobs that clip collect norm rounds.
+    if (chunk.norm_round.sum().size() != grad.size()) chunk.norm_round.Prepare(grad.size(), 0, /*keep_apart=*/false);
+    chunk.norm_round.Add(push.worker_id, grad, push.batch_size);
+  }
+  if (EveryoneInLocked(chunk.norm_round, round, roster)) {
+    admission.closed_waiters = CloseNormLocked(chunk);
+    admission.closed = true;
+    admission.round_sq_norm = chunk.norm_closed_sq;
+  } else {
+    admission.round_open = true;
+  }
+  return admission;
+}
+
+bool SyncPolicy::CloseNormIfCompleteLocked(Chunk& chunk, const Roster& roster, double& sq_norm,
+                                           std::vector<std::shared_ptr<ExchangeWaiter>>& closed) {
+  if (!chunk.norm_round.collecting() || !EveryoneInLocked(chunk.norm_round, RoundLocked(chunk), roster)) {
+    return false;
+  }
+  for (auto& w : CloseNormLocked(chunk)) closed.push_back(std::move(w));
+  sq_norm = chunk.norm_closed_sq;
+  return true;
+}
+
+std::vector<std::shared_ptr<ExchangeWaiter>> SyncPolicy::CloseNormLocked(Chunk& chunk) {
+  // The squared norm of the batch-weighted mean, as the update round would form it.
+  const double inv = 1.0 / chunk.norm_round.weight();
+  double sq = 0;
+  for (float s : chunk.norm_round.sum()) {
+    const double mean = static_cast<double>(s) * inv;
+    sq += mean * mean;
+  }
+  chunk.norm_closed_round = RoundLocked(chunk);
+  chunk.norm_closed_sq = sq;
+  return chunk.norm_round.Reset();
 }
 
 std::vector<std::shared_ptr<ExchangeWaiter>> SyncPolicy::CloseLocked(Chunk& chunk, int64_t&) {

@@ -25,6 +25,12 @@ class SyncPolicy : public ConsistencyPolicy {
   bool CloseIfCompleteLocked(Chunk& chunk, const Roster& roster, int64_t& dropped,
                              std::vector<std::shared_ptr<ExchangeWaiter>>& closed) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  absl::StatusOr<Admission> AdmitNormLocked(const ChunkPush& push, absl::Span<const float> grad, Chunk& chunk,
+                                            const Roster& roster, const std::string& what) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  bool CloseNormIfCompleteLocked(Chunk& chunk, const Roster& roster, double& sq_norm,
+                                 std::vector<std::shared_ptr<ExchangeWaiter>>& closed) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
 
  protected:
   virtual bool keeps_apart() const { return false; }
@@ -37,6 +43,8 @@ class SyncPolicy : public ConsistencyPolicy {
   // Applies the complete round and returns the exchanges that waited for it; `dropped` counts gradients left out.
   virtual std::vector<std::shared_ptr<ExchangeWaiter>> CloseLocked(Chunk& chunk, int64_t& dropped)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  // Closes the complete norm round: its squared norm is kept for retries; returns the exchanges that waited.
+  std::vector<std::shared_ptr<ExchangeWaiter>> CloseNormLocked(Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   // Applies the round's weighted mean and starts the next round.
   std::vector<std::shared_ptr<ExchangeWaiter>> ApplyRoundLocked(Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
 

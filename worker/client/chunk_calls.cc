@@ -9,7 +9,7 @@
 namespace tessera {
 
 std::string ChunkCall::What() const {
-  return absl::StrCat(op == kPull ? "Pull " : op == kExchange ? "PushPull " : "Push ", placement->param(), "/",
+  return absl::StrCat(op == kPull ? "Pull " : op == kExchange ? "PushPull " : op == kNorm ? "PushPull (norm) " : "Push ", placement->param(), "/",
                       placement->index(), " at ", server);
 }
 
@@ -116,11 +116,13 @@ absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> ChunkCaller::Make(
       r.set_priority(priority);
       if (op != kAssign && stamp.lr_factor >= 0.0f) r.set_lr_factor(stamp.lr_factor);
       if (op != kAssign) r.set_skip(stamp.skip);
+      r.set_norm_only(op == kNorm);
       const absl::Span<const float> chunk = grad.subspan(placement->offset(), placement->length());
       if (op == kAssign) {
         call->src = BytesOf(chunk);  // assignments are exact
-      } else if (stamp.skip) {
-        call->src = BytesOf(chunk);  // never applied: the error feedback's residual waits for the next step
+      } else if (stamp.skip || op == kNorm) {
+        // Never applied: the error feedback's residual waits for the gradient that is (a norm round's is exact).
+        call->src = BytesOf(chunk);
       } else {
         EncodeGradientOf(*call, chunk, stamp.seq);
       }

@@ -54,7 +54,8 @@ struct ChunkCall {
   absl::Status status;
   int64_t version = -1;
   int64_t clock_version = 0;
-  bool skipped = false;  // SYNC: the round these values close applied no update (PullResponse.skipped)
+  bool skipped = false;
+  double round_sq_norm = 0;  // kNorm: the squared norm of the round's mean gradient on this chunk  // SYNC: the round these values close applied no update (PullResponse.skipped)
   int64_t bytes = 0;  // value bytes received
 
   std::pair<std::string, int> key() const { return {placement->param(), placement->index()}; }

@@ -31,6 +31,7 @@ const char* MethodName(ChunkOp op) {
     case kPull:
       return "/tessera.v1.ParameterServer/Pull";
     case kExchange:
+    case kNorm:
       return "/tessera.v1.ParameterServer/PushPull";
     default:
       return "/tessera.v1.ParameterServer/Push";
@@ -52,6 +53,7 @@ absl::Status Decode(ChunkCall& c) {
   c.version = header.version();
   c.clock_version = header.clock_version();
   c.skipped = header.skipped();
+  c.round_sq_norm = header.round_sq_norm();
   if (payload.empty()) return absl::OkStatus();  // unchanged since the version the pull named
   WireEncoding encoding;
   encoding.precision = header.data_precision();

@@ -163,7 +163,7 @@ absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> PsClient::MakeCalls(
     absl::Span<float> out, Stamp stamp) {
   // An exchange in SYNC is answered when its round closes: it may wait as long as the clock gate.
   const absl::Duration timeout =
-      op == kExchange ? std::max(options_.rpc_timeout, options_.clock_wait_timeout) : options_.rpc_timeout;
+      op == kExchange || op == kNorm ? std::max(options_.rpc_timeout, options_.clock_wait_timeout) : options_.rpc_timeout;
   return caller_->Make(op, map_, name_index, name, grad, batch_size, out, stamp,
                        {worker_id_, incarnation_, member_key_}, pulled_, timeout);
 }
@@ -204,7 +204,8 @@ absl::StatusOr<PsClient::Absorbed> PsClient::Absorb(const std::vector<ChunkCall*
 
 absl::Status PsClient::RunChunks(ChunkOp op, const std::vector<std::string>& names,
                                  const std::vector<absl::Span<const float>>& grads, int batch_size,
-                                 const std::vector<absl::Span<float>>& out, Stamp stamp) {
+                                 const std::vector<absl::Span<float>>& out, Stamp stamp,
+                                 std::map<std::pair<std::string, int>, double>* norms) {
   if (map_ == nullptr) return absl::FailedPreconditionError("no parameters declared yet: call Declare first");
   const bool sends = op != kPull, receives = op == kPull || op == kExchange;
   if ((sends && names.size() != grads.size()) || (receives && names.size() != out.size())) {
@@ -237,6 +238,11 @@ absl::Status PsClient::RunChunks(ChunkOp op, const std::vector<std::string>& nam
     // A call to a server that froze waits out its deadline: once the job is stopping nothing will answer it.
     batch.WaitAll([this] { return scheduler_->stopping(); });
     TESSERA_ASSIGN_OR_RETURN(Absorbed absorbed, Absorb(batch.calls()));
+    if (norms != nullptr) {
+      for (const ChunkCall* c : batch.calls()) {
+        if (c->status.ok()) (*norms)[c->key()] = c->round_sq_norm;
+      }
+    }
     if (absorbed.failed_names.empty() && unplaceable.empty()) return absl::OkStatus();
     todo = std::move(absorbed.failed_names);
     todo.insert(todo.end(), unplaceable.begin(), unplaceable.end());

@@ -222,6 +222,7 @@ class PsClient {
   friend class SyncExchangeStep;
   friend class AsyncExchangeStep;
   friend class SspStep;
+  friend class ClippedStep;
   explicit PsClient(const Options& options);
 
   // Adopts the scheduler's map when it is newer (FAILED_PRECONDITION-free: 0 asks for whatever is newer).
@@ -235,9 +236,11 @@ class PsClient {
   // server; retries the whole set on a stale epoch or UNAVAILABLE.
   Stamp NewStamp() { return {++seq_, clock_}; }
   Stamp CurrentStamp() const { return {seq_, clock_}; }
+  // kNorm: `norms` receives each chunk's squared norm.
   absl::Status RunChunks(ChunkOp op, const std::vector<std::string>& names,
                          const std::vector<absl::Span<const float>>& grads, int batch_size,
-                         const std::vector<absl::Span<float>>& out, Stamp stamp);
+                         const std::vector<absl::Span<float>>& out, Stamp stamp,
+                         std::map<std::pair<std::string, int>, double>* norms = nullptr);
   // The RPCs, one per chunk, of one parameter for `op` (see ChunkCaller::Make).
   absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> MakeCalls(ChunkOp op, size_t name_index,
                                                                     const std::string& name,
@@ -329,6 +332,11 @@ class StepExchange {
     stamp.lr_factor = index < lr_factors_.size() ? lr_factors_[index] : -1.0f;
     stamp.skip = skip_;
     return stamp;
+  }
+  // Gives `other` this step's learning-rate factors and skip (a step that runs its exchanges through another).
+  void CopyTermsTo(StepExchange& other) const {
+    other.lr_factors_ = lr_factors_;
+    other.skip_ = skip_;
   }
 
  private:

@@ -1,6 +1,8 @@
 #include "worker/client/step_protocols.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <map>
 #include <optional>
 
@@ -250,9 +252,12 @@ class SspStep final : public StepExchange {
   std::vector<bool> sent_;
 };
 
-std::unique_ptr<StepExchange> MakeStepProtocol(PsClient* client, const std::vector<std::string>& names,
-                                               const std::vector<absl::Span<const float>>& grads, int batch_size,
-                                               const std::vector<absl::Span<float>>& out) {
+namespace {
+
+// The step of the job's consistency mode.
+std::unique_ptr<StepExchange> MakeModeStep(PsClient* client, const std::vector<std::string>& names,
+                                           const std::vector<absl::Span<const float>>& grads, int batch_size,
+                                           const std::vector<absl::Span<float>>& out) {
   const tessera::v1::ConsistencySpec& consistency = client->job().consistency();
   switch (consistency.mode()) {
     case tessera::v1::ConsistencySpec::SYNC:
@@ -263,6 +268,86 @@ std::unique_ptr<StepExchange> MakeStepProtocol(PsClient* client, const std::vect
     default:
       return std::make_unique<AsyncExchangeStep>(client, names, grads, batch_size, out);
   }
+}
+
+}  // namespace
+
+// optimizer.clip_global_norm: the step's gradients are multiplied by min(1, clip / (norm + 1e-6)) (as
+// torch.nn.utils.clip_grad_norm_) before the mode's step sends them, so they leave once all are final (Finish).
+// SYNC: `norm` is of the round's batch-weighted mean gradient, from a norm round on every chunk (each chunk's
+// squared norm, added in chunk order, the same on every worker); ASYNC and SSP: of this worker's own gradient.
+class ClippedStep final : public StepExchange {
+ public:
+  ClippedStep(PsClient* client, const std::vector<std::string>& names,
+              const std::vector<absl::Span<const float>>& grads, int batch_size,
+              const std::vector<absl::Span<float>>& out, double clip)
+      : client_(client), names_(names), grads_(grads), batch_size_(batch_size), out_(out), clip_(clip),
+        sent_(names.size(), false) {}
+
+  absl::Status Send(int index) override {
+    if (index < 0 || static_cast<size_t>(index) >= names_.size() || sent_[index]) {
+      return absl::InvalidArgumentError(absl::StrCat("Send(", index, "): no such unsent parameter"));
+    }
+    sent_[index] = true;
+    return CheckFinite(grads_[index], absl::StrCat("gradient of '", names_[index], "'"));
+  }
+
+  absl::StatusOr<ClockResult> Finish() override {
+    for (size_t i = 0; i < names_.size(); ++i) {
+      if (!sent_[i]) TESSERA_RETURN_IF_ERROR(Send(static_cast<int>(i)));
+    }
+    double sq = 0;
+    if (client_->job().consistency().mode() == tessera::v1::ConsistencySpec::SYNC) {
+      std::map<std::pair<std::string, int>, double> norms;
+      TESSERA_RETURN_IF_ERROR(
+          client_->RunChunks(kNorm, names_, grads_, batch_size_, {}, client_->NewStamp(), &norms));
+      for (const auto& [chunk, chunk_sq] : norms) sq += chunk_sq;
+    } else {
+      for (absl::Span<const float> g : grads_) {
+        for (float v : g) sq += static_cast<double>(v) * v;
+      }
+    }
+    coefficient_ = static_cast<float>(std::min(1.0, clip_ / (std::sqrt(sq) + 1e-6)));
+    std::vector<absl::Span<const float>> clipped = grads_;
+    if (coefficient_ < 1.0f) {
+      scaled_.resize(grads_.size());
+      for (size_t i = 0; i < grads_.size(); ++i) {
+        scaled_[i].resize(grads_[i].size());
+        for (size_t j = 0; j < grads_[i].size(); ++j) scaled_[i][j] = grads_[i][j] * coefficient_;
+        clipped[i] = scaled_[i];
+      }
+    }
+    inner_ = MakeModeStep(client_, names_, clipped, batch_size_, out_);
+    CopyTermsTo(*inner_);
+    return inner_->Finish();
+  }
+
+  absl::Status WaitValues(int index, const std::function<bool()>& give_up) override {
+    if (inner_ == nullptr) return absl::FailedPreconditionError("WaitValues before Finish: the values come after it");
+    return inner_->WaitValues(index, give_up);
+  }
+  bool stopped() const override { return inner_ != nullptr && inner_->stopped(); }
+  bool skipped() const override { return inner_ != nullptr ? inner_->skipped() : StepExchange::skipped(); }
+
+ private:
+  PsClient* const client_;
+  const std::vector<std::string> names_;
+  const std::vector<absl::Span<const float>> grads_;
+  const int batch_size_;
+  const std::vector<absl::Span<float>> out_;
+  const double clip_;
+  std::vector<bool> sent_;
+  float coefficient_ = 1.0f;
+  std::vector<std::vector<float>> scaled_;  // the clipped gradients, while the inner step sends them
+  std::unique_ptr<StepExchange> inner_;
+};
+
+std::unique_ptr<StepExchange> MakeStepProtocol(PsClient* client, const std::vector<std::string>& names,
+                                               const std::vector<absl::Span<const float>>& grads, int batch_size,
+                                               const std::vector<absl::Span<float>>& out) {
+  const float clip = client->job().optimizer().clip_global_norm();
+  if (clip > 0) return std::make_unique<ClippedStep>(client, names, grads, batch_size, out, clip);
+  return MakeModeStep(client, names, grads, batch_size, out);
 }
 
 }  // namespace tessera

@@ -235,7 +235,7 @@ void UcxChunkTransport::SendRequest(ChunkCall* call) {
     request.set_op(FabricRequest::PULL);
     *request.mutable_pull() = call->pull;
   } else {
-    request.set_op(call->op == kExchange ? FabricRequest::PUSH_PULL : FabricRequest::PUSH);
+    request.set_op(call->op == kExchange || call->op == kNorm ? FabricRequest::PUSH_PULL : FabricRequest::PUSH);
     *request.mutable_push() = call->push;
     data = call->src.data();
     length = call->src.size();
@@ -382,7 +382,9 @@ ucs_status_t UcxChunkTransport::OnReply(const void* header, size_t header_length
   call->version = reply.version();
   call->clock_version = reply.clock_version();
   call->skipped = reply.skipped();
-  if (call->op == kPush || call->op == kAssign || length == 0) {  // no values: a push, or unchanged values
+  call->round_sq_norm = reply.round_sq_norm();
+  if (call->op == kPush || call->op == kAssign || call->op == kNorm || length == 0) {
+    // No values: a push, a norm round's answer, or unchanged values.
     wire.decided = true;
     MaybeFinish(call);
     return UCS_OK;
