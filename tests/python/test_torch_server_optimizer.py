@@ -26,8 +26,9 @@ def groups(net, decay=True):
     return [first, {"params": biases, "lr": LR * BIAS_LR, "weight_decay": 0.0}]
 
 
-def local_run(steps=STEPS):
-    """The reference: torch.optim.AdamW in the same groups, the same LambdaLR, one process, the union batch."""
+def local_run(steps=STEPS, clip=0.0):
+    """The reference: torch.optim.AdamW in the same groups, the same LambdaLR, one process, the union batch
+    (with clip_grad_norm_ at `clip` when it is not 0)."""
     net = make_net()
     x, y = data(steps)
     opt = torch.optim.AdamW(groups(net), lr=LR)
@@ -35,16 +36,18 @@ def local_run(steps=STEPS):
     for s in range(steps):
         opt.zero_grad(set_to_none=False)
         torch.nn.functional.cross_entropy(net(x[s]), y[s]).backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
         opt.step()
         schedule.step()
     return [p.detach().clone() for p in net.parameters()]
 
 
-def train(start_cluster, workers, mode="SYNC", accumulate=micro_batches, overlap=False, extra=""):
+def train(start_cluster, workers, mode="SYNC", accumulate=micro_batches, overlap=False, extra="", clip=0.0):
     torch.set_num_threads(1)
     share = GLOBAL_BATCH // workers
     cluster = start_cluster(mode=mode, servers=2, workers=workers, chunk_bytes=256, batch_size=share,
-                            optimizer=ADAMW_JOB, extra=extra)
+                            optimizer=ADAMW_JOB + f" clip_global_norm: {clip}", extra=extra)
     x, y = data(STEPS)
     nets = [make_net() for _ in range(workers)]
     final = {}
@@ -84,6 +87,32 @@ def test_the_scripts_schedule_drives_the_servers_over_each_transport(start_clust
     worst = largest_difference(final, local_run())
     print(f"largest difference from one process after {STEPS} SYNC steps over {transport}, the script's "
           f"schedule: {worst:.3g}")
+    assert worst < 1e-5
+
+
+CLIP = 0.2  # below the gradient's norm on most steps of this run: the clipping shows
+
+
+@pytest.mark.parametrize("workers,mode", [(1, "SYNC"), (2, "SYNC"), (1, "ASYNC")], ids=["sync1", "sync2", "async1"])
+def test_the_jobs_global_norm_clipping_is_torchs_clip_grad_norm_on_the_union_batch(start_cluster, workers, mode):
+    """optimizer.clip_global_norm with the script's schedule and group rates, two micro-batches: the servers'
+    AdamW steps on the round's mean gradient clipped by its norm over every chunk of both servers."""
+    final = train(start_cluster, workers, mode, clip=CLIP)
+    worst = largest_difference(final, local_run(clip=CLIP))
+    unclipped = largest_difference(final, local_run())
+    print(f"largest difference from torch.optim.AdamW + LambdaLR + clip_grad_norm_({CLIP}) after {STEPS} steps, "
+          f"{workers} worker(s), {mode}: {worst:.3g} (from the run without clipping: {unclipped:.3g})")
+    assert worst < 1e-5
+    assert unclipped > 1e-3, "the clipping changed nothing: CLIP is too large for this test"
+
+
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_the_jobs_clipping_holds_over_each_transport_with_overlap_and_no_sync(start_cluster, transport):
+    final = train(start_cluster, 2, accumulate=lambda m, x, y: micro_batches(m, x, y, no_sync=True), overlap=True,
+                  extra=TRANSPORTS[transport], clip=CLIP)
+    worst = largest_difference(final, local_run(clip=CLIP))
+    print(f"largest difference from one process with clip_grad_norm_({CLIP}) after {STEPS} SYNC steps over "
+          f"{transport}: {worst:.3g}")
     assert worst < 1e-5
 
 
