@@ -134,6 +134,13 @@ TEST(JobSpecTest, AdamwAndSchedulesTakeTheirDefaultsAndRefuseWhatCannotRun) {
   EXPECT_THAT(ValidateJobSpec(job), StatusIs(absl::StatusCode::kInvalidArgument, "optimizer.weight_decay"));
   job = ParseValid("model { softmax_regression {} } stop { max_steps: 3 } cluster { worker_errors: AWAIT_RESTART }");
   EXPECT_THAT(ValidateJobSpec(job), IsOk());
+  job = ParseValid("model { softmax_regression {} } stop { max_steps: 3 } optimizer { clip_global_norm: -1 }");
+  EXPECT_THAT(ValidateJobSpec(job), StatusIs(absl::StatusCode::kInvalidArgument, "optimizer.clip_global_norm"));
+  job = ParseValid("model { softmax_regression {} } stop { max_steps: 3 } optimizer { clip_global_norm: 1 } "
+                   "cluster { num_workers: 3 } consistency { mode: SYNC backup_workers: 1 }");
+  EXPECT_THAT(ValidateJobSpec(job), StatusIs(absl::StatusCode::kInvalidArgument, "not with backup workers"));
+  job = ParseValid("model { softmax_regression {} } stop { max_steps: 3 } optimizer { clip_global_norm: 1 }");
+  EXPECT_THAT(ValidateJobSpec(job), IsOk());
 }
 
 // SCRIPT leaves the optimizer to the workers: any server optimizer field beside it is refused, and the internal
@@ -144,7 +151,7 @@ TEST(JobSpecTest, TheScriptsOptimizerTakesNoServerOptimizerFields) {
   EXPECT_THAT(ValidateJobSpec(job), IsOk());
   EXPECT_EQ(job.optimizer().schedule().total_steps(), 0) << "no schedule runs on the servers";
   for (const char* field : {"learning_rate: 0.1", "momentum: 0.9", "weight_decay: 0.01", "no_decay: \"bias\"",
-                            "schedule { warmup_steps: 10 }", "beta1: 0.8"}) {
+                            "schedule { warmup_steps: 10 }", "beta1: 0.8", "clip_global_norm: 1"}) {
     job = ParseValid(absl::StrCat("model { softmax_regression {} } stop { max_steps: 3 } optimizer { kind: SCRIPT ",
                                   field, " }"));
     EXPECT_THAT(ValidateJobSpec(job), StatusIs(absl::StatusCode::kInvalidArgument, "the script's")) << field;

@@ -381,6 +381,64 @@ TEST_F(ShardStoreTest, SyncExchangeAnswersEveryWorkerWhenTheRoundClosesWithOneSh
   EXPECT_EQ(Values(), (std::vector<float>{-6, -6, -6}));
 }
 
+// Clipping's norm round (PushRequest.norm_only): it answers every worker, once all are in, with the squared norm
+// of the batch-weighted mean and changes nothing; a retry gets the same norm; the update round of the same clock
+// then runs as ever; a worker that leaves closes it; an ASYNC job has none.
+TEST_F(ShardStoreTest, ANormRoundAnswersTheSquaredNormOfTheMeanAndChangesNothing) {
+  Assign(tessera::v1::ConsistencySpec::SYNC, 2);
+  auto norm = [&](int worker, uint64_t seq, int64_t clock, std::vector<float> g, int batch) {
+    TestPush r = Gradient(worker, seq, clock, std::move(g), batch);
+    r.push.norm_only = true;
+    return PushPull(r);
+  };
+  auto first = norm(0, 1, 0, {3, 0, 4}, 1);
+  EXPECT_FALSE(first->has_value()) << "the norm round waits for worker 1";
+  auto second = norm(1, 1, 0, {3, 8, 4}, 3);
+  ASSERT_TRUE(first->has_value() && second->has_value());
+  ASSERT_THAT(**first, IsOk());
+  ASSERT_THAT(**second, IsOk());
+  // The mean: (1 * {3, 0, 4} + 3 * {3, 8, 4}) / 4 = {3, 6, 4}: 9 + 36 + 16.
+  EXPECT_DOUBLE_EQ((**first)->round_sq_norm, 61.0);
+  EXPECT_DOUBLE_EQ((**second)->round_sq_norm, 61.0);
+  EXPECT_EQ((**first)->bytes, nullptr) << "no values with a norm";
+  EXPECT_EQ(Values(), (std::vector<float>{0, 0, 0})) << "a norm round changes nothing";
+  auto retried = norm(0, 1, 0, {3, 0, 4}, 1);
+  ASSERT_TRUE(retried->has_value());
+  ASSERT_THAT(**retried, IsOk());
+  EXPECT_DOUBLE_EQ((**retried)->round_sq_norm, 61.0);
+  // The update round of clock 0 takes its pushes (sequence numbers after the norm's) as ever.
+  auto update = PushPull(Gradient(0, 2, 0, {1, 1, 1}));
+  ASSERT_THAT(Push(Gradient(1, 2, 0, {1, 1, 1})), IsOk());
+  ASSERT_TRUE(update->has_value());
+  EXPECT_EQ(Values(), (std::vector<float>{-1, -1, -1}));
+  EXPECT_THAT(**norm(0, 3, 0, {1, 1, 1}, 1), StatusIs(absl::StatusCode::kAborted, "is over"));
+  EXPECT_THAT(**norm(0, 3, 2, {1, 1, 1}, 1), StatusIs(absl::StatusCode::kUnavailable, "not open yet"));
+
+  // Worker 1 leaves while the norm round of clock 1 waits for it: the round closes with worker 0's alone.
+  auto waiting = norm(0, 4, 1, {0, 2, 0}, 1);
+  EXPECT_FALSE(waiting->has_value());
+  tessera::v1::ShardMap view = map_;
+  view.set_epoch(2);
+  for (int w = 0; w < 2; ++w) {
+    auto* slot = view.add_workers();
+    slot->set_id(w);
+    slot->set_incarnation(0);
+    slot->set_active(w == 0);
+  }
+  ASSERT_THAT(store_.Assign(view, job_, 0), IsOk());
+  ASSERT_TRUE(waiting->has_value()) << "worker 1 left: the norm round closed";
+  ASSERT_THAT(**waiting, IsOk());
+  EXPECT_DOUBLE_EQ((**waiting)->round_sq_norm, 4.0);
+}
+
+TEST_F(ShardStoreTest, AnAsyncJobHasNoNormRounds) {
+  Assign(tessera::v1::ConsistencySpec::ASYNC, 1);
+  TestPush r = Gradient(0, 1, 0, {1, 1, 1});
+  r.push.norm_only = true;
+  EXPECT_THAT(**PushPull(r), StatusIs(absl::StatusCode::kFailedPrecondition, "SYNC jobs that clip"));
+  EXPECT_EQ(Values(), (std::vector<float>{0, 0, 0}));
+}
+
 TEST_F(ShardStoreTest, PlainPushClosingTheRoundAnswersWaitingExchanges) {
   Assign(tessera::v1::ConsistencySpec::SYNC, 2);
   auto waiting = PushPull(Gradient(0, 1, 0, {2, 2, 2}));
