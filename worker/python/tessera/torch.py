@@ -33,7 +33,9 @@ What a step block may do with gradients (the servers' optimizer takes each step'
   left as backward made it). Edits through .data or the NumPy memory are not seen. What the servers' path does
   honour: a gradient scaler passed to model.step(batch_size, scaler=...) (the block unscales, and skips a step with
   an inf or NaN on every worker alike) and a learning rate the script's lr_scheduler sets through ServerOptimizer.
-  Clipping and the script's own optimizer need optimizer { kind: SCRIPT } and DistributedOptimizer. On the CPU the values are
+  Global-norm clipping there is the job's: optimizer { clip_global_norm: ... } (clip_grad_norm_ on the round's
+  mean gradient, over every server's chunks). Any other recipe needs optimizer { kind: SCRIPT } and
+  DistributedOptimizer. On the CPU the values are
 written straight into the parameters' memory and the gradients are read from memory the parameters' .grad views:
 nothing is copied. A CUDA model keeps a pinned host copy of each parameter: each gradient is copied there on a
 side stream as backward finishes it and sent once its copy is in; each parameter's values are copied back to the
@@ -1080,7 +1082,8 @@ class DistributedModel(torch.nn.Module):
             raise Error(
                 f"FAILED_PRECONDITION: the gradient of {_some(edited)} was changed after backward (clipping, "
                 "unscaling, masking or a new .grad): the servers' optimizer steps on the workers' sum of the "
-                "gradients as backward made them and cannot honour an edit on one worker" +
+                "gradients as backward made them and cannot honour an edit on one worker (clip with the job's "
+                "optimizer { clip_global_norm }, or run your own optimizer: kind SCRIPT)" +
                 (" (with overlap=True, the unedited gradients had already left)" if sent else
                  "; nothing of this step was sent"))
         # A parameter this step did not read (an unused branch) may still await the last step's values: they land
