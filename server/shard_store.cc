@@ -560,10 +560,7 @@ absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& re
       } else {
         applied.values = NormLocked(chunk, roster, admission.round_sq_norm);
       }
-      admission.staleness = -1;
-      return applied;
-    }
-    if (seq_it != chunk.last_seq.end() && request.seq <= seq_it->second) {
+    } else if (seq_it != chunk.last_seq.end() && request.seq <= seq_it->second) {
       outcome.duplicate = true;
       // A retried exchange of a round that is still open waits for it like the original.
       admission.round_open = !request.assign && config.policy->DuplicateWaitsLocked(request, chunk);
@@ -582,11 +579,13 @@ absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& re
       outcome.late = admission.late;
       if (admission.closed) cut_.OfferLocked(chunk);
     }
-    outcome.version = chunk.version;
-    if (waiter != nullptr && admission.round_open) {
-      chunk.round.Park(*waiter);
-    } else if (waiter != nullptr || !admission.closed_waiters.empty()) {
-      applied.values = ValuesLocked(chunk, roster, job.wire().values());
+    if (!request.norm_only) {
+      outcome.version = chunk.version;
+      if (waiter != nullptr && admission.round_open) {
+        chunk.round.Park(*waiter);
+      } else if (waiter != nullptr || !admission.closed_waiters.empty()) {
+        applied.values = ValuesLocked(chunk, roster, job.wire().values());
+      }
     }
   }
 
