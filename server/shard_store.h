@@ -246,7 +246,7 @@ class ShardStore {
 
   // The answer to a norm-only push: the squared norm of its closed norm round, no values.
   ChunkValues NormLocked(const Chunk& chunk, const Roster& roster, double sq_norm) const
-      ABSL_SHARED_LOCKS_REQUIRED(chunk.mu);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   // The chunk's values in `precision`, in a pooled buffer.
   ChunkValues ValuesLocked(const Chunk& chunk, const Roster& roster, WirePrecision precision) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);

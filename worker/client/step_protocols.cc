@@ -199,11 +199,12 @@ class AsyncExchangeStep final : public ExchangeStep {
   absl::StatusOr<ClockResult> FinishClock() override { return client_->Clock(); }  // never waits at the gate
 };
 
-// Push, clock gate and pull, in Finish: the values of the next step are those after the gate.
-class SspStep final : public StepExchange {
+// A step whose gradients all leave in Finish: Send only checks one and notes that it is final.
+class DeferredStep : public StepExchange {
  public:
-  SspStep(PsClient* client, const std::vector<std::string>& names, const std::vector<absl::Span<const float>>& grads,
-          int batch_size, const std::vector<absl::Span<float>>& out)
+  DeferredStep(PsClient* client, const std::vector<std::string>& names,
+               const std::vector<absl::Span<const float>>& grads, int batch_size,
+               const std::vector<absl::Span<float>>& out)
       : client_(client), names_(names), grads_(grads), batch_size_(batch_size), out_(out), sent_(names.size(), false) {}
 
   absl::Status Send(int index) override {
@@ -214,10 +215,32 @@ class SspStep final : public StepExchange {
     return CheckFinite(grads_[index], absl::StrCat("gradient of '", names_[index], "'"));
   }
 
-  absl::StatusOr<ClockResult> Finish() override {
+ protected:
+  // Finish: the gradients not sent yet are final too (each checked as Send does).
+  absl::Status SendTheRest() {
     for (size_t i = 0; i < names_.size(); ++i) {
       if (!sent_[i]) TESSERA_RETURN_IF_ERROR(Send(static_cast<int>(i)));
     }
+    return absl::OkStatus();
+  }
+
+  PsClient* const client_;
+  const std::vector<std::string> names_;
+  const std::vector<absl::Span<const float>> grads_;
+  const int batch_size_;
+  const std::vector<absl::Span<float>> out_;
+
+ private:
+  std::vector<bool> sent_;
+};
+
+// Push, clock gate and pull, in Finish: the values of the next step are those after the gate.
+class SspStep final : public DeferredStep {
+ public:
+  using DeferredStep::DeferredStep;
+
+  absl::StatusOr<ClockResult> Finish() override {
+    TESSERA_RETURN_IF_ERROR(SendTheRest());
     // One sequence number for the step; the parameters go out in groups of one learning-rate factor each.
     const Stamp stamp = client_->NewStamp();
     std::map<float, std::vector<size_t>> groups;
@@ -242,14 +265,6 @@ class SspStep final : public StepExchange {
     }
     return absl::OkStatus();  // Finish pulled them
   }
-
- private:
-  PsClient* const client_;
-  const std::vector<std::string> names_;
-  const std::vector<absl::Span<const float>> grads_;
-  const int batch_size_;
-  const std::vector<absl::Span<float>> out_;
-  std::vector<bool> sent_;
 };
 
 namespace {
@@ -276,26 +291,15 @@ std::unique_ptr<StepExchange> MakeModeStep(PsClient* client, const std::vector<s
 // torch.nn.utils.clip_grad_norm_) before the mode's step sends them, so they leave once all are final (Finish).
 // SYNC: `norm` is of the round's batch-weighted mean gradient, from a norm round on every chunk (each chunk's
 // squared norm, added in chunk order, the same on every worker); ASYNC and SSP: of this worker's own gradient.
-class ClippedStep final : public StepExchange {
+class ClippedStep final : public DeferredStep {
  public:
   ClippedStep(PsClient* client, const std::vector<std::string>& names,
               const std::vector<absl::Span<const float>>& grads, int batch_size,
               const std::vector<absl::Span<float>>& out, double clip)
-      : client_(client), names_(names), grads_(grads), batch_size_(batch_size), out_(out), clip_(clip),
-        sent_(names.size(), false) {}
-
-  absl::Status Send(int index) override {
-    if (index < 0 || static_cast<size_t>(index) >= names_.size() || sent_[index]) {
-      return absl::InvalidArgumentError(absl::StrCat("Send(", index, "): no such unsent parameter"));
-    }
-    sent_[index] = true;
-    return CheckFinite(grads_[index], absl::StrCat("gradient of '", names_[index], "'"));
-  }
+      : DeferredStep(client, names, grads, batch_size, out), clip_(clip) {}
 
   absl::StatusOr<ClockResult> Finish() override {
-    for (size_t i = 0; i < names_.size(); ++i) {
-      if (!sent_[i]) TESSERA_RETURN_IF_ERROR(Send(static_cast<int>(i)));
-    }
+    TESSERA_RETURN_IF_ERROR(SendTheRest());
     double sq = 0;
     if (client_->job().consistency().mode() == tessera::v1::ConsistencySpec::SYNC) {
       std::map<std::pair<std::string, int>, double> norms;
@@ -330,13 +334,7 @@ class ClippedStep final : public StepExchange {
   bool skipped() const override { return inner_ != nullptr ? inner_->skipped() : StepExchange::skipped(); }
 
  private:
-  PsClient* const client_;
-  const std::vector<std::string> names_;
-  const std::vector<absl::Span<const float>> grads_;
-  const int batch_size_;
-  const std::vector<absl::Span<float>> out_;
   const double clip_;
-  std::vector<bool> sent_;
   float coefficient_ = 1.0f;
   std::vector<std::vector<float>> scaled_;  // the clipped gradients, while the inner step sends them
   std::unique_ptr<StepExchange> inner_;
