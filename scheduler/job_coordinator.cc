@@ -619,17 +619,21 @@ void JobCoordinator::AdvanceClock(const tessera::v1::AdvanceClockRequest& reques
                       response.set_late(true);
                       response.set_next_clock(*gate->late_next_clock);
                     }
-                    if (job_.consistency().mode() == tessera::v1::ConsistencySpec::SYNC) {
-                      std::set<int64_t> joining;
-                      for (const Member& m : view_.Workers()) {
-                        if (m.state == MemberState::kAlive && m.joined_clock > 0) joining.insert(m.joined_clock);
-                      }
-                      response.mutable_joining_clocks()->Add(joining.begin(), joining.end());
+                    const int64_t next = gate->rolled_back_to   ? *gate->rolled_back_to
+                                         : gate->late_next_clock ? *gate->late_next_clock
+                                                                 : clock;
+                    const bool sync = job_.consistency().mode() == tessera::v1::ConsistencySpec::SYNC;
+                    std::set<int64_t> joining;
+                    int keeper = -1;
+                    for (const Member& m : view_.Workers()) {
+                      if (m.state != MemberState::kAlive) continue;
+                      if (sync && m.joined_clock > 0) joining.insert(m.joined_clock);
+                      // SYNC: one that holds the values of `next` before it starts that step (a joiner takes them first).
+                      if ((!sync || m.joined_clock < next) && (keeper < 0 || m.id < keeper)) keeper = m.id;
                     }
+                    response.mutable_joining_clocks()->Add(joining.begin(), joining.end());
+                    response.set_values_keeper(std::max(keeper, 0));
                     if (balancer_.enabled() && !gate->stop) {
-                      const int64_t next = gate->rolled_back_to   ? *gate->rolled_back_to
-                                           : gate->late_next_clock ? *gate->late_next_clock
-                                                                   : clock;
                       const BatchSlice slice = balancer_.SliceOf(worker, next);
                       response.set_batch_offset(slice.offset);
                       response.set_batch_count(slice.count);

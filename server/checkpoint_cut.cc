@@ -23,14 +23,14 @@ absl::StatusOr<std::vector<tessera::v1::ChunkState>> CheckpointCut::Take(const s
   }
   version_ = version;
   absl::Status status;
+  std::vector<Chunk*> module_state;
   for (Chunk* chunk : chunks) {
     absl::MutexLock chunk_lock(&chunk->mu);
-    const int64_t round = RoundLocked(*chunk);
-    if (chunk->module_state) {  // module state has no rounds: its value now
-      absl::MutexLock lock(&mu_);
-      taken_.try_emplace(chunk->key, ChunkStateLocked(*chunk));
+    if (chunk->module_state) {
+      module_state.push_back(chunk);
       continue;
     }
+    const int64_t round = RoundLocked(*chunk);
     if (round == version) OfferLocked(*chunk);
     if (round > version) {
       absl::MutexLock lock(&mu_);
@@ -41,27 +41,40 @@ absl::StatusOr<std::vector<tessera::v1::ChunkState>> CheckpointCut::Take(const s
       }
     }
   }
-  absl::MutexLock lock(&mu_);
-  if (status.ok()) {
-    auto complete = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return taken_.size() >= chunks.size(); };
-    bool done = false;
-    while (!done && absl::Now() < deadline && status.ok()) {
-      done = mu_.AwaitWithDeadline(absl::Condition(&complete), std::min(deadline, absl::Now() + absl::Milliseconds(100)));
-      if (!done && cancelled && cancelled()) status = absl::CancelledError("the checkpoint was called off");
-    }
-    if (status.ok() && !done) {
-      std::vector<std::string> missing;
-      for (Chunk* chunk : chunks) {
-        if (taken_.count(chunk->key) == 0 && missing.size() < 5) {
-          missing.push_back(absl::StrCat(chunk->key.first, "/", chunk->key.second));
-        }
+  const size_t rounds = chunks.size() - module_state.size();
+  {
+    absl::MutexLock lock(&mu_);
+    if (status.ok()) {
+      auto complete = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return taken_.size() >= rounds; };
+      bool done = false;
+      while (!done && absl::Now() < deadline && status.ok()) {
+        done = mu_.AwaitWithDeadline(absl::Condition(&complete),
+                                     std::min(deadline, absl::Now() + absl::Milliseconds(100)));
+        if (!done && cancelled && cancelled()) status = absl::CancelledError("the checkpoint was called off");
       }
-      status = absl::DeadlineExceededError(absl::StrCat("server ", server_id, ": ", chunks.size() - taken_.size(),
-                                                        " chunks did not reach version ", version,
-                                                        " in time, e.g. ", absl::StrJoin(missing, ", ")));
+      if (status.ok() && !done) {
+        std::vector<std::string> missing;
+        for (Chunk* chunk : chunks) {
+          if (!chunk->module_state && taken_.count(chunk->key) == 0 && missing.size() < 5) {
+            missing.push_back(absl::StrCat(chunk->key.first, "/", chunk->key.second));
+          }
+        }
+        status = absl::DeadlineExceededError(absl::StrCat("server ", server_id, ": ", rounds - taken_.size(),
+                                                          " chunks did not reach version ", version,
+                                                          " in time, e.g. ", absl::StrJoin(missing, ", ")));
+      }
     }
   }
   version_ = -1;
+  // Module state has no rounds. It is taken once this server's chunks are all at the version: with the workers
+  // held there, it is what they wrote before that round's gradients (a script's kept values, module buffers).
+  for (Chunk* chunk : status.ok() ? module_state : std::vector<Chunk*>()) {
+    absl::MutexLock chunk_lock(&chunk->mu);
+    tessera::v1::ChunkState state = ChunkStateLocked(*chunk);
+    absl::MutexLock lock(&mu_);
+    taken_.try_emplace(chunk->key, std::move(state));
+  }
+  absl::MutexLock lock(&mu_);
   std::vector<tessera::v1::ChunkState> out;
   if (status.ok()) {
     for (auto& [key, state] : taken_) out.push_back(std::move(state));

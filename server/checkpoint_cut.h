@@ -1,8 +1,9 @@
 // A checkpoint of a server's chunks all at one SYNC round (RoundLocked: the clock their values belong to): a
-// consistent cut taken while the scheduler holds the workers at that clock. Module state (Chunk::module_state) has no
-// rounds: it is taken as it is. Each chunk is taken the moment it
+// consistent cut taken while the scheduler holds the workers at that clock. Each chunk is taken the moment it
 // reaches the round (by the round that closes into it, or at once when it is there already), so the workers need
-// not stop for it.
+// not stop for it. Module state (Chunk::module_state) has no rounds: it is taken as it is once every other chunk of
+// the server is in, so it holds what the held workers wrote before the round's gradients (with the script's
+// optimizer in SYNC, the keeper's values of the step before the cut's clock).
 #ifndef TESSERA_SERVER_CHECKPOINT_CUT_H_
 #define TESSERA_SERVER_CHECKPOINT_CUT_H_
 

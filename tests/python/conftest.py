@@ -74,7 +74,7 @@ class Cluster:
     """A scheduler and its servers, each its own process; `address` is the scheduler's HOST:PORT."""
 
     def __init__(self, tmp, mode, servers, workers, lr, token_file=None, momentum=0.0, chunk_bytes=16, batch_size=4,
-                 max_steps=1000, consistency="", optimizer=None, extra=""):
+                 max_steps=1000, consistency="", optimizer=None, extra="", scheduler_flags=()):
         self.processes = []
         self.tmp = tmp
         job = tmp / "job.pbtxt"
@@ -86,7 +86,8 @@ class Cluster:
         address_file.unlink(missing_ok=True)  # a cluster started before in this folder
         security = [f"--token_file={token_file}"] if token_file else []
         self._start("scheduler", [BIN / "tessera-scheduler", f"--job={job}", "--port=0", "--http_port=-1",
-                                  f"--address_file={address_file}", f"--run_dir={tmp / 'run'}", "--stop_grace_ms=1000"] + security)
+                                  f"--address_file={address_file}", f"--run_dir={tmp / 'run'}", "--stop_grace_ms=1000"] + security +
+                    list(scheduler_flags))
         deadline = time.time() + 30
         while not (address_file.exists() and address_file.read_text().strip()):
             if time.time() > deadline:
@@ -120,13 +121,14 @@ class Cluster:
 @pytest.fixture
 def start_cluster(tmp_path):
     """start_cluster(mode="SYNC", servers=2, workers=1, lr=0.5, ...) -> Cluster (see Cluster); optimizer: the
-    job's optimizer { ... } text (default: SGD with `lr` and `momentum`); extra: more fields of the job."""
+    job's optimizer { ... } text (default: SGD with `lr` and `momentum`); extra: more fields of the job;
+    scheduler_flags: more flags of tessera-scheduler."""
     clusters = []
 
     def start(mode="SYNC", servers=2, workers=1, lr=0.5, token_file=None, momentum=0.0, chunk_bytes=16, batch_size=4,
-              max_steps=1000, consistency="", optimizer=None, extra=""):
+              max_steps=1000, consistency="", optimizer=None, extra="", scheduler_flags=()):
         cluster = Cluster(tmp_path, mode, servers, workers, lr, token_file, momentum, chunk_bytes, batch_size,
-                          max_steps, consistency, optimizer, extra)
+                          max_steps, consistency, optimizer, extra, scheduler_flags)
         clusters.append(cluster)
         return cluster
 

@@ -263,10 +263,15 @@ def test_a_killed_script_is_restarted_and_rejoins_where_the_job_is(tmp_path):
     assert not starts[1].endswith("from clock 0"), starts  # it went on where the job was
 
 
-def test_a_stopped_script_job_resumes_from_its_checkpoint(tmp_path):
+@pytest.mark.parametrize("optimizer", ["servers", "script"])
+def test_a_stopped_script_job_resumes_from_its_checkpoint(tmp_path, optimizer):
+    """The servers' optimizer, or the script's own (kind: SCRIPT: the checkpoint holds the values of the step
+    before its clock, that step's mean gradient and AdamW's state; the first step after the resume makes that step
+    again)."""
     override = f"--job_override={SYNTHETIC_MLP} stop {{ max_steps: 2500 epochs: 1000 }}"
     command = [sys.executable, str(EXAMPLE), "--model=mlp"]
-    first = launch(tmp_path, "--checkpoint_every_steps=100", override, command=command, wait=False)
+    job = CNN_JOB if optimizer == "servers" else REPO / "deploy" / "jobs" / "fashion_mnist_cnn_script.pbtxt"
+    first = launch(tmp_path, "--checkpoint_every_steps=100", override, job=job, command=command, wait=False)
     wait_for_clock(first, tmp_path, 400)
     first.send_signal(signal.SIGTERM)
     assert first.wait(timeout=60) == 0, first.stdout.read()
@@ -279,8 +284,12 @@ def test_a_stopped_script_job_resumes_from_its_checkpoint(tmp_path):
     starts = [line for line in (tmp_path / "run" / "logs" / "worker-1.log").read_text().splitlines()
               if "from clock" in line]
     resumed_at = int(starts[-1].rsplit(" ", 1)[1])
-    # The stop took a checkpoint at its clock (as for tessera-worker): the scripts go on from there.
+    # The stop took a checkpoint at its clock (as for tessera-worker): the scripts go on from there (with the
+    # script's optimizer, from the step before it, which the first step makes again).
     assert 400 <= resumed_at <= stopped_at, starts
+    if optimizer == "script":
+        log = (tmp_path / "run" / "logs" / "worker-1.log").read_text()
+        assert f"took the checkpoint's values of clock {resumed_at}" in log, log[-2000:]
 
 
 def test_a_lost_server_rolls_the_scripts_back_to_the_checkpoint_and_they_go_on(tmp_path):

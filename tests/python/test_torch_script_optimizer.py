@@ -146,8 +146,8 @@ def test_async_and_ssp_with_two_workers_lower_the_loss(start_cluster, mode):
         assert last < 0.7 * first
 
 
-def test_a_worker_whose_values_drift_from_rank_zeros_fails_the_job_naming_it(start_cluster):
-    with pytest.raises(tessera.Error, match=r"worker 1's parameters differ from rank 0's at clock 10"):
+def test_a_worker_whose_values_drift_from_the_keepers_fails_the_job_naming_it(start_cluster):
+    with pytest.raises(tessera.Error, match=r"worker 1's parameters differ from worker 0's at clock 10"):
         train(start_cluster, 2, "SYNC", accumulate=one_backward, steps=30,
               lr_of_rank=lambda rank: LR * (1 + rank))
 
@@ -242,17 +242,19 @@ def test_a_restarted_worker_continues_with_its_optimizers_state(start_cluster):
             assert torch.equal(lost[k][name], restored[k][name]), (k, name)
 
 
+@pytest.mark.parametrize("lost", [1, 0], ids=["rank_1_lost", "rank_0_lost"])
 @pytest.mark.parametrize("state_every", [1, 0], ids=["saved_every_step", "saved_for_the_joiner_only"])
-def test_a_worker_rejoining_a_sync_job_takes_rank_zeros_values_and_optimizer_state(start_cluster, state_every):
-    """SYNC: rank 1 makes 10 steps and is lost; rank 0 goes on alone; a new rank 1 (a fresh model with other
-    values, a fresh optimizer) joins and takes rank 0's values and AdamW moments of its start clock (saved every
-    step, or only at the clock the scheduler names for the joiner): from there both make the same steps, and end
-    with the same values and moments, bit for bit (the digest check agrees)."""
+def test_a_worker_rejoining_a_sync_job_takes_the_keepers_values_and_optimizer_state(start_cluster, state_every, lost):
+    """SYNC: one rank makes 10 steps and is lost; the other goes on alone; a new process of the lost rank (a
+    fresh model with other values, a fresh optimizer) joins and takes the other's values and AdamW moments of its
+    start clock (saved every step, or only at the clock the scheduler names for the joiner). Rank 0 is no
+    exception: while it is away rank 1 keeps the values. From there both make the same steps, and end with the
+    same values and moments, bit for bit (the digest check agrees)."""
     cluster, x, y, nets, registered = restart_setup(start_cluster, "SYNC")
     seen = {}
     with torch.no_grad():
         for p in nets[0].parameters():
-            p.add_(1.0)  # the new rank 1 starts elsewhere: only rank 0's values may make it equal
+            p.add_(1.0)  # the new process starts elsewhere: only the keeper's values may make it equal
 
     def optimizer(net, model):
         return tt.DistributedOptimizer(adamw_recipe(net)[0], model, check_every=5, state_every=state_every)
@@ -266,16 +268,16 @@ def test_a_worker_rejoining_a_sync_job_takes_rank_zeros_values_and_optimizer_sta
         model = tt.DistributedModel(net, tt.init(scheduler=cluster.address, rank=rank))
         opt = optimizer(net, model)
         step_until(model, opt, x, y, rank, 10)
-        if rank == 0:
+        if rank != lost:
             assert registered.wait(120)
             step_until(model, opt, x, y, rank, 30)
         else:
-            model.job.client.fail("rank 1 lost (the test's stand-in for a dead process)")
+            model.job.client.fail(f"rank {rank} lost (the test's stand-in for a dead process)")
             net = nets.pop()
             model = tt.DistributedModel(net, tt.init(scheduler=cluster.address, rank=rank))
             seen["clock"] = model.clock
             registered.set()
-            opt = optimizer(net, model)  # waits for rank 0's values and moments of its clock
+            opt = optimizer(net, model)  # waits for the keeper's values and moments of its clock
             step_until(model, opt, x, y, rank, 30)
         model.done()
         seen[rank] = state(opt, net)
@@ -288,6 +290,48 @@ def test_a_worker_rejoining_a_sync_job_takes_rank_zeros_values_and_optimizer_sta
     for k in moments0:
         for name in moments0[k]:
             assert torch.equal(moments0[k][name], moments1[k][name]), (k, name)
+
+
+def test_a_sync_rollback_replays_the_checkpoints_step_and_ends_as_one_process(start_cluster, tmp_path):
+    """SYNC, 2 servers without backups, checkpoints every 10 clocks: at clock 35 a server is killed; the job goes
+    back to the last checkpoint. Each worker's block ends with the checkpoint's values, AdamW moments and rate of
+    the step before its clock and that step's mean gradient in .grad; the script's own clipping and optimizer step
+    make that step again, its LambdaLR goes back to the checkpoint's clock, and the run ends equal to one process
+    that was never interrupted (AdamW, warmup-cosine, clip_grad_norm_)."""
+    torch.set_num_threads(1)
+    share = GLOBAL_BATCH // 2
+    cluster = start_cluster(mode="SYNC", servers=2, workers=2, chunk_bytes=256, batch_size=share,
+                            optimizer="kind: SCRIPT",
+                            extra=f'checkpoint {{ dir: "{tmp_path / "checkpoints"}" every_steps: 10 }}',
+                            scheduler_flags=["--heartbeat_timeout_ms=1500"])
+    x, y = data(STEPS)
+    nets = [make_net() for _ in range(2)]
+    final, rolled_back = {}, {}
+
+    def worker(rank):
+        net = nets[rank]
+        model = tt.DistributedModel(net, tt.init(scheduler=cluster.address, rank=rank))
+        opt, schedule = adamw_recipe(net)
+        opt = tt.DistributedOptimizer(opt, model, check_every=10)
+        while model.clock < STEPS:
+            s = model.clock
+            opt.zero_grad()
+            with model.step(batch_size=share) as step:
+                one_backward(model, x[s][rank * share:(rank + 1) * share], y[s][rank * share:(rank + 1) * share])
+            rolled_back[rank] = rolled_back.get(rank, False) or bool(step.gate.get("rolled_back"))
+            torch.nn.utils.clip_grad_norm_(net.parameters(), CLIP)
+            opt.step()
+            schedule.step()
+            if rank == 0 and model.clock == 35 and not rolled_back[0]:
+                cluster.processes[2].kill()  # server 1, without a backup: its chunks come back from the checkpoint
+        model.done()
+        final[rank] = [p.detach().clone() for p in net.parameters()]
+
+    run_workers(2, worker)
+    assert rolled_back == {0: True, 1: True}
+    worst = largest_difference(final, local_run())
+    print(f"largest difference from one uninterrupted process after a rollback: {worst:.3g}")
+    assert worst < 1e-5
 
 
 class LossScaler:

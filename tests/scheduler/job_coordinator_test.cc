@@ -234,6 +234,51 @@ TEST_F(JobCoordinatorTest, ALostWorkerNoLongerHoldsTheSyncGateAndTheOtherFinishe
   EXPECT_NE(coordinator_->summary().dump().find("worker lost"), std::string::npos) << coordinator_->summary().dump();
 }
 
+// The gate's values keeper (what rank 0 sends while it is there) is the lowest-ranked live worker that started
+// before the clock the gate opens: worker 1 while worker 0 is lost, and worker 0 again once it has rejoined and
+// started before the gate's clock.
+TEST_F(JobCoordinatorTest, TheGateNamesTheLowestLiveWorkerThatStartedBeforeItsClockAsKeeper) {
+  Create(ConsistencySpec::SYNC, 20, /*heartbeat_timeout=*/absl::Milliseconds(1000));
+  RegisterEveryone();
+  ASSERT_THAT(Declare(0), IsOk());
+  {
+    Answer<tessera::v1::AdvanceClockResponse> first, second;
+    Advance(0, 1, first);
+    Advance(1, 1, second);
+    ASSERT_THAT(first.Get(), IsOk());
+    ASSERT_THAT(second.Get(), IsOk());
+    EXPECT_EQ(first.Get()->values_keeper(), 0);
+    EXPECT_EQ(second.Get()->values_keeper(), 0);
+  }
+  Answer<tessera::v1::AdvanceClockResponse> alone;
+  Advance(1, 2, alone);
+  absl::SleepFor(absl::Milliseconds(700));  // worker 0 falls silent
+  Beat({{tessera::v1::SERVER, 0}, {tessera::v1::SERVER, 1}, {tessera::v1::WORKER, 1}});
+  absl::SleepFor(absl::Milliseconds(700));
+  coordinator_->CheckLiveness(absl::Now());
+  ASSERT_THAT(alone.Get(), IsOk());
+  EXPECT_EQ(alone.Get()->values_keeper(), 1) << "worker 0 is lost";
+  absl::StatusOr<tessera::v1::RegisterResponse> back = Register(tessera::v1::WORKER, 0);
+  ASSERT_THAT(back, IsOk());
+  const int64_t start = back->start_clock();
+  // Worker 1 reaches the joiner's start clock: the gate that opens it still names worker 1, which holds the values
+  // of that clock; the next one names worker 0 again.
+  for (int64_t clock = 3; clock <= start; ++clock) {
+    Answer<tessera::v1::AdvanceClockResponse> step;
+    Advance(1, clock, step);
+    ASSERT_THAT(step.Get(), IsOk());
+    EXPECT_EQ(step.Get()->values_keeper(), 1) << "clock " << clock << ", worker 0 starts at " << start;
+  }
+  Answer<tessera::v1::AdvanceClockResponse> rejoined, other;
+  Advance(0, start + 1, rejoined);
+  Advance(1, start + 1, other);
+  ASSERT_THAT(rejoined.Get(), IsOk());
+  ASSERT_THAT(other.Get(), IsOk());
+  EXPECT_EQ(rejoined.Get()->values_keeper(), 0);
+  EXPECT_EQ(other.Get()->values_keeper(), 0);
+  coordinator_->Abort("end of test");
+}
+
 // A worker registering while a server is slow to take the view (frozen: the servers learn the worker's key
 // before it hears back): the wait is the scheduler's, not the worker's silence. It is not lost at the first check
 // after its answer, only once it stays silent for the timeout from then.

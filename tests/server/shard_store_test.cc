@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
@@ -44,6 +45,17 @@ class ShardStoreTest : public ::testing::Test {
       c->set_param("w");
       c->set_index(i);
       c->set_offset(3 * i);
+      c->set_length(3);
+      c->set_server_id(0);
+    }
+    if (with_state_) {  // "s": module state of 3 elements, one chunk
+      auto* s = map_.add_params();
+      s->set_name("s");
+      s->set_dtype(tessera::v1::DT_FLOAT32);
+      s->add_shape(3);
+      s->set_state(true);
+      auto* c = map_.add_chunks();
+      c->set_param("s");
       c->set_length(3);
       c->set_server_id(0);
     }
@@ -101,6 +113,7 @@ class ShardStoreTest : public ::testing::Test {
   tessera::v1::JobSpec job_;
   tessera::v1::ShardMap map_;
   bool module_state_ = false;  // the parameter is module state (ParameterSpec.state)
+  bool with_state_ = false;    // a second parameter "s", module state
   ShardStore store_;
 };
 
@@ -173,6 +186,37 @@ TEST_F(ShardStoreTest, ModuleStateIsAssignedOnlyAndACheckpointTakesItAsItIs) {
     ASSERT_EQ(c.values().size(), held.size() * sizeof(float));
     std::memcpy(held.data(), c.values().data(), c.values().size());
     EXPECT_EQ(held, (std::vector<float>{5, 5, 5}));
+  }
+}
+
+// A SYNC checkpoint takes module state once the server's chunks have reached the cut's round, not when the cut
+// starts: the workers held at that clock wrote it before their gradients of the round (a script's kept values).
+TEST_F(ShardStoreTest, ASyncCheckpointTakesModuleStateOnceItsRoundsAreIn) {
+  with_state_ = true;
+  Assign(tessera::v1::ConsistencySpec::SYNC, 1);
+  auto assign_state = [&](uint64_t seq, float v) {
+    TestPush set = Gradient(0, seq, 0, {v, v, v});
+    set.param = "s";
+    set.push.assign = true;
+    return Push(set);
+  };
+  ASSERT_THAT(assign_state(1, 1), IsOk());
+  std::optional<absl::StatusOr<tessera::v1::ShardCheckpoint>> cut;
+  std::thread cutting([&] { cut = store_.Snapshot(1, absl::Now() + absl::Seconds(10)); });
+  absl::SleepFor(absl::Milliseconds(200));  // the cut waits for round 0 of "w"
+  ASSERT_THAT(assign_state(2, 2), IsOk());
+  ASSERT_THAT(Push(Gradient(0, 3, 0, {1, 1, 1})), IsOk());
+  ASSERT_THAT(Push(Gradient(0, 4, 0, {1, 1, 1}, 1, /*index=*/1)), IsOk());
+  cutting.join();
+  ASSERT_TRUE(cut.has_value());
+  ASSERT_THAT(*cut, IsOk());
+  ASSERT_EQ((*cut)->chunks_size(), 3);
+  for (const auto& c : (*cut)->chunks()) {
+    if (c.param() != "s") continue;
+    std::vector<float> held(3);
+    ASSERT_EQ(c.values().size(), held.size() * sizeof(float));
+    std::memcpy(held.data(), c.values().data(), c.values().size());
+    EXPECT_EQ(held, (std::vector<float>{2, 2, 2})) << "the state as the round closed, not as the cut started";
   }
 }
 

@@ -140,7 +140,7 @@ absl::Status PsClient::RefreshMap(uint64_t at_least_epoch, bool* behind) {
   return absl::OkStatus();
 }
 
-int64_t PsClient::PulledVersion(const std::string& name) const {
+int64_t PsClient::OldestPulled(const std::string& name, int64_t PulledChunk::*field) const {
   if (map_ == nullptr) return -1;
   absl::StatusOr<std::vector<const tessera::v1::ChunkPlacement*>> chunks = map_->Chunks(name);
   if (!chunks.ok() || chunks->empty()) return -1;
@@ -148,9 +148,24 @@ int64_t PsClient::PulledVersion(const std::string& name) const {
   for (const tessera::v1::ChunkPlacement* c : *chunks) {
     auto it = pulled_.find({c->param(), c->index()});
     if (it == pulled_.end()) return -1;
-    oldest = std::min(oldest, it->second.version);
+    oldest = std::min(oldest, it->second.*field);
   }
   return oldest;
+}
+
+void PsClient::ForgetPulledValues(const std::vector<std::string>& names) {
+  if (map_ == nullptr) return;
+  for (const std::string& name : names) {
+    absl::StatusOr<std::vector<const tessera::v1::ChunkPlacement*>> chunks = map_->Chunks(name);
+    if (!chunks.ok()) continue;
+    for (const tessera::v1::ChunkPlacement* c : *chunks) pulled_.erase({c->param(), c->index()});
+  }
+}
+
+int64_t PsClient::PulledVersion(const std::string& name) const { return OldestPulled(name, &PulledChunk::version); }
+
+int64_t PsClient::PulledClock(const std::string& name) const {
+  return OldestPulled(name, &PulledChunk::clock_version);
 }
 
 int64_t PsClient::bytes_pulled() const {
@@ -342,6 +357,7 @@ ClockResult PsClient::Advanced(const tessera::v1::AdvanceClockResponse& gate) {
   result.rolled_back = rollback_.has_value();
   result.late = gate.late();
   result.joining_clocks.assign(gate.joining_clocks().begin(), gate.joining_clocks().end());
+  result.values_keeper = gate.values_keeper();
   return result;
 }
 

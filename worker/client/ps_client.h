@@ -80,6 +80,7 @@ struct ClockResult {
   bool rolled_back = false;  // SYNC: the job went back to a checkpoint; see PsClient::TakeRollback
   bool late = false;         // SYNC with backup workers: the step's round closed without this worker's gradients
   std::vector<int64_t> joining_clocks;  // SYNC: start clocks of live workers that joined after the start
+  int values_keeper = 0;  // the worker that sends what rank 0 sends while it is there (AdvanceClockResponse)
 };
 
 // Not thread-safe: one training loop drives one client (its heartbeat runs on a thread of its own).
@@ -192,9 +193,14 @@ class PsClient {
   // not pulled (or was forgotten since). A version counts every update of a chunk, assignments included: 0 is a
   // chunk nobody has changed yet.
   int64_t PulledVersion(const std::string& name) const;
+  // The oldest clock the chunks of `name` held values of as this client last pulled them (in SYNC, the rounds
+  // applied); -1 as for PulledVersion.
+  int64_t PulledClock(const std::string& name) const;
 
-  // Forgets which versions were pulled where: the next pulls move every byte.
+  // Forgets which versions were pulled where: the next pulls move every byte (of `names` only: the next pull of
+  // them).
   void ForgetPulledValues() { pulled_.clear(); }
+  void ForgetPulledValues(const std::vector<std::string>& names);
 
   // Progress for the scheduler's records (clock and worker id are filled in). The answer says whether the job
   // has stopped (e.g. this evaluation reached the target accuracy).
@@ -274,6 +280,8 @@ class PsClient {
   std::shared_ptr<const ShardMapIndex> map_;  // shared with the calls made from it
   std::unique_ptr<ChunkCaller> caller_;       // the connections to the servers
   // What the last pull of each chunk returned, and where its bytes were written (see PulledChunk).
+  int64_t OldestPulled(const std::string& name, int64_t PulledChunk::*field) const;
+
   PulledChunks pulled_;
   mutable absl::Mutex bytes_mu_;
   int64_t bytes_pulled_ ABSL_GUARDED_BY(bytes_mu_) = 0;

@@ -89,6 +89,7 @@ py::dict ClockDict(const ClockResult& r) {
   d["rolled_back"] = r.rolled_back;
   d["late"] = r.late;
   d["joining_clocks"] = r.joining_clocks;
+  d["values_keeper"] = r.values_keeper;
   return d;
 }
 
@@ -431,12 +432,18 @@ PYBIND11_MODULE(_tessera, m) {
           "shape)] (assigned only, never pushed: e.g. BatchNorm statistics); waits for the servers.")
       .def(
           "pull",
-          [](PyClient& c, const std::vector<std::string>& names, const std::vector<py::buffer>& out) {
+          [](PyClient& c, const std::vector<std::string>& names, const std::vector<py::buffer>& out,
+             bool if_changed) {
             const std::vector<absl::Span<float>> spans = tessera::Writable(out, names);
             py::gil_scoped_release release;
+            // A buffer Python freed and allocated again has the address of the one pulled into before: only a
+            // caller that keeps its buffers untouched between pulls may have unchanged chunks left as they are.
+            if (!if_changed) c.get().ForgetPulledValues(names);
             tessera::Check(c.get().Pull(names, spans));
           },
-          py::arg("names"), py::arg("out"))
+          py::arg("names"), py::arg("out"), py::arg("if_changed") = false,
+          "Fills out[i] with the values of names[i]. if_changed: chunks whose version this client last pulled into "
+          "the very same memory are not sent again (the buffers must be untouched since).")
       .def(
           "push",
           [](PyClient& c, const std::vector<std::string>& names, const std::vector<py::buffer>& grads,
@@ -500,6 +507,11 @@ PYBIND11_MODULE(_tessera, m) {
           "pulled_version", [](PyClient& c, const std::string& name) { return c.get().PulledVersion(name); },
           py::arg("name"),
           "The oldest version of the chunks of `name` as last pulled (-1: not pulled); 0: nobody changed it yet.")
+      .def(
+          "pulled_clock", [](PyClient& c, const std::string& name) { return c.get().PulledClock(name); },
+          py::arg("name"),
+          "The oldest clock the chunks of `name` held values of as last pulled (in SYNC: the rounds applied; -1: not "
+          "pulled).")
       .def("take_rollback",
            [](PyClient& c) -> std::optional<int64_t> { return c.get().TakeRollback(); })
       .def(

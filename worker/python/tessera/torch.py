@@ -46,13 +46,15 @@ stop), when this worker reaches the job's max_steps or max_epochs, or after SIGT
 those finish the open step, after which done() tells the scheduler this worker stopped (as tessera-worker does)
 and the script exits 0 after SIGTERM, 130 after Ctrl-C. A second signal ends the process at once.
 
-Module buffers (BatchNorm's running statistics) follow rank 0: rank 0 sends its floating-point buffers to the
-servers every `buffer_every` steps (and at done()), and the other ranks take them before their next step, so every
-worker normalises with the same statistics, a checkpoint holds them, and a restarted worker starts from them.
+Module buffers (BatchNorm's running statistics) follow rank 0: rank 0 (while it is away, the lowest-ranked worker
+there) sends its floating-point buffers to the servers every `buffer_every` steps (and at done()), and the other
+ranks take them before their next step, so every worker normalises with the same statistics, a checkpoint holds
+them, and a restarted worker starts from them.
 Integer buffers (num_batches_tracked) stay each worker's own. buffers="local" keeps every buffer local.
 """
 
 import contextlib
+import gc
 import math
 import signal
 import time
@@ -252,7 +254,14 @@ class _Step:
         self.skipped = False  # after the block, with a scaler: the step applied no update (an inf or NaN)
 
     def __enter__(self):
-        self._model._begin(self.batch_size, self._scaler)
+        try:
+            self._model._begin(self.batch_size, self._scaler)
+        except Error:
+            # The job went back to a checkpoint before this step began: the step begins there (with the script's
+            # optimizer in SYNC as a replay of the checkpoint's step, whose data the loop did not pick).
+            if not self._model._take_rollback(in_block=False):
+                raise
+            self._model._begin(self.batch_size, self._scaler)
         self._started = time.perf_counter()
         return self
 
@@ -263,6 +272,10 @@ class _Step:
             # A SYNC job that went back to a checkpoint (a server was lost) voids this step: the loop goes on from
             # the checkpoint's clock, as tessera-worker does.
             return issubclass(kind, Error) and model._take_rollback()
+        if model._current is _REPLAY_BLOCK:
+            model._end_replay()
+            self.gate = model._gate
+            return False
         busy = time.perf_counter() - self._started - model._waited
         if model.script and not model._sync:
             model._end_local_block(self.batch_size, busy)
@@ -283,7 +296,12 @@ class _Step:
         if model._take_rollback():
             self.gate = model._gate
         elif model.script:
-            model._install_mean_gradients()
+            try:
+                model._install_mean_gradients()
+            except Error:
+                if not model._take_rollback():  # the job went back to a checkpoint while the mean was awaited
+                    raise
+                self.gate = model._gate
         elif model._scaling is not None:
             self.skipped = model._update_scaler()
         return False
@@ -336,30 +354,40 @@ class _HostMirror:
             self.values_copied.synchronize()
 
 
-_STEP_STATE = frozenset({"_current", "_scaling", "_previous", "_ready", "_outside", "_hooked", "_script_push", "_digests", "_gate", "_waited", "_sent", "_set", "_grads", "_steps",
+_STEP_STATE = frozenset({"_replay", "_saved_for", "_pending_rollback", "_current", "_scaling", "_previous", "_ready", "_outside", "_hooked", "_script_push", "_digests", "_gate", "_waited", "_sent", "_set", "_grads", "_steps",
                          "_samples", "_reported", "_seen", "_fired", "_no_sync", "_resent"})
 
 
 _LOCAL_BLOCK = object()  # the open step of ASYNC or SSP with SCRIPT: nothing leaves until the optimizer steps
-_DIGEST = "script:digest"  # SYNC with SCRIPT: rank 0's [clock, digest of its values]
+# SYNC with SCRIPT: the open step of a worker that took the values of the clock before its own (a checkpoint's): its
+# gradients stay here, and the block ends with the checkpoint's mean gradient of that step in .grad.
+_REPLAY_BLOCK = object()
+_DIGEST = "script:digest"  # SYNC with SCRIPT: the keeper's [clock, digest of its values]
 _FOUND_INF = "script:found_inf"  # SYNC with SCRIPT: exchanged every round, > 0 when a worker's gradient was not finite
 _OPTIMIZER_STATE = "script:optimizer:"  # + owner: the state of a script's optimizer, kept on the servers
-_VALUES = "script:values:"  # + parameter index. SYNC with SCRIPT: rank 0's values, for a worker that joins
-_SAVED_CLOCK = "script:saved_clock"  # SYNC with SCRIPT: the clock of rank 0's last saved values and state
+_VALUES = "script:values:"  # + parameter index. SYNC with SCRIPT: the keeper's values (joiners, checkpoints)
+_LRS = "script:lrs"  # SYNC with SCRIPT: the keeper's learning rate of each parameter group (two float32s each)
+_SAVED_CLOCK = "script:saved_clock"  # SYNC with SCRIPT: the clock of the keeper's last saved values and state
+_KEPT = (_OPTIMIZER_STATE, _VALUES, _LRS, _SAVED_CLOCK)  # names of what the servers keep for a script
 
 
 class _OptimizerState:
     """A script optimizer's state (Adam's moments and step, SGD's momentum, ...) as state entries on the servers,
     so that checkpoints hold it and a restarted worker continues with it. Its layout is found by stepping a copy
     of the optimizer once, over copies of the parameters, on zero gradients. With `values` (SYNC, where the values
-    are the workers' own) the parameters' values go with it, and then the clock they are of: a worker joining at
-    clock c takes them once rank 0 saved those of c."""
+    are the workers' own) the parameters' values and the groups' learning rates go with it, and then the clock
+    they are of: the keeper (the gate's values_keeper, rank 0 while it is there) sends them at the start of a step,
+    before that step's gradients leave, so a checkpoint cut at clock c holds those of c - 1 beside the mean
+    gradient of step c - 1 (the chunks at version c); a joiner takes the keeper's of its start clock."""
 
     def __init__(self, optimizer, model, owner, values=False):
         self.optimizer = optimizer
         self.model = model
         self.value_names = [f"{_VALUES}{j}" for j in range(len(model._params))] if values else []
         self.value_host = [np.zeros(max(1, p.numel()), np.float32) for _, p in model._params] if values else []
+        if values:  # a learning rate as a float32 and the float32 of what that leaves: 48 bits of the double
+            self.value_names.append(_LRS)
+            self.value_host.append(np.zeros(2 * len(optimizer.param_groups), np.float32))
         params = [p for group in optimizer.param_groups for p in group["params"]]
         copies = {id(p): p.detach().clone().requires_grad_(True) for p in params}
         groups = [dict(group, params=[copies[id(p)] for p in group["params"]]) for group in optimizer.param_groups]
@@ -385,7 +413,7 @@ class _OptimizerState:
             model._client.declare([], state=state)
 
     def save(self, clock, values=False):
-        """Sends the optimizer's state; with `values` (SYNC, for a worker joining at `clock`) the parameters' values
+        """Sends the optimizer's state; with `values` (SYNC) the parameters' values and the groups' learning rates
         too, and then the clock they are of."""
         state = self.optimizer.state
         for (name, p, key, like), host in zip(self.entries, self.host):
@@ -397,44 +425,60 @@ class _OptimizerState:
             with torch.no_grad():
                 for (_, p), host in zip(self.model._params, self.value_host):
                     np.copyto(host, p.detach().reshape(-1).cpu().numpy())
+            lrs = np.array([float(group["lr"]) for group in self.optimizer.param_groups], np.float64)
+            high = lrs.astype(np.float32)
+            self.value_host[-1][0::2], self.value_host[-1][1::2] = high, (lrs - high).astype(np.float32)
         names, hosts = self.names + (self.value_names if values else []), self.host + (self.value_host if values else [])
         if names:
             self.model._client.assign(names, hosts)
         if values:  # after the rest has landed: a joiner that sees this clock takes all of it
             self.model._client.assign([_SAVED_CLOCK], [_clock_parts(clock)])
 
-    def take_values(self, clock, timeout_s=300.0, wait=True):
-        """SYNC: waits until rank 0 saved its values and state of `clock` (it does before it pushes that round,
-        which cannot close without this worker), then takes them. Raises tessera.Error UNAVAILABLE when none come
-        (without `wait`: when they are not there now)."""
-        client = self.model._client
-        saved = np.zeros(2, np.float32)
+    def saved_clock(self):
+        """The clock of the values and state on the servers (-1: none)."""
+        client, saved = self.model._client, np.zeros(2, np.float32)
+        client.pull([_SAVED_CLOCK], [saved])
+        return _clock_of(saved) if client.pulled_version(_SAVED_CLOCK) > 0 else -1
 
-        def saved_clock():
-            client.pull([_SAVED_CLOCK], [saved])
-            return _clock_of(saved) if client.pulled_version(_SAVED_CLOCK) > 0 else -1
-
-        deadline = time.time() + timeout_s
+    def take_values(self, clock, timeout_s=300.0):
+        """SYNC: takes the keeper's values, optimizer state and learning rates of `clock`, waiting until they are
+        on the servers (the keeper sends them at the start of that step, which cannot end without this worker), or
+        those of clock - 1 where the chunks hold the mean gradient of that step (a checkpoint cut at `clock`: a
+        resumed job, a rollback), which then is in the model's exchange buffers. Returns the clock of the values
+        taken. Raises tessera.Error UNAVAILABLE when none come within `timeout_s`."""
+        model, client = self.model, self.model._client
+        started = told = time.time()
         while True:
-            held = saved_clock()
-            if held == clock:
+            held = self.saved_clock()
+            if held == clock or (held == clock - 1 and model._pull_means(clock)):
                 client.pull(self.value_names, self.value_host)
                 client.pull(self.names, self.host)
-                if saved_clock() == clock:
+                if self.saved_clock() == held:
                     break  # not overwritten while this worker read them
-                held = saved_clock()
-            if not wait or time.time() > deadline or held > clock or client.job_stopped():
-                raise Error(f"UNAVAILABLE: rank 0's values and optimizer state of clock {clock} are not on the "
-                            f"servers (they hold those of clock {held}; -1: none): this worker cannot join the SYNC "
-                            "job where the others are (a lost rank 0 cannot rejoin: nobody else keeps the values)")
+                continue
+            now = time.time()
+            if now - started > timeout_s or held > clock or client.job_stopped():
+                raise Error(f"UNAVAILABLE: the values and optimizer state of clock {clock} (or of clock {clock - 1} "
+                            f"with that step's mean gradient, as a checkpoint holds them) are not on the servers "
+                            f"(they hold those of clock {held}; -1: none): the keeper (rank 0, or while it is away "
+                            "the lowest-ranked worker there) sends them every state_every steps and for a joiner")
+            if now - told > 10:
+                told = now
+                print(f"tessera: worker {model.rank}: waiting for the values of clock {clock} (the servers hold "
+                      f"those of clock {held}), {now - started:.0f} s", flush=True)
             time.sleep(0.05)
         with torch.no_grad():
-            for (_, p), host in zip(self.model._params, self.value_host):
+            for (_, p), host in zip(model._params, self.value_host):
                 p.copy_(torch.from_numpy(host).reshape(p.shape))
-        if self.model._mirror is not None:
-            for (_, p), mirror in zip(self.model._params, self.model._weights):
+        if model._mirror is not None:
+            for (_, p), mirror in zip(model._params, model._weights):
                 np.copyto(mirror, p.detach().cpu().numpy())
+        if client.pulled_version(_LRS) > 0:  # a checkpoint of a job before the rates were kept has none
+            lrs = self.value_host[-1][0::2].astype(np.float64) + self.value_host[-1][1::2].astype(np.float64)
+            for group, lr in zip(self.optimizer.param_groups, lrs):
+                group["lr"] = float(lr)
         self._take_pulled()
+        return held
 
     def restore(self):
         """Takes the saved state when there is one (False when none was saved yet)."""
@@ -479,18 +523,25 @@ def DistributedOptimizer(optimizer, model, check_every=100, state_every=1):
 
     SYNC: each gradient leaves as the step block sends it (overlap as the model says); when the block ends,
     .grad holds the workers' mean gradient, and every worker's optimizer makes the same step. Every
-    `check_every` clocks each worker compares a digest of its values with rank 0's; a mismatch fails the job
+    `check_every` clocks each worker compares a digest of its values with the keeper's; a mismatch fails the job
     naming the worker. ASYNC and SSP: the block's gradients stay here; step() steps on them, sends the change
     it made to the values (the servers add it, times the staleness-aware scale) and takes the servers' values,
     with everyone's changes, before the next forward. A step the script skips (GradScaler after inf) sends no
     change.
 
-    The optimizer's state (moments, step counts, momentum) is sent to the servers every `state_every` steps (by
-    rank 0 in SYNC, where every worker's is the same; by every worker in ASYNC and SSP): checkpoints hold it, and
-    a worker that restarts takes it here and continues with it (0: the state stays in this process). In SYNC the
-    values are the workers' own: a worker that joins the running job waits here for rank 0's values and state of
-    its start clock, which rank 0 sends at the start of that step (the scheduler's gate names the clock). Make the schedule after this call with last_epoch=model.clock - 1, so that a restarted worker's schedule starts where
-    the job is (the base rate is kept as each group's initial_lr).
+    The optimizer's state (moments, step counts, momentum) is sent to the servers every `state_every` steps (in
+    ASYNC and SSP by every worker; 0: the state stays in this process): checkpoints hold it, and a worker that
+    restarts takes it here and continues with it. In SYNC, where the values are the workers' own and every
+    worker's state is the same, one worker, the keeper (rank 0, or while it is away the lowest-ranked worker
+    there), sends the values, the state and the groups' learning rates at the start of every `state_every`-th
+    step and of a step a worker joins at. A worker that joins the running job, rank 0 included, waits here for
+    the keeper's values of its start clock. A resumed job, and a job that went back to a checkpoint (a lost server
+    without backups), take the checkpoint's values of the step before its clock and that step's mean gradient: a
+    resumed worker's first block runs on that step's data and ends with that mean in .grad, so the script's
+    optimizer makes the checkpoint's step again (exact with state_every=1; otherwise UNAVAILABLE names the clocks
+    there are). Make the schedule after this call with last_epoch=model.clock - 1, so that a restarted worker's
+    schedule starts where the job is (the base rate is kept as each group's initial_lr); after a rollback the
+    schedulers of this optimizer are set back to the checkpoint's clock here.
 
     Raises tessera.Error FAILED_PRECONDITION when the job's servers run an optimizer of their own, and
     INVALID_ARGUMENT for an optimizer over parameters the model does not train."""
@@ -509,14 +560,11 @@ def DistributedOptimizer(optimizer, model, check_every=100, state_every=1):
     model._state_every = int(state_every)
     for group in optimizer.param_groups:
         group.setdefault("initial_lr", group["lr"])
-    if model._state_every > 0 or model._sync:  # SYNC: rank 0 also saves for a worker that joins
+    if model._state_every > 0 or model._sync:  # SYNC: the keeper also saves for a worker that joins
         model._optimizer_state = _OptimizerState(optimizer, model, "all" if model._sync else f"rank{model.rank}",
                                                  values=model._sync)
         if model._joining:
-            model._optimizer_state.take_values(model.clock, wait=model.rank != 0)
-            model._joining = False
-            print(f"tessera: worker {model.rank}: joined at clock {model.clock} with rank 0's values and optimizer "
-                  "state", flush=True)
+            model._take_kept_values()
         elif model.clock > 0 and model._optimizer_state.restore():
             print(f"tessera: worker {model.rank}: the optimizer's state continues from the servers' copy at clock "
                   f"{model.clock}", flush=True)
@@ -708,7 +756,11 @@ class DistributedModel(torch.nn.Module):
         self._state_every = 0
         self._optimizer_state = None
         self._joining = False  # SYNC with SCRIPT, joined after the start: the values come with DistributedOptimizer
-        self._saved_for = -1  # SYNC with SCRIPT, rank 0: the last joiner's clock it saved its values for
+        # SYNC with SCRIPT: (clock, clock of the values taken) when the next block replays a checkpoint's step
+        # (_end_replay), else None.
+        self._replay = None
+        self._pending_rollback = None  # a rollback heard of by the optimizer's step: taken as the next block begins
+        self._saved_for = -1  # SYNC with SCRIPT: the clock of the last values known to be on the servers
         self._server_optimizer = None  # ServerOptimizer: the script's schedule drives the servers' learning rate
         self._scaling = None  # the open step's gradient scaler (_Scaling), in the servers' path
         self._scalings = {}  # by id(scaler): each scaler's count of steps since it last changed
@@ -834,6 +886,12 @@ class DistributedModel(torch.nn.Module):
         return self.job.rank
 
     @property
+    def _keeper(self):
+        """The worker that sends what rank 0 sends while it is there: module buffers, and with SCRIPT in SYNC the
+        values, optimizer state and digest (the gate's values_keeper)."""
+        return int(self._gate.get("values_keeper", 0))
+
+    @property
     def workers(self):
         return int(self.job.spec["cluster"]["num_workers"])
 
@@ -888,7 +946,7 @@ class DistributedModel(torch.nn.Module):
         the step blocks do every buffer_every steps). Call it on rank 0 first."""
         if not self._buffers:
             return
-        if self.rank == 0:
+        if self.rank == self._keeper:
             self._send_buffers()
         else:
             self._take_buffers()
@@ -903,7 +961,7 @@ class DistributedModel(torch.nn.Module):
         if self._script_push is not None and not self._gate["stop"]:
             self._push_script_update()
         self._settle()
-        if self._buffers and self.rank == 0:
+        if self._buffers and self.rank == self._keeper:
             try:
                 self._send_buffers()
             except Error:
@@ -920,7 +978,7 @@ class DistributedModel(torch.nn.Module):
     @staticmethod
     def _check_matches_job(mine, theirs):
         """FAILED_PRECONDITION unless the servers hold nothing yet or exactly this model's parameters."""
-        theirs = {n: s for n, s in theirs.items() if not n.startswith((_OPTIMIZER_STATE, _VALUES, _SAVED_CLOCK))}
+        theirs = {n: s for n, s in theirs.items() if not n.startswith(_KEPT)}
         if not theirs or theirs == mine:
             return
         missing = sorted(set(theirs) - set(mine))
@@ -955,7 +1013,7 @@ class DistributedModel(torch.nn.Module):
                 self._client.assign(self.buffer_names, self._buffer_host)
         deadline = time.time() + timeout_s
         while True:
-            self._client.pull(self.names, self._weights)
+            self._client.pull(self.names, self._weights, if_changed=True)  # untouched while it waits
             if all(self._client.pulled_version(n) > 0 for n in self.names):
                 break
             if time.time() > deadline:
@@ -981,18 +1039,28 @@ class DistributedModel(torch.nn.Module):
     def _begin(self, batch_size, scaler=None):
         if self._current is not None:
             raise Error("FAILED_PRECONDITION: a step is already open")
+        if self._pending_rollback is not None:
+            raise Error(f"ABORTED: the job went back to the checkpoint of clock {self._pending_rollback}")
         # Checked before the step changes anything (a refused block leaves none open).
         factors = self._server_optimizer.factors() if self._server_optimizer is not None else None
         if self._joining:
             raise Error(f"FAILED_PRECONDITION: this worker joined the SYNC job at clock {self.clock}, whose values "
                         "are the workers' own: wrap the optimizer in tt.DistributedOptimizer before the first step, "
-                        "so that it takes rank 0's values and optimizer state")
-        if self._buffers and self.rank != 0 and self._steps % self._buffer_every == 0:
+                        "so that it takes the keeper's values and optimizer state")
+        if self._replay is not None:
+            for _, p in self._params:
+                p.grad = None  # backward's gradients go to memory of their own, and are not used
+            self._current = _REPLAY_BLOCK
+            self._waited = 0.0
+            return
+        if self._buffers and self.rank != self._keeper and self._steps % self._buffer_every == 0:
             self._take_buffers()
-        if (self.script and self._sync and self.rank == 0 and self._optimizer_state is not None
-                and self.clock in self._gate.get("joining_clocks", ()) and self._saved_for != self.clock):
-            # A worker joins at this clock (the gate names it): rank 0's values and state of it go to the servers
-            # before this round's gradients, which cannot close without the joiner's.
+        if (self.script and self._sync and self.rank == self._keeper and self._optimizer_state is not None
+                and self._saved_for != self.clock
+                and (self.clock in self._gate.get("joining_clocks", ())
+                     or (self._state_every > 0 and self.clock % self._state_every == 0))):
+            # Before this step's gradients leave: a worker joining at this clock (the gate names it) waits for
+            # them, and a checkpoint cut at the next clock holds them beside this step's mean gradient.
             self._optimizer_state.save(self.clock, values=True)
             self._saved_for = self.clock
         if self.script and not self._sync:
@@ -1048,7 +1116,7 @@ class DistributedModel(torch.nn.Module):
         return self._fired[i] > 0 or (grad is not None and bool(grad.any()))
 
     def _gradient_ready(self, i):
-        if self._current is None or self._current is _LOCAL_BLOCK:
+        if self._current is None or self._current is _LOCAL_BLOCK or self._current is _REPLAY_BLOCK:
             return
         p = self._params[i][1]
         self._fired[i] += 1
@@ -1139,7 +1207,7 @@ class DistributedModel(torch.nn.Module):
     # optimizer { kind: SCRIPT } (see DistributedOptimizer).
     def _install_mean_gradients(self):
         """SYNC: once the round's mean gradient is in, it becomes each parameter's .grad (the script's optimizer
-        steps on it); then rank 0's digest of the values two blocks back is compared with this worker's."""
+        steps on it); then the keeper's digest of the values two blocks back is compared with this worker's."""
         n = len(self._params)
         if self._previous is not None:
             try:
@@ -1155,12 +1223,63 @@ class DistributedModel(torch.nn.Module):
                       "optimizer's last step is skipped", flush=True)
                 return
         self._after(None)
-        if self._values[-1][0] > 0:  # a worker's gradient was not finite: so is the round's, on every worker
+        self._install_means()
+        self._compare_digest()
+
+    def _install_means(self):
+        """The round's mean gradient, in the exchange's buffers, becomes each parameter's .grad (NaN when a
+        worker's gradient was not finite: so is the round's, on every worker)."""
+        if self._values[-1][0] > 0:
             for mean in self._values[:-1]:
                 mean.fill(np.nan)
         for (_, p), mean in zip(self._params, self._values):
             p.grad = torch.from_numpy(mean).to(p.device) if self._mirror is not None else torch.from_numpy(mean)
-        self._compare_digest()
+
+    def _pull_means(self, clock):
+        """Pulls the chunks' mean gradient of step clock - 1 into the exchange's buffers (a checkpoint's, cut at
+        `clock`). False when the chunks do not all hold that step's (their round is not `clock`)."""
+        for _, p in self._params:
+            p.grad = None  # the last round's mean, over these buffers: no backward may add into them now
+        self._client.pull([_FOUND_INF], [self._values[-1]])
+        if self._client.pulled_clock(_FOUND_INF) != clock:
+            return False
+        names = self.names + [_FOUND_INF]
+        self._client.pull(names, self._values)
+        return all(self._client.pulled_clock(n) == clock for n in names)
+
+    def _take_kept_values(self):
+        """SYNC with SCRIPT, a worker that started where the job is (joined, rejoined, resumed): takes the
+        keeper's values, optimizer state and rates; with a checkpoint's, of the clock before, its first block
+        replays that step (_end_replay)."""
+        clock = self.clock
+        took = self._optimizer_state.take_values(clock)
+        self._joining = False
+        self._saved_for = took
+        if took == clock:
+            print(f"tessera: worker {self.rank}: joined at clock {clock} with the keeper's values and optimizer "
+                  "state", flush=True)
+            return
+        self._replay = (clock, took)
+        self._gate = dict(self._gate, clock=took)
+        print(f"tessera: worker {self.rank}: took the checkpoint's values of clock {took}: its first step ends with "
+              f"that step's mean gradient, so that the optimizer makes it again, then it goes on at {clock}",
+              flush=True)
+
+    def _end_replay(self):
+        """The end of a replayed block: the gradients backward made stay unused; .grad holds the checkpoint's mean
+        gradient of this step (pulled when the values were taken; None when the values taken were of the job's
+        clock already: the optimizer's step changes nothing), and the clock is the job's again."""
+        (clock, took), self._replay = self._replay, None
+        self._current = None
+        self._install_means_or_none(clock, took)
+        self._gate = dict(self._gate, clock=clock)
+
+    def _install_means_or_none(self, clock, took):
+        if took == clock - 1:
+            self._install_means()
+        else:
+            for _, p in self._params:
+                p.grad = None
 
     def _values_digest(self):
         """The mean, the root mean square and the mean of every 7th of all the parameters' values: equal on every
@@ -1179,31 +1298,33 @@ class DistributedModel(torch.nn.Module):
 
     def _note_script_step(self):
         """After the script's optimizer stepped. SYNC: every check_every clocks, this worker's digest of its values
-        is kept, and rank 0 sends its own to the servers. ASYNC and SSP: the change leaves."""
-        keeps = self._optimizer_state is not None and (self.rank == 0 or not self._sync)
-        periodic = self._state_every > 0 and self.clock % self._state_every == 0
+        is kept, and the keeper sends its own to the servers. ASYNC and SSP: the change leaves."""
         if not self._sync:
             self._push_script_update()
-            if keeps and periodic:
+            if (self._optimizer_state is not None and self._state_every > 0
+                    and self.clock % self._state_every == 0):
                 self._optimizer_state.save(self.clock)
             return
         clock = self.clock
         if self._gate["stop"]:
             return  # the job is over: its servers may be leaving
-        if keeps and periodic:
-            self._optimizer_state.save(self.clock)
         if self._check_every <= 0 or clock % self._check_every:
             return
         digest = self._values_digest()
-        if self.rank == 0:
-            self._client.assign([_DIGEST], [np.array([clock, *digest], np.float32)])
+        if self.rank == self._keeper:
+            try:
+                self._client.assign([_DIGEST], [np.array([clock, *digest], np.float32)])
+            except Error:
+                self._pending_rollback = self._client.take_rollback()
+                if self._pending_rollback is None:
+                    raise
         else:
             self._digests = {clock: digest}
 
     def _compare_digest(self):
-        """A round after a digest clock c (rank 0 sent its digest of c before it pushed this round): a worker
-        whose values differ from rank 0's fails the job naming itself."""
-        if self.rank == 0 or not self._digests:
+        """A round after a digest clock c (the keeper sent its digest of c before it pushed this round): a worker
+        whose values differ from the keeper's fails the job naming itself."""
+        if self.rank == self._keeper or not self._digests:
             return
         (clock, mine), = self._digests.items()
         if self.clock <= clock:
@@ -1212,13 +1333,13 @@ class DistributedModel(torch.nn.Module):
         theirs = np.zeros(4, np.float32)
         self._client.pull([_DIGEST], [theirs])
         if int(theirs[0]) != clock:
-            return  # rank 0 stopped or restarted in between: nothing to compare
+            return  # the keeper changed, stopped or restarted in between: nothing to compare
         mine32 = mine.astype(np.float32)
         # The digest travels at the wire's precision for values: 8 bits of mantissa in BF16, 11 in FP16.
         rtol = {"BF16": 2.0 ** -7, "FP16": 2.0 ** -10}.get(self.job.spec.get("wire", {}).get("values"), 1e-5)
         if np.allclose(mine32, theirs[1:], rtol=rtol, atol=1e-6):
             return
-        why = (f"worker {self.rank}'s parameters differ from rank 0's at clock {clock} (digest {mine32.tolist()} "
+        why = (f"worker {self.rank}'s parameters differ from worker {self._keeper}'s at clock {clock} (digest {mine32.tolist()} "
                f"against {theirs[1:].tolist()}): with optimizer {{ kind: SCRIPT }} in SYNC every worker's optimizer "
                "must make the same step from the same mean gradient (the same optimizer, settings and schedule, "
                "and no change to the values outside it)")
@@ -1316,30 +1437,58 @@ class DistributedModel(torch.nn.Module):
         self._after(step)
         self._samples += batch_size
         self._client.note_step(batch_size, max(0.0, busy_seconds))
-        if self._buffers and self.rank == 0 and self._steps % self._buffer_every == 0:
+        if self._buffers and self.rank == self._keeper and self._steps % self._buffer_every == 0:
             self._send_buffers()
         return self._gate
 
-    def _take_rollback(self):
+    def _take_rollback(self, in_block=True):
         """After a SYNC rollback (the job went back to a checkpoint): drops the open exchanges, takes the
-        checkpoint's values and goes on from its clock. False when there was none."""
-        to = self._client.take_rollback()
+        checkpoint's values (with SCRIPT: _roll_script_back) and goes on from its clock. False when there was
+        none."""
+        to, self._pending_rollback = self._pending_rollback, None
+        if to is None:
+            to = self._client.take_rollback()
         if to is None:
             return False
-        if self._values is not self._weights:
-            raise Error(f"UNIMPLEMENTED: the job went back to the checkpoint of clock {to}, and with optimizer "
-                        "{ kind: SCRIPT } in SYNC the values and the optimizer's state are the workers' own, which "
-                        "a checkpoint does not hold yet")
         print(f"tessera: worker {self.rank}: the job went back to clock {to} (from {self.clock}); training on "
               "from there", flush=True)
         self._current = None
         self._after(None)
+        if self._values is not self._weights:
+            self._roll_script_back(to, in_block)
+            return True
         self._client.pull(self.names, self._values)
         if self._mirror is not None:
             self._mirror.load_values(range(len(self._params)))
         self._take_buffers()
         self._gate = {"clock": to, "stop": False, "stop_reason": "", "rolled_back": True}
         return True
+
+    def _roll_script_back(self, to, in_block):
+        """SYNC with SCRIPT: the checkpoint holds the keeper's values, optimizer state and rates of clock to - 1
+        and that step's mean gradient: they become the parameters, the optimizer's state and .grad, so that the
+        script's clipping and optimizer step after this block (`in_block`; else after the block that begins now,
+        a replay) make the checkpoint's step again, and the schedulers of the optimizer go back to it. (Values of
+        `to` itself, which the keeper saved after the cut: .grad is None, the step changes nothing.)"""
+        if self._optimizer_state is None:
+            raise Error(f"FAILED_PRECONDITION: the job went back to the checkpoint of clock {to}; with optimizer "
+                        "{ kind: SCRIPT } in SYNC the values are the workers' own, and only tt.DistributedOptimizer "
+                        "takes them back")
+        self._digests = {}
+        took = self._optimizer_state.take_values(to, timeout_s=60.0)
+        self._saved_for = took
+        self._take_buffers()
+        self._gate = {"clock": to, "stop": False, "stop_reason": "", "rolled_back": True}
+        if in_block:
+            self._install_means_or_none(to, took)
+        else:
+            self._replay = (to, took)
+            self._gate["clock"] = took
+        optimizer = self._optimizer_state.optimizer
+        scheduler = getattr(torch.optim.lr_scheduler, "LRScheduler", None) or torch.optim.lr_scheduler._LRScheduler
+        for o in gc.get_objects():  # rare (a rollback) and found without the script's help
+            if isinstance(o, scheduler) and o.optimizer is optimizer:
+                o.last_epoch = to - 1  # its next step() makes the rate of step `to`
 
     def _abandon(self):
         self._current = None
