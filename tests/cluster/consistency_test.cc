@@ -18,6 +18,7 @@
 #include "worker/parameter_source.h"
 #include "worker/trainer.h"
 #include "worker/worker.h"
+#include "tests/testing/param_printers.h"
 
 namespace tessera::testing {
 namespace {
@@ -201,6 +202,11 @@ struct StalenessCase {
   ConsistencySpec::Mode mode;
   int bound;
 };
+
+void PrintTo(const StalenessCase& c, std::ostream* os) {
+  *os << ConsistencySpec::Mode_Name(c.mode);
+  if (c.mode == ConsistencySpec::SSP) *os << " staleness " << c.bound;
+}
 
 class StalenessBoundTest : public ::testing::TestWithParam<StalenessCase> {};
 

@@ -5,6 +5,7 @@
 #include "gtest/gtest.h"
 #include "tests/cluster/mini_cluster.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/param_printers.h"
 
 namespace tessera::testing {
 namespace {

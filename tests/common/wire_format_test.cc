@@ -9,6 +9,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/param_printers.h"
 
 namespace tessera {
 namespace {

@@ -81,7 +81,7 @@ std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<st
 
 // (consistency mode, transport)
 class WorkerRestartTest : public FailuresTest,
-                          public ::testing::WithParamInterface<std::tuple<const char*, const char*>> {
+                          public ::testing::WithParamInterface<std::tuple<std::string, std::string>> {
  protected:
   std::string mode() const { return std::get<0>(GetParam()); }
   std::string transport() const { return std::get<1>(GetParam()); }
@@ -134,9 +134,10 @@ TEST_P(WorkerRestartTest, AKilledWorkerRejoinsTheRunningJob) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, WorkerRestartTest,
-                         ::testing::Values(std::make_tuple("SYNC", "GRPC"), std::make_tuple("ASYNC", "GRPC"),
-                                           std::make_tuple("SSP staleness: 2", "GRPC"),
-                                           std::make_tuple("ASYNC", "UCX")),
+                         ::testing::Values(std::make_tuple(std::string("SYNC"), std::string("GRPC")),
+                                           std::make_tuple(std::string("ASYNC"), std::string("GRPC")),
+                                           std::make_tuple(std::string("SSP staleness: 2"), std::string("GRPC")),
+                                           std::make_tuple(std::string("ASYNC"), std::string("UCX"))),
                          [](const auto& info) {
                            const std::string mode = std::get<0>(info.param);
                            const std::string transport = std::get<1>(info.param);
@@ -435,7 +436,7 @@ TEST_F(FailuresTest, AServerLostWithoutACheckpointStopsTheJobNamingIt) {
 // kill -9 of a server during a SYNC job that takes checkpoints: within the heartbeat timeout its chunks move to
 // the other server, restored from the latest checkpoint, every worker goes back to that checkpoint's clock, and
 // the job ends with the parameters of an uninterrupted run. The summary records the recovery.
-class ServerLossTest : public FailuresTest, public ::testing::WithParamInterface<const char*> {};
+class ServerLossTest : public FailuresTest, public ::testing::WithParamInterface<std::string> {};
 
 // kill -9 of a server mid-run, while pushes and exchanges flow to it (over gRPC, or over UCX): the scheduler
 // restores its chunks on the other server from the newest checkpoint, the SYNC job rolls back to it, and it ends
@@ -469,7 +470,8 @@ TEST_P(ServerLossTest, ALostServerIsRecoveredFromTheLatestCheckpoint) {
   ExpectTheUndisturbedParameters(dump);
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, ServerLossTest, ::testing::Values("GRPC", "UCX"));
+INSTANTIATE_TEST_SUITE_P(Transports, ServerLossTest, ::testing::Values(std::string("GRPC"), std::string("UCX")),
+                         [](const auto& info) { return info.param; });
 
 // The same SYNC job over gRPC and over UCX (shared memory or cross-memory attach on this host) ends with the same
 // parameters: the transport moves the values and changes none.

@@ -55,7 +55,7 @@ int Runs() {
 
 // (mode, transport, servers and workers)
 class JobEndTest : public DaemonTest,
-                   public ::testing::WithParamInterface<std::tuple<const char*, const char*, int>> {};
+                   public ::testing::WithParamInterface<std::tuple<std::string, std::string, int>> {};
 
 // Every run ends completed (launcher exit 0, summary completed, no worker lost, no server lost).
 TEST_P(JobEndTest, EveryShortJobEndsCompleted) {
@@ -99,7 +99,8 @@ TEST_P(JobEndTest, EveryShortJobEndsCompleted) {
 
 INSTANTIATE_TEST_SUITE_P(
     Modes, JobEndTest,
-    ::testing::Combine(::testing::Values("SYNC", "ASYNC", "SSP"), ::testing::Values("GRPC", "UCX"),
+    ::testing::Combine(::testing::Values(std::string("SYNC"), std::string("ASYNC"), std::string("SSP")),
+                       ::testing::Values(std::string("GRPC"), std::string("UCX")),
                        ::testing::Values(1, 2)),
     [](const auto& info) {
       return absl::StrCat(std::get<0>(info.param), "_", std::get<1>(info.param), "_", std::get<2>(info.param), "x",

@@ -43,7 +43,7 @@ std::vector<int> ServerProcesses(const std::string& address) {
 
 // (consistency mode, transport)
 class ReplicationTest : public DaemonTest,
-                        public ::testing::WithParamInterface<std::tuple<const char*, const char*>> {
+                        public ::testing::WithParamInterface<std::tuple<std::string, std::string>> {
  protected:
   std::string mode() const { return std::get<0>(GetParam()); }
   std::string transport() const { return std::get<1>(GetParam()); }
@@ -121,12 +121,13 @@ replication { backups: 1 }
 }
 
 INSTANTIATE_TEST_SUITE_P(ModesAndTransports, ReplicationTest,
-                         ::testing::Combine(::testing::Values("ASYNC", "SSP"), ::testing::Values("GRPC", "UCX")),
+                         ::testing::Combine(::testing::Values(std::string("ASYNC"), std::string("SSP")),
+                                            ::testing::Values(std::string("GRPC"), std::string("UCX"))),
                          [](const auto& info) {
                            return absl::StrCat(std::get<0>(info.param), "_over_", std::get<1>(info.param));
                          });
 
-class SyncReplicationTest : public DaemonTest, public ::testing::WithParamInterface<const char*> {};
+class SyncReplicationTest : public DaemonTest, public ::testing::WithParamInterface<std::string> {};
 
 // A SYNC job with one backup per chunk and no checkpoints, one of its 3 servers killed mid-run and started again:
 // backups take over at the same version, nothing rolls back, the new process becomes a backup, and the job ends
@@ -179,7 +180,8 @@ replication { backups: 1 }
   ExpectIdenticalParameters(undisturbed, dump);
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, SyncReplicationTest, ::testing::Values("GRPC", "UCX"));
+INSTANTIATE_TEST_SUITE_P(Transports, SyncReplicationTest, ::testing::Values(std::string("GRPC"), std::string("UCX")),
+                         [](const auto& info) { return info.param; });
 
 // POST /drain?server=1 on a running SYNC job (token required): server 1's chunks move to the others in two
 // phases and it exits 0; then a new tessera-server started against the running job takes its slot and a share of

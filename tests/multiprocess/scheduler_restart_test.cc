@@ -33,6 +33,10 @@ struct Restart {
   const char* name = "";   // the test's name when `extra` is set
 };
 
+void PrintTo(const Restart& r, std::ostream* os) {
+  *os << r.mode << (r.tls ? " over TLS" : "") << (*r.extra != '\0' ? " " : "") << r.extra;
+}
+
 class SchedulerRestartTest : public DaemonTest, public ::testing::WithParamInterface<Restart> {
  protected:
   std::string mode() const { return GetParam().mode; }

@@ -86,6 +86,8 @@ struct EarlyStart {
   bool tls;
 };
 
+void PrintTo(const EarlyStart& e, std::ostream* os) { *os << e.daemon << (e.tls ? " over TLS" : " over plaintext"); }
+
 class EarlyStartTest : public DaemonTest, public ::testing::WithParamInterface<EarlyStart> {};
 
 TEST_P(EarlyStartTest, ADaemonStartedBeforeTheSchedulerRegistersWithinSecondsOfIt) {
