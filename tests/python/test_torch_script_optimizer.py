@@ -3,6 +3,7 @@ that only combine (optimizer { kind: SCRIPT }). SYNC equals one process on the u
 equals one process; ASYNC and SSP with two workers train; a worker whose values drift fails the job."""
 
 import math
+import time
 
 import pytest
 
@@ -293,8 +294,8 @@ def test_a_worker_rejoining_a_sync_job_takes_the_keepers_values_and_optimizer_st
 
 
 def test_a_sync_rollback_replays_the_checkpoints_step_and_ends_as_one_process(start_cluster, tmp_path):
-    """SYNC, 2 servers without backups, checkpoints every 10 clocks: at clock 35 a server is killed; the job goes
-    back to the last checkpoint. Each worker's block ends with the checkpoint's values, AdamW moments and rate of
+    """SYNC, 2 servers without backups, checkpoints every 10 clocks: at clock 35 (or once a checkpoint is complete)
+    a server is killed; the job goes back to the last checkpoint. Each worker's block ends with the checkpoint's values, AdamW moments and rate of
     the step before its clock and that step's mean gradient in .grad; the script's own clipping and optimizer step
     make that step again, its LambdaLR goes back to the checkpoint's clock, and the run ends equal to one process
     that was never interrupted (AdamW, warmup-cosine, clip_grad_norm_)."""
@@ -306,7 +307,8 @@ def test_a_sync_rollback_replays_the_checkpoints_step_and_ends_as_one_process(st
                             scheduler_flags=["--heartbeat_timeout_ms=1500"])
     x, y = data(STEPS)
     nets = [make_net() for _ in range(2)]
-    final, rolled_back = {}, {}
+    final, rolled_back, killed = {}, {}, []
+    complete = tmp_path / "checkpoints"  # a checkpoint's folder is complete once its scheduler.state is written
 
     def worker(rank):
         net = nets[rank]
@@ -322,12 +324,17 @@ def test_a_sync_rollback_replays_the_checkpoints_step_and_ends_as_one_process(st
             torch.nn.utils.clip_grad_norm_(net.parameters(), CLIP)
             opt.step()
             schedule.step()
-            if rank == 0 and model.clock == 35 and not rolled_back[0]:
-                cluster.processes[2].kill()  # server 1, without a backup: its chunks come back from the checkpoint
+            if rank == 0 and model.clock >= 35 and not killed:
+                if any(complete.glob("ckpt-*/scheduler.state")):
+                    cluster.processes[2].kill()  # server 1, without a backup: its chunks come from the checkpoint
+                    killed.append(model.clock)
+                else:
+                    time.sleep(0.05)  # the steps outran the checkpoints' cadence: give the scheduler time
         model.done()
         final[rank] = [p.detach().clone() for p in net.parameters()]
 
     run_workers(2, worker)
+    assert killed, "no checkpoint was complete before the last step"
     assert rolled_back == {0: True, 1: True}
     worst = largest_difference(final, local_run())
     print(f"largest difference from one uninterrupted process after a rollback: {worst:.3g}")
