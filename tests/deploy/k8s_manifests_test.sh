@@ -118,6 +118,10 @@ check_job() {
     ((SECONDS < deadline)) || fail "$name: tessera-scheduler did not listen within 20 s: $(tail -5 "$dir/log")"
     sleep 0.1
   done
+  # Its log line naming the cluster may come just after the address file: wait for it (a while) before the kill.
+  while ! grep -q ", $servers servers, $workers workers" "$dir/log" && ((SECONDS < deadline)); do
+    sleep 0.1
+  done
   kill -KILL "$SCHEDULER_PID"
   wait "$SCHEDULER_PID" 2>/dev/null || true
   SCHEDULER_PID=""
