@@ -457,7 +457,8 @@ class _OptimizerState:
                     break  # not overwritten while this worker read them
                 continue
             now = time.time()
-            if now - started > timeout_s or held > clock or client.job_stopped():
+            # Newer values than wanted are waited out too: after a rollback a server may still be restoring.
+            if now - started > timeout_s or client.job_stopped():
                 raise Error(f"UNAVAILABLE: the values and optimizer state of clock {clock} (or of clock {clock - 1} "
                             f"with that step's mean gradient, as a checkpoint holds them) are not on the servers "
                             f"(they hold those of clock {held}; -1: none): the keeper (rank 0, or while it is away "
