@@ -354,8 +354,10 @@ class _HostMirror:
             self.values_copied.synchronize()
 
 
-_STEP_STATE = frozenset({"_replay", "_saved_for", "_pending_rollback", "_current", "_scaling", "_previous", "_ready", "_outside", "_hooked", "_script_push", "_digests", "_gate", "_waited", "_sent", "_set", "_grads", "_steps",
-                         "_samples", "_reported", "_seen", "_fired", "_no_sync", "_resent"})
+_STEP_STATE = frozenset({
+    "_replay", "_saved_for", "_pending_rollback", "_current", "_scaling", "_previous", "_ready", "_outside",
+    "_hooked", "_script_push", "_digests", "_gate", "_waited", "_sent", "_set", "_grads", "_steps", "_samples",
+    "_reported", "_seen", "_fired", "_no_sync", "_resent"})
 
 
 _LOCAL_BLOCK = object()  # the open step of ASYNC or SSP with SCRIPT: nothing leaves until the optimizer steps
@@ -1340,8 +1342,8 @@ class DistributedModel(torch.nn.Module):
         rtol = {"BF16": 2.0 ** -7, "FP16": 2.0 ** -10}.get(self.job.spec.get("wire", {}).get("values"), 1e-5)
         if np.allclose(mine32, theirs[1:], rtol=rtol, atol=1e-6):
             return
-        why = (f"worker {self.rank}'s parameters differ from worker {self._keeper}'s at clock {clock} (digest {mine32.tolist()} "
-               f"against {theirs[1:].tolist()}): with optimizer {{ kind: SCRIPT }} in SYNC every worker's optimizer "
+        why = (f"worker {self.rank}'s parameters differ from worker {self._keeper}'s at clock {clock} (digest "
+               f"{mine32.tolist()} against {theirs[1:].tolist()}): with optimizer {{ kind: SCRIPT }} in SYNC every worker's optimizer "
                "must make the same step from the same mean gradient (the same optimizer, settings and schedule, "
                "and no change to the values outside it)")
         self._client.fail(why, program_error=True)
