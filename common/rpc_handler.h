@@ -2,7 +2,7 @@
 // endpoints answer the same way to what they cannot take: a call without the job token is UNAUTHENTICATED, and
 // bytes that are not the request message, or an enum value the proto does not define, are INVALID_ARGUMENT
 // naming the message type or field, before any handler runs. Every method of the scheduler and the servers'
-// AssignShards, Checkpoint, GetStats, DecideRounds and Shutdown go through ServeUnary; the servers' data-plane
+// AssignShards, Checkpoint, GetStats, DecideRounds, Replicate and Shutdown go through ServeUnary; the servers' data-plane
 // methods (Pull, Push, PushPull) parse their values without a copy, so they make the same token and parse checks
 // themselves (Security::Authenticate, ParseWithPayload; a push's kind is checked by ToChunkPush), in
 // server/server_service.cc.

@@ -17,6 +17,8 @@
 //   - chunks are placed, largest first, on the server holding the fewest bytes, and a lost server's chunks move
 //     the same way to the survivors: common/shard_map.h cuts and places them (this class calls it); a
 //     replacement's share is chosen here (ShareMoves), moved in two phases (BeginMoves, FinishMoves).
+// The members' half is implemented in cluster_view.cc, the placement's (chunks, moves, rollback) in
+// cluster_view_placement.cc.
 #ifndef TESSERA_SCHEDULER_CLUSTER_VIEW_H_
 #define TESSERA_SCHEDULER_CLUSTER_VIEW_H_
 

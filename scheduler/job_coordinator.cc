@@ -21,27 +21,6 @@ namespace tessera {
 namespace {
 // How long a server a worker could not reach has to answer the scheduler before it is declared lost.
 constexpr absl::Duration kServerProbeTimeout = absl::Seconds(1);
-
-// A server coming back to a restarted scheduler vouches for the view it brings with its member key: the view
-// must name the caller's own slot with the caller's incarnation and the digest of that key (an empty view,
-// nothing placed yet, names nobody and carries nothing to take). UNAUTHENTICATED otherwise, before anything of
-// the call is kept.
-absl::Status VouchForOwnView(const tessera::v1::RegisterRequest& request, const std::string& key) {
-  const tessera::v1::MemberReturn& rejoin = request.rejoin();
-  const int id = request.requested_id();
-  if (key.empty()) return absl::UnauthenticatedError("a member comes back with the member key it was given");
-  const tessera::v1::ShardMap& view = rejoin.view();
-  if (view.servers().empty() && view.workers().empty() && view.params().empty()) return absl::OkStatus();
-  for (const tessera::v1::ServerInfo& s : view.servers()) {
-    if (s.id() != id) continue;
-    if (s.incarnation() != rejoin.incarnation()) {
-      return absl::UnauthenticatedError(absl::StrCat("server ", id, " came back as incarnation ", rejoin.incarnation(),
-                                                     " with a view that holds incarnation ", s.incarnation()));
-    }
-    return CheckSecret(KeyDigest(key), s.key_digest(), absl::StrCat("server ", id, " coming back with its view"));
-  }
-  return absl::UnauthenticatedError(absl::StrCat("server ", id, " came back with a view that does not name it"));
-}
 }  // namespace
 
 using tessera::v1::ConsistencySpec;
@@ -68,8 +47,7 @@ absl::StatusOr<std::unique_ptr<JobCoordinator>> JobCoordinator::Create(
       std::move(job), std::move(recorder), heartbeat_interval, heartbeat_timeout, servers, std::move(on_finished)));
   if (interrupted_run) {
     coordinator->records_.TakeBackEvents(std::move(earlier_events));
-    absl::MutexLock lock(&coordinator->mu_);
-    coordinator->afresh_after_ = absl::Now() + heartbeat_timeout;
+    coordinator->take_back_.ExpectMembersUntil(absl::Now() + heartbeat_timeout);
   }
   if (resume) {
     const CheckpointInfo& info = *resume;
@@ -104,6 +82,9 @@ JobCoordinator::JobCoordinator(tessera::v1::JobSpec job, std::unique_ptr<RunReco
       recovery_({&job_, &rules_, &view_, &clocks_, servers, &checkpointer_, &records_, &executor_}, heartbeat_timeout,
                 [this](const std::string& why) { return TakeCheckpoint(why, /*keep_hold=*/true); },
                 [this](const std::string& reason) { FailJob(reason); }),
+      moves_({&job_, &rules_, &view_, &clocks_, servers, &checkpointer_, &records_, &executor_}),
+      take_back_({&job_, &view_, &clocks_, servers, &checkpointer_, &records_}, heartbeat_interval,
+                 [this](const std::string& why) { PublishView(why); }),
       pages_(job_, start_, view_, clocks_, balancer_, records_, checkpointer_) {
   // The parts that care hear of every membership change, in this order.
   view_.Subscribe([this](const MembershipEvent& e) {
@@ -114,6 +95,7 @@ JobCoordinator::JobCoordinator(tessera::v1::JobSpec job, std::unique_ptr<RunReco
   view_.Subscribe([this](const MembershipEvent& e) { clocks_.OnMembership(e); });
   view_.Subscribe([this](const MembershipEvent& e) { balancer_.OnMembership(e); });
   view_.Subscribe([this](const MembershipEvent& e) { recovery_.OnMembership(e); });
+  view_.Subscribe([this](const MembershipEvent& e) { moves_.OnMembership(e); });
   view_.Subscribe([this](const MembershipEvent& e) { OnMembership(e); });
 }
 
@@ -236,32 +218,9 @@ void JobCoordinator::Register(const tessera::v1::RegisterRequest& request,
       TakeBack(request, member_key, done);
       return;
     }
-    {
-      absl::MutexLock lock(&mu_);
-      if (!started_afresh_ && !taken_back_) {
-        // The members of a job this scheduler may take back come first: a process registering afresh meanwhile
-        // (one restarted at the same time) waits for the job it would join.
-        if (!returning_servers_.empty()) {
-          done(absl::UnavailableError("the restarted scheduler is taking its job back from the servers; retry"));
-          return;
-        }
-        const absl::Time wait_until = afresh_after_;
-        if (absl::Now() < wait_until) {
-          done(absl::UnavailableError(absl::StrCat(
-              "the scheduler restarted on an unfinished run and waits for its members to come back (up to ",
-              absl::FormatDuration(absl::Trunc(wait_until - absl::Now(), absl::Seconds(1))),
-              " more) before a job starts afresh; retry")));
-          return;
-        }
-        started_afresh_ = true;
-        if (afresh_after_ != absl::InfinitePast()) {
-          LOG(WARNING) << "no member of the unfinished run came back within the heartbeat timeout: the job starts "
-                          "afresh, and the run's earlier records move aside";
-          if (absl::Status moved = records_.StartAfresh(); !moved.ok()) {
-            LOG(WARNING) << "the earlier records stay beside the new ones: " << moved;
-          }
-        }
-      }
+    if (absl::Status afresh = take_back_.AdmitAfresh(); !afresh.ok()) {
+      done(afresh);
+      return;
     }
     if (request.role() == tessera::v1::WORKER && clocks_.stopped()) {
       done(absl::FailedPreconditionError(absl::StrCat("the job is stopping: ", clocks_.stop_reason())));
@@ -303,187 +262,20 @@ tessera::v1::RegisterResponse JobCoordinator::Registered(const Member& m) {
   return response;
 }
 
-const tessera::v1::ShardMap* JobCoordinator::ViewToTakeBack() const {
-  // The run most servers' views belong to (views without parameters belong to none); a tie goes to the run
-  // brought back first.
-  std::map<std::string, std::pair<int, uint64_t>> runs;  // run id -> (views, first arrival)
-  for (const auto& [sid, r] : returning_servers_) {
-    const tessera::v1::ShardMap& view = r.request.rejoin().view();
-    if (view.params().empty()) continue;
-    auto it = runs.try_emplace(view.run_id(), 0, r.arrival).first;
-    ++it->second.first;
-    it->second.second = std::min(it->second.second, r.arrival);
-  }
-  const std::string* run = nullptr;
-  std::pair<int, uint64_t> best{0, 0};
-  for (const auto& [id, count] : runs) {
-    if (run == nullptr || count.first > best.first || (count.first == best.first && count.second < best.second)) {
-      run = &id;
-      best = count;
-    }
-  }
-  const tessera::v1::ShardMap* newest = nullptr;
-  for (const auto& [sid, r] : returning_servers_) {
-    const tessera::v1::ShardMap& view = r.request.rejoin().view();
-    if (run != nullptr && (view.params().empty() || view.run_id() != *run)) continue;
-    if (newest == nullptr || view.epoch() > newest->epoch()) newest = &view;
-  }
-  return newest;
-}
-
 void JobCoordinator::TakeBack(const tessera::v1::RegisterRequest& request, const std::string& member_key,
                               std::function<void(absl::StatusOr<tessera::v1::RegisterResponse>)> done) {
-  const tessera::v1::MemberReturn& rejoin = request.rejoin();
-  const bool server = request.role() == tessera::v1::SERVER;
-  if (!server && request.role() != tessera::v1::WORKER) {
-    done(absl::InvalidArgumentError("a member comes back as a SERVER or a WORKER"));
-    return;
-  }
-  if (rejoin.job() != job_.name()) {
-    done(absl::FailedPreconditionError(absl::StrCat("this scheduler runs job '", job_.name(), "', not '",
-                                                    rejoin.job().substr(0, kMaxNameBytes), "'")));
-    return;
-  }
-  if (!request.has_requested_id() || request.requested_id() < 0 ||
-      request.requested_id() >= (server ? view_.num_servers() : view_.num_workers())) {
-    done(absl::InvalidArgumentError("a member comes back to the slot it held (requested_id within the job)"));
-    return;
-  }
-  const int id = request.requested_id();
-  absl::StatusOr<Member> member = absl::UnknownError("not taken back");
-  std::optional<tessera::v1::ShardMap> adopt;
-  {
-    absl::MutexLock lock(&mu_);
-    if (started_afresh_) {
-      done(absl::FailedPreconditionError(
-          "this scheduler started its job afresh (a member registered before any came back): register anew"));
-      return;
-    }
-    if (!taken_back_) {
-      if (!server) {
-        done(absl::UnavailableError("the restarted scheduler takes its job back from the servers first; retry"));
-        return;
-      }
-      // A view from the wire: checked, and vouched for by the caller's key, before anything is taken from it.
-      if (absl::Status valid = ValidateShardMap(rejoin.view(), job_); !valid.ok()) {
-        done(Annotate(valid, "the view a server came back with"));
-        return;
-      }
-      if (absl::Status vouched = VouchForOwnView(request, member_key); !vouched.ok()) {
-        done(vouched);
-        return;
-      }
-      if (auto claimed = returning_servers_.find(id);
-          claimed != returning_servers_.end() && claimed->second.key != member_key) {
-        done(absl::FailedPreconditionError(absl::StrCat(
-            "server ", id, " came back already, with another key: a slot is taken back by one process")));
-        return;
-      }
-      const absl::Time now = absl::Now();
-      if (returning_servers_.empty()) gathering_since_ = now;
-      returning_servers_[id] = Returning{request, member_key, next_return_++};
-      // The newest view of the run most servers came back with is the job's; every server it names should be
-      // back before it is taken.
-      const tessera::v1::ShardMap* newest = ViewToTakeBack();
-      std::vector<int> missing;
-      if (newest->params_size() > 0) {
-        for (const auto& s : newest->servers()) {
-          if (!returning_servers_.count(s.id())) missing.push_back(s.id());
-        }
-      } else {
-        for (int s = 0; s < view_.num_servers(); ++s) {
-          if (!returning_servers_.count(s)) missing.push_back(s);
-        }
-      }
-      const absl::Duration window = 3 * heartbeat_interval_;
-      if (!missing.empty() && now - gathering_since_ < window) {
-        done(absl::UnavailableError(absl::StrCat("the restarted scheduler waits for server(s) ",
-                                                 absl::StrJoin(missing, ", "), " to come back (up to ",
-                                                 absl::FormatDuration(window), ") before taking the job back; retry")));
-        return;
-      }
-      adopt = *newest;
-      taken_back_ = true;
-    }
-  }
-  if (adopt) {
-    member = AdoptGathered(*adopt, id);
-  } else {
-    const bool was_awaited = (server ? view_.Servers() : view_.Workers())[id].awaited;
-    member = view_.Return(request, member_key, absl::Now());
-    if (member.ok()) {
-      Returned(*member, rejoin.clock());
-      // A server back after the job was taken back, or a worker that took its slot anew, changes what the
-      // servers hold: a new epoch (past any a late server brings).
-      if (server || !was_awaited) {
-        view_.AdvanceEpochPast(server ? rejoin.view().epoch() : 0);
-        PublishView(absl::StrCat(member->Describe(), " came back to the restarted scheduler"));
-      }
-    }
-  }
+  absl::StatusOr<Member> member = take_back_.Take(request, member_key);
   if (!member.ok()) {
-    LOG(WARNING) << (server ? "server " : "worker ") << id << " could not come back: " << member.status();
     done(member.status());
     return;
   }
+  const bool server = member->role == tessera::v1::SERVER;
   LOG(INFO) << member->Describe() << " came back (incarnation " << member->incarnation << ")"
-            << (server ? "" : absl::StrCat(" at clock ", rejoin.clock()));
+            << (server ? "" : absl::StrCat(" at clock ", request.rejoin().clock()));
   tessera::v1::RegisterResponse response = Registered(*member);
-  if (!server) response.set_start_clock(rejoin.clock());
+  if (!server) response.set_start_clock(request.rejoin().clock());
   done(std::move(response));
   view_.Answered(member->role, member->id, member->incarnation, absl::Now());
-}
-
-absl::StatusOr<Member> JobCoordinator::AdoptGathered(const tessera::v1::ShardMap& view, int caller) {
-  const absl::Time now = absl::Now();
-  view_.Adopt(view, now);
-  // Workers hold the gate at the clocks they joined at until they come back with theirs; lost ones leave it.
-  for (const Member& w : view_.Workers()) {
-    if (w.state == MemberState::kAlive) clocks_.Rejoin(w.id, w.joined_clock);
-    if (w.state == MemberState::kLost) clocks_.Done(w.id);
-  }
-  std::map<int, Returning> gathered;
-  {
-    absl::MutexLock lock(&mu_);
-    gathered.swap(returning_servers_);
-  }
-  absl::StatusOr<Member> own = absl::InternalError("not among the servers gathered");
-  for (const auto& [id, r] : gathered) {
-    absl::StatusOr<Member> back = view_.Return(r.request, r.key, now);
-    if (back.ok()) Returned(*back, 0);
-    if (id == caller) own = back;
-    else if (!back.ok()) LOG(WARNING) << "server " << id << " could not come back: " << back.status();
-  }
-  // The newest checkpoint of this run (not of an earlier run of the job in the same folder), for a server lost
-  // later without backups.
-  if (checkpointer_.enabled()) {
-    absl::StatusOr<CheckpointInfo> latest = Checkpointer::LoadLatest(checkpointer_.dir(), job_.name());
-    if (latest.ok() && latest->state.view().run_id() == view.run_id() &&
-        Checkpointer::CheckResumable(job_, *latest).ok()) {
-      LOG(INFO) << "the run's latest checkpoint: " << latest->folder << " at clock " << latest->state.clock();
-      checkpointer_.set_latest(*latest);
-    } else {
-      LOG(INFO) << "no checkpoint of this run in " << checkpointer_.dir()
-                << (latest.ok() ? absl::StrCat(" (", latest->folder, " is another run's)") : "");
-    }
-  }
-  view_.AdvanceEpochPast(view.epoch());
-  records_.AddEvent({{"event", "scheduler restarted, job taken back"},
-                     {"epoch_taken", view.epoch()},
-                     {"servers_back", gathered.size()},
-                     {"placed", view.params_size() > 0}});
-  LOG(INFO) << "took the job back from " << gathered.size() << " server(s): cluster view epoch " << view.epoch()
-            << (view.params_size() > 0 ? "" : " (nothing placed yet)");
-  PublishView("the restarted scheduler took the job back");
-  return own;
-}
-
-void JobCoordinator::Returned(const Member& member, int64_t clock) {
-  if (member.role == tessera::v1::SERVER) {
-    servers_->SetControlKey(member.address, member.control_key);
-  } else {
-    clocks_.Rejoin(member.id, clock);
-  }
 }
 
 absl::StatusOr<tessera::v1::HeartbeatResponse> JobCoordinator::Heartbeat(
@@ -547,11 +339,6 @@ void JobCoordinator::Declare(const tessera::v1::DeclareRequest& request,
   });
 }
 
-bool JobCoordinator::TakingBack() const {
-  absl::MutexLock lock(&mu_);
-  return !started_afresh_ && !taken_back_;
-}
-
 bool JobCoordinator::Resuming() const {
   absl::MutexLock lock(&mu_);
   return resume_.has_value();
@@ -559,7 +346,7 @@ bool JobCoordinator::Resuming() const {
 
 absl::StatusOr<tessera::v1::ShardMap> JobCoordinator::GetShardMap() const {
   std::optional<tessera::v1::ShardMap> map = view_.Map();
-  if (!map && TakingBack()) {
+  if (!map && take_back_.Pending()) {
     // A worker of the job asks before a restarted scheduler has the view back: it waits, as for its other calls.
     return absl::UnavailableError("no job yet: the scheduler waits for its members to register or come back; retry");
   }
@@ -600,47 +387,50 @@ void JobCoordinator::AdvanceClock(const tessera::v1::AdvanceClockRequest& reques
   records_.NoteClock(request.clock());
   const absl::Duration wait = BoundedWait(request.wait_timeout_ms(), absl::Minutes(5));
   const int64_t clock = request.clock();
-  clocks_.Advance(worker, clock, absl::Now() + wait,
-                  [this, worker, clock, done = std::move(done)](absl::StatusOr<GateResult> gate) {
-                    if (!gate.ok()) {
-                      done(gate.status());
-                      return;
-                    }
-                    tessera::v1::AdvanceClockResponse response;
-                    response.set_min_clock(gate->min_clock);
-                    response.set_stop(gate->stop);
-                    response.set_stop_reason(gate->stop_reason);
-                    if (gate->rolled_back_to) {
-                      response.set_rolled_back(true);
-                      response.set_rollback_clock(*gate->rolled_back_to);
-                      response.set_rollback_generation(gate->rollback_generation);
-                    }
-                    if (gate->late_next_clock) {
-                      response.set_late(true);
-                      response.set_next_clock(*gate->late_next_clock);
-                    }
-                    const int64_t next = gate->rolled_back_to   ? *gate->rolled_back_to
-                                         : gate->late_next_clock ? *gate->late_next_clock
-                                                                 : clock;
-                    const bool sync = job_.consistency().mode() == tessera::v1::ConsistencySpec::SYNC;
-                    std::set<int64_t> joining;
-                    int keeper = -1;
-                    for (const Member& m : view_.Workers()) {
-                      if (m.state != MemberState::kAlive) continue;
-                      if (sync && m.joined_clock > 0) joining.insert(m.joined_clock);
-                      // SYNC: one that holds the values of `next` before it starts that step (a joiner takes them first).
-                      if ((!sync || m.joined_clock < next) && (keeper < 0 || m.id < keeper)) keeper = m.id;
-                    }
-                    response.mutable_joining_clocks()->Add(joining.begin(), joining.end());
-                    response.set_values_keeper(std::max(keeper, 0));
-                    if (balancer_.enabled() && !gate->stop) {
-                      const BatchSlice slice = balancer_.SliceOf(worker, next);
-                      response.set_batch_offset(slice.offset);
-                      response.set_batch_count(slice.count);
-                    }
-                    done(std::move(response));
-                  },
-                  std::move(cancelled));
+  clocks_.Advance(
+      worker, clock, absl::Now() + wait,
+      [this, worker, clock, done = std::move(done)](absl::StatusOr<GateResult> gate) {
+        if (!gate.ok()) {
+          done(gate.status());
+          return;
+        }
+        done(GateAnswer(worker, clock, *gate));
+      },
+      std::move(cancelled));
+}
+
+tessera::v1::AdvanceClockResponse JobCoordinator::GateAnswer(int worker, int64_t clock, const GateResult& gate) {
+  tessera::v1::AdvanceClockResponse response;
+  response.set_min_clock(gate.min_clock);
+  response.set_stop(gate.stop);
+  response.set_stop_reason(gate.stop_reason);
+  if (gate.rolled_back_to) {
+    response.set_rolled_back(true);
+    response.set_rollback_clock(*gate.rolled_back_to);
+    response.set_rollback_generation(gate.rollback_generation);
+  }
+  if (gate.late_next_clock) {
+    response.set_late(true);
+    response.set_next_clock(*gate.late_next_clock);
+  }
+  const int64_t next = gate.rolled_back_to ? *gate.rolled_back_to : gate.late_next_clock ? *gate.late_next_clock : clock;
+  const bool sync = job_.consistency().mode() == tessera::v1::ConsistencySpec::SYNC;
+  std::set<int64_t> joining;
+  int keeper = -1;
+  for (const Member& m : view_.Workers()) {
+    if (m.state != MemberState::kAlive) continue;
+    if (sync && m.joined_clock > 0) joining.insert(m.joined_clock);
+    // SYNC: one that holds the values of `next` before it starts that step (a joiner takes them first).
+    if ((!sync || m.joined_clock < next) && (keeper < 0 || m.id < keeper)) keeper = m.id;
+  }
+  response.mutable_joining_clocks()->Add(joining.begin(), joining.end());
+  response.set_values_keeper(std::max(keeper, 0));
+  if (balancer_.enabled() && !gate.stop) {
+    const BatchSlice slice = balancer_.SliceOf(worker, next);
+    response.set_batch_offset(slice.offset);
+    response.set_batch_count(slice.count);
+  }
+  return response;
 }
 
 void JobCoordinator::OnRoundDecided(const RoundMembers& round) {
@@ -709,50 +499,6 @@ tessera::v1::ReportResponse JobCoordinator::StopResponse() const {
   return response;
 }
 
-absl::Status JobCoordinator::Done(const tessera::v1::DoneRequest& request) {
-  if (request.worker_id() < 0 || request.worker_id() >= job_.cluster().num_workers()) {
-    return absl::InvalidArgumentError(absl::StrCat("done from unknown worker ", request.worker_id()));
-  }
-  TESSERA_RETURN_IF_ERROR(CheckLength("done: failure", request.failure(), kMaxErrorBytes));
-  const std::string not_in_job =
-      absl::StrCat("done from worker ", request.worker_id(), ", which is not in the job (lost, or done before)");
-  // Leaving is a membership change: its subscribers (OnMembership among them) take it from here.
-  if (!request.failure().empty() && !clocks_.stopped()) {
-    if (request.program_error() && job_.cluster().worker_errors() == tessera::v1::ClusterSpec::FAIL_JOB) {
-      // A bug in the training program: the job fails now (cluster.worker_errors), before the worker leaves, so
-      // that its leaving finds the job stopped and ends it.
-      if (view_.Workers()[request.worker_id()].state != MemberState::kAlive) {
-        return absl::FailedPreconditionError(not_in_job);
-      }
-      FailJob(absl::StrCat("worker ", request.worker_id(), " failed at clock ", request.clock(), ": ",
-                           request.failure(), " (an error of its training program: cluster.worker_errors is FAIL_JOB)"));
-    }
-    if (!view_.Leave(request.worker_id(), MemberState::kLost, request.failure())) {
-      return absl::FailedPreconditionError(not_in_job);
-    }
-    return absl::OkStatus();
-  }
-  if (!request.failure().empty()) {
-    // The job had stopped (complete, failed or asked to): a worker whose last calls failed then (to a server that
-    // is gone or frozen) stopped because the job did. It is done, not lost; its error goes into the events, before
-    // it leaves (its leaving may end the job and write the summary).
-    if (view_.Workers()[request.worker_id()].state != MemberState::kAlive) {
-      return absl::FailedPreconditionError(not_in_job);
-    }
-    LOG(INFO) << "worker " << request.worker_id() << " stopped with the job at clock " << request.clock() << ": "
-              << request.failure();
-    records_.AddEvent({{"event", "worker stopped with the job"},
-                       {"worker", request.worker_id()},
-                       {"clock", request.clock()},
-                       {"error", request.failure()}});
-    if (!view_.Leave(request.worker_id(), MemberState::kDone)) return absl::FailedPreconditionError(not_in_job);
-    return absl::OkStatus();
-  }
-  if (!view_.Leave(request.worker_id(), MemberState::kDone)) return absl::FailedPreconditionError(not_in_job);
-  LOG(INFO) << "worker " << request.worker_id() << " done at clock " << request.clock();
-  return absl::OkStatus();
-}
-
 absl::Status JobCoordinator::ReportServer(const tessera::v1::ReportServerRequest& request) {
   if (request.server_id() < 0 || request.server_id() >= job_.cluster().num_servers()) {
     return absl::InvalidArgumentError(absl::StrCat("report of server ", request.server_id(), "; the job has ",
@@ -803,7 +549,7 @@ absl::StatusOr<std::string> JobCoordinator::Drain(int server) {
   auto done = std::make_shared<absl::Notification>();
   auto result = std::make_shared<absl::StatusOr<std::string>>(absl::UnknownError("not run"));
   executor_.Submit([this, server, done, result] {
-    *result = recovery_.Drain(server);
+    *result = moves_.Drain(server);
     done->Notify();
   });
   done->WaitForNotification();
@@ -835,195 +581,6 @@ void JobCoordinator::OnMembership(const MembershipEvent& event) {
   }
 }
 
-void JobCoordinator::WorkerLost(const Member& m, const std::string& failure) {
-  const int64_t clock = clocks_.Clocks()[m.id];
-  LOG(WARNING) << (failure.empty() ? absl::StrCat(m.Describe(), " lost: no heartbeat for ",
-                                                  absl::FormatDuration(failure_detector_.timeout()), " at clock ",
-                                                  clock)
-                                   : absl::StrCat(m.Describe(), " failed at clock ", clock, ": ", failure))
-               << (clocks_.stopped() ? "" : "; the others go on without it (it may rejoin)");
-  {
-    absl::MutexLock lock(&mu_);
-    lost_workers_.push_back(m.id);
-    if (failure.empty()) {
-      worker_failures_.erase(m.id);
-    } else {
-      worker_failures_[m.id] = failure;
-      last_failure_report_ = absl::Now();
-    }
-  }
-  executor_.Submit([this, why = absl::StrCat("worker ", m.id, " left")] { PublishView(why); });
-  MaybeFinish();
-}
-
-void JobCoordinator::FailJob(const std::string& reason) {
-  if (Completed()) {
-    // The workers may still be finishing (a last evaluation): the job's end is theirs, and its verdict stands.
-    LOG(WARNING) << reason << " (after the job completed: not a failure)";
-    records_.AddEvent({{"event", "loss after the job completed"}, {"error", reason}});
-    return;
-  }
-  LOG(ERROR) << reason;
-  {
-    absl::MutexLock lock(&mu_);
-    if (failure_.empty()) failure_ = reason;
-  }
-  StopClocks(reason);
-}
-
-void JobCoordinator::StopClocks(const std::string& why) {
-  clocks_.Stop(why);
-  servers_->EndViewChanges();  // a stopped job hands no view over: none may hold its end back
-}
-
-void JobCoordinator::StopCompleted(const std::string& why) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (failure_.empty()) completed_ = true;
-  }
-  StopClocks(why);
-}
-
-bool JobCoordinator::Completed() {
-  {
-    absl::MutexLock lock(&mu_);
-    if (completed_ || !failure_.empty()) return completed_;
-  }
-  // Read before mu_ is taken again (the view and the clock table have locks of their own).
-  const int64_t last_step = job_.stop().max_steps();
-  const std::vector<int64_t> clocks = clocks_.Clocks();
-  bool ran_its_course = false, still_training = false;
-  for (const Member& w : view_.Workers()) {
-    const bool at_end = w.state == MemberState::kDone ||
-                        (w.state == MemberState::kAlive && last_step > 0 && clocks[w.id] >= last_step);
-    ran_its_course |= at_end;
-    still_training |= !at_end && w.state != MemberState::kLost;
-  }
-  absl::MutexLock lock(&mu_);
-  if (failure_.empty() && ran_its_course && !still_training) completed_ = true;
-  return completed_;
-}
-
-void JobCoordinator::Abort(const std::string& reason) {
-  const bool completed = Completed();
-  {
-    absl::MutexLock lock(&mu_);
-    if (failure_.empty() && !finishing_ && !completed) failure_ = reason;
-  }
-  StopClocks(reason);
-}
-
-void JobCoordinator::EndAStopNobodyFinishes() {
-  if (!clocks_.stopped()) return;
-  const absl::Time now = absl::Now();
-  absl::Time stopped_at;
-  {
-    absl::MutexLock lock(&mu_);
-    // A failed job, or one that completed (the target reached, stop.max_seconds); a stop asked for (a signal)
-    // lets the workers finish their step for as long as the scheduler's --stop_grace_ms says.
-    if (finishing_ || (failure_.empty() && !completed_)) return;
-    if (stopped_seen_at_ == absl::InfiniteFuture()) stopped_seen_at_ = now;
-    // Workers hear of the stop from their next heartbeat or gate and finish their step (after a completed one,
-    // their last evaluation too); one that has not within a heartbeat timeout (twice that for a completed job)
-    // is stuck, waiting on a server that is gone, and the job ends without it, its verdict unchanged.
-    stopped_at = stopped_seen_at_;
-    if (now - stopped_at < (failure_.empty() ? 2 : 1) * failure_detector_.timeout()) return;
-    finishing_ = true;
-  }
-  std::vector<std::string> running;
-  for (const Member& w : view_.Workers()) {
-    if (w.state == MemberState::kAlive) running.push_back(absl::StrCat("worker ", w.id));
-  }
-  LOG(WARNING) << "the job stopped (" << clocks_.stop_reason() << ") " << absl::FormatDuration(now - stopped_at)
-               << " ago and " << absl::StrJoin(running, ", ") << " did not finish: ending it without them";
-  executor_.Submit([this] { FinishJob(); });
-}
-
-void JobCoordinator::FinishNow() {
-  {
-    absl::MutexLock lock(&mu_);
-    if (!finishing_) {
-      finishing_ = true;
-      // On the executor, like every end of the job: never beside a recovery or a view change it runs.
-      executor_.Submit([this] { FinishJob(); });
-    }
-  }
-  absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(&finished_));
-}
-
-void JobCoordinator::MaybeFinish() {
-  bool any_alive = false, any_vacant = false, any_done = false;
-  for (const Member& w : view_.Workers()) {
-    any_alive |= w.state == MemberState::kAlive;
-    any_vacant |= w.state == MemberState::kVacant;
-    any_done |= w.state == MemberState::kDone;
-  }
-  // A job that completed (its target reached, say) stays so when its workers are lost after that.
-  const bool completed = Completed();
-  absl::MutexLock lock(&mu_);
-  // Ranks nobody holds yet hold the end back until the job is stopped (stop.max_seconds included).
-  const bool stopped = clocks_.stopped();
-  if (any_alive || (any_vacant && !stopped) || finishing_) return;
-  if (!any_done && failure_.empty() && !completed && !any_vacant) {
-    // A worker that stopped on an error may be started again (a launcher's restart, a pod's): the job waits for
-    // it as long as for one that fell silent. The ticker asks again.
-    if (absl::Now() < last_failure_report_ + failure_detector_.timeout()) return;
-    std::vector<std::string> lost;
-    const std::vector<int64_t> clocks = clocks_.Clocks();
-    for (const Member& w : view_.Workers()) {
-      lost.push_back(absl::StrCat("worker ", w.id, " at clock ", clocks[w.id]));
-      if (auto failed = worker_failures_.find(w.id); failed != worker_failures_.end()) {
-        absl::StrAppend(&lost.back(), ", which failed: ", failed->second);
-      }
-    }
-    // Errors may hold commas: the workers are parted by semicolons when any failed.
-    failure_ = absl::StrCat("every worker was lost (", absl::StrJoin(lost, worker_failures_.empty() ? ", " : "; "), ")");
-  }
-  finishing_ = true;
-  executor_.Submit([this] { FinishJob(); });
-}
-
-void JobCoordinator::FinishJob() {
-  std::optional<tessera::v1::ShardMap> map = view_.Map();
-  if (map) records_.UpdateServerStats(servers_->Stats(*map));
-  JobOutcome outcome;
-  std::vector<int> lost;
-  {
-    absl::MutexLock lock(&mu_);
-    lost = lost_workers_;
-    outcome.completed = failure_.empty();
-    outcome.stop_reason = failure_;
-  }
-  if (outcome.stop_reason.empty()) {
-    outcome.stop_reason = clocks_.stop_reason();
-    if (outcome.stop_reason.empty()) {
-      outcome.stop_reason = "every worker reached its last step (stop.max_steps / stop.epochs)";
-    }
-  }
-  // Steps: the clocks of the workers that stayed in the job (or of all, when every one was lost).
-  const std::vector<int64_t> clocks = clocks_.Clocks();
-  std::vector<int64_t> stayed;
-  for (const Member& w : view_.Workers()) {
-    if (w.state != MemberState::kLost) stayed.push_back(clocks[w.id]);
-  }
-  nlohmann::json summary = records_.SaveSummary(outcome, clocks, stayed.empty() ? clocks : stayed, lost,
-                                                {{"balance", balancer_.ToJson()},
-                                                 {"rounds", pages_.RoundsJson()},
-                                                 {"checkpoints", pages_.CheckpointsJson()}});
-  {
-    absl::MutexLock lock(&mu_);
-    summary_ = summary;
-    finished_ = true;
-  }
-  // The printed line is what a launcher or a log reader takes for the job's end: /status agrees from here on.
-  records_.PrintSummary(summary);
-  if (map) {
-    if (absl::Status s = servers_->Shutdown(*map); !s.ok()) LOG(WARNING) << s;
-  }
-  on_finished_(outcome);
-}
-
 nlohmann::json JobCoordinator::StatusJson() const {
   nlohmann::json summary;
   bool finished;
@@ -1036,15 +593,5 @@ nlohmann::json JobCoordinator::StatusJson() const {
 }
 
 std::string JobCoordinator::MetricsText() const { return pages_.MetricsText(finished()); }
-
-nlohmann::json JobCoordinator::summary() const {
-  absl::MutexLock lock(&mu_);
-  return summary_;
-}
-
-bool JobCoordinator::finished() const {
-  absl::MutexLock lock(&mu_);
-  return finished_;
-}
 
 }  // namespace tessera

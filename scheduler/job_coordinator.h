@@ -5,7 +5,11 @@
 //   BatchBalancer    (batch_balancer.h)    SYNC: each worker's slice of a round's global batch
 //   ProgressRecords  (progress_records.h)  reports, evaluations, server statistics, summary.json
 //   Checkpointer     (checkpointer.h)      checkpoints: cadence, taking one, pruning, the latest to restore
-//   ServerRecovery   (server_recovery.h)   a lost server's chunks restored elsewhere; a replacement's share
+//   ServerRecovery   (server_recovery.h)   a lost server's chunks taken over by backups or restored elsewhere
+//   ServerMoves      (server_moves.h)      two-phase moves: a replacement's share, a drained server's chunks
+//   JobTakeBack      (job_take_back.h)     a restarted scheduler taking its running job back from the members
+// The coordinator's own code is in two files: job_coordinator.cc (members, clocks, placement, checkpoints) and
+// job_coordinator_end.cc (workers done or lost, the job failing or stopping, its verdict and summary).
 //   StatusPages      (status_pages.h)      /status and /metrics, read from the parts above
 // and hands every new view to the servers. A change of members reaches the parts that care as an event the view
 // publishes (membership_events.h). The gRPC service (scheduler_service.h) only converts to and from it.
@@ -43,9 +47,11 @@
 #include "scheduler/clock_table.h"
 #include "scheduler/cluster_view.h"
 #include "scheduler/failure_detector.h"
+#include "scheduler/job_take_back.h"
 #include "scheduler/mode_rules.h"
 #include "scheduler/progress_records.h"
 #include "scheduler/server_control.h"
+#include "scheduler/server_moves.h"
 #include "scheduler/server_recovery.h"
 #include "scheduler/status_pages.h"
 
@@ -77,17 +83,9 @@ class JobCoordinator {
   // running job is in the view the servers hold before `done` runs.
   //
   // A restarted scheduler takes its running job back from the members (`request.rejoin()`, `member_key` the
-  // key the call carries). The servers come back first: each brings the view it holds, which counts only once
-  // the caller's key matches the digest that view holds for the caller's own slot and incarnation
-  // (UNAUTHENTICATED before anything is kept otherwise; a second process for a slot already claimed with another
-  // key gets FAILED_PRECONDITION). Once every server of the newest view of the run most servers' views belong to
-  // is back (or 3 heartbeat intervals after the first), that view is the job's (ClusterView::Adopt; servers whose
-  // keys it does not hold are refused), the latest checkpoint is loaded for later recoveries, and the view goes to the servers under a new
-  // epoch. Workers come back with their clocks, which the gate takes. Nothing is restored or rolled back; a
-  // member that does not come back is lost after the heartbeat timeout, as a silent one is. Until the job is
-  // taken back, returning workers and new registrations are answered UNAVAILABLE (they retry). A member coming
-  // back to a scheduler that started its job afresh, or runs another job, gets FAILED_PRECONDITION; one with
-  // neither role, INVALID_ARGUMENT. See ClusterView::Return for the slot rules and the bounds on incarnations.
+  // key the call carries): see JobTakeBack (job_take_back.h). Until the job is taken back, returning workers and
+  // new registrations are answered UNAVAILABLE (they retry). A member coming back to a scheduler that started its
+  // job afresh, or runs another job, gets FAILED_PRECONDITION; one with neither role, INVALID_ARGUMENT.
   void Register(const tessera::v1::RegisterRequest& request,
                 std::function<void(absl::StatusOr<tessera::v1::RegisterResponse>)> done,
                 const std::string& member_key = "");
@@ -151,22 +149,14 @@ class JobCoordinator {
   // Register with a rejoin, on the executor.
   void TakeBack(const tessera::v1::RegisterRequest& request, const std::string& member_key,
                 std::function<void(absl::StatusOr<tessera::v1::RegisterResponse>)> done);
-  // Takes `view` as the job's and lets the servers gathered so far in; returns `caller`'s slot when it is one of
-  // them (its own error otherwise).
-  absl::StatusOr<Member> AdoptGathered(const tessera::v1::ShardMap& view, int caller);
-  // A member taken back: the gate takes a worker's clock, the coordinator a server's control key.
-  void Returned(const Member& member, int64_t clock);
   // A resumed job whose servers have not been restored yet.
   bool Resuming() const;
-  // Neither taken back nor started afresh yet: nobody registered, and a restarted scheduler's members may still
-  // come back.
-  bool TakingBack() const;
-  // Taking back: the newest view among those of the run most returning servers' views belong to (a tie: the
-  // run brought back first); nullptr before any server came back.
-  const tessera::v1::ShardMap* ViewToTakeBack() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Where a worker taking slot `member` starts: 0 for a new rank (a resumed job's: the checkpoint's clock); for a
   // rank coming back, as the mode's rules say (ModeRules::ReturningStart).
   int64_t StartClock(const Member& member) const;
+  // The clock gate's answer to `worker` advancing to `clock`: the gate's result, the clocks joiners start at,
+  // the values keeper and the worker's slice of the next round's batch.
+  tessera::v1::AdvanceClockResponse GateAnswer(int worker, int64_t clock, const GateResult& gate);
   // SYNC with backup workers: the clock table decided a round; its members go to the servers.
   void OnRoundDecided(const RoundMembers& round);
   // Subscribed to the view (after the records, the clock table and the server recovery): a worker that joins
@@ -216,6 +206,8 @@ class JobCoordinator {
   FailureDetector failure_detector_;
   Checkpointer checkpointer_;
   ServerRecovery recovery_;
+  ServerMoves moves_;
+  JobTakeBack take_back_;
   StatusPages pages_;  // reads the parts above
   // Checks the checkpoint cadence, stop.max_seconds and a job end held back for a failed worker's return.
   std::unique_ptr<Heartbeater> ticker_;
@@ -237,22 +229,6 @@ class JobCoordinator {
   nlohmann::json summary_ ABSL_GUARDED_BY(mu_);
   bool rounds_queued_ ABSL_GUARDED_BY(mu_) = false;  // a DecideRounds send is waiting in round_sender_
   std::set<int> probing_ ABSL_GUARDED_BY(mu_);        // servers a worker reported, being probed
-  // How this scheduler's job began: afresh (a member registered with no rejoin) or taken back from the members
-  // of a scheduler before it (Register); neither until the first registration.
-  bool started_afresh_ ABSL_GUARDED_BY(mu_) = false;
-  bool taken_back_ ABSL_GUARDED_BY(mu_) = false;
-  // An unfinished run's scheduler: nobody registers afresh before this time (its members come back first).
-  absl::Time afresh_after_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  // Taking back: the servers come back so far (their rejoins and keys), and when the first did.
-  struct Returning {
-    tessera::v1::RegisterRequest request;  // its view vouched for by its key (VouchForOwnView)
-    std::string key;
-    uint64_t arrival = 0;  // the order servers came back in
-  };
-  uint64_t next_return_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<int, Returning> returning_servers_ ABSL_GUARDED_BY(mu_);
-  absl::Time gathering_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
-
   // Probes servers workers could not reach (ReportServer).
   SerialExecutor prober_;
 

@@ -12,6 +12,23 @@
 
 namespace tessera {
 
+namespace {
+// Writes the scheduler's address to `path` (through a temporary file renamed into place: a reader never sees half
+// of it).
+absl::Status WriteAddressFile(const std::string& path, const std::string& address) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << address << "\n";
+    if (!out) return absl::PermissionDeniedError(absl::StrCat("cannot write ", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat("cannot write ", path));
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Start(const SchedulerOptions& options) {
   TESSERA_RETURN_IF_ERROR(ValidateSchedulerOptions(options));
   std::unique_ptr<Scheduler> scheduler(new Scheduler(options));
@@ -32,54 +49,49 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Start(const SchedulerOptio
                                                                   {scheduler->service_.get()}, *options.security));
   scheduler->grpc_ = std::move(started);
   scheduler->address_ = JoinHostPort(options.listen_host, scheduler->grpc_.port);
-  if (!options.address_file.empty()) {
-    const std::string tmp = options.address_file + ".tmp";
-    {
-      std::ofstream out(tmp);
-      out << scheduler->address_ << "\n";
-      if (!out) return absl::PermissionDeniedError(absl::StrCat("cannot write ", tmp));
-    }
-    if (std::rename(tmp.c_str(), options.address_file.c_str()) != 0) {
-      return absl::PermissionDeniedError(absl::StrCat("cannot write ", options.address_file));
-    }
-  }
-  if (options.http_port >= 0) {
-    const JobCoordinator* coordinator = scheduler->coordinator_.get();
-    TESSERA_ASSIGN_OR_RETURN(
-        scheduler->http_,
-        HttpEndpoint::Start(options.listen_host, options.http_port, *options.security,
-                            {{"/", {"text/html; charset=utf-8", [] { return std::string(kDashboardPage); }}},
-                             {"/metrics", {"text/plain; version=0.0.4", [coordinator] { return coordinator->MetricsText(); }}},
-                             {"/status", {"application/json", [coordinator] { return coordinator->StatusJson().dump(2); }}},
-                             {"/drain", {"text/plain", nullptr, /*post=*/true,
-                                         [self](const std::map<std::string, std::string>& query)
-                                             -> absl::StatusOr<std::string> {
-                                           auto it = query.find("server");
-                                           int server = -1;
-                                           if (it == query.end() || !absl::SimpleAtoi(it->second, &server)) {
-                                             return absl::InvalidArgumentError(
-                                                 "POST /drain?server=N: name the server id to drain");
-                                           }
-                                           return self->coordinator_->Drain(server);
-                                         }}},
-                             {"/checkpoint", {"text/plain", nullptr, /*post=*/true,
-                                              [self](const std::map<std::string, std::string>&)
-                                                  -> absl::StatusOr<std::string> {
-                                absl::StatusOr<CheckpointInfo> taken = self->coordinator_->Checkpoint("asked over HTTP");
-                                if (!taken.ok()) return Annotate(taken.status(), "no checkpoint");
-                                return absl::StrCat("checkpoint ", taken->number, " at clock ", taken->state.clock(),
-                                                    " in ", taken->folder, "\n");
-                              }}}}));
-    scheduler->dashboard_url_ = absl::StrCat(options.security->tls() ? "https" : "http", "://",
-                                             JoinHostPort(options.listen_host, scheduler->http_->port()), "/");
-    LOG(INFO) << "dashboard at " << scheduler->dashboard_url_ << " (JSON at /status; POST /checkpoint takes a checkpoint; POST /drain?server=N moves server N's chunks away and lets it exit)";
-  }
+  if (!options.address_file.empty()) TESSERA_RETURN_IF_ERROR(WriteAddressFile(options.address_file, scheduler->address_));
+  if (options.http_port >= 0) TESSERA_RETURN_IF_ERROR(scheduler->StartHttp());
   scheduler->coordinator_->StartFailureDetection();
   const auto& job = options.job;
   LOG(INFO) << "scheduler at " << scheduler->address_ << ": job '" << job.name() << "', "
             << ModeName(job.consistency()) << ", " << job.cluster().num_servers() << " servers, "
             << job.cluster().num_workers() << " workers";
   return scheduler;
+}
+
+absl::Status Scheduler::StartHttp() {
+  const SchedulerOptions& options = options_;
+  const JobCoordinator* coordinator = coordinator_.get();
+  TESSERA_ASSIGN_OR_RETURN(
+      http_,
+      HttpEndpoint::Start(options.listen_host, options.http_port, *options.security,
+                          {{"/", {"text/html; charset=utf-8", [] { return std::string(kDashboardPage); }}},
+                           {"/metrics", {"text/plain; version=0.0.4", [coordinator] { return coordinator->MetricsText(); }}},
+                           {"/status", {"application/json", [coordinator] { return coordinator->StatusJson().dump(2); }}},
+                           {"/drain", {"text/plain", nullptr, /*post=*/true,
+                                       [this](const std::map<std::string, std::string>& query)
+                                           -> absl::StatusOr<std::string> {
+                                         auto it = query.find("server");
+                                         int server = -1;
+                                         if (it == query.end() || !absl::SimpleAtoi(it->second, &server)) {
+                                           return absl::InvalidArgumentError(
+                                               "POST /drain?server=N: name the server id to drain");
+                                         }
+                                         return coordinator_->Drain(server);
+                                       }}},
+                           {"/checkpoint", {"text/plain", nullptr, /*post=*/true,
+                                            [this](const std::map<std::string, std::string>&)
+                                                -> absl::StatusOr<std::string> {
+                              absl::StatusOr<CheckpointInfo> taken = coordinator_->Checkpoint("asked over HTTP");
+                              if (!taken.ok()) return Annotate(taken.status(), "no checkpoint");
+                              return absl::StrCat("checkpoint ", taken->number, " at clock ", taken->state.clock(),
+                                                  " in ", taken->folder, "\n");
+                            }}}}));
+  dashboard_url_ = absl::StrCat(options.security->tls() ? "https" : "http", "://",
+                                JoinHostPort(options.listen_host, http_->port()), "/");
+  LOG(INFO) << "dashboard at " << dashboard_url_ << " (JSON at /status; POST /checkpoint takes a checkpoint; "
+            << "POST /drain?server=N moves server N's chunks away and lets it exit)";
+  return absl::OkStatus();
 }
 
 Scheduler::~Scheduler() {

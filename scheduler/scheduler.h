@@ -51,6 +51,8 @@ class Scheduler {
 
  private:
   explicit Scheduler(const SchedulerOptions& options) : options_(options) {}
+  // The dashboard, /status, /metrics, POST /drain and POST /checkpoint.
+  absl::Status StartHttp();
 
   // The job's end as the coordinator reports it: the stop reason, unless Stop() gave one first.
   void JobEnded(absl::Status outcome);

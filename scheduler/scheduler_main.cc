@@ -7,6 +7,7 @@
 #include "common/run_recorder.h"
 #include "common/security_flags.h"
 #include "common/signals.h"
+#include "common/status_macros.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "scheduler/scheduler.h"
@@ -39,15 +40,12 @@ DEFINE_string(resume, "",
               "go on with the job from the newest usable checkpoint in this folder (a job's checkpoint.dir)");
 TESSERA_DEFINE_SECURITY_FLAGS()
 
-int main(int argc, char** argv) {
-  tessera::InitDaemon("tessera-scheduler --job=FILE [--port=N --run_dir=DIR]", &argc, &argv);
-
+namespace {
+// The scheduler's options from its flags and the job file, validated.
+absl::StatusOr<tessera::SchedulerOptions> OptionsFromFlags() {
   auto job = tessera::LoadSchedulerJob(FLAGS_job, FLAGS_num_servers, FLAGS_num_workers,
                                        FLAGS_checkpoint_dir.empty() ? FLAGS_resume : FLAGS_checkpoint_dir);
-  if (!job.ok()) {
-    std::cerr << "tessera-scheduler: " << job.status() << std::endl;
-    return 2;
-  }
+  if (!job.ok()) return job.status();
   tessera::SchedulerOptions options;
   options.job = *job;
   options.listen_host = FLAGS_host;
@@ -61,15 +59,22 @@ int main(int argc, char** argv) {
   options.linger_s = FLAGS_linger_s;
   options.stop_grace_ms = FLAGS_stop_grace_ms;
   auto security = tessera::Security::Load(SecurityFlags());
-  if (!security.ok()) {
-    std::cerr << "tessera-scheduler: " << security.status() << std::endl;
-    return 2;
-  }
+  if (!security.ok()) return security.status();
   options.security = *security;
-  if (absl::Status valid = tessera::ValidateSchedulerOptions(options); !valid.ok()) {
-    std::cerr << "tessera-scheduler: " << valid.message() << std::endl;
+  TESSERA_RETURN_IF_ERROR(tessera::ValidateSchedulerOptions(options));
+  return options;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  tessera::InitDaemon("tessera-scheduler --job=FILE [--port=N --run_dir=DIR]", &argc, &argv);
+
+  absl::StatusOr<tessera::SchedulerOptions> from_flags = OptionsFromFlags();
+  if (!from_flags.ok()) {
+    std::cerr << "tessera-scheduler: " << from_flags.status().message() << std::endl;
     return 2;
   }
+  tessera::SchedulerOptions& options = *from_flags;
   // A resumed job adds to its run's records, and so does a scheduler restarted on a run that never ended (a
   // service manager restarting it): it takes the job back from the members still running it.
   options.interrupted_run = FLAGS_resume.empty() && tessera::UnfinishedRun(FLAGS_run_dir);

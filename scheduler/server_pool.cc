@@ -10,6 +10,29 @@ namespace {
 constexpr absl::Duration kControlTimeout = absl::Seconds(30);
 // Statistics are asked for while the job runs; a server that is gone must not hold up the records for long.
 constexpr absl::Duration kStatsTimeout = absl::Seconds(3);
+// One server's Checkpoint call in flight.
+struct CheckpointCall {
+  grpc::ClientContext context;
+  tessera::v1::CheckpointRequest request;
+  tessera::v1::CheckpointResponse response;
+  grpc::Status status;
+};
+struct CallsProgress {
+  absl::Mutex mu;
+  int remaining ABSL_GUARDED_BY(mu) = 0;
+  bool failed ABSL_GUARDED_BY(mu) = false;
+};
+
+// Waits until every call has ended, cancelling those still running at the first failure.
+void SettleCalls(CallsProgress& progress, std::vector<std::unique_ptr<CheckpointCall>>& calls) {
+  absl::MutexLock lock(&progress.mu);
+  auto settled = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(progress.mu) { return progress.remaining == 0 || progress.failed; };
+  progress.mu.Await(absl::Condition(&settled));  // every call has its deadline
+  if (progress.remaining > 0) {
+    for (auto& call : calls) call->context.TryCancel();
+  }
+  progress.mu.Await(absl::Condition(+[](int* remaining) { return *remaining == 0; }, &progress.remaining));
+}
 }  // namespace
 
 tessera::v1::ParameterServer::Stub* GrpcServerControl::StubFor(const std::string& address) {
@@ -84,36 +107,25 @@ absl::Status GrpcServerControl::Probe(const std::string& address, absl::Duration
 absl::StatusOr<std::vector<std::string>> GrpcServerControl::Checkpoint(const tessera::v1::ShardMap& map,
                                                                        const std::string& folder, int64_t clock,
                                                                        bool at_version, absl::Duration timeout) {
-  // One call per server, all in flight at once: each waits for its chunks to reach the checkpoint's version.
-  // One call per server, all in flight at once; the first failure cancels the others (a server that is gone
-  // would otherwise leave the rest waiting for chunks that cannot reach the checkpoint's version).
-  struct Call {
-    grpc::ClientContext context;
-    tessera::v1::CheckpointRequest request;
-    tessera::v1::CheckpointResponse response;
-    grpc::Status status;
-  };
-  struct Progress {
-    absl::Mutex mu;
-    int remaining ABSL_GUARDED_BY(mu) = 0;
-    bool failed ABSL_GUARDED_BY(mu) = false;
-  };
-  auto progress = std::make_shared<Progress>();
+  // One call per server, all in flight at once, each waiting for its chunks to reach the checkpoint's version;
+  // the first failure cancels the others (a server that is gone would otherwise leave the rest waiting for
+  // chunks that cannot reach the checkpoint's version).
+  auto progress = std::make_shared<CallsProgress>();
   {
     absl::MutexLock lock(&progress->mu);
     progress->remaining = map.servers_size();
   }
-  std::vector<std::unique_ptr<Call>> calls;
+  std::vector<std::unique_ptr<CheckpointCall>> calls;
   std::vector<std::string> paths;
   for (const auto& server : map.servers()) {
-    auto call = std::make_unique<Call>();
+    auto call = std::make_unique<CheckpointCall>();
     paths.push_back(absl::StrCat(folder, "/server-", server.id(), ".shard"));
     call->request.set_path(paths.back());
     call->request.set_clock(clock);
     call->request.set_at_version(at_version);
     call->request.set_wait_timeout_ms(absl::ToInt64Milliseconds(timeout));
     Prepare(call->context, server.address(), timeout + kControlTimeout);
-    Call* raw = call.get();
+    CheckpointCall* raw = call.get();
     StubFor(server.address())->async()->Checkpoint(&raw->context, &raw->request, &raw->response,
                                                     [raw, progress](grpc::Status s) {
                                                       raw->status = std::move(s);
@@ -123,18 +135,7 @@ absl::StatusOr<std::vector<std::string>> GrpcServerControl::Checkpoint(const tes
                                                     });
     calls.push_back(std::move(call));
   }
-  {
-    absl::MutexLock lock(&progress->mu);
-    auto settled = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(progress->mu) {
-      return progress->remaining == 0 || progress->failed;
-    };
-    progress->mu.Await(absl::Condition(&settled));  // every call has its deadline
-    if (progress->remaining > 0) {
-      for (auto& call : calls) call->context.TryCancel();
-    }
-    progress->mu.Await(absl::Condition(
-        +[](int* remaining) { return *remaining == 0; }, &progress->remaining));
-  }
+  SettleCalls(*progress, calls);
   absl::Status first;
   for (int i = 0; i < static_cast<int>(calls.size()); ++i) {
     absl::Status status = FromGrpcStatus(calls[i]->status, calls[i]->context,

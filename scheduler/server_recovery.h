@@ -8,9 +8,8 @@
 //     every chunk and every worker go back to it (a sync round is one cut of the whole model), in ASYNC and SSP
 //     only the moved chunks do, and the others keep going. Without a checkpoint they cannot come back, and the
 //     job stops naming the server;
-//   - a replacement (a server id registered again) takes a share of the chunks, restored from a checkpoint taken
-//     for the move (with backups: it becomes a backup of the chunks short of backups); when its old self was
-//     still thought alive, that one is lost first.
+//   - a replacement (a server id registered again) whose old self was still thought alive: that one is lost
+//     first (its share of the chunks then comes from ServerMoves, server_moves.h).
 // A server lost before the parameters are placed leaves its slot to a replacement; nothing moves.
 #ifndef TESSERA_SCHEDULER_SERVER_RECOVERY_H_
 #define TESSERA_SCHEDULER_SERVER_RECOVERY_H_
@@ -58,10 +57,6 @@ class ServerRecovery {
   // Subscribed to the cluster view.
   void OnMembership(const MembershipEvent& event);
 
-  // Moves every copy `server` holds to the other servers in two phases, then tells it to exit. Runs on the
-  // executor's thread (the caller's job). Returns what it did.
-  absl::StatusOr<std::string> Drain(int server);
-
  private:
   // Queues the recovery of `lost` (lost at `lost_at`, `why`), or stops the job when nothing can bring its chunks
   // back.
@@ -69,11 +64,9 @@ class ServerRecovery {
   // Executor task: backups take over the lost server's chunks; chunks without a live copy move and are
   // restored from `checkpoint`.
   void Recover(const Member& lost, const std::optional<CheckpointInfo>& checkpoint, absl::Time lost_at);
-  // Executor task: a replacement (or a new server) takes a share of the chunks.
-  void GiveShareTo(const Member& server);
-  // Moves chunks in two phases (ClusterView::BeginMoves, FinishMoves), handing each view to the servers and
-  // waiting between the two until every new copy is filled.
-  absl::Status MoveInTwoPhases(const std::vector<ClusterView::ChunkMove>& moves);
+  // Every chunk the lost server was primary of had a backup, now its primary at the same version: the view
+  // goes to the servers, with no restore and no rollback.
+  void BackupsTookOver(const Member& lost, size_t promoted, absl::Time start, absl::Time lost_at);
 
   const RecoveryParts parts_;
   const absl::Duration heartbeat_timeout_;

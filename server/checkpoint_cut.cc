@@ -41,30 +41,7 @@ absl::StatusOr<std::vector<tessera::v1::ChunkState>> CheckpointCut::Take(const s
       }
     }
   }
-  const size_t rounds = chunks.size() - module_state.size();
-  {
-    absl::MutexLock lock(&mu_);
-    if (status.ok()) {
-      auto complete = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return taken_.size() >= rounds; };
-      bool done = false;
-      while (!done && absl::Now() < deadline && status.ok()) {
-        done = mu_.AwaitWithDeadline(absl::Condition(&complete),
-                                     std::min(deadline, absl::Now() + absl::Milliseconds(100)));
-        if (!done && cancelled && cancelled()) status = absl::CancelledError("the checkpoint was called off");
-      }
-      if (status.ok() && !done) {
-        std::vector<std::string> missing;
-        for (Chunk* chunk : chunks) {
-          if (!chunk->module_state && taken_.count(chunk->key) == 0 && missing.size() < 5) {
-            missing.push_back(absl::StrCat(chunk->key.first, "/", chunk->key.second));
-          }
-        }
-        status = absl::DeadlineExceededError(absl::StrCat("server ", server_id, ": ", rounds - taken_.size(),
-                                                          " chunks did not reach version ", version,
-                                                          " in time, e.g. ", absl::StrJoin(missing, ", ")));
-      }
-    }
-  }
+  if (status.ok()) status = AwaitRounds(chunks, chunks.size() - module_state.size(), deadline, cancelled, server_id);
   version_ = -1;
   // Module state has no rounds. It is taken once this server's chunks are all at the version: with the workers
   // held there, it is what they wrote before that round's gradients (a script's kept values, module buffers).
@@ -82,6 +59,28 @@ absl::StatusOr<std::vector<tessera::v1::ChunkState>> CheckpointCut::Take(const s
   taken_.clear();
   if (!status.ok()) return status;
   return out;
+}
+
+absl::Status CheckpointCut::AwaitRounds(const std::vector<Chunk*>& chunks, size_t rounds, absl::Time deadline,
+                                        const std::function<bool()>& cancelled, int server_id) {
+  absl::MutexLock lock(&mu_);
+  auto complete = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return taken_.size() >= rounds; };
+  while (absl::Now() < deadline) {
+    if (mu_.AwaitWithDeadline(absl::Condition(&complete), std::min(deadline, absl::Now() + absl::Milliseconds(100)))) {
+      return absl::OkStatus();
+    }
+    if (cancelled && cancelled()) return absl::CancelledError("the checkpoint was called off");
+  }
+  if (complete()) return absl::OkStatus();
+  std::vector<std::string> missing;
+  for (Chunk* chunk : chunks) {
+    if (!chunk->module_state && taken_.count(chunk->key) == 0 && missing.size() < 5) {
+      missing.push_back(absl::StrCat(chunk->key.first, "/", chunk->key.second));
+    }
+  }
+  return absl::DeadlineExceededError(absl::StrCat("server ", server_id, ": ", rounds - taken_.size(),
+                                                  " chunks did not reach version ", version_.load(),
+                                                  " in time, e.g. ", absl::StrJoin(missing, ", ")));
 }
 
 }  // namespace tessera

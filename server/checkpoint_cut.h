@@ -18,7 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/checkpoint.pb.h"
-#include "server/chunk.h"
+#include "server/tables/chunk.h"
 
 namespace tessera {
 
@@ -38,6 +38,10 @@ class CheckpointCut {
   void OfferLocked(const Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
 
  private:
+  // Waits until `rounds` chunks are taken, the deadline passes (DEADLINE_EXCEEDED naming some of `chunks`
+  // missing) or `cancelled` says so.
+  absl::Status AwaitRounds(const std::vector<Chunk*>& chunks, size_t rounds, absl::Time deadline,
+                           const std::function<bool()>& cancelled, int server_id) ABSL_LOCKS_EXCLUDED(mu_);
   std::atomic<int64_t> version_{-1};  // -1: no cut running
   absl::Mutex mu_;
   std::map<std::pair<std::string, int>, tessera::v1::ChunkState> taken_ ABSL_GUARDED_BY(mu_);

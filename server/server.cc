@@ -81,69 +81,82 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   const std::string host = options.advertise_host.empty() ? options.listen_host : options.advertise_host;
   server->address_ = absl::StrCat(host, ":", server->grpc_.port);
 
-  if (options.http_port >= 0) {
-    const ShardStore* store = server->store_.get();
-    TESSERA_ASSIGN_OR_RETURN(
-        server->http_, HttpEndpoint::Start(options.listen_host, options.http_port, *options.security,
-                                           {{"/metrics", {"text/plain; version=0.0.4", [store, self] {
-                                               return ServerMetricsText(store->Stats(), self->id());
-                                             }}}}));
-  }
+  TESSERA_RETURN_IF_ERROR(server->StartEndpoints());
+  TESSERA_ASSIGN_OR_RETURN(tessera::v1::RegisterResponse registered,
+                           server->Register(control_key, signer->public_key()));
+  server->StartHeartbeats(registered);
+  return server;
+}
 
+absl::Status Server::StartEndpoints() {
+  const ServerOptions& options = options_;
+  if (options.http_port >= 0) {
+    const ShardStore* store = store_.get();
+    TESSERA_ASSIGN_OR_RETURN(
+        http_, HttpEndpoint::Start(options.listen_host, options.http_port, *options.security,
+                                   {{"/metrics", {"text/plain; version=0.0.4", [store, this] {
+                                       return ServerMetricsText(store->Stats(), id());
+                                     }}}}));
+  }
   if (options.fabric) {
     absl::StatusOr<std::unique_ptr<FabricService>> fabric =
-        FabricService::Start(server->store_.get(), server->updates_.get(), options.inline_update_bytes,
-                             options.security, FabricOptions{options.fabric_spin_us, options.fabric_tcp});
+        FabricService::Start(store_.get(), updates_.get(), options.inline_update_bytes, options.security,
+                             FabricOptions{options.fabric_spin_us, options.fabric_tcp});
     if (fabric.ok()) {
-      server->fabric_ = *std::move(fabric);
+      fabric_ = *std::move(fabric);
     } else {
       LOG(WARNING) << "no UCX (jobs with transport UCX cannot use this server): " << fabric.status();
     }
   }
+  return absl::OkStatus();
+}
 
-  server->scheduler_ = std::make_unique<SchedulerClient>(options.scheduler_address, options.security);
+absl::StatusOr<tessera::v1::RegisterResponse> Server::Register(const std::string& control_key,
+                                                               const std::string& replication_key) {
+  const ServerOptions& options = options_;
+  scheduler_ = std::make_unique<SchedulerClient>(options.scheduler_address, options.security);
   // A backup that does not take this server's hand-overs is reported at once (its loss is acted on before the
   // heartbeat timeout).
-  server->store_->set_on_unreachable([self](int backup, uint64_t incarnation, const absl::Status& why) {
-    if (absl::Status told = self->scheduler_->ReportServer(tessera::v1::SERVER, self->id(), backup, incarnation, why);
-        !told.ok()) {
+  store_->set_on_unreachable([this](int backup, uint64_t incarnation, const absl::Status& why) {
+    if (absl::Status told = scheduler_->ReportServer(tessera::v1::SERVER, id(), backup, incarnation, why); !told.ok()) {
       LOG(WARNING) << "telling the scheduler that backup server " << backup << " does not answer: " << told;
     }
   });
   tessera::v1::RegisterRequest request;
   request.set_role(tessera::v1::SERVER);
-  request.set_address(server->address_);
-  if (server->fabric_) request.set_fabric_address(server->fabric_->address());
+  request.set_address(address_);
+  if (fabric_) request.set_fabric_address(fabric_->address());
   request.set_control_key(control_key);
-  request.set_replication_key(signer->public_key());
+  request.set_replication_key(replication_key);
   if (options.id >= 0) request.set_requested_id(options.id);
   TESSERA_ASSIGN_OR_RETURN(tessera::v1::RegisterResponse registered,
-                           server->scheduler_->Register(request, absl::Seconds(options.connect_timeout_s)));
-  server->id_ = registered.id();
+                           scheduler_->Register(request, absl::Seconds(options.connect_timeout_s)));
+  id_ = registered.id();
   // A restarted scheduler takes the job's view back from its servers.
-  server->scheduler_->EnableReturn(
-      [store = server->store_.get()](tessera::v1::MemberReturn& back) { *back.mutable_view() = store->view(); });
-  if (server->fabric_ && registered.job().transport() != tessera::v1::UCX) {
-    server->fabric_.reset();  // no unencrypted port stays open for a gRPC job
+  scheduler_->EnableReturn([store = store_.get()](tessera::v1::MemberReturn& back) { *back.mutable_view() = store->view(); });
+  if (fabric_ && registered.job().transport() != tessera::v1::UCX) {
+    fabric_.reset();  // no unencrypted port stays open for a gRPC job
   }
-  LOG(INFO) << "server " << server->id_ << " serving at " << server->address_ << " for job '"
-            << registered.job().name() << "' of scheduler " << options.scheduler_address
-            << (server->fabric_ ? (options.fabric_tcp ? "; UCX (with TCP)" : "; UCX (no TCP port)") : "")
-            << (server->http_ ? absl::StrCat("; metrics at ", options.security->tls() ? "https" : "http", "://", options.listen_host, ":", server->http_->port(),
-                                             "/metrics")
-                              : "");
+  LOG(INFO) << "server " << id_ << " serving at " << address_ << " for job '" << registered.job().name()
+            << "' of scheduler " << options.scheduler_address
+            << (fabric_ ? (options.fabric_tcp ? "; UCX (with TCP)" : "; UCX (no TCP port)") : "")
+            << (http_ ? absl::StrCat("; metrics at ", options.security->tls() ? "https" : "http", "://",
+                                     options.listen_host, ":", http_->port(), "/metrics")
+                      : "");
+  return registered;
+}
 
-  server->heartbeater_ = server->scheduler_->StartHeartbeats(
-      tessera::v1::SERVER, server->id(), registered.incarnation(), absl::Milliseconds(registered.heartbeat_interval_ms()),
-      [self] { self->Stop(); },
-      [self](const absl::Status& why) {
-        self->Stop(absl::UnavailableError(
-            absl::StrCat("lost the scheduler at ", self->options_.scheduler_address, ": ", why.message())));
+void Server::StartHeartbeats(const tessera::v1::RegisterResponse& registered) {
+  heartbeater_ = scheduler_->StartHeartbeats(
+      tessera::v1::SERVER, id(), registered.incarnation(), absl::Milliseconds(registered.heartbeat_interval_ms()),
+      [this] { Stop(); },
+      [this](const absl::Status& why) {
+        Stop(absl::UnavailableError(
+            absl::StrCat("lost the scheduler at ", options_.scheduler_address, ": ", why.message())));
       },
       // The scheduler's timeout when it says (every member gives up on it as it gives up on them).
       absl::Milliseconds(registered.heartbeat_timeout_ms() > 0 ? registered.heartbeat_timeout_ms()
-                                                               : options.heartbeat_timeout_ms));
-  return server;
+                                                               : options_.heartbeat_timeout_ms));
 }
 
 absl::Status Server::Wait() {

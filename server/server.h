@@ -22,7 +22,7 @@
 #include "common/thread_pool.h"
 #include "server/fabric_service.h"
 #include "server/server_options.h"
-#include "server/replica_sender.h"
+#include "server/replication/replica_sender.h"
 #include "server/server_service.h"
 #include "server/shard_store.h"
 
@@ -54,6 +54,13 @@ class Server {
 
  private:
   explicit Server(const ServerOptions& options);
+  // The /metrics endpoint and, when asked for, the UCX service.
+  absl::Status StartEndpoints();
+  // Registers with the scheduler (which learns the control and replication keys) and takes the job's slot.
+  absl::StatusOr<tessera::v1::RegisterResponse> Register(const std::string& control_key,
+                                                         const std::string& replication_key);
+  // Heartbeats to the scheduler; this server stops when it says the job ended or when it is lost.
+  void StartHeartbeats(const tessera::v1::RegisterResponse& registered);
 
   const ServerOptions options_;
   std::atomic<int> id_{-1};  // set once registered (/metrics may be read before)

@@ -7,6 +7,7 @@
 #include "common/daemon_init.h"
 #include "common/security_flags.h"
 #include "common/signals.h"
+#include "common/status_macros.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "server/server.h"
@@ -45,29 +46,21 @@ DEFINE_int32(inline_update_bytes, 64 << 10,
              "pushes smaller than this many bytes are applied on the gRPC thread that received them");
 TESSERA_DEFINE_SECURITY_FLAGS()
 
-int main(int argc, char** argv) {
-  tessera::InitDaemon("tessera-server --scheduler=HOST:PORT [--host=ADDR --port=N]", &argc, &argv);
-
-  auto cluster = tessera::ReadClusterEnvironment();
-  if (!cluster.ok()) {
-    std::cerr << "tessera-server: " << cluster.status().message() << std::endl;
-    return 2;
-  }
+namespace {
+// The server's options from its flags and the cluster's environment (Slurm, Kubernetes), validated.
+absl::StatusOr<tessera::ServerOptions> OptionsFromFlags() {
+  TESSERA_ASSIGN_OR_RETURN(tessera::ClusterEnvironment cluster, tessera::ReadClusterEnvironment());
   tessera::ServerOptions options;
-  auto scheduler_address = tessera::SchedulerAddress(FLAGS_scheduler, FLAGS_scheduler_port, *cluster);
-  if (!scheduler_address.ok()) {
-    std::cerr << "tessera-server: " << scheduler_address.status().message() << std::endl;
-    return 2;
-  }
-  options.scheduler_address = *scheduler_address;
+  TESSERA_ASSIGN_OR_RETURN(options.scheduler_address,
+                           tessera::SchedulerAddress(FLAGS_scheduler, FLAGS_scheduler_port, cluster));
   options.listen_host = FLAGS_host;
   options.port = FLAGS_port;
-  options.advertise_host = FLAGS_advertise_host.empty() ? cluster->AdvertiseHost(FLAGS_host) : FLAGS_advertise_host;
+  options.advertise_host = FLAGS_advertise_host.empty() ? cluster.AdvertiseHost(FLAGS_host) : FLAGS_advertise_host;
   options.connect_timeout_s = FLAGS_connect_timeout_s;
   options.id = FLAGS_id;
   std::string id_source;
   if (options.id == -1) {
-    if (std::optional<int> id = cluster->Rank(/*use_pod_ordinal=*/true, &id_source)) {
+    if (std::optional<int> id = cluster.Rank(/*use_pod_ordinal=*/true, &id_source)) {
       options.id = *id;
       LOG(INFO) << "server id " << options.id << " from " << id_source;
     }
@@ -79,18 +72,22 @@ int main(int argc, char** argv) {
   options.fabric_spin_us = FLAGS_fabric_spin_us;
   options.update_threads = FLAGS_update_threads;
   options.inline_update_bytes = FLAGS_inline_update_bytes;
-  auto security = tessera::Security::Load(SecurityFlags());
-  if (!security.ok()) {
-    std::cerr << "tessera-server: " << security.status() << std::endl;
-    return 2;
-  }
-  options.security = *security;
-  if (absl::Status valid = tessera::ValidateServerOptions(options); !valid.ok()) {
-    std::cerr << "tessera-server: " << valid.message() << std::endl;
+  TESSERA_ASSIGN_OR_RETURN(options.security, tessera::Security::Load(SecurityFlags()));
+  TESSERA_RETURN_IF_ERROR(tessera::ValidateServerOptions(options));
+  return options;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  tessera::InitDaemon("tessera-server --scheduler=HOST:PORT [--host=ADDR --port=N]", &argc, &argv);
+
+  absl::StatusOr<tessera::ServerOptions> options = OptionsFromFlags();
+  if (!options.ok()) {
+    std::cerr << "tessera-server: " << options.status().message() << std::endl;
     return 2;
   }
 
-  auto server = tessera::Server::Start(options);
+  auto server = tessera::Server::Start(*options);
   if (!server.ok()) {
     std::cerr << "tessera-server: " << server.status() << std::endl;
     return 1;

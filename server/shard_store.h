@@ -1,5 +1,12 @@
-// The chunks one server owns, and the consistency rules that govern their updates. Transport-free: requests
-// arrive as domain structs, values as a FloatPayload, and values leave as pooled buffers.
+// What one server holds, and the rules every request to it follows, whatever kind of parameter it is for.
+// Transport-free: requests arrive as domain structs (from ServerService over gRPC, FabricService over UCX),
+// values as a FloatPayload, and values leave as pooled buffers.
+//
+// The store keeps what every kind of parameter shares: the epoch and member checks, exactly-once pushes, the
+// job's consistency policy, the exchanges waiting on rounds, snapshots and counters. The parameters themselves
+// are tables of units (server/tables/table.h; the dense kind: DenseTable of Chunks). Adopting a new view is
+// ViewAdoption's (server/view_adoption.h); replication is ReplicaShipper's on a primary and ReplicaTaker's on a
+// backup (server/replication/).
 //
 // Every request carries the shard-map epoch its sender holds. A request for an older epoch fails with
 // FAILED_PRECONDITION carrying the store's epoch (see GetCurrentEpoch in common/status_macros.h); one for a newer
@@ -12,8 +19,8 @@
 // PushPull is a push whose answer is the chunk's values after it: in SYNC once the push's round has closed
 // (so one exchange per chunk replaces push, clock barrier and pull on a sync step), otherwise at once.
 //
-// Replication (ReplicationSpec.backups > 0): the view names each chunk's primary and backups. This store serves
-// the chunks it is primary of and keeps a copy of those it backs up. After an update, a primary hands the chunk's
+// Replication (ReplicationSpec.backups > 0): the view names each unit's primary and backups. This store serves
+// the units it is primary of and keeps a copy of those it backs up. After an update, a primary hands the unit's
 // state to its backups (coalescing the updates that arrive meanwhile into one hand-over) and answers the update's
 // caller only once every backup holds it; a SYNC round's exchanges are answered once the round's update is on
 // the backups. When the view makes a backup the primary, it serves from the state it holds.
@@ -46,11 +53,16 @@
 #include "proto/cluster.pb.h"
 #include "proto/ps.pb.h"
 #include "server/checkpoint_cut.h"
-#include "server/chunk.h"
 #include "server/chunk_requests.h"
 #include "server/consistency/policy.h"
 #include "server/exchange_waiter.h"
-#include "server/replica_sender.h"
+#include "server/job_config.h"
+#include "server/replication/replica_sender.h"
+#include "server/replication/replica_shipper.h"
+#include "server/replication/replica_taker.h"
+#include "server/store_state.h"
+#include "server/tables/chunk.h"
+#include "server/view_adoption.h"
 
 namespace tessera {
 
@@ -60,14 +72,14 @@ class ShardStore {
   // `max_cached_buffer_bytes` bounds the free reply and scratch buffers kept for reuse. `replicas` (not owned;
   // must outlive the store) carries chunk states to backups; a job with backups needs one.
   explicit ShardStore(size_t max_cached_buffer_bytes = 64 << 20, ReplicaSender* replicas = nullptr)
-      : buffers_(max_cached_buffer_bytes), replicas_sender_(replicas) {}
+      : buffers_(max_cached_buffer_bytes), shipper_(state_, replicas) {}
   // Waits for hand-overs to backups still on their way.
-  ~ShardStore();
+  ~ShardStore() = default;
 
   // Called (on the store's retry thread, at most once a second per server) with a backup that did not answer a
   // hand-over, so that its loss is noticed before the heartbeat timeout. Set before the first Assign.
   void set_on_unreachable(std::function<void(int server_id, uint64_t incarnation, const absl::Status&)> report) {
-    on_unreachable_ = std::move(report);
+    shipper_.set_on_unreachable(std::move(report));
   }
 
   ShardStore(const ShardStore&) = delete;
@@ -156,13 +168,6 @@ class ShardStore {
   std::string job_name() const;
 
  private:
-  // A server of the view, as this one reaches and checks it.
-  struct Peer {
-    std::string address;
-    std::string replication_key;  // Ed25519 public key: checks the server's Replicate calls
-    uint64_t incarnation = 0;
-  };
-
   struct Counters {
     int64_t updates_applied = 0;
     int64_t pushes = 0;
@@ -171,17 +176,6 @@ class ShardStore {
     StalenessHistogram staleness;
     std::vector<StalenessHistogram> worker_staleness;  // by worker id
     int64_t push_bytes = 0;
-    int64_t replica_bytes_sent = 0;
-    int64_t replica_bytes_received = 0;
-  };
-
-  // What the job fixes for every chunk; set by the first Assign, constant afterwards.
-  struct JobConfig {
-    explicit JobConfig(const tessera::v1::JobSpec& job)
-        : job(job), rule(AppliedOptimizer(job)), policy(ConsistencyPolicy::ForJob(job.consistency(), rule)) {}
-    const tessera::v1::JobSpec job;
-    const UpdateRule rule;
-    const std::unique_ptr<ConsistencyPolicy> policy;  // uses `rule`
   };
 
   struct Found {
@@ -206,43 +200,33 @@ class ShardStore {
     ChunkValues values;
   };
   using ClosedRounds = std::vector<ClosedRound>;
-  // Callers the view released from waiting on backups: run once no lock is held.
-  using Released = std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>>;
 
-  absl::Status AdoptView(
-      const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job, int server_id,
-      const std::vector<tessera::v1::ShardCheckpoint>* restore, bool restore_all,
-      ClosedRounds& closed,
-      std::vector<std::shared_ptr<ExchangeWaiter>>& dropped, Released& released,
-      std::vector<Chunk*>& to_ship) ABSL_LOCKS_EXCLUDED(mu_);
-
+  // Adopts the view under the lock; the rounds it closes go to `closed`.
+  absl::Status AdoptView(ViewAdoption& adoption, int server_id, ClosedRounds& closed)
+      ABSL_LOCKS_EXCLUDED(state_.mu);
   // Answers closed rounds' exchanges, each once its chunk's backups hold the round.
   void AnswerClosedRounds(ClosedRounds& closed);
 
-  // Replication, on a primary. After an update of `chunk` at `version`: `done` runs once every backup holds that
-  // version (at once without backups; with the error when the chunk leaves this server first).
-  void AfterApplied(Chunk& chunk, int64_t version, std::function<void(absl::Status)> done)
-      ABSL_LOCKS_EXCLUDED(mu_, chunk.mu);
-  // OK when `signature` is `primary`'s signature (with the replication key the view holds for it) of a Replicate
-  // with `digest` for this server, its id and incarnation; UNAUTHENTICATED naming `what` otherwise.
-  absl::Status CheckSignedLocked(const Peer& primary, const std::string& digest, std::string_view signature,
-                                 const std::string& what) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Hands the chunk's state to its backups, unless a hand-over is on its way or they hold it already.
-  void Ship(Chunk& chunk) ABSL_LOCKS_EXCLUDED(mu_, chunk.mu);
-  // A hand-over of `version` to the backups of `generation` ended with `status` (`failed`: the first backup
-  // that did not take it, -1 when all did).
-  void Shipped(Chunk& chunk, uint64_t generation, int64_t version, const absl::Status& status, int failed)
-      ABSL_LOCKS_EXCLUDED(mu_, chunk.mu);
-  // Hands the chunk over again a little later (backup `failed` did not take it with `why`).
-  void ShipLater(Chunk* chunk, int failed, const absl::Status& why) ABSL_LOCKS_EXCLUDED(retry_mu_);
-
   // The chunk for `address` after checking its epoch, or the error to answer with.
-  absl::StatusOr<Found> Find(const ChunkAddress& address) const ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<Found> Find(const ChunkAddress& address) const ABSL_LOCKS_EXCLUDED(state_.mu);
 
   // Validates and applies one push. With `waiter` (PushPull), a SYNC push whose round stays open parks the
   // waiter on the chunk, and `values` of the result are filled otherwise.
   absl::StatusOr<Applied> PushInternal(const ChunkPush& request, const FloatPayload& payload,
                                        const std::shared_ptr<ExchangeWaiter>* waiter);
+  // The checks of a push that need no chunk lock: its worker, member key, sequence number and numbers.
+  absl::Status CheckPush(const ChunkPush& request, const FloatPayload& payload, const Found& found,
+                         const std::string& what) const;
+  // The push's values, decoded (and checked finite) where the payload lies or into `scratch`.
+  absl::StatusOr<absl::Span<float>> DecodePush(Chunk& chunk, const FloatPayload& payload,
+                                               std::shared_ptr<PooledBuffer>& scratch, const std::string& what) const;
+  // Applies a validated push under the chunk's lock (exactly once per worker and sequence number).
+  absl::Status ApplyLocked(const ChunkPush& request, absl::Span<const float> values, const Found& found,
+                           const std::shared_ptr<ExchangeWaiter>* waiter, const std::string& what, Applied& applied)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(found.chunk->mu);
+  // Counts a push that was taken.
+  void CountPush(const ChunkPush& request, const FloatPayload& payload, const Applied& applied)
+      ABSL_LOCKS_EXCLUDED(counters_mu_);
 
   // The answer to a norm-only push: the squared norm of its closed norm round, no values.
   ChunkValues NormLocked(const Chunk& chunk, const Roster& roster, double sq_norm) const
@@ -254,39 +238,18 @@ class ShardStore {
   // After a new view or a round decision: closes every chunk's round that is complete now, into `closed`, and
   // counts the late gradients the rounds left out.
   void CloseCompleteRounds(const JobConfig& config, const Roster& roster, ClosedRounds& closed)
-      ABSL_SHARED_LOCKS_REQUIRED(mu_) ABSL_LOCKS_EXCLUDED(counters_mu_);
+      ABSL_SHARED_LOCKS_REQUIRED(state_.mu) ABSL_LOCKS_EXCLUDED(counters_mu_);
 
   mutable BufferPool buffers_;  // reply and scratch buffers
-
-  mutable absl::Mutex mu_;
-  int server_id_ ABSL_GUARDED_BY(mu_) = -1;  // set by the first Assign
-  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
-  tessera::v1::ShardMap view_ ABSL_GUARDED_BY(mu_);  // the last view assigned
-  std::unique_ptr<const JobConfig> config_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<const Roster> roster_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::unique_ptr<Chunk>> retired_ ABSL_GUARDED_BY(mu_);  // moved to other servers
-  std::map<std::pair<std::string, int>, std::unique_ptr<Chunk>> chunks_ ABSL_GUARDED_BY(mu_);  // primary of
-  std::map<std::pair<std::string, int>, std::unique_ptr<Chunk>> replicas_ ABSL_GUARDED_BY(mu_);  // backup of
-  std::map<int, Peer> servers_ ABSL_GUARDED_BY(mu_);  // the view's servers, by id
-
-  ReplicaSender* const replicas_sender_;
-  absl::Mutex ships_mu_;
-  int ships_in_flight_ ABSL_GUARDED_BY(ships_mu_) = 0;
-  bool stopping_ ABSL_GUARDED_BY(ships_mu_) = false;
-  absl::Mutex retry_mu_;
-  std::set<Chunk*> retry_ ABSL_GUARDED_BY(retry_mu_);
-  bool retry_scheduled_ ABSL_GUARDED_BY(retry_mu_) = false;
-  std::map<int, absl::Status> unreachable_ ABSL_GUARDED_BY(retry_mu_);  // backups that did not answer, to report
-  std::map<int, absl::Time> reported_ ABSL_GUARDED_BY(retry_mu_);       // when each was last reported
-  std::function<void(int, uint64_t, const absl::Status&)> on_unreachable_;
-
-  CheckpointCut cut_;  // a SYNC checkpoint waiting for chunks to reach its version
+  StoreState state_;            // the views adopted and the tables
+  CheckpointCut cut_;           // a SYNC checkpoint waiting for chunks to reach its version
 
   mutable absl::Mutex counters_mu_;
   Counters counters_ ABSL_GUARDED_BY(counters_mu_);
 
-  // Last member: hand-overs waiting to be tried again end before the rest goes.
-  SerialExecutor retries_;
+  ReplicaTaker taker_{state_};
+  // Last member: hand-overs still on their way end before the rest goes.
+  ReplicaShipper shipper_;
 };
 
 }  // namespace tessera

@@ -26,7 +26,7 @@
 #include "absl/types/span.h"
 #include "common/update_rule.h"
 #include "proto/job.pb.h"
-#include "server/chunk.h"
+#include "server/tables/chunk.h"
 #include "server/chunk_requests.h"
 
 namespace tessera {

@@ -39,8 +39,9 @@
 // every worker has pushed that round; in SSP(s), Clock() holds a worker more than s clocks ahead of the slowest;
 // in ASYNC it never waits.
 //
-// The library has three parts: this API, which knows no transport; the chunk calls (chunk_calls.h), the one part
-// that speaks gRPC; and the step protocols (step_protocols.h), one per consistency mode, behind BeginStep.
+// The library has three parts: this API, which knows no transport; the chunk calls (chunk_calls.h), which carry
+// each chunk's request through the job's transport (chunk_transport.h: gRPC in grpc_chunk_transport.cc, UCX in
+// ucx_chunk_transport.cc); and the step protocols (step_protocols.h), one per consistency mode, behind BeginStep.
 #ifndef TESSERA_WORKER_CLIENT_PS_CLIENT_H_
 #define TESSERA_WORKER_CLIENT_PS_CLIENT_H_
 

@@ -45,7 +45,7 @@ setup(
     name="tessera",
     version="0.1.0",
     description="Tessera's worker side for Python: the client library and tessera.torch",
-    packages=["tessera"],
+    packages=["tessera", "tessera.torch"],
     ext_modules=[Extension("tessera._tessera", sources=[])],
     cmdclass={"build_ext": BuildWithCMake},
     python_requires=">=3.9",

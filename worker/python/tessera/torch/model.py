@@ -1,246 +1,32 @@
-"""tessera.torch: a PyTorch model trained through the servers.
-
-    import torch, tessera.torch as tt
-
-    job = tt.init()                                   # joins from the environment tessera-launch sets
-    x, y, classes = tt.load_split(job, train=True)    # the job's data (Fashion-MNIST's IDX files by default)
-    model = tt.DistributedModel(net, job)             # declares every parameter; rank 0's values start the job
-    for indices in model.sampler(len(x)):             # this worker's slice of each step's global batch
-        with model.step(batch_size=len(indices)):     # no local optimizer: the job's runs on the servers
-            loss_fn(model(x[indices]), y[indices]).backward()
-        if job.rank == 0 and model.clock % 100 == 0:
-            model.report(accuracy=score(net), loss=...)   # the summary, metrics.jsonl, /metrics, the dashboard
-    model.done()
-
-How a step runs: the step's gradients are what its backward() calls accumulated, sent when the block ends; with
-overlap=True each parameter's gradient leaves as soon as the step's last backward has accumulated it (a hook on
-its gradient accumulator). The forward of each module waits for the new values of that module's own parameters
-only (a forward pre-hook), which arrive while the modules before it compute; a parameter read outside a forward of
-its own module (a child's weight used by its parent) is seen when its gradient comes, and from the next step on
-the model's forward waits for it first.
-
-What a step block may do with gradients (the servers' optimizer takes each step's gradient as backward made it):
-- several backward() calls (gradient accumulation over micro-batches): the step sends the sum of their
-  gradients, as PyTorch's .grad holds it. With overlap=True, run every backward but the last inside
-  model.no_sync() (as with DDP): those accumulate here only, and the last one's gradients leave as it computes
-  them; a second backward outside no_sync() that reaches a gradient already sent makes the block raise
-  tessera.Error when it ends.
-- a parameter that no backward reached (an unused branch) sends zeros: the servers' optimizer steps on a zero
-  gradient, as torch.optim does when .grad holds zeros (zero_grad(set_to_none=False)): momentum still moves it.
-- an edit of a gradient after backward (clip_grad_norm_, unscaling, masking, a new .grad) cannot be honoured by
-  an optimizer that runs on the servers over the workers' sum: the block raises tessera.Error naming the
-  parameter, and without overlap nothing of the step has left (with overlap, the edited gradient had already
-  left as backward made it). Edits through .data or the NumPy memory are not seen. What the servers' path does
-  honour: a gradient scaler passed to model.step(batch_size, scaler=...) (the block unscales, and skips a step with
-  an inf or NaN on every worker alike) and a learning rate the script's lr_scheduler sets through ServerOptimizer.
-  Global-norm clipping there is the job's: optimizer { clip_global_norm: ... } (clip_grad_norm_ on the round's
-  mean gradient, over every server's chunks). Any other recipe needs optimizer { kind: SCRIPT } and
-  DistributedOptimizer. On the CPU the values are
-written straight into the parameters' memory and the gradients are read from memory the parameters' .grad views:
-nothing is copied. A CUDA model keeps a pinned host copy of each parameter: each gradient is copied there on a
-side stream as backward finishes it and sent once its copy is in; each parameter's values are copied back to the
-GPU before the forward that reads them.
-
-The loop ends when the job does (the clock gate says stop: max_steps, the target accuracy, the scheduler's own
-stop), when this worker reaches the job's max_steps or max_epochs, or after SIGTERM or Ctrl-C: init() makes
-those finish the open step, after which done() tells the scheduler this worker stopped (as tessera-worker does)
-and the script exits 0 after SIGTERM, 130 after Ctrl-C. A second signal ends the process at once.
-
-Module buffers (BatchNorm's running statistics) follow rank 0: rank 0 (while it is away, the lowest-ranked worker
-there) sends its floating-point buffers to the servers every `buffer_every` steps (and at done()), and the other
-ranks take them before their next step, so every worker normalises with the same statistics, a checkpoint holds
-them, and a restarted worker starts from them.
-Integer buffers (num_batches_tracked) stay each worker's own. buffers="local" keeps every buffer local.
-"""
+"""tessera.torch's DistributedModel: a module trained through the job's servers, its step blocks (_Step), the
+servers' path with a gradient scaler (_Scaling), and all of the step's exchange, hooks, buffers and rollbacks."""
 
 import contextlib
 import gc
-import math
 import signal
 import time
-import types
 
 import numpy as np
 import torch
 
-from . import Error, connect
-
-__all__ = ["BackgroundEvaluator", "DistributedModel", "DistributedOptimizer", "Sampler", "ServerOptimizer", "evaluate",
-           "init", "load_split", "match_blas_threads", "stop_signal"]
-
-_signal = 0  # the SIGTERM or SIGINT that asked this worker to stop (0: none)
-
-
-def stop_signal():
-    """The signal (signal.SIGTERM or signal.SIGINT) that asked this worker to stop, or 0."""
-    return _signal
+from .. import Error
+from . import runtime
+from .cuda_mirror import _HostMirror
+from .optimizer import _DIGEST, _FOUND_INF, _KEPT
+from .runtime import _some, match_blas_threads
+from .sampler import Sampler
 
 
-def _on_signal(number, frame):
-    global _signal
-    _signal = number
-    # A second signal acts at once, as Python's defaults do.
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    print(f"tessera: {signal.Signals(number).name}: stopping after this step", flush=True)
+_STEP_STATE = frozenset({
+    "_replay", "_saved_for", "_pending_rollback", "_current", "_scaling", "_previous", "_ready", "_outside",
+    "_hooked", "_script_push", "_digests", "_gate", "_waited", "_sent", "_set", "_grads", "_steps", "_samples",
+    "_reported", "_seen", "_fired", "_no_sync", "_resent"})
 
 
-def init(handle_signals=True, **overrides):
-    """Joins the job as a worker (see tessera.connect for the settings and their TESSERA_ variables); returns the
-    Job. With handle_signals (the main thread only), SIGTERM and Ctrl-C stop training gracefully after the open
-    step (see the module's documentation)."""
-    job = connect(**overrides)
-    if handle_signals:
-        try:
-            signal.signal(signal.SIGTERM, _on_signal)
-            signal.signal(signal.SIGINT, _on_signal)
-        except ValueError:
-            pass  # not the main thread: the caller handles signals
-    return job
-
-
-def match_blas_threads(threads=None):
-    """Gives OpenBLAS (the BLAS of Debian's PyTorch) `threads` threads, default torch.get_num_threads(); returns
-    the number set, or None when this process has no OpenBLAS. torch.set_num_threads does not reach it, and its
-    idle threads yield the CPU in a loop: on a worker they take it from the exchange's threads and from the
-    servers beside it (a fifth of a worker's CPU on 2 cores, measured). DistributedModel calls it."""
-    import ctypes
-
-    threads = torch.get_num_threads() if threads is None else int(threads)
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "libopenblas" in line}
-    except OSError:
-        return None
-    for path in sorted(p for p in paths if p.startswith("/")):
-        try:
-            library = ctypes.CDLL(path)  # the copy already loaded
-            library.openblas_set_num_threads(ctypes.c_int(threads))
-            return threads
-        except (OSError, AttributeError):
-            continue
-    return None
-
-
-def load_split(job, train=True):
-    """The job's training or test split, read as tessera-worker reads it (data { ... } of the job: Debian's
-    Fashion-MNIST IDX files by default, or the seeded synthetic problem): (x float32 [n, features] in [0, 1],
-    y int64 [n], classes). Raises tessera.Error NOT_FOUND naming a missing file."""
-    x, y, classes = job.client.load_split(train)
-    return torch.from_numpy(x), torch.from_numpy(y), classes
-
-
-def evaluate(module, x, y, batch_size=1000):
-    """(accuracy, mean cross-entropy loss) of a classifier `module` on (x, y), in eval mode and without gradients
-    (BatchNorm uses its running statistics); the module's mode is restored. Score a DistributedModel's module
-    after settle()."""
-    was_training = module.training
-    module.eval()
-    correct, loss = 0, 0.0
-    with torch.no_grad():
-        for start in range(0, len(x), batch_size):
-            logits = module(x[start:start + batch_size])
-            target = y[start:start + batch_size]
-            correct += (logits.argmax(1) == target).sum().item()
-            loss += torch.nn.functional.cross_entropy(logits, target, reduction="sum").item()
-    module.train(was_training)
-    return correct / max(1, len(x)), loss / max(1, len(x))
-
-
-class BackgroundEvaluator:
-    """Scores copies of a model on a thread of its own while training goes on, as tessera-worker's evaluator does:
-    an evaluating worker does not fall behind the others (in ASYNC it would push ever staler gradients). `copy`
-    is a module of the same architecture that receives the values (and buffers) offered; PyTorch releases the
-    GIL in its kernels, so the thread computes beside the training loop.
-
-        scorer = tt.BackgroundEvaluator(make_net(), test_x, test_y)
-        ...
-        if model.clock % 200 == 0:
-            model.settle()
-            scorer.offer(net, model.clock)       # skipped while the previous copy is still being scored
-        for clock, accuracy, loss in scorer.results():
-            model.report(accuracy=accuracy, test_loss=loss, clock=clock)
-        ...
-        scorer.drain()                           # at the end: waits for the last score
-    """
-
-    def __init__(self, copy, x, y, threads=1):
-        import threading
-
-        self._copy = copy
-        self._x, self._y = x, y
-        self._threads = threads
-        self._lock = threading.Lock()
-        self._done = []
-        self._thread = None
-        self.last_clock = -1  # the clock of the last values offered and taken
-
-    def offer(self, module, clock):
-        """Copies `module`'s state and scores it on the thread; False (and nothing copied) while it is busy."""
-        import threading
-
-        if self._thread is not None and self._thread.is_alive():
-            return False
-        self._copy.load_state_dict(module.state_dict())
-        self.last_clock = clock
-        self._thread = threading.Thread(target=self._score, args=(clock,), daemon=True)
-        self._thread.start()
-        return True
-
-    def _score(self, clock):
-        torch.set_num_threads(self._threads)
-        accuracy, loss = evaluate(self._copy, self._x, self._y)
-        with self._lock:
-            self._done.append((clock, accuracy, loss))
-
-    def results(self):
-        """The scores finished since the last call: [(clock, accuracy, loss)]."""
-        with self._lock:
-            done, self._done = self._done, []
-        return done
-
-    def drain(self):
-        """Waits for the copy being scored, then returns results()."""
-        if self._thread is not None:
-            self._thread.join()
-        return self.results()
-
-
-def _some(names, most=5):
-    return ", ".join(names[:most]) + (", ..." if len(names) > most else "")
-
-
-class Sampler:
-    """This worker's example indices for each step, from the model's clock on (a restarted worker goes on where
-    the job is), until the job stops: worker r takes the r-th batch_size examples of every step's global batch
-    (batch_size * workers examples, reshuffled every epoch from the job's seed, the order tessera-worker uses),
-    or the slice the scheduler gives it when the job balances the split (consistency { balance: THROUGHPUT })."""
-
-    def __init__(self, model, examples):
-        from ._tessera import BatchSchedule
-
-        spec = model.job.spec
-        self._model = model
-        self.batch_size = int(spec["batch_size"])
-        self._schedule = BatchSchedule(examples, self.batch_size, model.workers, model.rank, int(spec["seed"]))
-        self.steps_per_epoch = self._schedule.steps_per_epoch
-        model._stop_clock = model._client.stop_clock(self.steps_per_epoch)
-        model._sampler = self
-
-    def indices(self, step):
-        """This worker's indices at `step` (an int64 tensor)."""
-        offset, count = self._model._client.batch_slice
-        if count > 0:
-            return torch.from_numpy(self._schedule.slice(step, offset, count))
-        return torch.from_numpy(self._schedule.batch(step))
-
-    def epochs(self, steps=None):
-        """Passes over the training set by the cluster after `steps` steps (default: the model's clock)."""
-        return self._schedule.epochs(self._model.clock if steps is None else steps)
-
-    def __iter__(self):
-        while not self._model.stopped:
-            yield self.indices(self._model.clock)
+_LOCAL_BLOCK = object()  # the open step of ASYNC or SSP with SCRIPT: nothing leaves until the optimizer steps
+# SYNC with SCRIPT: the open step of a worker that took the values of the clock before its own (a checkpoint's): its
+# gradients stay here, and the block ends with the checkpoint's mean gradient of that step in .grad.
+_REPLAY_BLOCK = object()
 
 
 class _Step:
@@ -305,376 +91,6 @@ class _Step:
         elif model._scaling is not None:
             self.skipped = model._update_scaler()
         return False
-
-
-class _HostMirror:
-    """A CUDA model's parameters in pinned host memory: the values the exchange writes and the gradients it reads,
-    and the copies between them and the GPU (gradients on a side stream, collected as each copy finishes)."""
-
-    def __init__(self, params):
-        self.params = params
-        self.values = [torch.empty(p.shape, dtype=torch.float32, pin_memory=True) for p in params]
-        for v, p in zip(self.values, params):
-            v.copy_(p.detach())
-        self.grads = [[torch.zeros(p.shape, dtype=torch.float32, pin_memory=True) for p in params] for _ in range(2)]
-        self.stream = torch.cuda.Stream(device=params[0].device)
-        self.copying = []  # (event, index) of gradients on their way to the host
-        self.values_copied = None  # an event after the last copies of values to the GPU
-
-    def copy_gradient(self, i, grads):
-        """Starts the copy of params[i].grad into grads[i] once the computing stream has produced it."""
-        p = self.params[i]
-        self.stream.wait_stream(torch.cuda.current_stream(p.device))
-        with torch.cuda.stream(self.stream):
-            grads[i].copy_(p.grad.detach(), non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(self.stream)
-        p.grad.record_stream(self.stream)
-        self.copying.append((event, i))
-
-    def copied(self, wait):
-        """Indices whose gradient copies are in (all of them with wait)."""
-        done, pending = [], []
-        for event, i in self.copying:
-            if wait:
-                event.synchronize()
-            (done if wait or event.query() else pending).append((event, i))
-        self.copying = pending
-        return [i for _, i in done]
-
-    def load_values(self, indices):
-        for i in indices:
-            self.params[i].data.copy_(self.values[i], non_blocking=True)
-        self.values_copied = torch.cuda.Event()
-        self.values_copied.record()
-
-    def values_free(self):
-        """Waits until the GPU has read the last values copied (the next exchange writes over them)."""
-        if self.values_copied is not None:
-            self.values_copied.synchronize()
-
-
-_STEP_STATE = frozenset({
-    "_replay", "_saved_for", "_pending_rollback", "_current", "_scaling", "_previous", "_ready", "_outside",
-    "_hooked", "_script_push", "_digests", "_gate", "_waited", "_sent", "_set", "_grads", "_steps", "_samples",
-    "_reported", "_seen", "_fired", "_no_sync", "_resent"})
-
-
-_LOCAL_BLOCK = object()  # the open step of ASYNC or SSP with SCRIPT: nothing leaves until the optimizer steps
-# SYNC with SCRIPT: the open step of a worker that took the values of the clock before its own (a checkpoint's): its
-# gradients stay here, and the block ends with the checkpoint's mean gradient of that step in .grad.
-_REPLAY_BLOCK = object()
-_DIGEST = "script:digest"  # SYNC with SCRIPT: the keeper's [clock, digest of its values]
-_FOUND_INF = "script:found_inf"  # SYNC with SCRIPT: exchanged every round, > 0 when a worker's gradient was not finite
-_OPTIMIZER_STATE = "script:optimizer:"  # + owner: the state of a script's optimizer, kept on the servers
-_VALUES = "script:values:"  # + parameter index. SYNC with SCRIPT: the keeper's values (joiners, checkpoints)
-_LRS = "script:lrs"  # SYNC with SCRIPT: the keeper's learning rate of each parameter group (two float32s each)
-_SAVED_CLOCK = "script:saved_clock"  # SYNC with SCRIPT: the clock of the keeper's last saved values and state
-_KEPT = (_OPTIMIZER_STATE, _VALUES, _LRS, _SAVED_CLOCK)  # names of what the servers keep for a script
-
-
-class _OptimizerState:
-    """A script optimizer's state (Adam's moments and step, SGD's momentum, ...) as state entries on the servers,
-    so that checkpoints hold it and a restarted worker continues with it. Its layout is found by stepping a copy
-    of the optimizer once, over copies of the parameters, on zero gradients. With `values` (SYNC, where the values
-    are the workers' own) the parameters' values and the groups' learning rates go with it, and then the clock
-    they are of: the keeper (the gate's values_keeper, rank 0 while it is there) sends them at the start of a step,
-    before that step's gradients leave, so a checkpoint cut at clock c holds those of c - 1 beside the mean
-    gradient of step c - 1 (the chunks at version c); a joiner takes the keeper's of its start clock."""
-
-    def __init__(self, optimizer, model, owner, values=False):
-        self.optimizer = optimizer
-        self.model = model
-        self.value_names = [f"{_VALUES}{j}" for j in range(len(model._params))] if values else []
-        self.value_host = [np.zeros(max(1, p.numel()), np.float32) for _, p in model._params] if values else []
-        if values:  # a learning rate as a float32 and the float32 of what that leaves: 48 bits of the double
-            self.value_names.append(_LRS)
-            self.value_host.append(np.zeros(2 * len(optimizer.param_groups), np.float32))
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        copies = {id(p): p.detach().clone().requires_grad_(True) for p in params}
-        groups = [dict(group, params=[copies[id(p)] for p in group["params"]]) for group in optimizer.param_groups]
-        try:
-            probe = type(optimizer)(groups)
-            for c in copies.values():
-                c.grad = torch.zeros_like(c)
-            probe.step()
-        except Exception as e:  # noqa: BLE001: any optimizer's own complaint
-            raise Error(f"INVALID_ARGUMENT: the layout of {type(optimizer).__name__}'s state could not be found by "
-                        f"stepping a copy of it ({e}); pass state_every=0 to keep its state in this process only")
-        self.entries = []  # (name, parameter, key, like): `like` a tensor of the state's dtype, shape, device
-        for j, p in enumerate(params):
-            for key, value in sorted(probe.state.get(copies[id(p)], {}).items()):
-                if torch.is_tensor(value) and value.is_floating_point():
-                    self.entries.append((f"{_OPTIMIZER_STATE}{owner}:{j}:{key}", p, key, value))
-        self.names = [name for name, *_ in self.entries]
-        self.host = [np.zeros(max(1, like.numel()), np.float32) for *_, like in self.entries]
-        state = [(name, [len(h)]) for name, h in zip(self.names + self.value_names, self.host + self.value_host)]
-        if values:
-            state.append((_SAVED_CLOCK, [2]))
-        if state:
-            model._client.declare([], state=state)
-
-    def save(self, clock, values=False):
-        """Sends the optimizer's state; with `values` (SYNC) the parameters' values and the groups' learning rates
-        too, and then the clock they are of."""
-        state = self.optimizer.state
-        for (name, p, key, like), host in zip(self.entries, self.host):
-            value = state.get(p, {}).get(key)
-            if value is not None:
-                np.copyto(host, value.detach().reshape(-1).float().cpu().numpy())
-        values = values and bool(self.value_names)
-        if values:
-            with torch.no_grad():
-                for (_, p), host in zip(self.model._params, self.value_host):
-                    np.copyto(host, p.detach().reshape(-1).cpu().numpy())
-            lrs = np.array([float(group["lr"]) for group in self.optimizer.param_groups], np.float64)
-            high = lrs.astype(np.float32)
-            self.value_host[-1][0::2], self.value_host[-1][1::2] = high, (lrs - high).astype(np.float32)
-        names, hosts = self.names + (self.value_names if values else []), self.host + (self.value_host if values else [])
-        if names:
-            self.model._client.assign(names, hosts)
-        if values:  # after the rest has landed: a joiner that sees this clock takes all of it
-            self.model._client.assign([_SAVED_CLOCK], [_clock_parts(clock)])
-
-    def saved_clock(self):
-        """The clock of the values and state on the servers (-1: none)."""
-        client, saved = self.model._client, np.zeros(2, np.float32)
-        client.pull([_SAVED_CLOCK], [saved])
-        return _clock_of(saved) if client.pulled_version(_SAVED_CLOCK) > 0 else -1
-
-    def take_values(self, clock, timeout_s=300.0):
-        """SYNC: takes the keeper's values, optimizer state and learning rates of `clock`, waiting until they are
-        on the servers (the keeper sends them at the start of that step, which cannot end without this worker), or
-        those of clock - 1 where the chunks hold the mean gradient of that step (a checkpoint cut at `clock`: a
-        resumed job, a rollback), which then is in the model's exchange buffers. Returns the clock of the values
-        taken. Raises tessera.Error UNAVAILABLE when none come within `timeout_s`."""
-        model, client = self.model, self.model._client
-        started = told = time.time()
-        while True:
-            held = self.saved_clock()
-            if held == clock or (held == clock - 1 and model._pull_means(clock)):
-                client.pull(self.value_names, self.value_host)
-                client.pull(self.names, self.host)
-                if self.saved_clock() == held:
-                    break  # not overwritten while this worker read them
-                continue
-            now = time.time()
-            # Newer values than wanted are waited out too: after a rollback a server may still be restoring.
-            if now - started > timeout_s or client.job_stopped():
-                raise Error(f"UNAVAILABLE: the values and optimizer state of clock {clock} (or of clock {clock - 1} "
-                            f"with that step's mean gradient, as a checkpoint holds them) are not on the servers "
-                            f"(they hold those of clock {held}; -1: none): the keeper (rank 0, or while it is away "
-                            "the lowest-ranked worker there) sends them every state_every steps and for a joiner")
-            if now - told > 10:
-                told = now
-                print(f"tessera: worker {model.rank}: waiting for the values of clock {clock} (the servers hold "
-                      f"those of clock {held}), {now - started:.0f} s", flush=True)
-            time.sleep(0.05)
-        with torch.no_grad():
-            for (_, p), host in zip(model._params, self.value_host):
-                p.copy_(torch.from_numpy(host).reshape(p.shape))
-        if model._mirror is not None:
-            for (_, p), mirror in zip(model._params, model._weights):
-                np.copyto(mirror, p.detach().cpu().numpy())
-        if client.pulled_version(_LRS) > 0:  # a checkpoint of a job before the rates were kept has none
-            lrs = self.value_host[-1][0::2].astype(np.float64) + self.value_host[-1][1::2].astype(np.float64)
-            for group, lr in zip(self.optimizer.param_groups, lrs):
-                group["lr"] = float(lr)
-        self._take_pulled()
-        return held
-
-    def restore(self):
-        """Takes the saved state when there is one (False when none was saved yet)."""
-        if not self.entries:
-            return False
-        self.model._client.pull(self.names, self.host)
-        if not all(self.model._client.pulled_version(n) > 0 for n in self.names):
-            return False
-        self._take_pulled()
-        return True
-
-    def _take_pulled(self):
-        """The optimizer's state from what was pulled into the host buffers."""
-        for (name, p, key, like), host in zip(self.entries, self.host):
-            value = torch.from_numpy(host.copy()).reshape(like.shape).to(dtype=like.dtype, device=like.device)
-            self.optimizer.state[p][key] = value
-
-
-def _clock_parts(clock):
-    """A clock as two float32s exact up to 2^44 (the low 20 bits and the rest)."""
-    return np.array([clock % (1 << 20), clock >> 20], np.float32)
-
-
-def _clock_of(parts):
-    return int(parts[0]) + (int(parts[1]) << 20)
-
-
-def DistributedOptimizer(optimizer, model, check_every=100, state_every=1):
-    """Keeps the script's own torch.optim optimizer (any, with its parameter groups, lr_scheduler, clipping and
-    GradScaler) in a job whose servers only combine (optimizer { kind: SCRIPT }). Returns `optimizer` itself,
-    its step() extended; the loop is a DDP script's:
-
-        opt = tt.DistributedOptimizer(torch.optim.AdamW(net.parameters(), lr=1e-3), model)
-        sched = torch.optim.lr_scheduler.OneCycleLR(opt, ...)
-        for indices in model.sampler(len(x)):
-            opt.zero_grad()
-            with model.step(batch_size=len(indices)):
-                loss_fn(model(x[indices]), y[indices]).backward()
-            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)   # on the round's mean gradient (SYNC)
-            opt.step()
-            sched.step()
-
-    SYNC: each gradient leaves as the step block sends it (overlap as the model says); when the block ends,
-    .grad holds the workers' mean gradient, and every worker's optimizer makes the same step. Every
-    `check_every` clocks each worker compares a digest of its values with the keeper's; a mismatch fails the job
-    naming the worker. ASYNC and SSP: the block's gradients stay here; step() steps on them, sends the change
-    it made to the values (the servers add it, times the staleness-aware scale) and takes the servers' values,
-    with everyone's changes, before the next forward. A step the script skips (GradScaler after inf) sends no
-    change.
-
-    The optimizer's state (moments, step counts, momentum) is sent to the servers every `state_every` steps (in
-    ASYNC and SSP by every worker; 0: the state stays in this process): checkpoints hold it, and a worker that
-    restarts takes it here and continues with it. In SYNC, where the values are the workers' own and every
-    worker's state is the same, one worker, the keeper (rank 0, or while it is away the lowest-ranked worker
-    there), sends the values, the state and the groups' learning rates at the start of every `state_every`-th
-    step and of a step a worker joins at. A worker that joins the running job, rank 0 included, waits here for
-    the keeper's values of its start clock. A resumed job, and a job that went back to a checkpoint (a lost server
-    without backups), take the checkpoint's values of the step before its clock and that step's mean gradient: a
-    resumed worker's first block runs on that step's data and ends with that mean in .grad, so the script's
-    optimizer makes the checkpoint's step again (exact with state_every=1; otherwise UNAVAILABLE names the clocks
-    there are). Make the schedule after this call with last_epoch=model.clock - 1, so that a restarted worker's
-    schedule starts where the job is (the base rate is kept as each group's initial_lr); after a rollback the
-    schedulers of this optimizer are set back to the checkpoint's clock here.
-
-    Raises tessera.Error FAILED_PRECONDITION when the job's servers run an optimizer of their own, and
-    INVALID_ARGUMENT for an optimizer over parameters the model does not train."""
-    if not model.script:
-        raise Error(f"FAILED_PRECONDITION: the job's servers run its optimizer ({model.job.spec['optimizer']['kind']}"
-                    "); a script's own optimizer needs optimizer { kind: SCRIPT } in the job")
-    if getattr(optimizer, "_tessera_model", None) is not None:
-        raise Error("FAILED_PRECONDITION: this optimizer is already a DistributedOptimizer")
-    trained = {id(p) for _, p in model._params}
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            if id(p) not in trained:
-                raise Error("INVALID_ARGUMENT: the optimizer holds a parameter the model does not train (frozen, "
-                            "or of another module)")
-    model._check_every = int(check_every)
-    model._state_every = int(state_every)
-    for group in optimizer.param_groups:
-        group.setdefault("initial_lr", group["lr"])
-    if model._state_every > 0 or model._sync:  # SYNC: the keeper also saves for a worker that joins
-        model._optimizer_state = _OptimizerState(optimizer, model, "all" if model._sync else f"rank{model.rank}",
-                                                 values=model._sync)
-        if model._joining:
-            model._take_kept_values()
-        elif model.clock > 0 and model._optimizer_state.restore():
-            print(f"tessera: worker {model.rank}: the optimizer's state continues from the servers' copy at clock "
-                  f"{model.clock}", flush=True)
-    step = optimizer.step
-
-    def distributed_step(self, *args, **kwargs):
-        if model._current is not None:
-            raise Error("FAILED_PRECONDITION: optimizer.step() inside a step block: call it after the block, once "
-                        "the block's gradients are complete")
-        result = step(*args, **kwargs)
-        model._note_script_step()
-        return result
-
-    if getattr(step, "_with_counter", False):
-        distributed_step._with_counter = True  # an lr_scheduler made before: its order check still holds
-    # A bound method, as torch.optim.lr_scheduler expects of an optimizer's step when it wraps it.
-    optimizer.step = types.MethodType(distributed_step, optimizer)
-    optimizer._tessera_model = model
-    return optimizer
-
-
-class ServerOptimizer(torch.optim.Optimizer):
-    """The servers' optimizer as a torch.optim.Optimizer, so that the script's torch.optim.lr_scheduler drives the
-    learning rate the servers step with (the servers' path: the job's optimizer runs there, sharded). Each block
-    sends every parameter's group["lr"] as a factor of the job's learning_rate with its gradient:
-
-        model = tt.DistributedModel(net, job)
-        opt = tt.ServerOptimizer(model)                      # or parameter groups, each with its own "lr"
-        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)   # any schedule over group["lr"]
-        for indices in model.sampler(len(x)):
-            with model.step(batch_size=len(indices)):
-                loss_fn(model(x[indices]), y[indices]).backward()
-            opt.step()                                         # nothing to do: the servers stepped
-            sched.step()
-
-    Parameter groups (`params`, as torch.optim takes them) may set "lr" and "weight_decay"; every parameter the
-    model trains must be in one; each keeps its base rate as initial_lr, so a restarted script makes its schedule
-    with last_epoch=model.clock - 1. A group's weight decay must be what the job gives its parameters (the job's
-    weight_decay, 0 for names matching its no_decay): the servers apply the job's. zero_grad() does nothing (each
-    step block starts from zeros, and a step's gradients may still be leaving when the block ends).
-
-    Raises tessera.Error FAILED_PRECONDITION in a job whose optimizer is the script's (SCRIPT: use
-    DistributedOptimizer) or that schedules its own learning rate (optimizer.schedule: one schedule, not two), and
-    INVALID_ARGUMENT for a group setting the servers cannot honour or a parameter left out or not trained."""
-
-    def __init__(self, model, params=None):
-        spec = model.job.spec["optimizer"]
-        if model.script:
-            raise Error("FAILED_PRECONDITION: the job's optimizer is the script's (kind: SCRIPT): wrap it in "
-                        "tt.DistributedOptimizer instead")
-        schedule = spec.get("schedule") or {}
-        if int(schedule.get("warmup_steps", 0) or 0) or schedule.get("kind", "CONSTANT") not in ("CONSTANT", 0):
-            raise Error("FAILED_PRECONDITION: the job schedules its own learning rate (optimizer.schedule); a "
-                        "script's schedule through ServerOptimizer would multiply it: keep one of the two")
-        self.base_lr = float(spec["learning_rate"])
-        if not self.base_lr > 0:
-            raise Error(f"FAILED_PRECONDITION: the job's learning_rate is {self.base_lr}: a schedule's rates are "
-                        "factors of it")
-        groups = params if params is not None else [p for _, p in model._params]
-        super().__init__(groups, {"lr": self.base_lr})
-        allowed = {"params", "lr", "weight_decay", "initial_lr"}
-        decay = float(spec.get("weight_decay") or 0.0)
-        no_decay = list(spec.get("no_decay") or [])
-        group_of = {}
-        for g, group in enumerate(self.param_groups):
-            unknown = sorted(set(group) - allowed)
-            if unknown:
-                raise Error(f"INVALID_ARGUMENT: parameter group {g} sets {', '.join(unknown)}: the servers run the "
-                            f"job's optimizer ({spec['kind']}) with its own settings; a group may set lr and "
-                            "weight_decay only")
-            for p in group["params"]:
-                i = model._index.get(id(p))
-                if i is None:
-                    raise Error(f"INVALID_ARGUMENT: parameter group {g} holds a parameter the model does not train "
-                                "(frozen, or of another module)")
-                group_of[i] = g
-                name = model.names[i]
-                job_decay = 0.0 if any(s in name for s in no_decay) else decay
-                if "weight_decay" in group and float(group["weight_decay"]) != job_decay:
-                    raise Error(f"INVALID_ARGUMENT: parameter group {g} gives '{name}' weight decay "
-                                f"{group['weight_decay']}, the job {job_decay} (weight_decay {decay}, no_decay "
-                                f"{no_decay}): the servers apply the job's; set it in the job's optimizer")
-        missing = [name for i, name in enumerate(model.names) if i not in group_of]
-        if missing:
-            raise Error(f"INVALID_ARGUMENT: {_some(missing)} in no parameter group: every parameter the model trains "
-                        "needs a learning rate")
-        self._group_of = [group_of[i] for i in range(len(model.names))]
-        for group in self.param_groups:
-            group.setdefault("initial_lr", group["lr"])  # a restarted script's schedule with last_epoch continues
-        model._server_optimizer = self
-
-    def factors(self):
-        """Each parameter's learning rate now, as a factor of the job's. Raises tessera.Error INVALID_ARGUMENT for a
-        group's rate that is negative or not finite."""
-        rates = [float(group["lr"]) for group in self.param_groups]
-        bad = [g for g, lr in enumerate(rates) if not math.isfinite(lr) or lr < 0]
-        if bad:
-            raise Error(f"INVALID_ARGUMENT: parameter group {bad[0]} has learning rate {rates[bad[0]]}: the servers "
-                        "take a finite rate of 0 or more")
-        return [rates[g] / self.base_lr for g in self._group_of]
-
-    def step(self, closure=None):
-        """Nothing to do: the servers stepped when the block's gradients arrived."""
-        return closure() if closure is not None else None
-
-    def zero_grad(self, set_to_none=False):
-        """Nothing to do: each step block starts from zeros."""
 
 
 class _Scaling:
@@ -854,7 +270,7 @@ class DistributedModel(torch.nn.Module):
 
     def step(self, batch_size, scaler=None):
         """A `with` block for one training step on `batch_size` examples: run forward and backward inside it (see
-        the module's documentation for several backward calls and for gradient edits).
+        tessera.torch's documentation for several backward calls and for gradient edits).
 
         `scaler` (a torch.cuda.amp.GradScaler, in the servers' path): the block divides the gradients by its scale
         before they leave (they leave when the block ends), a step whose gradients hold an inf or NaN on any
@@ -907,12 +323,12 @@ class DistributedModel(torch.nn.Module):
     def stopped(self):
         """True once training should end: the job stopped, this worker reached max_steps or max_epochs, or a
         SIGTERM or Ctrl-C came."""
-        return bool(self._gate["stop"]) or self.clock >= self._stop_clock or _signal != 0
+        return bool(self._gate["stop"]) or self.clock >= self._stop_clock or runtime._signal != 0
 
     @property
     def stop_reason(self):
-        if _signal:
-            return f"stopped by {signal.Signals(_signal).name}"
+        if runtime._signal:
+            return f"stopped by {signal.Signals(runtime._signal).name}"
         if self._gate["stop"]:
             return self._gate["stop_reason"]
         return "the job's steps are done" if self.clock >= self._stop_clock else ""
@@ -970,10 +386,10 @@ class DistributedModel(torch.nn.Module):
             except Error:
                 if not self._gate["stop"]:
                     raise  # a job that is over may no longer take them
-        if _signal:
+        if runtime._signal:
             why = f"{self.stop_reason}: worker {self.rank} stopped at clock {self.clock}"
             self._client.fail(why)
-            if _signal == signal.SIGINT:
+            if runtime._signal == signal.SIGINT:
                 raise SystemExit(130)
             return
         self._client.done()

@@ -1,4 +1,4 @@
-#include "server/replica_sender.h"
+#include "server/replication/replica_sender.h"
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"

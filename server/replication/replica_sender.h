@@ -2,8 +2,8 @@
 // ReplicaSender; GrpcReplicaSender carries the calls over gRPC, with the job's TLS and token, signed for the one
 // backup each is sent to with the sending server's replication key (server/replica_auth.h), which the backup
 // checks against its view. No member key travels between servers.
-#ifndef TESSERA_SERVER_REPLICA_SENDER_H_
-#define TESSERA_SERVER_REPLICA_SENDER_H_
+#ifndef TESSERA_SERVER_REPLICATION_REPLICA_SENDER_H_
+#define TESSERA_SERVER_REPLICATION_REPLICA_SENDER_H_
 
 #include <functional>
 #include <memory>
@@ -55,4 +55,4 @@ class GrpcReplicaSender final : public ReplicaSender {
 
 }  // namespace tessera
 
-#endif  // TESSERA_SERVER_REPLICA_SENDER_H_
+#endif  // TESSERA_SERVER_REPLICATION_REPLICA_SENDER_H_

@@ -1,10 +1,11 @@
-#include "server/chunk.h"
+#include "server/tables/chunk.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "common/tensor_codec.h"
 #include "glog/logging.h"
 
@@ -61,7 +62,7 @@ void SkipUpdateLocked(Chunk& chunk, const std::vector<int>& workers, int64_t clo
 
 void LogUpdateLocked(Chunk& chunk, bool assign, absl::Span<const float> values, float lr_scale, float grad_scale,
                      const std::vector<int>& workers, int64_t clock) {
-  ChunkReplication& r = chunk.replication;
+  UnitReplication& r = chunk.replication;
   if (r.log_base < 0) return;  // the next hand-over is the whole state anyway
   const size_t bytes = values.size() * sizeof(float);
   if (r.log_bytes + bytes > (chunk.values.size() + chunk.state.size()) * sizeof(float)) {
@@ -82,9 +83,30 @@ void LogUpdateLocked(Chunk& chunk, bool assign, absl::Span<const float> values, 
   r.log_bytes += bytes;
 }
 
+namespace {
+
+// A state from a checkpoint or a primary fits `chunk` and holds finite values only.
+absl::Status CheckFits(const tessera::v1::ChunkState& state, const Chunk& chunk, const std::string& what)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
+  if (state.values().size() != chunk.values.size() * sizeof(float) ||
+      state.optimizer_state().size() != chunk.state.size() * sizeof(float)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " has another size than the job's"));
+  }
+  // Nothing non-finite enters the values, a checkpoint's or a primary's included.
+  for (const std::string* bytes : {&state.values(), &state.optimizer_state()}) {
+    std::vector<float> floats(bytes->size() / sizeof(float));
+    if (!floats.empty()) std::memcpy(floats.data(), bytes->data(), floats.size() * sizeof(float));
+    TESSERA_RETURN_IF_ERROR(CheckFinite(floats, what));
+  }
+  return absl::OkStatus();
+}
+
+// A backup applies `updates` (from its primary, in order; the first must follow the chunk's version) with `rule`,
+// then takes the clocks, counters and sequence table of `after`.
 absl::Status ApplyReplicatedLocked(const UpdateRule& rule,
                                    const google::protobuf::RepeatedPtrField<tessera::v1::ChunkUpdate>& updates,
-                                   const tessera::v1::ChunkState& after, Chunk& chunk) {
+                                   const tessera::v1::ChunkState& after, Chunk& chunk)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
   const size_t n = chunk.values.size();
   for (int i = 0; i < updates.size(); ++i) {
     const tessera::v1::ChunkUpdate& u = updates[i];
@@ -134,6 +156,33 @@ absl::Status ApplyReplicatedLocked(const UpdateRule& rule,
   return absl::OkStatus();
 }
 
+// Takes the chunk's state (its sizes checked). Sequence tables are kept only for worker ids with `keep_seq`; the
+// open round is dropped, its exchanges moved to `dropped`.
+void RestoreChunkLocked(const tessera::v1::ChunkState& state, const std::vector<bool>& keep_seq, Chunk& chunk,
+                        std::vector<std::shared_ptr<ExchangeWaiter>>& dropped)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
+  std::memcpy(chunk.values.data(), state.values().data(), state.values().size());
+  std::memcpy(chunk.state.data(), state.optimizer_state().data(), state.optimizer_state().size());
+  chunk.values_bound = std::numeric_limits<float>::infinity();  // not known until the next update measures them
+  chunk.state_bound = std::numeric_limits<float>::infinity();
+  chunk.version = state.version();
+  chunk.gradient_updates = state.gradient_updates();
+  chunk.assignments = state.assignments();
+  chunk.last_round_skipped = false;
+  for (int w = 0; w < state.applied_clocks_size() && w < static_cast<int>(chunk.applied_clocks.size()); ++w) {
+    chunk.applied_clocks[w] = state.applied_clocks(w);
+  }
+  chunk.last_seq.clear();
+  for (const auto& [worker, seq] : state.last_seq()) {
+    if (worker >= 0 && worker < static_cast<int>(keep_seq.size()) && keep_seq[worker]) chunk.last_seq[worker] = seq;
+  }
+  for (auto& w : chunk.round.Reset()) dropped.push_back(std::move(w));
+  for (auto& w : chunk.norm_round.Reset()) dropped.push_back(std::move(w));
+  chunk.norm_closed_round = -1;
+}
+
+}  // namespace
+
 int64_t ClockVersionLocked(const Chunk& chunk, const Roster& roster) {
   int64_t min = INT64_MAX;
   for (size_t w = 0; w < chunk.applied_clocks.size(); ++w) {
@@ -158,50 +207,53 @@ tessera::v1::ChunkState ChunkStateLocked(const Chunk& chunk) {
   return state;
 }
 
-tessera::v1::ChunkState ReplicaStateLocked(const Chunk& chunk, bool values) {
-  tessera::v1::ChunkState state;
-  if (values) {
-    state = ChunkStateLocked(chunk);
+tessera::v1::ChunkState Chunk::StateLocked() const { return ChunkStateLocked(*this); }
+
+tessera::v1::ChunkState Chunk::ReplicaStateLocked(bool with_values) const {
+  tessera::v1::ChunkState out;
+  if (with_values) {
+    out = ChunkStateLocked(*this);
   } else {
-    state.set_param(chunk.key.first);
-    state.set_index(chunk.key.second);
-    state.set_version(chunk.version);
-    state.set_gradient_updates(chunk.gradient_updates);
-    state.set_assignments(chunk.assignments);
-    for (int64_t c : chunk.applied_clocks) state.add_applied_clocks(c);
-    for (const auto& [worker, seq] : chunk.last_seq) (*state.mutable_last_seq())[worker] = seq;
+    out.set_param(key.first);
+    out.set_index(key.second);
+    out.set_version(version);
+    out.set_gradient_updates(gradient_updates);
+    out.set_assignments(assignments);
+    for (int64_t c : applied_clocks) out.add_applied_clocks(c);
+    for (const auto& [worker, seq] : last_seq) (*out.mutable_last_seq())[worker] = seq;
   }
-  for (const auto& [worker, seq] : chunk.last_seq) {
-    if (chunk.round.Has(worker)) state.mutable_last_seq()->erase(worker);
+  for (const auto& [worker, seq] : last_seq) {
+    if (round.Has(worker)) out.mutable_last_seq()->erase(worker);
   }
-  return state;
+  return out;
 }
 
-void RestoreChunkLocked(const tessera::v1::ChunkState& state, const std::vector<bool>& keep_seq, Chunk& chunk,
-                        std::vector<std::shared_ptr<ExchangeWaiter>>& dropped) {
-  std::memcpy(chunk.values.data(), state.values().data(), state.values().size());
-  std::memcpy(chunk.state.data(), state.optimizer_state().data(), state.optimizer_state().size());
-  chunk.values_bound = std::numeric_limits<float>::infinity();  // not known until the next update measures them
-  chunk.state_bound = std::numeric_limits<float>::infinity();
-  chunk.version = state.version();
-  chunk.gradient_updates = state.gradient_updates();
-  chunk.assignments = state.assignments();
-  chunk.last_round_skipped = false;
-  for (int w = 0; w < state.applied_clocks_size() && w < static_cast<int>(chunk.applied_clocks.size()); ++w) {
-    chunk.applied_clocks[w] = state.applied_clocks(w);
-  }
-  chunk.last_seq.clear();
-  for (const auto& [worker, seq] : state.last_seq()) {
-    if (worker >= 0 && worker < static_cast<int>(keep_seq.size()) && keep_seq[worker]) chunk.last_seq[worker] = seq;
-  }
-  for (auto& w : chunk.round.Reset()) dropped.push_back(std::move(w));
-  for (auto& w : chunk.norm_round.Reset()) dropped.push_back(std::move(w));
-  chunk.norm_closed_round = -1;
+absl::Status Chunk::TakeReplicaLocked(const UpdateRule& rule, const tessera::v1::ReplicateRequest& request,
+                                      int workers) {
+  const tessera::v1::ChunkState& taken = request.state();
+  if (request.updates_size() > 0) return ApplyReplicatedLocked(rule, request.updates(), taken, *this);
+  TESSERA_RETURN_IF_ERROR(CheckFits(taken, *this, absl::StrCat("state of chunk ", key.first, "/", key.second)));
+  std::vector<std::shared_ptr<ExchangeWaiter>> none;
+  RestoreChunkLocked(taken, std::vector<bool>(workers, true), *this, none);
+  return absl::OkStatus();
 }
 
-std::vector<std::shared_ptr<ExchangeWaiter>> TakeWaitersLocked(Chunk& chunk) {
-  std::vector<std::shared_ptr<ExchangeWaiter>> waiters = chunk.round.TakeWaiters();
-  for (auto& w : chunk.norm_round.TakeWaiters()) waiters.push_back(std::move(w));
+absl::Status Chunk::RestoreLocked(const tessera::v1::ChunkState& saved, const std::vector<bool>& keep_seq,
+                                  std::vector<std::shared_ptr<ExchangeWaiter>>& dropped) {
+  TESSERA_RETURN_IF_ERROR(CheckFits(saved, *this, absl::StrCat("checkpoint chunk ", key.first, "/", key.second)));
+  RestoreChunkLocked(saved, keep_seq, *this, dropped);
+  return absl::OkStatus();
+}
+
+void Chunk::RenewWorkerLocked(int worker, int64_t joined_clock) {
+  last_seq.erase(worker);
+  applied_clocks[worker] = std::max(applied_clocks[worker], joined_clock);
+}
+
+
+std::vector<std::shared_ptr<ExchangeWaiter>> Chunk::TakeWaitersLocked() {
+  std::vector<std::shared_ptr<ExchangeWaiter>> waiters = round.TakeWaiters();
+  for (auto& w : norm_round.TakeWaiters()) waiters.push_back(std::move(w));
   return waiters;
 }
 

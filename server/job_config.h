@@ -1,0 +1,23 @@
+// What the job fixes for every unit a server holds: set by the server's first view, constant afterwards.
+#ifndef TESSERA_SERVER_JOB_CONFIG_H_
+#define TESSERA_SERVER_JOB_CONFIG_H_
+
+#include <memory>
+
+#include "common/update_rule.h"
+#include "proto/job.pb.h"
+#include "server/consistency/policy.h"
+
+namespace tessera {
+
+struct JobConfig {
+  explicit JobConfig(const tessera::v1::JobSpec& job)
+      : job(job), rule(AppliedOptimizer(job)), policy(ConsistencyPolicy::ForJob(job.consistency(), rule)) {}
+  const tessera::v1::JobSpec job;
+  const UpdateRule rule;
+  const std::unique_ptr<ConsistencyPolicy> policy;  // uses `rule`
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_JOB_CONFIG_H_

@@ -1,0 +1,46 @@
+// What a server holds from the views it adopted, shared by the store (server/shard_store.h), the adoption of a
+// new view (server/view_adoption.h) and replication (server/replication/): one lock, `mu`, guards it all. A
+// request holds it shared while it finds its unit (then takes the unit's own lock); adopting a view holds it
+// exclusively.
+#ifndef TESSERA_SERVER_STORE_STATE_H_
+#define TESSERA_SERVER_STORE_STATE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "proto/cluster.pb.h"
+#include "server/job_config.h"
+#include "server/tables/chunk.h"
+#include "server/tables/dense_table.h"
+
+namespace tessera {
+
+// A server of the view, as this one reaches and checks it.
+struct Peer {
+  std::string address;
+  std::string replication_key;  // Ed25519 public key: checks the server's Replicate calls
+  uint64_t incarnation = 0;
+};
+
+struct StoreState {
+  mutable absl::Mutex mu;
+  int server_id ABSL_GUARDED_BY(mu) = -1;  // set by the first view
+  uint64_t epoch ABSL_GUARDED_BY(mu) = 0;
+  tessera::v1::ShardMap view ABSL_GUARDED_BY(mu);  // the last view adopted
+  std::unique_ptr<const JobConfig> config ABSL_GUARDED_BY(mu);
+  std::shared_ptr<const Roster> roster ABSL_GUARDED_BY(mu);
+  std::map<int, Peer> peers ABSL_GUARDED_BY(mu);  // the view's servers, by id
+  DenseTable dense ABSL_GUARDED_BY(mu);
+
+  // Every table, for what works on any kind.
+  std::vector<Table*> tables() ABSL_SHARED_LOCKS_REQUIRED(mu) { return {&dense}; }
+  std::vector<const Table*> tables() const ABSL_SHARED_LOCKS_REQUIRED(mu) { return {&dense}; }
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_STORE_STATE_H_
