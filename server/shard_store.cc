@@ -51,6 +51,7 @@ absl::Status ShardStore::Assign(const tessera::v1::ShardMap& map, const tessera:
 
 absl::Status ShardStore::AdoptView(ViewAdoption& adoption, int server_id, ClosedRounds& closed) {
   absl::MutexLock lock(&state_.mu);
+  adoption.AssertLocked();  // the same lock: the adoption works on state_
   TESSERA_ASSIGN_OR_RETURN(bool adopted, adoption.Run(server_id));
   // A worker that left may have been the last one a round waited for.
   if (adopted) CloseCompleteRounds(*state_.config, *state_.roster, closed);
@@ -260,7 +261,7 @@ absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& re
   applied.chunk = found.chunk;
   {
     absl::MutexLock lock(&found.chunk->mu);
-    TESSERA_RETURN_IF_ERROR(ApplyLocked(request, values, found, waiter, what, applied));
+    TESSERA_RETURN_IF_ERROR(ApplyLocked(request, values, *found.chunk, found, waiter, what, applied));
   }
   CountPush(request, payload, applied);
   return applied;
@@ -330,10 +331,9 @@ absl::StatusOr<absl::Span<float>> ShardStore::DecodePush(Chunk& chunk, const Flo
   return values;
 }
 
-absl::Status ShardStore::ApplyLocked(const ChunkPush& request, absl::Span<const float> values, const Found& found,
-                                     const std::shared_ptr<ExchangeWaiter>* waiter, const std::string& what,
-                                     Applied& applied) {
-  Chunk& chunk = *found.chunk;
+absl::Status ShardStore::ApplyLocked(const ChunkPush& request, absl::Span<const float> values, Chunk& chunk,
+                                     const Found& found, const std::shared_ptr<ExchangeWaiter>* waiter,
+                                     const std::string& what, Applied& applied) {
   ConsistencyPolicy& policy = *found.config->policy;
   const Roster& roster = *found.roster;
   const int worker = request.worker_id;

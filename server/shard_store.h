@@ -220,10 +220,10 @@ class ShardStore {
   // The push's values, decoded (and checked finite) where the payload lies or into `scratch`.
   absl::StatusOr<absl::Span<float>> DecodePush(Chunk& chunk, const FloatPayload& payload,
                                                std::shared_ptr<PooledBuffer>& scratch, const std::string& what) const;
-  // Applies a validated push under the chunk's lock (exactly once per worker and sequence number).
-  absl::Status ApplyLocked(const ChunkPush& request, absl::Span<const float> values, const Found& found,
+  // Applies a validated push to `chunk` (found.chunk) under its lock (exactly once per worker and sequence number).
+  absl::Status ApplyLocked(const ChunkPush& request, absl::Span<const float> values, Chunk& chunk, const Found& found,
                            const std::shared_ptr<ExchangeWaiter>* waiter, const std::string& what, Applied& applied)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(found.chunk->mu);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   // Counts a push that was taken.
   void CountPush(const ChunkPush& request, const FloatPayload& payload, const Applied& applied)
       ABSL_LOCKS_EXCLUDED(counters_mu_);

@@ -47,6 +47,8 @@ class ViewAdoption {
   absl::StatusOr<bool> Run(int server_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_.mu);
 
   Results& results() { return results_; }
+  // Tells the thread-safety analysis that the caller holds the store's lock, which this adoption works under.
+  void AssertLocked() const ABSL_ASSERT_EXCLUSIVE_LOCK(state_.mu) { state_.mu.AssertHeld(); }
 
  private:
   using Role = Table::Role;

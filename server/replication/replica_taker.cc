@@ -54,9 +54,8 @@ absl::StatusOr<Unit*> ReplicaTaker::FindBackedUp(const tessera::v1::ReplicateReq
     return absl::AbortedError(absl::StrCat("server ", state_.server_id, " is at cluster view epoch ", state_.epoch,
                                            ", the primary at ", request.epoch(), ": its view is on its way"));
   }
-  auto not_backup = [&](const std::string& why) -> absl::Status {
-    return absl::FailedPreconditionError(
-        absl::StrCat("server ", state_.server_id, " at cluster view epoch ", state_.epoch, ": ", why));
+  auto not_backup = [self = state_.server_id, epoch = state_.epoch](const std::string& why) -> absl::Status {
+    return absl::FailedPreconditionError(absl::StrCat("server ", self, " at cluster view epoch ", epoch, ": ", why));
   };
   auto sender = state_.peers.find(request.server_id());
   if (sender == state_.peers.end()) {

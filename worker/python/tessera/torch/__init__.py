@@ -56,7 +56,7 @@ The package, a module per concern (every public name is here, as tessera.torch.X
 - runtime: init, stop_signal (the signal handling), match_blas_threads, load_split
 - sampler: Sampler
 - evaluator: evaluate, BackgroundEvaluator
-- model: DistributedModel and its step blocks (the servers' path, gradient scalers, the hooks, rollbacks)
+- model: DistributedModel (the exchange, the hooks, buffers, rollbacks); step: its step block and gradient scalers
 - optimizer: ServerOptimizer, DistributedOptimizer and a script optimizer's state on the servers
 - cuda_mirror: a CUDA model's pinned host copy of its parameters
 """
