@@ -1,0 +1,28 @@
+// A batch of sparse-table row gradients with every id once (the groundwork of sparse tables; not wired to a job
+// yet). The anchors' common complaint is that results change with duplicate ids: here the rows of one id are
+// summed in an order fixed by their values (ascending by their float bit patterns), not by their place in the
+// batch, so a batch in any order gives bit for bit the same sums.
+#ifndef TESSERA_SERVER_TABLES_ROW_BATCH_H_
+#define TESSERA_SERVER_TABLES_ROW_BATCH_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace tessera {
+
+struct RowGradients {
+  std::vector<uint64_t> ids;  // ascending, each once
+  std::vector<float> grads;   // ids.size() rows of `dim`
+  int64_t duplicates = 0;     // rows folded into another of the same id
+};
+
+// Sums the rows of `grads` (ids.size() rows of `dim` floats) that share an id. INVALID_ARGUMENT, computing
+// nothing, for dim < 1 or a gradient of another length.
+absl::StatusOr<RowGradients> SumDuplicates(absl::Span<const uint64_t> ids, absl::Span<const float> grads, int64_t dim);
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_TABLES_ROW_BATCH_H_
