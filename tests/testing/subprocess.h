@@ -13,7 +13,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -71,6 +73,18 @@ class Subprocess {
     while (true) {
       const size_t at = output_.find(text);
       if (at != std::string::npos && output_.find('\n', at) != std::string::npos) return true;
+      if (!ReadSome(deadline)) return false;
+    }
+  }
+
+  // Reads until a whole line satisfies `matches`; false as ReadUntil.
+  bool ReadUntilLineWhere(const std::function<bool(std::string_view line)>& matches, absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    size_t start = 0;  // the first line not looked at yet
+    while (true) {
+      for (size_t end; (end = output_.find('\n', start)) != std::string::npos; start = end + 1) {
+        if (matches(std::string_view(output_).substr(start, end - start))) return true;
+      }
       if (!ReadSome(deadline)) return false;
     }
   }
