@@ -1,6 +1,7 @@
 #include "common/shard_map.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -30,6 +31,51 @@ void AssignToLeastLoaded(std::vector<ChunkPlacement*> chunks, std::map<int, int6
   }
 }
 }  // namespace
+
+int EmbeddingSlots(const ParameterSpec& spec) {
+  return spec.embedding().slots() > 0 ? spec.embedding().slots() : kDefaultEmbeddingSlots;
+}
+
+int EmbeddingSlot(uint64_t id, int slots) {
+  // A mix of the id's bits first: ids drawn in runs or with a common stride still spread over the slots.
+  uint64_t x = id + 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  return static_cast<int>(x % static_cast<uint64_t>(slots));
+}
+
+absl::Status CheckEmbeddingSpec(const ParameterSpec& spec) {
+  const tessera::v1::EmbeddingSpec& e = spec.embedding();
+  const std::string what = absl::StrCat("embedding table '", spec.name().substr(0, kMaxNameBytes), "'");
+  if (spec.shape_size() != 1 || spec.shape(0) < 1 || spec.shape(0) > kMaxLayerWidth) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": shape must be [dim] with dim in 1 .. ", kMaxLayerWidth));
+  }
+  if (e.slots() < 0 || e.slots() > kMaxEmbeddingSlots) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": slots ", e.slots(), " is not within 1 .. ",
+                                                   kMaxEmbeddingSlots, " (0: ", kDefaultEmbeddingSlots, ")"));
+  }
+  if (e.admit_after() < 0 || e.expire_after_steps() < 0 || e.expire_after_steps() > kMaxClock) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": admit_after ", e.admit_after(), " and expire_after_steps ",
+                                                   e.expire_after_steps(), " may not be negative"));
+  }
+  const tessera::v1::RowOptimizerSpec& o = e.optimizer();
+  for (auto [name, value] : {std::pair<const char*, float>{"learning_rate", o.learning_rate()},
+                             {"epsilon", o.epsilon()},
+                             {"initial_accumulator", o.initial_accumulator()},
+                             {"ftrl_beta", o.ftrl_beta()},
+                             {"l1", o.l1()},
+                             {"l2", o.l2()},
+                             {"beta1", o.beta1()},
+                             {"beta2", o.beta2()}}) {
+    const bool beta = name[0] == 'b';
+    if (!std::isfinite(value) || value < 0 || (beta && value >= 1)) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": optimizer.", name, " ", value, " must be ",
+                                                     beta ? "in [0, 1)" : "finite and not negative"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 std::map<int, int64_t> BytesPerServer(const ShardMap& map) {
   std::map<int, int64_t> bytes;
@@ -89,6 +135,7 @@ absl::Status ValidateShardMap(const tessera::v1::ShardMap& map, const tessera::v
                                                    kMaxChunks));
   }
   std::map<std::string_view, int64_t> elements;
+  std::map<std::string_view, int> slots;  // embedding tables
   for (const auto& p : map.params()) {
     TESSERA_RETURN_IF_ERROR(CheckLength("parameter name", p.name(), kMaxNameBytes));
     TESSERA_RETURN_IF_ERROR(CheckKnownEnums(p));
@@ -96,6 +143,10 @@ absl::Status ValidateShardMap(const tessera::v1::ShardMap& map, const tessera::v
       return absl::InvalidArgumentError(absl::StrCat("parameter '", p.name(), "': only float32 is supported"));
     }
     TESSERA_ASSIGN_OR_RETURN(elements[p.name()], CheckedElements(p.shape(), absl::StrCat("parameter '", p.name(), "'")));
+    if (p.has_embedding()) {
+      TESSERA_RETURN_IF_ERROR(CheckEmbeddingSpec(p));
+      slots[p.name()] = EmbeddingSlots(p);
+    }
   }
   const int64_t max_length = std::max<int64_t>(1, job.chunk_bytes() / 4);
   const int num_servers = job.cluster().num_servers();
@@ -105,6 +156,12 @@ absl::Status ValidateShardMap(const tessera::v1::ShardMap& map, const tessera::v
     if (it == elements.end()) {
       return absl::InvalidArgumentError(absl::StrCat("shard map places chunk ", c.param().substr(0, kMaxNameBytes),
                                                      "/", c.index(), " but declares no such parameter"));
+    }
+    if (auto table = slots.find(c.param()); table != slots.end() &&
+        (c.index() < 0 || c.index() >= table->second || c.offset() != 0 || c.length() != it->second)) {
+      return absl::InvalidArgumentError(absl::StrCat("shard map slot ", c.param(), "/", c.index(), " (offset ",
+                                                     c.offset(), ", length ", c.length(), ") is not one of the ",
+                                                     table->second, " slots of its embedding table"));
     }
     if (c.index() < 0 || c.length() <= 0 || c.length() > max_length || c.offset() < 0 ||
         c.offset() > it->second - c.length()) {
@@ -197,8 +254,15 @@ absl::Status PlaceParameters(const std::vector<ParameterSpec>& params, int64_t c
     if (std::any_of(fresh.begin(), fresh.end(), [&](const ParameterSpec* q) { return q->name() == p.name(); })) {
       return absl::InvalidArgumentError(absl::StrCat("parameter '", p.name(), "' declared twice in one call"));
     }
+    if (p.has_embedding()) {
+      TESSERA_RETURN_IF_ERROR(CheckEmbeddingSpec(p));
+      if (p.shape(0) > max_elems) {
+        return absl::InvalidArgumentError(absl::StrCat("embedding table '", p.name(), "': a row of ", p.shape(0),
+                                                       " values is more than chunk_bytes (", chunk_bytes, ")"));
+      }
+    }
     fresh.push_back(&p);
-    new_chunks += (n + max_elems - 1) / max_elems;
+    new_chunks += p.has_embedding() ? EmbeddingSlots(p) : (n + max_elems - 1) / max_elems;
   }
   if (fresh.empty()) return absl::OkStatus();
   // Counted before any placement is made: a declaration too large for the job allocates nothing.
@@ -209,8 +273,24 @@ absl::Status PlaceParameters(const std::vector<ParameterSpec>& params, int64_t c
   }
 
   std::vector<ChunkPlacement> chunks;
+  std::vector<ChunkPlacement> slots;  // of embedding tables: round the servers
+  std::vector<int> servers;
+  for (const auto& server : map.servers()) servers.push_back(server.id());
+  std::sort(servers.begin(), servers.end());
   for (const ParameterSpec* p : fresh) {
     *map.add_params() = *p;
+    if (p->has_embedding()) {
+      for (int s = 0; s < EmbeddingSlots(*p); ++s) {
+        ChunkPlacement c;
+        c.set_param(p->name());
+        c.set_index(s);
+        c.set_offset(0);
+        c.set_length(p->shape(0));
+        c.set_server_id(servers[s % servers.size()]);
+        slots.push_back(std::move(c));
+      }
+      continue;
+    }
     const int64_t n = NumElements(p->shape());
     const int64_t count = (n + max_elems - 1) / max_elems;
     int64_t offset = 0;
@@ -229,6 +309,7 @@ absl::Status PlaceParameters(const std::vector<ParameterSpec>& params, int64_t c
   for (ChunkPlacement& c : chunks) unplaced.push_back(&c);
   AssignToLeastLoaded(unplaced, BytesPerServer(map));
   for (ChunkPlacement& c : chunks) *map.add_chunks() = std::move(c);
+  for (ChunkPlacement& c : slots) *map.add_chunks() = std::move(c);
   if (backups > 0) FillBackups(backups, map);
   map.set_epoch(map.epoch() + 1);
   return absl::OkStatus();

@@ -6,6 +6,11 @@
 //
 // With replication (ReplicationSpec.backups = K), each chunk also has up to K backups, each on a server holding
 // no other copy of it, fewest bytes of copies first. When a primary is lost its first live backup takes over.
+//
+// An embedding table (ParameterSpec.embedding) is cut into its hash slots instead: slot s is a chunk of index s,
+// offset 0 and length `dim` (one row's worth, the weight the movers balance by), and the slots of a new table go
+// round the servers in id order. A row's id picks its slot (EmbeddingSlot), so a table trains across servers and
+// moves, is replicated and checkpointed slot by slot.
 #ifndef TESSERA_COMMON_SHARD_MAP_H_
 #define TESSERA_COMMON_SHARD_MAP_H_
 
@@ -27,6 +32,15 @@ namespace tessera {
 // New chunks get `backups` backups each (fewer when the map has too few servers).
 [[nodiscard]] absl::Status PlaceParameters(const std::vector<tessera::v1::ParameterSpec>& params, int64_t chunk_bytes,
                                            tessera::v1::ShardMap& map, int backups = 0);
+
+// Embedding tables: the slots of `spec` (EmbeddingSpec.slots, 64 when unset), and the slot of row `id`.
+inline constexpr int kDefaultEmbeddingSlots = 64;
+inline constexpr int kMaxEmbeddingSlots = 65536;
+int EmbeddingSlots(const tessera::v1::ParameterSpec& spec);
+int EmbeddingSlot(uint64_t id, int slots);
+// An embedding table's declaration: shape [dim], slots within 1 .. kMaxEmbeddingSlots, admission and expiry not
+// negative, the optimizer's numbers finite, not negative, betas below 1. INVALID_ARGUMENT naming the field.
+[[nodiscard]] absl::Status CheckEmbeddingSpec(const tessera::v1::ParameterSpec& spec);
 
 // A view from the wire (a server's assignment, or one a server brings back to a restarted scheduler), checked
 // before anything is allocated from it: the job must be valid; every chunk of a declared parameter, within it, no

@@ -40,6 +40,8 @@ inline constexpr int64_t kMaxDatasetElements = int64_t{1} << 30;
 inline constexpr int64_t kMaxChunks = int64_t{1} << 20;
 // Clocks (steps) and shard-map epochs far beyond any job's; a larger one is a forgery or a bug.
 inline constexpr int64_t kMaxClock = int64_t{1} << 40;
+// Ids in one request for rows of an embedding table.
+inline constexpr int64_t kMaxRowsPerRequest = int64_t{1} << 21;
 inline constexpr uint64_t kMaxEpoch = uint64_t{1} << 40;
 // A member slot's incarnations (one per registration of a process for it): a larger one is a forgery. A slot
 // that reached it takes no one more (nothing wraps).

@@ -42,6 +42,9 @@ DEFINE_bool(fabric_tcp, false,
 DEFINE_int32(fabric_spin_us, -1,
              "microseconds the UCX progress thread keeps polling after its last event before it sleeps; -1: 50 where "
              "the process may use more than 4 cores (affinity, cgroup quota), else 0 (where polling takes a core from the updates)");
+DEFINE_int64(max_row_memory_mb, 0,
+             "memory the rows of embedding tables may take on this server (values, optimizer state, index), in MiB; "
+             "a push that would create rows beyond it is refused with RESOURCE_EXHAUSTED, changing nothing; 0: no cap");
 DEFINE_int32(inline_update_bytes, 64 << 10,
              "pushes smaller than this many bytes are applied on the gRPC thread that received them");
 TESSERA_DEFINE_SECURITY_FLAGS()
@@ -72,6 +75,7 @@ absl::StatusOr<tessera::ServerOptions> OptionsFromFlags() {
   options.fabric_spin_us = FLAGS_fabric_spin_us;
   options.update_threads = FLAGS_update_threads;
   options.inline_update_bytes = FLAGS_inline_update_bytes;
+  options.max_row_memory_mb = FLAGS_max_row_memory_mb;
   TESSERA_ASSIGN_OR_RETURN(options.security, tessera::Security::Load(SecurityFlags()));
   TESSERA_RETURN_IF_ERROR(tessera::ValidateServerOptions(options));
   return options;

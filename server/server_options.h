@@ -26,6 +26,9 @@ struct ServerOptions {
   bool fabric_tcp = false;               // whether UCX may use (and listen on) TCP: FabricOptions::tcp
   int update_threads = 2;                // threads that apply pushes of at least inline_update_bytes
   int inline_update_bytes = 64 << 10;    // smaller pushes are applied on the gRPC thread (microseconds)
+  // The memory the rows of embedding tables may take on this server (values, optimizer state, index); a push
+  // that would create rows beyond it is refused (RESOURCE_EXHAUSTED). 0: no cap.
+  int64_t max_row_memory_mb = 0;
   std::shared_ptr<const Security> security = Security::Plaintext();  // TLS and the job token (common/security.h)
 };
 

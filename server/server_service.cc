@@ -290,6 +290,35 @@ grpc::ServerUnaryReactor* ServerService::Checkpoint(grpc::CallbackServerContext*
       });
 }
 
+grpc::ServerUnaryReactor* ServerService::PullRows(grpc::CallbackServerContext* context,
+                                                  const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
+  using tessera::v1::RowPullRequest;
+  using tessera::v1::RowPullResponse;
+  return ServeUnary<RowPullRequest, RowPullResponse>(
+      context, request, response, *security_,
+      [this](std::shared_ptr<const RowPullRequest> r, UnaryReply<RowPullResponse> reply) {
+        reply(store_->PullRows(*r));
+      });
+}
+
+grpc::ServerUnaryReactor* ServerService::PushRows(grpc::CallbackServerContext* context,
+                                                  const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
+  using tessera::v1::RowPushRequest;
+  using tessera::v1::RowPushResponse;
+  return ServeUnary<RowPushRequest, RowPushResponse>(
+      context, request, response, *security_,
+      [this, context](std::shared_ptr<const RowPushRequest> r, UnaryReply<RowPushResponse> reply) {
+        auto apply = [this, r, reply, key = std::string(ClientMetadata(*context, kMemberKeyHeader))] {
+          store_->PushRows(*r, key, reply);
+        };
+        if (r->grads().size() >= static_cast<size_t>(inline_update_bytes_)) {
+          updates_->Submit(std::move(apply));
+        } else {
+          apply();
+        }
+      });
+}
+
 grpc::ServerUnaryReactor* ServerService::GetStats(grpc::CallbackServerContext* context,
                                                   const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
   using tessera::v1::ServerStats;

@@ -48,7 +48,9 @@ using ParameterServerBase = tessera::v1::ParameterServer::WithRawCallbackMethod_
     tessera::v1::ParameterServer::WithRawCallbackMethod_DecideRounds<
     tessera::v1::ParameterServer::WithRawCallbackMethod_Shutdown<
     tessera::v1::ParameterServer::WithRawCallbackMethod_Replicate<
-        tessera::v1::ParameterServer::CallbackService>>>>>>>>>;
+    tessera::v1::ParameterServer::WithRawCallbackMethod_PullRows<
+    tessera::v1::ParameterServer::WithRawCallbackMethod_PushRows<
+        tessera::v1::ParameterServer::CallbackService>>>>>>>>>>>;
 
 class ServerService final : public ParameterServerBase {
  public:
@@ -84,6 +86,11 @@ class ServerService final : public ParameterServerBase {
   // From another server of the job (its member key is checked by the store).
   grpc::ServerUnaryReactor* Replicate(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
                                       grpc::ByteBuffer* response) override;
+  // Embedding tables' rows (ShardStore::PullRows, PushRows); a push's update runs on `updates` when it is large.
+  grpc::ServerUnaryReactor* PullRows(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* PushRows(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
 
  private:
   // OK when the call carries the scheduler's control key.

@@ -70,7 +70,8 @@ void ShardStore::AnswerClosedRounds(ClosedRounds& closed) {
 absl::StatusOr<tessera::v1::ShardCheckpoint> ShardStore::Snapshot(int64_t at_version, absl::Time deadline,
                                                                   const std::function<bool()>& cancelled) {
   tessera::v1::ShardCheckpoint out;
-  std::vector<Chunk*> chunks;  // chunks are never removed, so the pointers stay valid
+  std::vector<Chunk*> chunks;  // units are never freed, so the pointers stay valid
+  std::vector<Unit*> slots;
   {
     absl::ReaderMutexLock lock(&state_.mu);
     out.set_server_id(state_.server_id);
@@ -78,17 +79,24 @@ absl::StatusOr<tessera::v1::ShardCheckpoint> ShardStore::Snapshot(int64_t at_ver
       for (uint64_t inc : state_.roster->incarnation) out.add_worker_incarnations(inc);
     }
     chunks = state_.dense.Chunks();
+    slots = state_.sparse.Units(Table::Role::kPrimary);
   }
   if (at_version < 0) {
     for (Chunk* chunk : chunks) {
       absl::MutexLock chunk_lock(&chunk->mu);
       *out.add_chunks() = ChunkStateLocked(*chunk);
     }
-    return out;
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(std::vector<tessera::v1::ChunkState> states,
+                             cut_.Take(chunks, at_version, deadline, cancelled, out.server_id()));
+    for (auto& state : states) *out.add_chunks() = std::move(state);
   }
-  TESSERA_ASSIGN_OR_RETURN(std::vector<tessera::v1::ChunkState> states,
-                           cut_.Take(chunks, at_version, deadline, cancelled, out.server_id()));
-  for (auto& state : states) *out.add_chunks() = std::move(state);
+  // Embedding slots have no rounds: in SYNC a step's row pushes are all answered before its dense round closes
+  // (PsClient::PushRows comes first in a step), so once the chunks reached the cut the slots are at it too.
+  for (Unit* slot : slots) {
+    absl::MutexLock slot_lock(&slot->mu);
+    *out.add_chunks() = slot->StateLocked();
+  }
   return out;
 }
 
@@ -149,22 +157,27 @@ absl::Status ShardStore::DecideRounds(const tessera::v1::DecideRoundsRequest& re
   return absl::OkStatus();
 }
 
-absl::StatusOr<ShardStore::Found> ShardStore::Find(const ChunkAddress& address) const {
-  absl::ReaderMutexLock lock(&state_.mu);
-  if (address.epoch < state_.epoch) {
+absl::Status ShardStore::CheckEpochLocked(uint64_t epoch) const {
+  if (epoch < state_.epoch) {
     absl::Status status = absl::FailedPreconditionError(absl::StrCat(
-        "stale shard map: request has epoch ", address.epoch, ", server ", state_.server_id, " is at epoch ", state_.epoch));
+        "stale shard map: request has epoch ", epoch, ", server ", state_.server_id, " is at epoch ", state_.epoch));
     SetCurrentEpoch(status, state_.epoch);
     return status;
   }
-  if (address.epoch > state_.epoch) {
+  if (epoch > state_.epoch) {
     // With the server's epoch: the caller sees this server answered (it is not to be reported as unreachable).
-    absl::Status status = absl::UnavailableError(absl::StrCat("server ", state_.server_id, " is at shard map epoch ", state_.epoch,
-                                                              ", request has ", address.epoch,
+    absl::Status status = absl::UnavailableError(absl::StrCat("server ", state_.server_id, " is at shard map epoch ",
+                                                              state_.epoch, ", request has ", epoch,
                                                               "; its assignment is on the way"));
     SetCurrentEpoch(status, state_.epoch);
     return status;
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ShardStore::Found> ShardStore::Find(const ChunkAddress& address) const {
+  absl::ReaderMutexLock lock(&state_.mu);
+  TESSERA_RETURN_IF_ERROR(CheckEpochLocked(address.epoch));
   Chunk* chunk = state_.dense.FindChunk({std::string(address.param), address.index});
   if (chunk == nullptr) {
     return absl::NotFoundError(absl::StrCat("unknown parameter chunk '", KeyName(address), "' on server ",
@@ -275,24 +288,9 @@ absl::Status ShardStore::CheckPush(const ChunkPush& request, const FloatPayload&
     return absl::InvalidArgumentError(
         absl::StrCat("worker id ", worker, " out of range: the job has ", workers, " workers"));
   }
-  const Roster& roster = *found.roster;
-  if (!roster.key_digest[worker].empty() && !SecretsEqual(KeyDigest(request.member_key), roster.key_digest[worker])) {
-    return absl::UnauthenticatedError(absl::StrCat("push as worker ", worker, ": ",
-                                                   request.member_key.empty() ? "the call carried no member key"
-                                                                              : "wrong member key"));
-  }
+  TESSERA_RETURN_IF_ERROR(CheckPusher(*found.roster, worker, request.incarnation, request.member_key));
   if (request.seq == 0 || request.seq > static_cast<uint64_t>(kMaxUpdateCount)) {
     return absl::InvalidArgumentError(absl::StrCat("push seq ", request.seq, " is not within 1 .. ", kMaxUpdateCount));
-  }
-  if (!roster.active[worker]) {
-    return absl::FailedPreconditionError(absl::StrCat("worker ", worker,
-                                                      " is not in the job's cluster view (it was declared lost); "
-                                                      "register again to rejoin"));
-  }
-  if (roster.incarnation[worker] != 0 && request.incarnation != roster.incarnation[worker]) {
-    return absl::FailedPreconditionError(absl::StrCat("worker ", worker, " incarnation ", request.incarnation,
-                                                      " is not in the job: the rank is held by incarnation ",
-                                                      roster.incarnation[worker]));
   }
   if (request.assign && (payload.encoding().sparse || payload.encoding().precision != tessera::v1::WireSpec::FP32)) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": an assignment carries dense float32 values, got ",
@@ -306,6 +304,27 @@ absl::Status ShardStore::CheckPush(const ChunkPush& request, const FloatPayload&
       request.read_clock_version > kMaxClock) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": clock ", request.clock, " and read clock ",
                                                    request.read_clock_version, " must be within 0 .. ", kMaxClock));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardStore::CheckPusher(const Roster& roster, int worker, uint64_t incarnation,
+                                     std::string_view member_key) {
+  if (!roster.key_digest[worker].empty() &&
+      !SecretsEqual(KeyDigest(absl::string_view(member_key.data(), member_key.size())), roster.key_digest[worker])) {
+    return absl::UnauthenticatedError(absl::StrCat("push as worker ", worker, ": ",
+                                                   member_key.empty() ? "the call carried no member key"
+                                                                      : "wrong member key"));
+  }
+  if (!roster.active[worker]) {
+    return absl::FailedPreconditionError(absl::StrCat("worker ", worker,
+                                                      " is not in the job's cluster view (it was declared lost); "
+                                                      "register again to rejoin"));
+  }
+  if (roster.incarnation[worker] != 0 && incarnation != roster.incarnation[worker]) {
+    return absl::FailedPreconditionError(absl::StrCat("worker ", worker, " incarnation ", incarnation,
+                                                      " is not in the job: the rank is held by incarnation ",
+                                                      roster.incarnation[worker]));
   }
   return absl::OkStatus();
 }
@@ -460,11 +479,13 @@ void ShardStore::CancelWaiters(const absl::Status& why) {
   std::vector<std::function<void(absl::Status)>> held;
   {
     absl::ReaderMutexLock lock(&state_.mu);
-    for (Chunk* chunk : state_.dense.Chunks()) {
-      absl::MutexLock chunk_lock(&chunk->mu);
-      for (auto& w : chunk->TakeWaitersLocked()) waiting.push_back(std::move(w));
-      for (auto& [version, done] : chunk->replication.waiting) held.push_back(std::move(done));
-      chunk->replication.waiting.clear();
+    for (Table* table : state_.tables()) {
+      for (Unit* unit : table->Units(Table::Role::kPrimary)) {
+        absl::MutexLock unit_lock(&unit->mu);
+        for (auto& w : unit->TakeWaitersLocked()) waiting.push_back(std::move(w));
+        for (auto& [version, done] : unit->replication.waiting) held.push_back(std::move(done));
+        unit->replication.waiting.clear();
+      }
     }
   }
   for (auto& w : waiting) w->Complete(why);

@@ -70,9 +70,11 @@ namespace tessera {
 class ShardStore {
  public:
   // `max_cached_buffer_bytes` bounds the free reply and scratch buffers kept for reuse. `replicas` (not owned;
-  // must outlive the store) carries chunk states to backups; a job with backups needs one.
-  explicit ShardStore(size_t max_cached_buffer_bytes = 64 << 20, ReplicaSender* replicas = nullptr)
-      : buffers_(max_cached_buffer_bytes), shipper_(state_, replicas) {}
+  // must outlive the store) carries chunk states to backups; a job with backups needs one. `row_memory_cap` bounds
+  // the memory of embedding tables' rows (0: no cap).
+  explicit ShardStore(size_t max_cached_buffer_bytes = 64 << 20, ReplicaSender* replicas = nullptr,
+                      int64_t row_memory_cap = 0)
+      : buffers_(max_cached_buffer_bytes), state_(row_memory_cap), shipper_(state_, replicas) {}
   // Waits for hand-overs to backups still on their way.
   ~ShardStore() = default;
 
@@ -156,6 +158,19 @@ class ShardStore {
   // INVALID_ARGUMENT, changing nothing, for more rounds than are kept or a worker id outside the job.
   [[nodiscard]] absl::Status DecideRounds(const tessera::v1::DecideRoundsRequest& request);
 
+  // Embedding tables (ParameterSpec.embedding; the rows' own path, server/row_requests.cc). Every id must be in a
+  // hash slot this server is primary of: NOT_FOUND otherwise, as for an unknown table; the epoch is checked as
+  // for chunks. INVALID_ARGUMENT, changing nothing, for more than kMaxRowsPerRequest ids, a worker id outside the
+  // job, or (pushes) values of another length, non-finite values, or a bad seq, clock or batch size;
+  // UNAUTHENTICATED and FAILED_PRECONDITION as for Push. A row never written reads its initial values.
+  [[nodiscard]] absl::StatusOr<tessera::v1::RowPullResponse> PullRows(const tessera::v1::RowPullRequest& request) const;
+  // Duplicate ids are summed first (tables/row_batch.h). In SYNC a worker's gradient is weighed by its share of
+  // the round's examples (batch_size over the job's global batch), so the workers' pushes of one step add up to
+  // the step of their mean. RESOURCE_EXHAUSTED, changing nothing, when the rows it would create do not fit the
+  // server's row memory. `done` runs once every backup of the slots holds the update.
+  using RowPushDone = std::function<void(absl::StatusOr<tessera::v1::RowPushResponse>)>;
+  void PushRows(const tessera::v1::RowPushRequest& request, std::string_view member_key, RowPushDone done);
+
   // Completes every waiting PushPull and push with `why` (shutdown).
   void CancelWaiters(const absl::Status& why);
 
@@ -177,6 +192,21 @@ class ShardStore {
     std::vector<StalenessHistogram> worker_staleness;  // by worker id
     int64_t push_bytes = 0;
   };
+
+  // The slots of a row request, each with the positions of its ids in the request.
+  struct FoundRows {
+    const RowTableSpec* spec = nullptr;
+    const JobConfig* config = nullptr;
+    std::shared_ptr<const Roster> roster;
+    std::vector<std::pair<RowSlot*, std::vector<int64_t>>> slots;
+  };
+  // The slots of `ids` in `table` after checking the epoch and the worker id, or the error to answer with.
+  absl::StatusOr<FoundRows> FindRows(uint64_t epoch, int worker, const std::string& table,
+                                     absl::Span<const uint64_t> ids) const ABSL_LOCKS_EXCLUDED(state_.mu);
+  // The epoch check of every data-plane request.
+  absl::Status CheckEpochLocked(uint64_t epoch) const ABSL_SHARED_LOCKS_REQUIRED(state_.mu);
+  // The checks of a push that do not depend on its kind: the worker's member key, incarnation and membership.
+  static absl::Status CheckPusher(const Roster& roster, int worker, uint64_t incarnation, std::string_view member_key);
 
   struct Found {
     Chunk* chunk;

@@ -16,6 +16,7 @@
 #include "server/job_config.h"
 #include "server/tables/chunk.h"
 #include "server/tables/dense_table.h"
+#include "server/tables/sparse_table.h"
 
 namespace tessera {
 
@@ -27,6 +28,8 @@ struct Peer {
 };
 
 struct StoreState {
+  explicit StoreState(int64_t row_memory_cap_bytes = 0) : row_memory(row_memory_cap_bytes) {}
+
   mutable absl::Mutex mu;
   int server_id ABSL_GUARDED_BY(mu) = -1;  // set by the first view
   uint64_t epoch ABSL_GUARDED_BY(mu) = 0;
@@ -34,11 +37,13 @@ struct StoreState {
   std::unique_ptr<const JobConfig> config ABSL_GUARDED_BY(mu);
   std::shared_ptr<const Roster> roster ABSL_GUARDED_BY(mu);
   std::map<int, Peer> peers ABSL_GUARDED_BY(mu);  // the view's servers, by id
+  RowMemory row_memory;  // the rows' budget (thread-safe on its own)
   DenseTable dense ABSL_GUARDED_BY(mu);
+  SparseTable sparse ABSL_GUARDED_BY(mu){&row_memory};
 
   // Every table, for what works on any kind.
-  std::vector<Table*> tables() ABSL_SHARED_LOCKS_REQUIRED(mu) { return {&dense}; }
-  std::vector<const Table*> tables() const ABSL_SHARED_LOCKS_REQUIRED(mu) { return {&dense}; }
+  std::vector<Table*> tables() ABSL_SHARED_LOCKS_REQUIRED(mu) { return {&dense, &sparse}; }
+  std::vector<const Table*> tables() const ABSL_SHARED_LOCKS_REQUIRED(mu) { return {&dense, &sparse}; }
 };
 
 }  // namespace tessera

@@ -1,6 +1,7 @@
 #include "server/tables/dense_table.h"
 
 #include <algorithm>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -10,10 +11,15 @@
 namespace tessera {
 
 absl::StatusOr<std::vector<UnitPlacement>> DenseTable::Placements(const tessera::v1::ShardMap& map) const {
+  std::set<std::string_view> embeddings;  // the sparse kind's (tables/sparse_table.h)
+  for (const auto& p : map.params()) {
+    if (p.has_embedding()) embeddings.insert(p.name());
+  }
   std::vector<UnitPlacement> out;
   out.reserve(map.chunks_size());
   for (int i = 0; i < map.chunks_size(); ++i) {
     const tessera::v1::ChunkPlacement& chunk = map.chunks(i);
+    if (embeddings.count(chunk.param()) != 0) continue;
     out.push_back(UnitPlacement{{chunk.param(), chunk.index()},
                                 chunk.server_id(),
                                 std::vector<int>(chunk.backup_server_ids().begin(), chunk.backup_server_ids().end()),

@@ -53,9 +53,9 @@ void RowOptimizer::InitState(absl::Span<float> state) const {
 }
 
 void RowOptimizer::Apply(absl::Span<float> w, absl::Span<float> state, absl::Span<const float> g,
-                         int64_t step) const {
+                         int64_t step, float lr_scale) const {
   const size_t dim = w.size();
-  const float lr = spec_.learning_rate;
+  const float lr = spec_.learning_rate * lr_scale;
   switch (spec_.kind) {
     case RowOptimizerSpec::Kind::kSgd:
       for (size_t i = 0; i < dim; ++i) w[i] -= lr * g[i];
@@ -75,6 +75,7 @@ void RowOptimizer::Apply(absl::Span<float> w, absl::Span<float> state, absl::Spa
       return;
     }
     case RowOptimizerSpec::Kind::kFtrl: {
+      if (!(lr > 0)) return;  // a schedule's rate of 0: FTRL's alpha divides
       float* z = state.data();
       float* n = state.data() + dim;
       for (size_t i = 0; i < dim; ++i) {

@@ -51,8 +51,10 @@ class RowOptimizer {
   void InitState(absl::Span<float> state) const;
 
   // One update of a row: `grad` (the batch's gradient of the row, duplicates summed) applied to `values`, with
-  // the row's `state`; `step` counts this row's updates, this one included (1 for its first).
-  void Apply(absl::Span<float> values, absl::Span<float> state, absl::Span<const float> grad, int64_t step) const;
+  // the row's `state`; `step` counts this row's updates, this one included (1 for its first). `lr_scale` scales
+  // the learning rate (a schedule's factor).
+  void Apply(absl::Span<float> values, absl::Span<float> state, absl::Span<const float> grad, int64_t step,
+             float lr_scale = 1.0f) const;
 
  private:
   const RowOptimizerSpec spec_;

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "server/tables/row_batch.h"
+#include "common/row_batch.h"
 #include "server/tables/row_optimizer.h"
 #include "tests/testing/status_matchers.h"
 

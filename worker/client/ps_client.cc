@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/fabric/ucx_worker.h"
 #include "common/heartbeater.h"
+#include "common/row_batch.h"
 #include "common/rpc.h"
 #include "common/scheduler_client.h"
 #include "common/security.h"
@@ -14,6 +15,7 @@
 #include "glog/logging.h"
 #include "worker/client/chunk_calls.h"
 #include "worker/client/grpc_chunk_transport.h"
+#include "worker/client/row_calls.h"
 #include "worker/client/ucx_chunk_transport.h"
 #include "worker/client/step_protocols.h"
 
@@ -92,6 +94,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(const Options& optio
                            MakeChunkTransport(client->job_, options, security,
                                               {client->worker_id_, client->incarnation_, client->member_key_}));
   client->caller_ = std::make_unique<ChunkCaller>(std::move(transport), client->job_.wire());
+  client->rows_ = std::make_unique<RowCaller>(security, options.rpc_timeout);
   if (options.heartbeat) {
     client->heartbeater_ = client->scheduler_->StartHeartbeats(
         tessera::v1::WORKER, client->worker_id_, client->incarnation_,
@@ -410,6 +413,124 @@ std::unique_ptr<StepExchange> PsClient::BeginStep(const std::vector<std::string>
                                                   const std::vector<absl::Span<const float>>& grads, int batch_size,
                                                   const std::vector<absl::Span<float>>& out) {
   return MakeStepProtocol(this, names, grads, batch_size, out);
+}
+
+namespace {
+// The distinct ids of `ids`, ascending, and where each of `ids` is among them.
+struct DistinctIds {
+  std::vector<uint64_t> ids;
+  std::vector<size_t> of;  // ids[i] is distinct ids[of[i]]
+};
+DistinctIds Distinct(absl::Span<const uint64_t> ids) {
+  DistinctIds d;
+  d.ids.assign(ids.begin(), ids.end());
+  std::sort(d.ids.begin(), d.ids.end());
+  d.ids.erase(std::unique(d.ids.begin(), d.ids.end()), d.ids.end());
+  d.of.resize(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    d.of[i] = static_cast<size_t>(std::lower_bound(d.ids.begin(), d.ids.end(), ids[i]) - d.ids.begin());
+  }
+  return d;
+}
+}  // namespace
+
+absl::Status PsClient::RunRows(const std::string& table_name, absl::Span<const uint64_t> ids,
+                               const RowAttempt& attempt_calls) {
+  if (map_ == nullptr) return absl::FailedPreconditionError("no parameters declared yet: call Declare first");
+  Backoff backoff(absl::Milliseconds(20), absl::Seconds(1));
+  std::vector<bool> done(ids.size(), false);
+  absl::Status last;
+  const absl::Time keep_trying_until = absl::Now() + options_.unavailable_window;
+  int attempt = 0;
+  for (; attempt <= options_.retries || absl::Now() < keep_trying_until; ++attempt) {
+    TESSERA_ASSIGN_OR_RETURN(RowTable table, FindRowTable(*map_, table_name));
+    std::vector<size_t> todo;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (!done[i]) todo.push_back(i);
+    }
+    std::vector<uint64_t> todo_ids;
+    for (size_t i : todo) todo_ids.push_back(ids[i]);
+    std::vector<RowRoute> routes = RouteRows(table, todo_ids);
+    for (RowRoute& route : routes) {
+      for (size_t& p : route.positions) p = todo[p];  // back to positions in `ids`
+    }
+    std::vector<absl::Status> statuses = attempt_calls(*map_, table, routes);
+    uint64_t newer_epoch = 0;
+    bool failed = false;
+    for (size_t r = 0; r < routes.size(); ++r) {
+      const absl::Status& status = statuses[r];
+      if (status.ok()) {
+        for (size_t p : routes[r].positions) done[p] = true;
+        continue;
+      }
+      std::optional<uint64_t> epoch = GetCurrentEpoch(status);
+      const bool stale = status.code() == absl::StatusCode::kFailedPrecondition && epoch.has_value();
+      if (!stale && status.code() != absl::StatusCode::kUnavailable) return status;  // the caller must fix it
+      if (epoch.has_value()) newer_epoch = std::max(newer_epoch, *epoch);
+      last = status;
+      failed = true;
+    }
+    if (!failed) return absl::OkStatus();
+    bool behind = false;
+    if (absl::Status refreshed = RefreshMap(newer_epoch, &behind); !refreshed.ok()) {
+      if (!behind) return refreshed;
+      last = std::move(refreshed);
+    }
+    backoff.Wait();
+    if (scheduler_->stopping()) return absl::AbortedError(absl::StrCat("the job is stopping: ", last.message()));
+  }
+  return Annotate(last, absl::StrCat("gave up after ", attempt, " attempts"));
+}
+
+absl::Status PsClient::PullRows(const std::string& table, absl::Span<const uint64_t> ids, absl::Span<float> out) {
+  if (map_ == nullptr) return absl::FailedPreconditionError("no parameters declared yet: call Declare first");
+  TESSERA_ASSIGN_OR_RETURN(RowTable found, FindRowTable(*map_, table));
+  if (out.size() != ids.size() * found.dim) {
+    return absl::InvalidArgumentError(absl::StrCat("pull of ", ids.size(), " rows of '", table, "' (", found.dim,
+                                                   " values each) into ", out.size(), " floats"));
+  }
+  const DistinctIds distinct = Distinct(ids);
+  std::vector<float> rows(distinct.ids.size() * found.dim);
+  const RowCaller::Caller who{worker_id_, incarnation_, member_key_};
+  TESSERA_RETURN_IF_ERROR(RunRows(table, distinct.ids,
+                                  [&](const ShardMapIndex& map, const RowTable& t, const std::vector<RowRoute>& routes) {
+                                    return rows_->Pull(map, t, routes, distinct.ids, who, absl::MakeSpan(rows));
+                                  }));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    std::copy_n(rows.begin() + distinct.of[i] * found.dim, found.dim, out.begin() + i * found.dim);
+  }
+  absl::MutexLock lock(&bytes_mu_);
+  bytes_pulled_ += static_cast<int64_t>(rows.size() * sizeof(float));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PsClient::RowsPushed> PsClient::PushRows(const std::string& table, absl::Span<const uint64_t> ids,
+                                                        absl::Span<const float> grads, int batch_size,
+                                                        float lr_factor) {
+  if (map_ == nullptr) return absl::FailedPreconditionError("no parameters declared yet: call Declare first");
+  TESSERA_ASSIGN_OR_RETURN(RowTable found, FindRowTable(*map_, table));
+  if (grads.size() != ids.size() * found.dim) {
+    return absl::InvalidArgumentError(absl::StrCat("push of ", ids.size(), " rows of '", table, "' (", found.dim,
+                                                   " values each) with ", grads.size(), " floats"));
+  }
+  // Checked here too, so that a bad gradient reaches no server (one server's rows applied, another's refused).
+  TESSERA_RETURN_IF_ERROR(CheckFinite(grads, absl::StrCat("gradient of rows of '", table, "'")));
+  TESSERA_ASSIGN_OR_RETURN(RowGradients summed, SumDuplicates(ids, grads, found.dim));
+  tessera::v1::RowPushRequest request;
+  const Stamp stamp = NewStamp();  // one seq for every server and every retry: each slot applies it once
+  request.set_seq(stamp.seq);
+  request.set_clock(stamp.clock);
+  request.set_batch_size(batch_size);
+  request.set_table(table);
+  if (lr_factor != 1.0f) request.set_lr_factor(lr_factor);
+  const RowCaller::Caller who{worker_id_, incarnation_, member_key_};
+  RowsPushed pushed;
+  TESSERA_RETURN_IF_ERROR(RunRows(table, summed.ids,
+                                  [&](const ShardMapIndex& map, const RowTable& t, const std::vector<RowRoute>& routes) {
+                                    return rows_->Push(map, routes, request, summed.ids, summed.grads, t.dim, who,
+                                                       pushed.updated, pushed.refused);
+                                  }));
+  return pushed;
 }
 
 }  // namespace tessera

@@ -67,6 +67,10 @@
 namespace tessera {
 
 class ChunkCaller;
+class RowCaller;
+struct RowRoute;
+struct RowTable;
+class ShardMapIndex;
 struct ChunkCall;
 class Heartbeater;
 class SchedulerClient;
@@ -172,6 +176,27 @@ class PsClient {
   [[nodiscard]] absl::Status Assign(const std::vector<std::string>& names,
                                     const std::vector<absl::Span<const float>>& values);
 
+  // Embedding tables (ParameterSpec.embedding, declared like dense parameters; common/shard_map.h). Fills `out`
+  // (ids.size() rows of the table's dim) with the rows of `ids`; an id repeated in `ids` travels once. A row no
+  // gradient reached reads its initial values (zeros while it waits for admission). NOT_FOUND for an undeclared
+  // table; INVALID_ARGUMENT for a dense parameter or an `out` of another size.
+  [[nodiscard]] absl::Status PullRows(const std::string& table, absl::Span<const uint64_t> ids, absl::Span<float> out);
+
+  // Sends the gradients `grads` (ids.size() rows of dim) of the rows of `ids`, of the mean loss over `batch_size`
+  // examples, for this worker's current clock. The rows of an id repeated in `ids` are summed first, in an
+  // order fixed by their values (so the sum does not depend on the batch's order), and each id travels once.
+  // In a step, push the rows before the dense parameters (Push, PushPull or BeginStep): in SYNC a step's dense
+  // round then closes only once every worker's rows are applied, which is what the next pull and a
+  // checkpoint's cut rely on. `lr_factor` scales the table's learning rate (a schedule's factor).
+  // RESOURCE_EXHAUSTED, nothing applied, when the new rows do not fit a server's row memory.
+  struct RowsPushed {
+    int64_t updated = 0;  // row updates applied
+    int64_t refused = 0;  // rows not admitted yet (their gradients dropped)
+  };
+  [[nodiscard]] absl::StatusOr<RowsPushed> PushRows(const std::string& table, absl::Span<const uint64_t> ids,
+                                                    absl::Span<const float> grads, int batch_size,
+                                                    float lr_factor = 1.0f);
+
   // Completes this worker's step: advances its clock and waits at the gate for the next one.
   [[nodiscard]] absl::StatusOr<ClockResult> Clock();
 
@@ -253,6 +278,12 @@ class PsClient {
                                                                     const std::string& name,
                                                                     absl::Span<const float> grad, int batch_size,
                                                                     absl::Span<float> out, Stamp stamp);
+  // The calls of a row request over the routes of the ids still to do, retried as RunChunks retries (a newer
+  // view, a server unavailable) until every id's call succeeded; `attempt` makes one call per route and returns
+  // their statuses.
+  using RowAttempt = std::function<std::vector<absl::Status>(const ShardMapIndex& map, const RowTable& table,
+                                                             const std::vector<RowRoute>& routes)>;
+  absl::Status RunRows(const std::string& table, absl::Span<const uint64_t> ids, const RowAttempt& attempt);
   // What completed calls said: the newest epoch a server named (0: none), the names whose calls may be retried,
   // and the last retryable error.
   struct Absorbed {
@@ -280,6 +311,7 @@ class PsClient {
   tessera::v1::JobSpec job_;
   std::shared_ptr<const ShardMapIndex> map_;  // shared with the calls made from it
   std::unique_ptr<ChunkCaller> caller_;       // the connections to the servers
+  std::unique_ptr<RowCaller> rows_;           // embedding tables' calls (gRPC, whatever the job's transport)
   // What the last pull of each chunk returned, and where its bytes were written (see PulledChunk).
   int64_t OldestPulled(const std::string& name, int64_t PulledChunk::*field) const;
 

@@ -2,8 +2,8 @@
 // yet). The anchors' common complaint is that results change with duplicate ids: here the rows of one id are
 // summed in an order fixed by their values (ascending by their float bit patterns), not by their place in the
 // batch, so a batch in any order gives bit for bit the same sums.
-#ifndef TESSERA_SERVER_TABLES_ROW_BATCH_H_
-#define TESSERA_SERVER_TABLES_ROW_BATCH_H_
+#ifndef TESSERA_COMMON_ROW_BATCH_H_
+#define TESSERA_COMMON_ROW_BATCH_H_
 
 #include <cstdint>
 #include <vector>
@@ -25,4 +25,4 @@ absl::StatusOr<RowGradients> SumDuplicates(absl::Span<const uint64_t> ids, absl:
 
 }  // namespace tessera
 
-#endif  // TESSERA_SERVER_TABLES_ROW_BATCH_H_
+#endif  // TESSERA_COMMON_ROW_BATCH_H_

@@ -1,4 +1,4 @@
-#include "server/tables/row_batch.h"
+#include "common/row_batch.h"
 
 #include <algorithm>
 #include <cstring>

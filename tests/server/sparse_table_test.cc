@@ -1,0 +1,339 @@
+// Embedding tables on a server (server/tables/sparse_table.h, server/row_requests.cc): hash placement, rows
+// created on first touch, duplicate ids, exactly-once pushes, admission, expiry, the memory cap, checkpoints,
+// replication's updates, and requests that must change nothing.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "common/job_spec.h"
+#include "common/shard_map.h"
+#include "common/wire_limits.h"
+#include "gtest/gtest.h"
+#include "server/shard_store.h"
+#include "server/tables/sparse_table.h"
+#include "tests/testing/status_matchers.h"
+
+namespace tessera {
+namespace {
+
+using ::tessera::testing::IsOk;
+using ::tessera::testing::StatusIs;
+
+constexpr int kDim = 4;
+constexpr int kSlots = 8;
+
+tessera::v1::ParameterSpec Table(const std::string& name = "emb") {
+  tessera::v1::ParameterSpec p;
+  p.set_name(name);
+  p.set_dtype(tessera::v1::DT_FLOAT32);
+  p.add_shape(kDim);
+  p.mutable_init()->set_kind(tessera::v1::InitSpec::UNIFORM);
+  p.mutable_init()->set_scale(0.5f);
+  p.mutable_init()->set_seed(7);
+  p.mutable_embedding()->set_slots(kSlots);
+  p.mutable_embedding()->mutable_optimizer()->set_learning_rate(1.0f);
+  return p;
+}
+
+TEST(EmbeddingPlacementTest, SlotsGoRoundTheServersAndIdsHashToSlots) {
+  tessera::v1::ShardMap map;
+  for (int s = 0; s < 3; ++s) map.add_servers()->set_id(s);
+  ASSERT_THAT(PlaceParameters({Table()}, 65536, map), IsOk());
+  ASSERT_EQ(map.chunks_size(), kSlots);
+  for (int s = 0; s < kSlots; ++s) {
+    EXPECT_EQ(map.chunks(s).index(), s);
+    EXPECT_EQ(map.chunks(s).server_id(), s % 3);
+    EXPECT_EQ(map.chunks(s).length(), kDim);
+  }
+  // Ids spread over the slots, consecutive ones included.
+  std::vector<int> per_slot(kSlots, 0);
+  for (uint64_t id = 0; id < 8000; ++id) ++per_slot[EmbeddingSlot(id, kSlots)];
+  for (int n : per_slot) EXPECT_NEAR(n, 1000, 150);
+  tessera::v1::ParameterSpec bad = Table("bad");
+  bad.add_shape(2);  // [dim, 2]: not a row shape
+  EXPECT_THAT(PlaceParameters({bad}, 65536, map), StatusIs(absl::StatusCode::kInvalidArgument, "[dim]"));
+}
+
+// One table "emb" (8 slots of rows of 4, SGD lr 1) on one server; `workers` workers.
+class SparseTableTest : public ::testing::Test {
+ protected:
+  void Assign(tessera::v1::ConsistencySpec::Mode mode, int workers, tessera::v1::ParameterSpec table = Table(),
+              ShardStore* store = nullptr, const std::vector<tessera::v1::ShardCheckpoint>* restore = nullptr) {
+    job_ = tessera::v1::JobSpec();
+    job_.mutable_model()->mutable_softmax_regression();
+    job_.mutable_consistency()->set_mode(mode);
+    job_.mutable_cluster()->set_num_workers(workers);
+    job_.mutable_stop()->set_max_steps(100);
+    job_.set_batch_size(8);
+    ApplyJobDefaults(job_);
+    map_ = tessera::v1::ShardMap();
+    auto* server = map_.add_servers();
+    server->set_id(0);
+    server->set_address("127.0.0.1:1");
+    ASSERT_THAT(PlaceParameters({table}, job_.chunk_bytes(), map_), IsOk());
+    ASSERT_THAT((store ? store : &store_)->Assign(map_, job_, 0, restore), IsOk());
+  }
+
+  absl::StatusOr<std::vector<float>> Pull(std::vector<uint64_t> ids, ShardStore* store = nullptr) {
+    tessera::v1::RowPullRequest r;
+    r.set_epoch(map_.epoch());
+    r.set_table("emb");
+    for (uint64_t id : ids) r.add_ids(id);
+    absl::StatusOr<tessera::v1::RowPullResponse> pulled = (store ? store : &store_)->PullRows(r);
+    if (!pulled.ok()) return pulled.status();
+    std::vector<float> out(pulled->values().size() / sizeof(float));
+    std::memcpy(out.data(), pulled->values().data(), pulled->values().size());
+    return out;
+  }
+
+  absl::StatusOr<tessera::v1::RowPushResponse> Push(std::vector<uint64_t> ids, std::vector<float> grads, uint64_t seq,
+                                                    int64_t clock = 0, int worker = 0, int batch = 8,
+                                                    ShardStore* store = nullptr) {
+    tessera::v1::RowPushRequest r;
+    r.set_epoch(map_.epoch());
+    r.set_worker_id(worker);
+    r.set_seq(seq);
+    r.set_clock(clock);
+    r.set_batch_size(batch);
+    r.set_table("emb");
+    for (uint64_t id : ids) r.add_ids(id);
+    r.set_grads(std::string(reinterpret_cast<const char*>(grads.data()), grads.size() * sizeof(float)));
+    absl::Notification answered;
+    absl::StatusOr<tessera::v1::RowPushResponse> result;
+    (store ? store : &store_)->PushRows(r, "", [&](absl::StatusOr<tessera::v1::RowPushResponse> response) {
+      result = std::move(response);
+      answered.Notify();
+    });
+    answered.WaitForNotification();
+    return result;
+  }
+
+  static std::vector<float> Init(uint64_t id, const tessera::v1::ParameterSpec& table = Table()) {
+    std::vector<float> row(kDim);
+    FillRowInit(table.init(), table.name(), id, absl::MakeSpan(row));
+    return row;
+  }
+
+  tessera::v1::TableStats Stats(ShardStore* store = nullptr) {
+    tessera::v1::ServerStats stats = (store ? store : &store_)->Stats();
+    return stats.tables_size() > 0 ? stats.tables(0) : tessera::v1::TableStats();
+  }
+
+  tessera::v1::JobSpec job_;
+  tessera::v1::ShardMap map_;
+  ShardStore store_;
+};
+
+TEST_F(SparseTableTest, RowsReadTheirInitialValuesUntilAGradientCreatesThem) {
+  Assign(tessera::v1::ConsistencySpec::ASYNC, 1);
+  absl::StatusOr<std::vector<float>> first = Pull({42, 7});
+  ASSERT_THAT(first, IsOk());
+  std::vector<float> expected = Init(42);
+  std::vector<float> seven = Init(7);
+  expected.insert(expected.end(), seven.begin(), seven.end());
+  EXPECT_EQ(*first, expected);
+  EXPECT_NE(Init(42), Init(43));
+  EXPECT_EQ(Stats().rows(), 0) << "reading creates no row";
+  ASSERT_THAT(Push({42}, {1, 2, 3, 4}, 1), IsOk());
+  absl::StatusOr<std::vector<float>> after = Pull({42});
+  ASSERT_THAT(after, IsOk());
+  for (int j = 0; j < kDim; ++j) EXPECT_FLOAT_EQ((*after)[j], Init(42)[j] - (j + 1)) << j;
+  EXPECT_EQ(Stats().rows(), 1);
+  EXPECT_EQ(Stats().rows_created(), 1);
+}
+
+TEST_F(SparseTableTest, DuplicateIdsAreSummedTheSameInAnyOrder) {
+  Assign(tessera::v1::ConsistencySpec::ASYNC, 1);
+  ShardStore other;
+  Assign(tessera::v1::ConsistencySpec::ASYNC, 1, Table(), &other);
+  ASSERT_THAT(Push({5, 9, 5}, {1e8f, 0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0}, 1), IsOk());
+  ASSERT_THAT(Push({5, 5, 9}, {1, 0, 0, 0, 1e8f, 0, 0, 0, 1, 1, 1, 1}, 1, 0, 0, 8, &other), IsOk());
+  EXPECT_EQ(*Pull({5, 9}), *Pull({5, 9}, &other));
+}
+
+TEST_F(SparseTableTest, ARepeatedSeqIsAppliedOnce) {
+  Assign(tessera::v1::ConsistencySpec::ASYNC, 1);
+  ASSERT_THAT(Push({3}, {1, 1, 1, 1}, 1), IsOk());
+  absl::StatusOr<tessera::v1::RowPushResponse> again = Push({3}, {1, 1, 1, 1}, 1);
+  ASSERT_THAT(again, IsOk());
+  EXPECT_TRUE(again->duplicate());
+  EXPECT_FLOAT_EQ((*Pull({3}))[0], Init(3)[0] - 1);
+}
+
+TEST_F(SparseTableTest, SyncWeighsEachWorkersGradientByItsShareOfTheRound) {
+  Assign(tessera::v1::ConsistencySpec::SYNC, 2);
+  ASSERT_THAT(Push({3}, {2, 2, 2, 2}, 1, 0, /*worker=*/0), IsOk());
+  ASSERT_THAT(Push({3}, {4, 4, 4, 4}, 1, 0, /*worker=*/1), IsOk());
+  EXPECT_FLOAT_EQ((*Pull({3}))[0], Init(3)[0] - 3) << "the mean of the two workers' gradients, applied once";
+}
+
+TEST_F(SparseTableTest, IdsAreAdmittedAtTheirKthGradient) {
+  tessera::v1::ParameterSpec table = Table();
+  table.mutable_embedding()->set_admit_after(3);
+  Assign(tessera::v1::ConsistencySpec::ASYNC, 1, table);
+  for (uint64_t seq = 1; seq <= 2; ++seq) {
+    absl::StatusOr<tessera::v1::RowPushResponse> pushed = Push({11}, {1, 1, 1, 1}, seq);
+    ASSERT_THAT(pushed, IsOk());
+    EXPECT_EQ(pushed->rows_refused(), 1);
+    EXPECT_EQ(*Pull({11}), std::vector<float>(kDim, 0.0f)) << "not admitted: zeros";
+  }
+  EXPECT_EQ(Stats().pending_ids(), 1);
+  absl::StatusOr<tessera::v1::RowPushResponse> third = Push({11}, {1, 1, 1, 1}, 3);
+  ASSERT_THAT(third, IsOk());
+  EXPECT_EQ(third->rows_updated(), 1);
+  EXPECT_FLOAT_EQ((*Pull({11}))[0], Init(11)[0] - 1) << "created at the third, which is applied";
+  EXPECT_EQ(Stats().admission_refusals(), 2);
+  EXPECT_EQ(Stats().pending_ids(), 0);
+}
+
+TEST_F(SparseTableTest, RowsNoGradientReachedExpire) {
+  tessera::v1::ParameterSpec table = Table();
+  table.mutable_embedding()->set_expire_after_steps(4);
+  Assign(tessera::v1::ConsistencySpec::ASYNC, 1, table);
+  // Row 1 is not updated after clock 0, row 2 at every clock; expiry is per row, whatever their slots.
+  ASSERT_THAT(Push({1, 2}, std::vector<float>(2 * kDim, 1.0f), 1, /*clock=*/0), IsOk());
+  for (int64_t clock = 1; clock <= 10; ++clock) {
+    ASSERT_THAT(Push({2}, std::vector<float>(kDim, 0.0f), 1 + clock, clock), IsOk());
+  }
+  // Row 1 expired: as its slot's clock passed, or at the latest before this gradient reached it.
+  ASSERT_THAT(Push({1}, std::vector<float>(kDim, 0.0f), 100, 20), IsOk());
+  EXPECT_GE(Stats().rows_expired(), 1);
+  EXPECT_FLOAT_EQ((*Pull({1}))[0], Init(1)[0]) << "an expired row starts again from its initial values";
+  EXPECT_FLOAT_EQ((*Pull({2}))[0], Init(2)[0] - 1) << "a row kept up to date stays";
+}
+
+TEST_F(SparseTableTest, PushesBeyondTheMemoryCapAreRefusedChangingNothing) {
+  tessera::v1::ParameterSpec table = Table();
+  auto spec = RowTableFromDeclaration(table);
+  ASSERT_THAT(spec, IsOk());
+  ShardStore capped(64 << 20, nullptr, /*row_memory_cap=*/10 * (*spec)->RowBytes());
+  Assign(tessera::v1::ConsistencySpec::ASYNC, 1, table, &capped);
+  std::vector<uint64_t> many(20);
+  for (uint64_t i = 0; i < 20; ++i) many[i] = 1000 + i;
+  EXPECT_THAT(Push(many, std::vector<float>(20 * kDim, 1.0f), 1, 0, 0, 8, &capped),
+              StatusIs(absl::StatusCode::kResourceExhausted, "row memory"));
+  EXPECT_EQ(Stats(&capped).rows(), 0);
+  EXPECT_EQ(*Pull({1000}, &capped), Init(1000));
+  many.resize(10);
+  EXPECT_THAT(Push(many, std::vector<float>(10 * kDim, 1.0f), 2, 0, 0, 8, &capped), IsOk());
+  EXPECT_EQ(Stats(&capped).rows(), 10);
+  EXPECT_THAT(Push({5000}, std::vector<float>(kDim, 1.0f), 3, 0, 0, 8, &capped),
+              StatusIs(absl::StatusCode::kResourceExhausted, "row memory"));
+  EXPECT_THAT(Push({1000}, std::vector<float>(kDim, 1.0f), 4, 0, 0, 8, &capped), IsOk())
+      << "rows held take gradients at the cap";
+}
+
+TEST_F(SparseTableTest, HostileRequestsAreRefusedWithNothingChanged) {
+  Assign(tessera::v1::ConsistencySpec::ASYNC, 1);
+  EXPECT_THAT(Push({1}, {1, 2, 3}, 1), StatusIs(absl::StatusCode::kInvalidArgument, "")) << "a short row";
+  EXPECT_THAT(Push({1, 2}, {1, 1, 1, 1, 1, std::nanf(""), 1, 1}, 2), StatusIs(absl::StatusCode::kInvalidArgument, ""));
+  EXPECT_THAT(Push({1}, {1, 1, 1, 1}, 0), StatusIs(absl::StatusCode::kInvalidArgument, "")) << "seq 0";
+  EXPECT_THAT(Push({1}, {1, 1, 1, 1}, 3, -1), StatusIs(absl::StatusCode::kInvalidArgument, "")) << "clock -1";
+  EXPECT_THAT(Push({1}, {1, 1, 1, 1}, 4, 0, /*worker=*/5), StatusIs(absl::StatusCode::kInvalidArgument, ""));
+  EXPECT_THAT(Push({1}, {1, 1, 1, 1}, 5, 0, 0, /*batch=*/0), StatusIs(absl::StatusCode::kInvalidArgument, ""));
+  std::vector<uint64_t> huge(10'000'000);
+  for (size_t i = 0; i < huge.size(); ++i) huge[i] = i;
+  EXPECT_THAT(Pull(huge), StatusIs(absl::StatusCode::kInvalidArgument, "at most"));
+  EXPECT_THAT(Push(huge, std::vector<float>(huge.size() * kDim, 0.0f), 6),
+              StatusIs(absl::StatusCode::kInvalidArgument, ""));
+  tessera::v1::RowPullRequest unknown;
+  unknown.set_epoch(map_.epoch());
+  unknown.set_table("nope");
+  unknown.add_ids(1);
+  EXPECT_THAT(store_.PullRows(unknown), StatusIs(absl::StatusCode::kNotFound, "no embedding table"));
+  tessera::v1::RowPullRequest stale = unknown;
+  stale.set_table("emb");
+  stale.set_epoch(map_.epoch() - 1);
+  EXPECT_THAT(store_.PullRows(stale), StatusIs(absl::StatusCode::kFailedPrecondition, "stale"));
+  EXPECT_EQ(Stats().rows(), 0);
+  std::vector<float> untouched = Init(1), two = Init(2);
+  untouched.insert(untouched.end(), two.begin(), two.end());
+  EXPECT_EQ(*Pull({1, 2}), untouched);
+}
+
+// A checkpoint's slots restored on another server hold the same rows, optimizer state and step counts: the next
+// update gives the same values on both.
+TEST_F(SparseTableTest, CheckpointRoundTripKeepsRowsStateAndSteps) {
+  tessera::v1::ParameterSpec table = Table();
+  table.mutable_embedding()->mutable_optimizer()->set_kind(tessera::v1::RowOptimizerSpec::LAZY_ADAM);
+  table.mutable_embedding()->mutable_optimizer()->set_learning_rate(0.1f);
+  table.mutable_embedding()->set_admit_after(2);
+  Assign(tessera::v1::ConsistencySpec::ASYNC, 1, table);
+  std::vector<uint64_t> ids;
+  for (uint64_t i = 0; i < 50; ++i) ids.push_back(i * 7919);
+  std::vector<float> grads(ids.size() * kDim);
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = std::sin(static_cast<float>(i));
+  ASSERT_THAT(Push(ids, grads, 1), IsOk());
+  ASSERT_THAT(Push(ids, grads, 2), IsOk());
+  ASSERT_THAT(Push({123456}, std::vector<float>(kDim, 1.0f), 3), IsOk());  // one pending id
+  absl::StatusOr<tessera::v1::ShardCheckpoint> saved = store_.Snapshot(-1, absl::InfiniteFuture());
+  ASSERT_THAT(saved, IsOk());
+  ShardStore restored;
+  std::vector<tessera::v1::ShardCheckpoint> files = {*saved};
+  Assign(tessera::v1::ConsistencySpec::ASYNC, 1, table, &restored, &files);
+  EXPECT_EQ(*Pull(ids, &restored), *Pull(ids));
+  EXPECT_EQ(Stats(&restored).rows(), 50);
+  EXPECT_EQ(Stats(&restored).pending_ids(), 1);
+  ASSERT_THAT(Push(ids, grads, 4), IsOk());
+  ASSERT_THAT(Push(ids, grads, 4, 0, 0, 8, &restored), IsOk());
+  EXPECT_EQ(*Pull(ids, &restored), *Pull(ids)) << "moments and step counts came back";
+  ASSERT_THAT(Push({123456}, std::vector<float>(kDim, 1.0f), 5, 0, 0, 8, &restored), IsOk());
+  EXPECT_EQ(Stats(&restored).rows(), 51) << "the pending id's first touch was kept";
+}
+
+// A backup that takes its primary's logged updates holds the same rows as the primary.
+TEST(RowSlotReplicationTest, ABackupApplyingThePrimarysUpdatesHoldsTheSameRows) {
+  tessera::v1::ParameterSpec table = Table();
+  table.mutable_embedding()->mutable_optimizer()->set_kind(tessera::v1::RowOptimizerSpec::ROWWISE_ADAGRAD);
+  table.mutable_embedding()->set_expire_after_steps(8);
+  absl::StatusOr<std::shared_ptr<const RowTableSpec>> spec = RowTableFromDeclaration(table);
+  ASSERT_THAT(spec, IsOk());
+  RowMemory memory(0);
+  RowSlot primary(*spec, 0, &memory), backup(*spec, 0, &memory);
+  std::vector<uint64_t> ids;
+  for (uint64_t id = 0; ids.size() < 6; ++id) {
+    if (EmbeddingSlot(id, kSlots) == 0) ids.push_back(id);
+  }
+  tessera::v1::ReplicateRequest request;
+  {
+    absl::MutexLock lock(&primary.mu);
+    primary.replication.backups = {1};
+    primary.replication.log_base = 0;
+    for (int64_t clock = 0; clock < 20; ++clock) {
+      std::vector<uint64_t> some(ids.begin(), ids.begin() + 1 + clock % ids.size());
+      std::vector<float> grads(some.size() * kDim, 0.5f + static_cast<float>(clock));
+      int64_t none = 0;
+      primary.ApplyLocked(some, grads, 1.0f, clock, none);
+    }
+    for (const auto& u : primary.replication.log) *request.add_updates() = u;
+    *request.mutable_state() = primary.ReplicaStateLocked(false);
+    ASSERT_EQ(request.updates_size(), 20);
+  }
+  absl::MutexLock lock(&backup.mu);
+  ASSERT_THAT(backup.TakeReplicaLocked(UpdateRule(tessera::v1::OptimizerSpec()), request, 1), IsOk());
+  absl::MutexLock primary_lock(&primary.mu);
+  tessera::v1::ChunkState a = primary.StateLocked(), b = backup.StateLocked();
+  EXPECT_EQ(a.SerializeAsString(), b.SerializeAsString());
+  EXPECT_GT(a.row_ids_size(), 0);
+  // The whole state, taken instead of the updates, gives the same again.
+  RowSlot fresh(*spec, 0, &memory);
+  tessera::v1::ReplicateRequest whole;
+  *whole.mutable_state() = a;
+  absl::MutexLock fresh_lock(&fresh.mu);
+  ASSERT_THAT(fresh.TakeReplicaLocked(UpdateRule(tessera::v1::OptimizerSpec()), whole, 1), IsOk());
+  EXPECT_EQ(fresh.StateLocked().SerializeAsString(), a.SerializeAsString());
+  // A state with a row of another slot is refused.
+  tessera::v1::ReplicateRequest forged = whole;
+  uint64_t other = 0;
+  while (EmbeddingSlot(other, kSlots) == 0) ++other;
+  forged.mutable_state()->set_row_ids(0, other);
+  EXPECT_THAT(fresh.TakeReplicaLocked(UpdateRule(tessera::v1::OptimizerSpec()), forged, 1), StatusIs(absl::StatusCode::kInvalidArgument, ""));
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,170 @@
+#include "worker/client/row_calls.h"
+
+#include <cstring>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/blocking_counter.h"
+#include "common/grpc_status.h"
+#include "common/status_macros.h"
+
+namespace tessera {
+
+absl::StatusOr<RowTable> FindRowTable(const ShardMapIndex& map, const std::string& name) {
+  TESSERA_ASSIGN_OR_RETURN(const tessera::v1::ParameterSpec* spec, map.Param(name));
+  if (!spec->has_embedding()) {
+    return absl::InvalidArgumentError(absl::StrCat("'", name, "' is a dense parameter, not an embedding table"));
+  }
+  RowTable table;
+  table.name = name;
+  table.dim = spec->shape(0);
+  table.slot_server.assign(EmbeddingSlots(*spec), -1);
+  for (const auto& c : map.map().chunks()) {
+    if (c.param() == name && c.index() >= 0 && c.index() < static_cast<int>(table.slot_server.size())) {
+      table.slot_server[c.index()] = c.server_id();
+    }
+  }
+  return table;
+}
+
+std::vector<RowRoute> RouteRows(const RowTable& table, absl::Span<const uint64_t> ids) {
+  std::map<int, std::vector<size_t>> by_server;
+  const int slots = static_cast<int>(table.slot_server.size());
+  for (size_t i = 0; i < ids.size(); ++i) by_server[table.slot_server[EmbeddingSlot(ids[i], slots)]].push_back(i);
+  std::vector<RowRoute> routes;
+  for (auto& [server, positions] : by_server) routes.push_back(RowRoute{server, std::move(positions)});
+  return routes;
+}
+
+RowCaller::RowCaller(std::shared_ptr<const Security> security, absl::Duration timeout)
+    : security_(security),
+      timeout_(timeout),
+      stubs_(std::move(security), [](std::shared_ptr<grpc::Channel> channel) {
+        return tessera::v1::ParameterServer::NewStub(std::move(channel));
+      }) {}
+
+namespace {
+
+// One call's state, kept until its callback ran.
+template <typename Request, typename Response>
+struct RowCall {
+  grpc::ClientContext context;
+  Request request;
+  Response response;
+  absl::Status status;
+};
+
+// The stub of `server` in `map`, or UNAVAILABLE when the view no longer has it (its slots are moving).
+absl::StatusOr<tessera::v1::ParameterServer::Stub*> StubOf(const ShardMapIndex& map, int server,
+                                                           StubCache<tessera::v1::ParameterServer::Stub>& stubs) {
+  absl::StatusOr<std::string> address = map.ServerAddress(server);
+  if (!address.ok()) {
+    return absl::UnavailableError(absl::StrCat("server ", server, " holds rows but is not in the view (epoch ",
+                                               map.epoch(), "): its slots are moving"));
+  }
+  return stubs.Get(*address);
+}
+
+}  // namespace
+
+std::vector<absl::Status> RowCaller::Pull(const ShardMapIndex& map, const RowTable& table,
+                                          const std::vector<RowRoute>& routes, absl::Span<const uint64_t> ids,
+                                          const Caller& who, absl::Span<float> out) {
+  using Call = RowCall<tessera::v1::RowPullRequest, tessera::v1::RowPullResponse>;
+  std::vector<std::unique_ptr<Call>> calls;
+  std::vector<absl::Status> statuses(routes.size());
+  absl::BlockingCounter pending(static_cast<int>(routes.size()));
+  for (size_t r = 0; r < routes.size(); ++r) {
+    auto call = std::make_unique<Call>();
+    absl::StatusOr<tessera::v1::ParameterServer::Stub*> stub = StubOf(map, routes[r].server_id, stubs_);
+    if (!stub.ok()) {
+      statuses[r] = stub.status();
+      pending.DecrementCount();
+      calls.push_back(std::move(call));
+      continue;
+    }
+    call->request.set_epoch(map.epoch());
+    call->request.set_worker_id(who.worker_id);
+    call->request.set_table(table.name);
+    for (size_t i : routes[r].positions) call->request.add_ids(ids[i]);
+    security_->Authorize(call->context);
+    SetTimeout(call->context, timeout_);
+    Call* raw = call.get();
+    (*stub)->async()->PullRows(&raw->context, &raw->request, &raw->response, [raw, &pending](grpc::Status s) {
+      raw->status = FromGrpcStatus(s, raw->context, "pull of rows");
+      pending.DecrementCount();
+    });
+    calls.push_back(std::move(call));
+  }
+  pending.Wait();
+  const size_t row_bytes = table.dim * sizeof(float);
+  for (size_t r = 0; r < routes.size(); ++r) {
+    if (!statuses[r].ok()) continue;
+    Call& call = *calls[r];
+    statuses[r] = call.status;
+    if (!call.status.ok()) continue;
+    if (call.response.values().size() != routes[r].positions.size() * row_bytes) {
+      statuses[r] = absl::InternalError(absl::StrCat("server ", routes[r].server_id, " answered ",
+                                                     call.response.values().size(), " bytes for ",
+                                                     routes[r].positions.size(), " rows"));
+      continue;
+    }
+    const char* data = call.response.values().data();
+    for (size_t k = 0; k < routes[r].positions.size(); ++k) {
+      std::memcpy(out.data() + routes[r].positions[k] * table.dim, data + k * row_bytes, row_bytes);
+    }
+  }
+  return statuses;
+}
+
+std::vector<absl::Status> RowCaller::Push(const ShardMapIndex& map, const std::vector<RowRoute>& routes,
+                                          const tessera::v1::RowPushRequest& request, absl::Span<const uint64_t> ids,
+                                          absl::Span<const float> grads, int64_t dim, const Caller& who,
+                                          int64_t& updated, int64_t& refused) {
+  using Call = RowCall<tessera::v1::RowPushRequest, tessera::v1::RowPushResponse>;
+  std::vector<std::unique_ptr<Call>> calls;
+  std::vector<absl::Status> statuses(routes.size());
+  absl::BlockingCounter pending(static_cast<int>(routes.size()));
+  for (size_t r = 0; r < routes.size(); ++r) {
+    auto call = std::make_unique<Call>();
+    absl::StatusOr<tessera::v1::ParameterServer::Stub*> stub = StubOf(map, routes[r].server_id, stubs_);
+    if (!stub.ok()) {
+      statuses[r] = stub.status();
+      pending.DecrementCount();
+      calls.push_back(std::move(call));
+      continue;
+    }
+    call->request = request;
+    call->request.set_epoch(map.epoch());
+    call->request.set_worker_id(who.worker_id);
+    call->request.set_incarnation(who.incarnation);
+    std::string* bytes = call->request.mutable_grads();
+    bytes->resize(routes[r].positions.size() * dim * sizeof(float));
+    for (size_t k = 0; k < routes[r].positions.size(); ++k) {
+      const size_t i = routes[r].positions[k];
+      call->request.add_ids(ids[i]);
+      std::memcpy(bytes->data() + k * dim * sizeof(float), grads.data() + i * dim, dim * sizeof(float));
+    }
+    security_->Authorize(call->context);
+    call->context.AddMetadata(kMemberKeyHeader, who.member_key);
+    SetTimeout(call->context, timeout_);
+    Call* raw = call.get();
+    (*stub)->async()->PushRows(&raw->context, &raw->request, &raw->response, [raw, &pending](grpc::Status s) {
+      raw->status = FromGrpcStatus(s, raw->context, "push of rows");
+      pending.DecrementCount();
+    });
+    calls.push_back(std::move(call));
+  }
+  pending.Wait();
+  for (size_t r = 0; r < routes.size(); ++r) {
+    if (!statuses[r].ok()) continue;
+    statuses[r] = calls[r]->status;
+    if (!statuses[r].ok()) continue;
+    updated += calls[r]->response.rows_updated();
+    refused += calls[r]->response.rows_refused();
+  }
+  return statuses;
+}
+
+}  // namespace tessera

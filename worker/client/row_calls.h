@@ -1,0 +1,71 @@
+// The calls for rows of embedding tables (ParameterSpec.embedding) behind PsClient::PullRows and PushRows: the
+// ids routed to the servers that are primary of their hash slots (common/shard_map.h EmbeddingSlot), one gRPC
+// call per server, all in flight at once.
+#ifndef TESSERA_WORKER_CLIENT_ROW_CALLS_H_
+#define TESSERA_WORKER_CLIENT_ROW_CALLS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/rpc.h"
+#include "common/security.h"
+#include "common/shard_map.h"
+#include "proto/ps.grpc.pb.h"
+
+namespace tessera {
+
+// The ids of one request that go to one server.
+struct RowRoute {
+  int server_id = -1;
+  std::vector<size_t> positions;  // into the request's ids
+};
+
+// An embedding table as a view places it: its row width and each slot's primary.
+struct RowTable {
+  std::string name;
+  int64_t dim = 0;
+  std::vector<int> slot_server;  // by slot
+};
+
+// `name` in `map`: NOT_FOUND when it is not declared, INVALID_ARGUMENT when it is a dense parameter.
+absl::StatusOr<RowTable> FindRowTable(const ShardMapIndex& map, const std::string& name);
+// The routes of `ids` (ids[i] to its slot's primary), by server id.
+std::vector<RowRoute> RouteRows(const RowTable& table, absl::Span<const uint64_t> ids);
+
+// Who calls, and the view its requests carry. Thread-safe.
+class RowCaller {
+ public:
+  RowCaller(std::shared_ptr<const Security> security, absl::Duration timeout);
+
+  struct Caller {
+    int worker_id = 0;
+    uint64_t incarnation = 0;
+    std::string member_key;
+  };
+
+  // Reads the rows of ids[route.positions] into `out` (ids.size() rows of table.dim), one call per route, in
+  // parallel. Each route's status, in the routes' order.
+  std::vector<absl::Status> Pull(const ShardMapIndex& map, const RowTable& table, const std::vector<RowRoute>& routes,
+                                 absl::Span<const uint64_t> ids, const Caller& who, absl::Span<float> out);
+  // Sends `request` (table, seq, clock, batch size, lr factor filled in) with the ids and gradients of each
+  // route. Each route's status; `updated` and `refused` add up what the servers applied.
+  std::vector<absl::Status> Push(const ShardMapIndex& map, const std::vector<RowRoute>& routes,
+                                 const tessera::v1::RowPushRequest& request, absl::Span<const uint64_t> ids,
+                                 absl::Span<const float> grads, int64_t dim, const Caller& who, int64_t& updated,
+                                 int64_t& refused);
+
+ private:
+  const std::shared_ptr<const Security> security_;
+  const absl::Duration timeout_;
+  StubCache<tessera::v1::ParameterServer::Stub> stubs_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_WORKER_CLIENT_ROW_CALLS_H_
