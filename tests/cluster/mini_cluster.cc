@@ -9,7 +9,8 @@ namespace tessera::testing {
 
 absl::StatusOr<std::unique_ptr<MiniCluster>> MiniCluster::Start(const tessera::v1::JobSpec& job,
                                                                 absl::Duration heartbeat_timeout,
-                                                                const SecurityOptions& security) {
+                                                                const SecurityOptions& security,
+                                                                int64_t server_row_memory_mb) {
   std::unique_ptr<MiniCluster> cluster(new MiniCluster());
   cluster->security_ = security;
   TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<const Security> loaded, Security::Load(security));
@@ -23,6 +24,7 @@ absl::StatusOr<std::unique_ptr<MiniCluster>> MiniCluster::Start(const tessera::v
     ServerOptions server_options;
     server_options.scheduler_address = cluster->scheduler_->address();
     server_options.security = loaded;
+    server_options.max_row_memory_mb = server_row_memory_mb;
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<Server> server, Server::Start(server_options));
     cluster->servers_.push_back(std::move(server));
   }

@@ -25,10 +25,12 @@ namespace tessera::testing {
 class MiniCluster {
  public:
   // Workers silent for `heartbeat_timeout` are lost (long by default: ConnectClient's clients do not heartbeat).
-  // Every daemon and client uses `security` (TLS files, the job token).
+  // Every daemon and client uses `security` (TLS files, the job token). Each server's rows of embedding tables
+  // may take `server_row_memory_mb` (0: no cap).
   static absl::StatusOr<std::unique_ptr<MiniCluster>> Start(const tessera::v1::JobSpec& job,
                                                             absl::Duration heartbeat_timeout = absl::Minutes(5),
-                                                            const SecurityOptions& security = {});
+                                                            const SecurityOptions& security = {},
+                                                            int64_t server_row_memory_mb = 0);
   ~MiniCluster();
 
   const std::string& scheduler_address() const { return scheduler_->address(); }
