@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/cluster_environment.h"
@@ -61,6 +62,68 @@ absl::Span<float> FloatsOf(const py::buffer& buffer, bool writable, const std::s
     expected *= info.shape[d];
   }
   return absl::MakeSpan(static_cast<float*>(info.ptr), static_cast<size_t>(info.size));
+}
+
+// The ids of a buffer of 64-bit integers (NumPy int64 or uint64; a torch LongTensor's .numpy()). INVALID_ARGUMENT
+// for another type, a buffer that is not contiguous, or a negative int64.
+absl::Span<const uint64_t> IdsOf(const py::buffer& buffer, const std::string& what) {
+  py::buffer_info info = buffer.request();
+  const bool is_signed = info.format == "q" || info.format == "l";
+  const bool is_unsigned = info.format == "Q" || info.format == "L";
+  if (info.itemsize != 8 || !(is_signed || is_unsigned)) {
+    Check(absl::InvalidArgumentError(absl::StrCat(what, ": ids must be int64 or uint64, got format '", info.format, "'")));
+  }
+  if (info.ndim > 1 || (info.ndim == 1 && info.shape[0] > 1 && info.strides[0] != 8)) {
+    Check(absl::InvalidArgumentError(absl::StrCat(what, ": ids must be one contiguous row (flatten them first)")));
+  }
+  const auto* ids = static_cast<const uint64_t*>(info.ptr);
+  if (is_signed) {
+    for (py::ssize_t i = 0; i < info.size; ++i) {
+      if (static_cast<int64_t>(ids[i]) < 0) {
+        Check(absl::InvalidArgumentError(absl::StrCat(what, ": id ", static_cast<int64_t>(ids[i]), " is negative")));
+      }
+    }
+  }
+  return absl::MakeConstSpan(ids, static_cast<size_t>(info.size));
+}
+
+// An embedding table's declaration from a dict (tessera.torch.Embedding's): name, dim, optimizer, learning_rate,
+// init_scale, seed, slots, admit_after, expire_after_steps and the optimizer's other numbers.
+tessera::v1::ParameterSpec TableSpecOf(const py::dict& d) {
+  auto number = [&](const char* key, double fallback) {
+    return d.contains(key) ? py::cast<double>(d[key]) : fallback;
+  };
+  tessera::v1::ParameterSpec spec;
+  spec.set_name(py::cast<std::string>(d["name"]));
+  spec.set_dtype(tessera::v1::DT_FLOAT32);
+  spec.add_shape(py::cast<int64_t>(d["dim"]));
+  const double scale = number("init_scale", 0.0);
+  if (scale > 0) {
+    spec.mutable_init()->set_kind(tessera::v1::InitSpec::UNIFORM);
+    spec.mutable_init()->set_scale(static_cast<float>(scale));
+    spec.mutable_init()->set_seed(static_cast<uint64_t>(number("seed", 0)));
+  }
+  tessera::v1::EmbeddingSpec* e = spec.mutable_embedding();
+  e->set_slots(static_cast<int>(number("slots", 0)));
+  e->set_admit_after(static_cast<int>(number("admit_after", 0)));
+  e->set_expire_after_steps(static_cast<int64_t>(number("expire_after_steps", 0)));
+  tessera::v1::RowOptimizerSpec* o = e->mutable_optimizer();
+  const std::string kind = d.contains("optimizer") ? py::cast<std::string>(d["optimizer"]) : "sgd";
+  tessera::v1::RowOptimizerSpec::Kind parsed;
+  if (!tessera::v1::RowOptimizerSpec::Kind_Parse(absl::AsciiStrToUpper(kind), &parsed)) {
+    Check(absl::InvalidArgumentError(absl::StrCat("table '", spec.name(), "': unknown optimizer '", kind,
+                                                  "' (sgd, adagrad, rowwise_adagrad, ftrl, lazy_adam)")));
+  }
+  o->set_kind(parsed);
+  o->set_learning_rate(static_cast<float>(number("learning_rate", 0)));
+  o->set_epsilon(static_cast<float>(number("epsilon", 0)));
+  o->set_initial_accumulator(static_cast<float>(number("initial_accumulator", 0)));
+  o->set_beta1(static_cast<float>(number("beta1", 0)));
+  o->set_beta2(static_cast<float>(number("beta2", 0)));
+  o->set_ftrl_beta(static_cast<float>(number("ftrl_beta", 0)));
+  o->set_l1(static_cast<float>(number("l1", 0)));
+  o->set_l2(static_cast<float>(number("l2", 0)));
+  return spec;
 }
 
 std::vector<absl::Span<float>> Writable(const std::vector<py::buffer>& buffers, const std::vector<std::string>& names) {
@@ -430,6 +493,44 @@ PYBIND11_MODULE(_tessera, m) {
           py::arg("params"), py::arg("state") = std::vector<std::pair<std::string, std::vector<int64_t>>>(),
           "Declares parameters [(name, shape, uniform_scale, seed)] (scale 0: zeros) and module state [(name, "
           "shape)] (assigned only, never pushed: e.g. BatchNorm statistics); waits for the servers.")
+      .def(
+          "declare_tables",
+          [](PyClient& c, const std::vector<py::dict>& tables) {
+            std::vector<tessera::v1::ParameterSpec> specs;
+            for (const py::dict& d : tables) specs.push_back(tessera::TableSpecOf(d));
+            py::gil_scoped_release release;
+            tessera::Check(c.get().Declare(specs));
+          },
+          py::arg("tables"),
+          "Declares embedding tables [{name, dim, optimizer, learning_rate, init_scale, seed, slots, admit_after, "
+          "expire_after_steps, ...}]; waits for the servers.")
+      .def(
+          "pull_rows",
+          [](PyClient& c, const std::string& table, const py::buffer& ids, const py::buffer& out) {
+            const absl::Span<const uint64_t> id_span = tessera::IdsOf(ids, "rows of '" + table + "'");
+            const absl::Span<float> out_span = tessera::FloatsOf(out, true, "rows of '" + table + "'");
+            py::gil_scoped_release release;
+            tessera::Check(c.get().PullRows(table, id_span, out_span));
+          },
+          py::arg("table"), py::arg("ids"), py::arg("out"),
+          "Fills out (len(ids) rows of the table's dim, float32) with the rows of ids.")
+      .def(
+          "push_rows",
+          [](PyClient& c, const std::string& table, const py::buffer& ids, const py::buffer& grads, int batch_size,
+             float lr_factor) {
+            const absl::Span<const uint64_t> id_span = tessera::IdsOf(ids, "rows of '" + table + "'");
+            const absl::Span<const float> grad_span =
+                tessera::FloatsOf(grads, false, "gradient of rows of '" + table + "'");
+            absl::StatusOr<tessera::PsClient::RowsPushed> pushed;
+            {
+              py::gil_scoped_release release;
+              pushed = c.get().PushRows(table, id_span, grad_span, batch_size, lr_factor);
+            }
+            tessera::PsClient::RowsPushed p = tessera::Take(std::move(pushed));
+            return py::make_tuple(p.updated, p.refused);
+          },
+          py::arg("table"), py::arg("ids"), py::arg("grads"), py::arg("batch_size"), py::arg("lr_factor") = 1.0f,
+          "Sends the gradients of the rows of ids (repeated ids summed); returns (rows updated, rows refused).")
       .def(
           "pull",
           [](PyClient& c, const std::vector<std::string>& names, const std::vector<py::buffer>& out,

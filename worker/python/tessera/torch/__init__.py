@@ -59,13 +59,15 @@ The package, a module per concern (every public name is here, as tessera.torch.X
 - model: DistributedModel (the exchange, the hooks, buffers, rollbacks); step: its step block and gradient scalers
 - optimizer: ServerOptimizer, DistributedOptimizer and a script optimizer's state on the servers
 - cuda_mirror: a CUDA model's pinned host copy of its parameters
+- embedding: Embedding and EmbeddingBag, layers whose rows live in an embedding table on the servers
 """
 
+from .embedding import Embedding, EmbeddingBag
 from .evaluator import BackgroundEvaluator, evaluate
 from .model import DistributedModel
 from .optimizer import DistributedOptimizer, ServerOptimizer
 from .runtime import init, load_split, match_blas_threads, stop_signal
 from .sampler import Sampler
 
-__all__ = ["BackgroundEvaluator", "DistributedModel", "DistributedOptimizer", "Sampler", "ServerOptimizer", "evaluate",
+__all__ = ["BackgroundEvaluator", "DistributedModel", "DistributedOptimizer", "Embedding", "EmbeddingBag", "Sampler", "ServerOptimizer", "evaluate",
            "init", "load_split", "match_blas_threads", "stop_signal"]

@@ -12,6 +12,7 @@ import torch
 from .. import Error
 from . import runtime
 from .cuda_mirror import _HostMirror
+from .embedding import Embedding
 from .optimizer import _DIGEST, _FOUND_INF, _KEPT
 from .runtime import _some, match_blas_threads
 from .sampler import Sampler
@@ -122,8 +123,24 @@ class DistributedModel(torch.nn.Module):
         state = [(name, list(b.shape)) for name, (_, b) in zip(self.buffer_names, self._buffers)]
         if self.script and self._sync:
             state.append((_DIGEST, [4]))
-        mine = dict(params + state)
+        # Embedding tables (tessera.torch.Embedding): declared beside the dense parameters; their rows are pulled in
+        # forward and pushed when a step block ends, before the dense gradients leave.
+        self._tables = [m for m in module.modules() if isinstance(m, Embedding)]
+        if self._tables and self.script:
+            raise Error("UNIMPLEMENTED: embedding tables train with their own optimizer on the servers; "
+                        "optimizer { kind: SCRIPT } does not take them yet")
+        if self._tables and self.overlap and self._sync:
+            raise Error("INVALID_ARGUMENT: embedding tables in SYNC need overlap=False: a step's rows must be on the "
+                        "servers before its dense round closes")
+        tables = [(t.table, [t.dim]) for t in self._tables]
+        if len(set(n for n, _ in tables)) != len(tables):
+            raise Error("INVALID_ARGUMENT: two embedding layers name the same table")
+        mine = dict(params + state + tables)
         self._check_matches_job(mine, self._client.job_parameters())
+        if self._tables:
+            self._client.declare_tables([t.spec for t in self._tables])
+        for t in self._tables:
+            t._bind(self._client)
         self._client.declare([(name, shape, 0.0, 0) for name, shape in params], state=state)
         self._check_matches_job(mine, self._client.job_parameters())  # a worker of another model declared first
         self._plan = self._client.step_plan(exchanged, self._grad_sets, self._values)
@@ -454,9 +471,10 @@ class DistributedModel(torch.nn.Module):
             return
         self._send(i)
 
-    def _send_the_rest(self):
+    def _send_the_rest(self, batch_size):
         """At the block's end: refuses the step when the script edited a gradient after backward (before anything
-        more leaves), then sends the gradients backward made that have not left."""
+        more leaves), then sends the embedding tables' row gradients and the dense gradients backward made that
+        have not left."""
         if self._resent:
             raise Error(f"FAILED_PRECONDITION: a second backward() outside no_sync() reached "
                         f"{_some([self.names[i] for i in self._resent])} after its gradient had left for the servers "
@@ -472,6 +490,11 @@ class DistributedModel(torch.nn.Module):
                 "optimizer { clip_global_norm }, or run your own optimizer: kind SCRIPT)" +
                 (" (with overlap=True, the unedited gradients had already left)" if sent else
                  "; nothing of this step was sent"))
+        if self._tables:
+            if self._scaling is not None:
+                raise Error("UNIMPLEMENTED: a gradient scaler with embedding tables; nothing of this step was sent")
+            for table in self._tables:
+                table._push(batch_size)
         # A parameter this step did not read (an unused branch) may still await the last step's values: they land
         # before its gradient (zeros, or what backward made) leaves, so that this step's values land after them.
         self._need(range(len(self._params)))
@@ -809,6 +832,8 @@ class DistributedModel(torch.nn.Module):
                 o.last_epoch = to - 1  # its next step() makes the rate of step `to`
 
     def _abandon(self):
+        for table in self._tables:
+            table._abandon()
         self._current = None
         self._scaling = None
         if self._mirror is not None:

@@ -54,7 +54,7 @@ class _Step:
             self.gate = model._gate
             return False
         try:
-            model._send_the_rest()
+            model._send_the_rest(self.batch_size)
         except Error:
             model._abandon()
             raise
