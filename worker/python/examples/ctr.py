@@ -26,10 +26,9 @@ from tessera import ctr
 
 
 class Logistic(torch.nn.Module):
-    def __init__(self, optimizer, learning_rate):
+    def __init__(self, table):
         super().__init__()
-        self.weights = tt.EmbeddingBag("ctr_weights", 1, mode="sum", optimizer=optimizer,
-                                       learning_rate=learning_rate, init_scale=0.0)
+        self.weights = tt.EmbeddingBag("ctr_weights", 1, mode="sum", init_scale=0.0, **table)
         self.dense = torch.nn.Linear(ctr.DENSE_FIELDS, 1)
 
     def forward(self, dense, ids):
@@ -37,12 +36,11 @@ class Logistic(torch.nn.Module):
 
 
 class Dlrm(torch.nn.Module):
-    def __init__(self, optimizer, learning_rate, dim=8):
+    def __init__(self, table, factor_learning_rate, dim=8):
         super().__init__()
-        self.factors = tt.Embedding("ctr_factors", dim, optimizer=optimizer, learning_rate=learning_rate,
-                                    init_scale=0.05, seed=11)
-        self.weights = tt.EmbeddingBag("ctr_weights", 1, mode="sum", optimizer=optimizer,
-                                       learning_rate=learning_rate, init_scale=0.0)
+        self.factors = tt.Embedding("ctr_factors", dim, init_scale=0.05, seed=11,
+                                    **dict(table, learning_rate=factor_learning_rate))
+        self.weights = tt.EmbeddingBag("ctr_weights", 1, mode="sum", init_scale=0.0, **table)
         self.bottom = torch.nn.Sequential(torch.nn.Linear(ctr.DENSE_FIELDS, dim), torch.nn.ReLU())
         vectors = ctr.CATEGORICAL_FIELDS + 1
         self.pairs = torch.triu_indices(vectors, vectors, offset=1)
@@ -69,6 +67,8 @@ def main():
     parser.add_argument("--model", choices=("logistic", "dlrm"), default="logistic")
     parser.add_argument("--table_optimizer", default="rowwise_adagrad")
     parser.add_argument("--table_learning_rate", type=float, default=0.1)
+    parser.add_argument("--factor_learning_rate", type=float, default=0.05, help="dlrm: the factor table's rate")
+    parser.add_argument("--admit_after", type=int, default=0, help="a row is created at its id's k-th gradient")
     parser.add_argument("--eval_every", type=int, default=200, help="steps between rank 0's scores (0: at the end)")
     parser.add_argument("--out", default="", help="a folder for ctr-rank<r>.json")
     args = parser.parse_args()
@@ -77,10 +77,11 @@ def main():
     torch.manual_seed(int(job.spec["seed"]))
     dense, ids, label, _ = ctr.load(os.path.join(args.data, "train.npz"))
     dense, ids, label = torch.from_numpy(dense), torch.from_numpy(ids), torch.from_numpy(label)
+    table = dict(optimizer=args.table_optimizer, learning_rate=args.table_learning_rate, admit_after=args.admit_after)
     if args.model == "logistic":
-        net = Logistic(args.table_optimizer, args.table_learning_rate)
+        net = Logistic(table)
     else:
-        net = Dlrm(args.table_optimizer, args.table_learning_rate)
+        net = Dlrm(table, args.factor_learning_rate)
     model = tt.DistributedModel(net, job)
     test = None
     if job.rank == 0:
