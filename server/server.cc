@@ -46,6 +46,47 @@ std::string ServerMetricsText(const tessera::v1::ServerStats& stats, int server_
               "Staleness of each applied update: the pushing worker's clock minus the clock of the parameters it "
               "read.")
       .StalenessSeries(stats.staleness(), server);
+  // Embedding tables, by table.
+  const struct {
+    const char* name;
+    MetricsPage::Type type;
+    const char* help;
+    int64_t (tessera::v1::TableStats::*value)() const;
+  } table_metrics[] = {
+      {"tessera_server_table_rows", MetricsPage::kGauge, "Rows of an embedding table this server holds.",
+       &tessera::v1::TableStats::rows},
+      {"tessera_server_table_bytes", MetricsPage::kGauge, "Bytes of the rows' values and optimizer state.",
+       &tessera::v1::TableStats::bytes},
+      {"tessera_server_table_memory_bytes", MetricsPage::kGauge,
+       "Memory the rows take, index and bookkeeping included.", &tessera::v1::TableStats::memory_bytes},
+      {"tessera_server_table_rows_pulled_total", MetricsPage::kCounter, "Rows read.",
+       &tessera::v1::TableStats::rows_pulled},
+      {"tessera_server_table_rows_updated_total", MetricsPage::kCounter, "Row updates applied.",
+       &tessera::v1::TableStats::rows_updated},
+      {"tessera_server_table_rows_created_total", MetricsPage::kCounter, "Rows created by a first gradient.",
+       &tessera::v1::TableStats::rows_created},
+      {"tessera_server_table_rows_expired_total", MetricsPage::kCounter,
+       "Rows removed after expire_after_steps clocks without a gradient.", &tessera::v1::TableStats::rows_expired},
+      {"tessera_server_table_admission_refusals_total", MetricsPage::kCounter,
+       "Gradients of ids not admitted yet (dropped).", &tessera::v1::TableStats::admission_refusals},
+      {"tessera_server_table_pending_ids", MetricsPage::kGauge, "Ids counted for admission, not admitted yet.",
+       &tessera::v1::TableStats::pending_ids},
+  };
+  for (const auto& m : table_metrics) {
+    if (stats.tables_size() == 0) break;
+    page.Family(m.name, m.type, m.help);
+    for (const auto& t : stats.tables()) {
+      page.Sample(static_cast<double>((t.*m.value)()), {server[0], {"table", t.table()}});
+    }
+  }
+  for (int t = 0; t < stats.tables_size(); ++t) {
+    if (t == 0) {
+      page.Family("tessera_server_table_update_staleness_clocks", MetricsPage::kHistogram,
+                  "Staleness of each slot update of an embedding table: the clocks the slot's newest update was "
+                  "ahead of it.");
+    }
+    page.StalenessSeries(stats.tables(t).staleness(), {server[0], {"table", stats.tables(t).table()}});
+  }
   for (int w = 0; w < stats.worker_staleness_size(); ++w) {
     if (w == 0) {
       page.Family("tessera_server_worker_update_staleness_clocks", MetricsPage::kHistogram,

@@ -149,6 +149,7 @@ RowsApplied RowSlot::ApplyLocked(absl::Span<const uint64_t> ids, absl::Span<cons
   RowsApplied applied;
   const int64_t dim = spec->dim;
   const int64_t last = clock;
+  staleness.Add(std::max<int64_t>(0, last - at_clock));
   clock = std::max(clock, at_clock);
   // Expiry runs, before the update, when the clock passes a multiple of a quarter of the expiry span: on a
   // primary and its backups alike (they apply the same updates in the same order).
@@ -477,6 +478,10 @@ void SparseTable::AddStats(tessera::v1::ServerStats& stats) const {
     t.set_rows_expired(t.rows_expired() + slot->rows_expired);
     t.set_admission_refusals(t.admission_refusals() + slot->admission_refusals);
     t.set_pending_ids(t.pending_ids() + slot->pending());
+    StalenessHistogram merged;
+    merged.Merge(t.staleness());
+    merged.Merge(slot->staleness.ToProto());
+    *t.mutable_staleness() = merged.ToProto();
     unfilled += !slot->replication.backups.empty() && slot->replication.replicated_version < 0;
   }
   for (auto& [name, t] : tables) *stats.add_tables() = std::move(t);

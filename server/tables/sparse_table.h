@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/staleness_histogram.h"
 #include "proto/tensor.pb.h"
 #include "server/tables/row_optimizer.h"
 #include "server/tables/table.h"
@@ -115,6 +116,7 @@ struct RowSlot final : Unit {
   int64_t rows_created ABSL_GUARDED_BY(mu) = 0;
   int64_t rows_expired ABSL_GUARDED_BY(mu) = 0;
   int64_t admission_refusals ABSL_GUARDED_BY(mu) = 0;
+  StalenessHistogram staleness ABSL_GUARDED_BY(mu);  // TableStats.staleness, this slot's updates
 
   tessera::v1::ChunkState StateLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   tessera::v1::ChunkState ReplicaStateLocked(bool values) const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
