@@ -18,8 +18,9 @@ namespace {
 
 using Kind = RowOptimizerSpec::Kind;
 
-// Bytes of one entry of a slot's index (id, row) and its control byte.
-constexpr int64_t kIndexEntryBytes = sizeof(std::pair<uint64_t, uint32_t>) + 1;
+// Bytes of one entry of a slot's index (a row number) and its control byte; of a pending id's entry.
+constexpr int64_t kIndexEntryBytes = sizeof(uint32_t) + 1;
+constexpr int64_t kPendingEntryBytes = sizeof(std::pair<uint64_t, uint32_t>) + 1;
 
 std::string FloatBytes(const float* data, size_t count) {
   return std::string(reinterpret_cast<const char*>(data), count * sizeof(float));
@@ -32,7 +33,8 @@ bool AllFinite(absl::Span<const float> values) {
 }  // namespace
 
 int64_t RowTableSpec::RowBytes() const {
-  return stride() * static_cast<int64_t>(sizeof(float)) + kIndexEntryBytes + (counts_steps ? 4 : 0) +
+  return stride() * static_cast<int64_t>(sizeof(float)) + static_cast<int64_t>(sizeof(uint64_t)) +
+         kIndexEntryBytes + (counts_steps ? 4 : 0) +
          (expire_after > 0 ? 8 : 0);
 }
 
@@ -98,8 +100,8 @@ RowSlot::~RowSlot() {
 
 void RowSlot::ReadLocked(uint64_t id, absl::Span<float> out) const {
   ++rows_pulled;
-  if (auto it = index_.find(id); it != index_.end()) {
-    const float* row = RowLocked(it->second);
+  if (auto it = index_.find(IdKey{id}); it != index_.end()) {
+    const float* row = RowLocked(*it);
     std::copy(row, row + spec->dim, out.begin());
   } else if (spec->admit_after > 1) {
     std::fill(out.begin(), out.end(), 0.0f);  // not admitted (yet)
@@ -111,7 +113,7 @@ void RowSlot::ReadLocked(uint64_t id, absl::Span<float> out) const {
 int64_t RowSlot::NewRowsLocked(absl::Span<const uint64_t> ids) const {
   int64_t fresh = 0;
   for (uint64_t id : ids) {
-    if (index_.contains(id)) continue;
+    if (index_.contains(IdKey{id})) continue;
     if (spec->admit_after > 1) {
       auto it = pending_.find(id);
       if ((it == pending_.end() ? 0 : it->second) + 1 < static_cast<uint32_t>(spec->admit_after)) continue;
@@ -130,6 +132,7 @@ uint32_t RowSlot::CreateLocked(uint64_t id) {
     row = next_row_++;
     if (row / kBlockRows >= blocks_.size()) {
       blocks_.push_back(std::make_unique<float[]>(kBlockRows * spec->stride()));
+      id_blocks_.push_back(std::make_unique<uint64_t[]>(kBlockRows));
     }
     if (spec->counts_steps) steps_.resize(next_row_);
     if (spec->expire_after > 0) clocks_.resize(next_row_);
@@ -139,7 +142,8 @@ uint32_t RowSlot::CreateLocked(uint64_t id) {
   optimizer_.InitState(absl::MakeSpan(values + spec->dim, spec->state_floats));
   if (spec->counts_steps) steps_[row] = 0;
   if (spec->expire_after > 0) clocks_[row] = clock;
-  index_[id] = row;
+  id_blocks_[row / kBlockRows][row % kBlockRows] = id;
+  index_.insert(row);
   ++rows_created;
   return row;
 }
@@ -160,10 +164,10 @@ RowsApplied RowSlot::ApplyLocked(absl::Span<const uint64_t> ids, absl::Span<cons
   std::vector<float> before(spec->stride());
   for (size_t i = 0; i < ids.size(); ++i) {
     const uint64_t id = ids[i];
-    auto it = index_.find(id);
+    auto it = index_.find(IdKey{id});
     uint32_t row;
     if (it != index_.end()) {
-      row = it->second;
+      row = *it;
     } else {
       if (spec->admit_after > 1) {
         uint32_t& seen = pending_[id];
@@ -206,13 +210,13 @@ RowsApplied RowSlot::ApplyLocked(absl::Span<const uint64_t> ids, absl::Span<cons
 }
 
 int64_t RowSlot::ExpireLocked(int64_t now) {
-  std::vector<uint64_t> gone;
-  for (const auto& [id, row] : index_) {
-    if (clocks_[row] + spec->expire_after < now) gone.push_back(id);
+  std::vector<uint32_t> gone;
+  for (uint32_t row : index_) {
+    if (clocks_[row] + spec->expire_after < now) gone.push_back(row);
   }
-  for (uint64_t id : gone) {
-    free_.push_back(index_[id]);
-    index_.erase(id);
+  for (uint32_t row : gone) {
+    index_.erase(row);
+    free_.push_back(row);
   }
   memory->Release(static_cast<int64_t>(gone.size()) * spec->RowBytes());
   rows_expired += static_cast<int64_t>(gone.size());
@@ -223,6 +227,7 @@ void RowSlot::ClearLocked() {
   memory->Release(static_cast<int64_t>(index_.size()) * spec->RowBytes());
   index_.clear();
   blocks_.clear();
+  id_blocks_.clear();
   steps_.clear();
   clocks_.clear();
   free_.clear();
@@ -231,9 +236,10 @@ void RowSlot::ClearLocked() {
 }
 
 int64_t RowSlot::MemoryBytesLocked() const {
-  return static_cast<int64_t>(blocks_.size()) * kBlockRows * spec->stride() * static_cast<int64_t>(sizeof(float)) +
+  return static_cast<int64_t>(blocks_.size()) * kBlockRows *
+             (spec->stride() * static_cast<int64_t>(sizeof(float)) + static_cast<int64_t>(sizeof(uint64_t))) +
          static_cast<int64_t>(index_.capacity()) * kIndexEntryBytes +
-         static_cast<int64_t>(pending_.capacity()) * kIndexEntryBytes +
+         static_cast<int64_t>(pending_.capacity()) * kPendingEntryBytes +
          static_cast<int64_t>(steps_.capacity() * sizeof(uint32_t) + clocks_.capacity() * sizeof(int64_t) +
                               free_.capacity() * sizeof(uint32_t));
 }
@@ -261,7 +267,9 @@ void RowSlot::LogLocked(absl::Span<const uint64_t> ids, absl::Span<const float> 
 
 tessera::v1::ChunkState RowSlot::StateLocked() const {
   tessera::v1::ChunkState state = ReplicaStateLocked(/*values=*/false);
-  std::vector<std::pair<uint64_t, uint32_t>> rows(index_.begin(), index_.end());
+  std::vector<std::pair<uint64_t, uint32_t>> rows;
+  rows.reserve(index_.size());
+  for (uint32_t row : index_) rows.emplace_back(IdOf(row), row);
   std::sort(rows.begin(), rows.end());
   std::string values, optimizer_state;
   values.reserve(rows.size() * spec->dim * sizeof(float));

@@ -22,6 +22,8 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/hash/hash.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -135,6 +137,28 @@ struct RowSlot final : Unit {
  private:
   static constexpr int64_t kBlockRows = 1024;
 
+  // The index holds row numbers only (4 bytes each); a row's id is beside its values in the id blocks, and the
+  // index hashes and compares through it, so a lookup by id needs no copy of the id in the index.
+  struct IdKey {
+    uint64_t id;
+  };
+  uint64_t IdOf(uint32_t row) const ABSL_NO_THREAD_SAFETY_ANALYSIS {  // under mu: called by the index
+    return id_blocks_[row / kBlockRows][row % kBlockRows];
+  }
+  struct RowHash {
+    using is_transparent = void;
+    const RowSlot* slot;
+    size_t operator()(uint32_t row) const { return absl::Hash<uint64_t>()(slot->IdOf(row)); }
+    size_t operator()(IdKey key) const { return absl::Hash<uint64_t>()(key.id); }
+  };
+  struct RowEq {
+    using is_transparent = void;
+    const RowSlot* slot;
+    bool operator()(uint32_t a, uint32_t b) const { return a == b; }
+    bool operator()(IdKey key, uint32_t row) const { return slot->IdOf(row) == key.id; }
+    bool operator()(uint32_t row, IdKey key) const { return slot->IdOf(row) == key.id; }
+  };
+
   float* RowLocked(uint32_t row) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     return blocks_[row / kBlockRows].get() + (row % kBlockRows) * spec->stride();
   }
@@ -153,9 +177,9 @@ struct RowSlot final : Unit {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   const RowOptimizer optimizer_;
-  absl::flat_hash_map<uint64_t, uint32_t> index_ ABSL_GUARDED_BY(mu);  // id -> row
-  std::vector<std::unique_ptr<float[]>> blocks_ ABSL_GUARDED_BY(mu);    // kBlockRows rows of stride() each
-  std::vector<uint64_t> ids_ ABSL_GUARDED_BY(mu);                       // row -> id (free rows: unused)
+  std::vector<std::unique_ptr<float[]>> blocks_ ABSL_GUARDED_BY(mu);       // kBlockRows rows of stride() each
+  std::vector<std::unique_ptr<uint64_t[]>> id_blocks_ ABSL_GUARDED_BY(mu);  // kBlockRows ids each
+  absl::flat_hash_set<uint32_t, RowHash, RowEq> index_ ABSL_GUARDED_BY(mu){0, RowHash{this}, RowEq{this}};
   std::vector<uint32_t> steps_ ABSL_GUARDED_BY(mu);                     // row -> updates (counts_steps only)
   std::vector<int64_t> clocks_ ABSL_GUARDED_BY(mu);                     // row -> newest clock (expiry only)
   std::vector<uint32_t> free_ ABSL_GUARDED_BY(mu);                      // rows freed by expiry
