@@ -60,6 +60,8 @@ DEFINE_string(checkpoint_dir, "",
 DEFINE_string(resume, "",
               "RUN_DIR of an earlier run of tessera-launch: go on with its job (RUN_DIR/job.pbtxt) from its newest "
               "usable checkpoint, in the same run directory");
+DEFINE_int64(server_row_memory_mb, 0,
+             "each server's --max_row_memory_mb: the memory its rows of embedding tables may take; 0: no cap");
 DEFINE_int32(heartbeat_timeout_ms, 0,
              "a daemon silent this long is lost (the scheduler's --heartbeat_timeout_ms); 0: its default, 10 s");
 DEFINE_int32(restart_servers, 0,
@@ -106,7 +108,7 @@ int main(int argc, char** argv) {
                        tessera::NonNegativeFlag("simulate_compute_ms"), tessera::NonNegativeFlag("checkpoint_every_steps"),
                        tessera::NonNegativeFlag("checkpoint_every_s"), tessera::NonNegativeFlag("heartbeat_timeout_ms"),
                        tessera::NonNegativeFlag("restart_servers"), tessera::NonNegativeFlag("restart_workers"),
-                       tessera::NonNegativeFlag("restart_scheduler")});
+                       tessera::NonNegativeFlag("restart_scheduler"), tessera::NonNegativeFlag("server_row_memory_mb")});
   std::string job_text = tessera::kDefaultJobText;
   std::string origin = "the embedded default job";
   const std::string job_file = FLAGS_resume.empty() ? FLAGS_job : FLAGS_resume + "/job.pbtxt";
@@ -205,6 +207,7 @@ int main(int argc, char** argv) {
   options.restart_servers = FLAGS_restart_servers;
   options.restart_scheduler = FLAGS_restart_scheduler;
   options.heartbeat_timeout_ms = FLAGS_heartbeat_timeout_ms;
+  options.server_row_memory_mb = FLAGS_server_row_memory_mb;
 
   // One run per run directory (a resumed run goes on in its own).
   if (FLAGS_resume.empty()) {

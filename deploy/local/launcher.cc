@@ -348,6 +348,9 @@ class Cluster {
       const std::string log = absl::StrCat(options_.run_dir, "/logs/server-", i, ".log");
       std::vector<std::string> argv = {options_.bin_dir + "/tessera-server", "--scheduler=" + address,
                                        absl::StrCat("--id=", i)};
+      if (options_.server_row_memory_mb > 0) {
+        argv.push_back(absl::StrCat("--max_row_memory_mb=", options_.server_row_memory_mb));
+      }
       AddSecurityFlags(argv);
       absl::StatusOr<pid_t> pid = Spawn(argv, log, -1, append_logs());
       if (!pid.ok()) return pid.status();

@@ -78,6 +78,25 @@ inline tessera::v1::ShardMap FuzzView(uint64_t epoch) {
     c->set_length(i < 2 ? 16 : 8);
     c->set_server_id(0);
   }
+  // An embedding table "emb": rows of 4, 4 hash slots on server 0, admitted at their second gradient, expiring
+  // after 3 clocks without one, lazy Adam (per-row step counts).
+  auto* e = map.add_params();
+  e->set_name("emb");
+  e->set_dtype(tessera::v1::DT_FLOAT32);
+  e->add_shape(4);
+  e->mutable_init()->set_kind(tessera::v1::InitSpec::UNIFORM);
+  e->mutable_init()->set_scale(0.5f);
+  e->mutable_embedding()->set_slots(4);
+  e->mutable_embedding()->set_admit_after(2);
+  e->mutable_embedding()->set_expire_after_steps(3);
+  e->mutable_embedding()->mutable_optimizer()->set_kind(tessera::v1::RowOptimizerSpec::LAZY_ADAM);
+  for (int i = 0; i < 4; ++i) {
+    auto* c = map.add_chunks();
+    c->set_param("emb");
+    c->set_index(i);
+    c->set_length(4);
+    c->set_server_id(0);
+  }
   for (int w = 0; w < kWorkers; ++w) {
     auto* slot = map.add_workers();
     slot->set_id(w);

@@ -58,6 +58,24 @@ void ShardStoreSeeds(const std::string& dir) {
     round->add_workers(1);
     AppendRequest(4, decide.SerializeAsString(), &seed);
     AppendRequest(5, "", &seed);
+    // An embedding table: the same ids pushed twice (admitted at the second), with a repeat, then read.
+    tessera::v1::RowPushRequest rows;
+    rows.set_epoch(2);
+    rows.set_seq(10);
+    rows.set_batch_size(4);
+    rows.set_table("emb");
+    for (uint64_t id : {3, 7, 3}) rows.add_ids(id);
+    rows.set_grads(std::string(3 * 4 * sizeof(float), '\0'));
+    AppendRequest(0x80 | 8, rows.SerializeAsString(), &seed);
+    rows.set_seq(11);
+    rows.set_clock(4);
+    AppendRequest(0x80 | 8, rows.SerializeAsString(), &seed);
+    tessera::v1::RowPullRequest read;
+    read.set_epoch(2);
+    read.set_table("emb");
+    for (uint64_t id : {3, 7, 11}) read.add_ids(id);
+    AppendRequest(7, read.SerializeAsString(), &seed);
+    AppendRequest(5, "", &seed);
     Write(dir, "requests-mode" + std::to_string(mode), seed);
   }
 }

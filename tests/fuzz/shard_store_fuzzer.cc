@@ -1,5 +1,6 @@
 // Fuzzes a server's request handling: a ShardStore given a valid view, then a sequence of requests from the
-// wire (tests/fuzz/fuzz_input.h): AssignShards, Push, PushPull, Pull, DecideRounds and Checkpoint snapshots, as
+// wire (tests/fuzz/fuzz_input.h): AssignShards, Push, PushPull, Pull, DecideRounds, Checkpoint snapshots and an
+// embedding table's PullRows and PushRows, as
 // ServerService hands them over, and Replicate calls to a second store that backs up the first's chunks, either
 // unsigned or signed by the primary's key (so that forged numbers reach the checks behind the signature).
 // Nothing may crash, and no value may become non-finite.
@@ -16,7 +17,9 @@
 namespace tessera::fuzz {
 namespace {
 
-enum Operation : uint8_t { kAssign, kPush, kPushPull, kPull, kDecideRounds, kSnapshot, kReplicate, kOperations };
+enum Operation : uint8_t {
+  kAssign, kPush, kPushPull, kPull, kDecideRounds, kSnapshot, kReplicate, kPullRows, kPushRows, kOperations
+};
 
 // The primary's signing key (server 0), made once.
 const ReplicaSigner& PrimaryKey() {
@@ -112,6 +115,17 @@ void Run(const uint8_t* data, size_t size) {
         (void)store.Stats();
         CheckFinite(store);
         break;
+      case kPullRows: {
+        tessera::v1::RowPullRequest r;
+        if (r.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) (void)store.PullRows(r);
+        break;
+      }
+      case kPushRows: {
+        tessera::v1::RowPushRequest r;
+        if (!r.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) break;
+        store.PushRows(r, with_key ? WorkerKey(r.worker_id()) : "", [](absl::StatusOr<tessera::v1::RowPushResponse>) {});
+        break;
+      }
       case kReplicate: {
         tessera::v1::ReplicateRequest r;
         if (!r.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) break;
