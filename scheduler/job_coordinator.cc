@@ -323,8 +323,11 @@ void JobCoordinator::Declare(const tessera::v1::DeclareRequest& request,
       absl::Status assigned = servers_->Assign(placed->map, job_);
       if (assigned.ok()) assigned = view_.Commit(*placed);
       if (!assigned.ok()) {
+        // A job that has stopped hands over no view any more (CANCELLED): the declaration ends there, as a
+        // retry would only make another view.
         const bool retry = assigned.code() != absl::StatusCode::kInvalidArgument &&
-                           assigned.code() != absl::StatusCode::kResourceExhausted;
+                           assigned.code() != absl::StatusCode::kResourceExhausted &&
+                           assigned.code() != absl::StatusCode::kCancelled;
         LOG(WARNING) << "cluster view epoch " << placed->map.epoch() << " not placed: " << assigned;
         done(retry ? absl::UnavailableError(absl::StrCat("cannot hand shards to the servers yet (retrying): ",
                                                           assigned.message()))

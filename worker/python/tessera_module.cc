@@ -465,7 +465,8 @@ PYBIND11_MODULE(_tessera, m) {
       .def(
           "declare",
           [](PyClient& c, const std::vector<std::tuple<std::string, std::vector<int64_t>, float, uint64_t>>& params,
-             const std::vector<std::pair<std::string, std::vector<int64_t>>>& state) {
+             const std::vector<std::pair<std::string, std::vector<int64_t>>>& state,
+             const std::vector<py::dict>& tables) {
             std::vector<tessera::v1::ParameterSpec> specs;
             for (const auto& [name, shape, scale, seed] : params) {
               tessera::v1::ParameterSpec spec;
@@ -487,12 +488,15 @@ PYBIND11_MODULE(_tessera, m) {
               spec.set_state(true);
               specs.push_back(std::move(spec));
             }
+            for (const py::dict& d : tables) specs.push_back(tessera::TableSpecOf(d));
             py::gil_scoped_release release;
             tessera::Check(c.get().Declare(specs));
           },
           py::arg("params"), py::arg("state") = std::vector<std::pair<std::string, std::vector<int64_t>>>(),
-          "Declares parameters [(name, shape, uniform_scale, seed)] (scale 0: zeros) and module state [(name, "
-          "shape)] (assigned only, never pushed: e.g. BatchNorm statistics); waits for the servers.")
+          py::arg("tables") = std::vector<py::dict>(),
+          "Declares parameters [(name, shape, uniform_scale, seed)] (scale 0: zeros), module state [(name, "
+          "shape)] (assigned only, never pushed: e.g. BatchNorm statistics) and embedding tables [{name, dim, ...}] "
+          "(as declare_tables), all in one declaration; waits for the servers.")
       .def(
           "declare_tables",
           [](PyClient& c, const std::vector<py::dict>& tables) {

@@ -137,11 +137,11 @@ class DistributedModel(torch.nn.Module):
             raise Error("INVALID_ARGUMENT: two embedding layers name the same table")
         mine = dict(params + state + tables)
         self._check_matches_job(mine, self._client.job_parameters())
-        if self._tables:
-            self._client.declare_tables([t.spec for t in self._tables])
         for t in self._tables:
             t._bind(self._client)
-        self._client.declare([(name, shape, 0.0, 0) for name, shape in params], state=state)
+        # One declaration: another worker checking the job's parameters sees all of them or none.
+        self._client.declare([(name, shape, 0.0, 0) for name, shape in params], state=state,
+                             tables=[t.spec for t in self._tables])
         self._check_matches_job(mine, self._client.job_parameters())  # a worker of another model declared first
         self._plan = self._client.step_plan(exchanged, self._grad_sets, self._values)
         self._grad_pointers = [[g.ctypes.data for g in grads] for grads in self._grad_sets]
