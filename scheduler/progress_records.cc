@@ -68,6 +68,36 @@ ClusterStats ProgressRecords::ServerTotals() const {
   return sum;
 }
 
+nlohmann::json ProgressRecords::TablesJson() const {
+  absl::MutexLock lock(&mu_);
+  nlohmann::json tables = nlohmann::json::object();
+  std::map<std::string, StalenessHistogram> staleness;
+  for (const auto& [key, entry] : server_stats_) {
+    for (const tessera::v1::TableStats& t : entry.stats.tables()) {
+      nlohmann::json& j = tables[t.table()];
+      if (j.is_null()) {
+        j = {{"rows", 0}, {"memory_bytes", 0}, {"rows_by_server", nlohmann::json::object()}, {"rows_updated", 0},
+             {"rows_created", 0}, {"rows_expired", 0}, {"admission_refusals", 0}};
+      }
+      if (entry.live) {
+        j["rows"] = j["rows"].get<int64_t>() + t.rows();
+        j["memory_bytes"] = j["memory_bytes"].get<int64_t>() + t.memory_bytes();
+        j["rows_by_server"][std::to_string(key.first)] = t.rows();
+      }
+      using Counter = int64_t (tessera::v1::TableStats::*)() const;
+      for (auto [name, counter] : {std::pair<const char*, Counter>{"rows_updated", &tessera::v1::TableStats::rows_updated},
+                                   {"rows_created", &tessera::v1::TableStats::rows_created},
+                                   {"rows_expired", &tessera::v1::TableStats::rows_expired},
+                                   {"admission_refusals", &tessera::v1::TableStats::admission_refusals}}) {
+        j[name] = j[name].get<int64_t>() + (t.*counter)();
+      }
+      staleness[t.table()].Merge(t.staleness());
+    }
+  }
+  for (auto& [name, histogram] : staleness) tables[name]["staleness"] = histogram.ToJson();
+  return tables;
+}
+
 void ProgressRecords::NoteClock(int64_t clock) {
   const absl::Time now = absl::Now();
   absl::MutexLock lock(&mu_);
@@ -207,6 +237,8 @@ nlohmann::json ProgressRecords::SaveSummary(const JobOutcome& outcome, const std
     summary["staleness"] = StalenessJson(sum);
     summary.update(extra);
   }
+  const nlohmann::json tables = TablesJson();
+  if (!tables.empty()) summary["tables"] = tables;
   if (absl::Status s = recorder_->SaveSummary(summary); !s.ok()) LOG(ERROR) << s;
   return summary;
 }

@@ -57,6 +57,9 @@ class ProgressRecords {
   void UpdateServerStats(const std::vector<ServerStatsAnswer>& answers);
   // The statistics of every server ever heard from, summed.
   ClusterStats ServerTotals() const;
+  // The embedding tables, by name: rows and memory on each live server, and totals of their counters and
+  // staleness over every server the job had (summary.json's "tables").
+  nlohmann::json TablesJson() const;
 
   // Appends the progress record of evaluation `eval` (metrics.jsonl, a progress line, /status).
   void WriteEvalRecord(const tessera::v1::ReportRequest& eval);
