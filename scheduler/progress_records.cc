@@ -77,7 +77,7 @@ nlohmann::json ProgressRecords::TablesJson() const {
       nlohmann::json& j = tables[t.table()];
       if (j.is_null()) {
         j = {{"rows", 0}, {"memory_bytes", 0}, {"rows_by_server", nlohmann::json::object()}, {"rows_updated", 0},
-             {"rows_created", 0}, {"rows_expired", 0}, {"admission_refusals", 0}};
+             {"rows_created", 0}, {"rows_expired", 0}, {"rows_evicted", 0}, {"admission_refusals", 0}};
       }
       if (entry.live) {
         j["rows"] = j["rows"].get<int64_t>() + t.rows();
@@ -88,6 +88,7 @@ nlohmann::json ProgressRecords::TablesJson() const {
       for (auto [name, counter] : {std::pair<const char*, Counter>{"rows_updated", &tessera::v1::TableStats::rows_updated},
                                    {"rows_created", &tessera::v1::TableStats::rows_created},
                                    {"rows_expired", &tessera::v1::TableStats::rows_expired},
+                                   {"rows_evicted", &tessera::v1::TableStats::rows_evicted},
                                    {"admission_refusals", &tessera::v1::TableStats::admission_refusals}}) {
         j[name] = j[name].get<int64_t>() + (t.*counter)();
       }

@@ -137,20 +137,24 @@ void ShardStore::PushRows(const tessera::v1::RowPushRequest& request, std::strin
     if (!summed.ok()) return done(summed.status());
     batches.push_back(SlotBatch{slot, *std::move(summed)});
   }
-  // The memory of the rows it creates is taken first, for the whole push: one that does not fit changes nothing.
+  // The memory of the rows it creates is taken first, for the whole push: one that does not fit changes nothing,
+  // unless the table evicts (evict_when_full), which makes room slot by slot below, under each slot's lock.
   int64_t fresh = 0;
   for (SlotBatch& b : batches) {
     absl::MutexLock slot_lock(&b.slot->mu);
     fresh += b.slot->NewRowsLocked(b.rows.ids);
   }
   int64_t reserved = fresh * found->spec->RowBytes();
-  if (!state_.row_memory.Reserve(reserved)) {
+  const bool fits = state_.row_memory.Reserve(reserved);
+  const bool evicting = !fits && found->spec->evict_when_full;
+  if (!fits && !evicting) {
     return done(absl::ResourceExhaustedError(absl::StrCat(
         what, ": its ", fresh, " new rows (", reserved, " bytes) do not fit this server's row memory (",
         state_.row_memory.used(), " of ", state_.row_memory.cap(),
-        " bytes used; --max_row_memory_mb); nothing was applied. Add servers, or give the table admit_after or "
-        "expire_after_steps")));
+        " bytes used; --max_row_memory_mb); nothing was applied. Add servers, or give the table admit_after, "
+        "expire_after_steps or evict_when_full")));
   }
+  if (evicting) reserved = 0;
   tessera::v1::RowPushResponse response;
   bool all_duplicate = true;
   for (SlotBatch& b : batches) {
@@ -161,7 +165,19 @@ void ShardStore::PushRows(const tessera::v1::RowPushRequest& request, std::strin
       continue;
     }
     all_duplicate = false;
-    RowsApplied applied = b.slot->ApplyLocked(b.rows.ids, b.rows.grads, lr_factor, request.clock(), reserved);
+    // Evicting: as many of the slot's least recently updated rows as the push creates in it, unless the budget
+    // has room for them now.
+    std::vector<uint64_t> evict;
+    if (evicting) {
+      const int64_t needed = b.slot->NewRowsLocked(b.rows.ids);
+      if (!state_.row_memory.Reserve(needed * found->spec->RowBytes())) {
+        evict = b.slot->OldestRowsLocked(needed, b.rows.ids);
+      } else {
+        state_.row_memory.Release(needed * found->spec->RowBytes());  // the rows charge themselves as created
+      }
+    }
+    RowsApplied applied =
+        b.slot->ApplyLocked(b.rows.ids, b.rows.grads, lr_factor, request.clock(), reserved, evict);
     b.slot->last_seq[request.worker_id()] = request.seq();
     b.version = b.slot->version;
     response.set_rows_updated(response.rows_updated() + applied.updated);

@@ -35,7 +35,7 @@ bool AllFinite(absl::Span<const float> values) {
 int64_t RowTableSpec::RowBytes() const {
   return stride() * static_cast<int64_t>(sizeof(float)) + static_cast<int64_t>(sizeof(uint64_t)) +
          kIndexEntryBytes + (counts_steps ? 4 : 0) +
-         (expire_after > 0 ? 8 : 0);
+         (tracks_clocks() ? 8 : 0);
 }
 
 absl::StatusOr<RowOptimizerSpec> RowOptimizerFromProto(const tessera::v1::RowOptimizerSpec& spec) {
@@ -73,6 +73,7 @@ absl::StatusOr<std::shared_ptr<const RowTableSpec>> RowTableFromDeclaration(cons
   spec->state_floats = RowOptimizer(spec->optimizer_spec).StateFloats(spec->dim);
   spec->admit_after = param.embedding().admit_after();
   spec->expire_after = param.embedding().expire_after_steps();
+  spec->evict_when_full = param.embedding().evict_when_full();
   spec->counts_steps = spec->optimizer_spec.kind == Kind::kLazyAdam;
   return std::shared_ptr<const RowTableSpec>(std::move(spec));
 }
@@ -135,23 +136,51 @@ uint32_t RowSlot::CreateLocked(uint64_t id) {
       id_blocks_.push_back(std::make_unique<uint64_t[]>(kBlockRows));
     }
     if (spec->counts_steps) steps_.resize(next_row_);
-    if (spec->expire_after > 0) clocks_.resize(next_row_);
+    if (spec->tracks_clocks()) clocks_.resize(next_row_);
   }
   float* values = RowLocked(row);
   FillRowInit(spec->init, spec->name, id, absl::MakeSpan(values, spec->dim));
   optimizer_.InitState(absl::MakeSpan(values + spec->dim, spec->state_floats));
   if (spec->counts_steps) steps_[row] = 0;
-  if (spec->expire_after > 0) clocks_[row] = clock;
+  if (spec->tracks_clocks()) clocks_[row] = clock;
   id_blocks_[row / kBlockRows][row % kBlockRows] = id;
   index_.insert(row);
   ++rows_created;
   return row;
 }
 
+std::vector<uint64_t> RowSlot::OldestRowsLocked(int64_t count, absl::Span<const uint64_t> keep) const {
+  std::vector<std::pair<int64_t, uint64_t>> candidates;  // (newest clock, id)
+  candidates.reserve(index_.size());
+  for (uint32_t row : index_) {
+    const uint64_t id = IdOf(row);
+    if (!std::binary_search(keep.begin(), keep.end(), id)) candidates.emplace_back(clocks_[row], id);
+  }
+  count = std::min<int64_t>(count, static_cast<int64_t>(candidates.size()));
+  std::nth_element(candidates.begin(), candidates.begin() + count, candidates.end());
+  std::vector<uint64_t> oldest;
+  for (int64_t i = 0; i < count; ++i) oldest.push_back(candidates[i].second);
+  std::sort(oldest.begin(), oldest.end());
+  return oldest;
+}
+
+void RowSlot::RemoveLocked(uint32_t row) {
+  index_.erase(row);
+  free_.push_back(row);
+  memory->Release(spec->RowBytes());
+}
+
 RowsApplied RowSlot::ApplyLocked(absl::Span<const uint64_t> ids, absl::Span<const float> grads, float lr_scale,
-                                 int64_t at_clock, int64_t& reserved) {
+                                 int64_t at_clock, int64_t& reserved, absl::Span<const uint64_t> evict) {
   RowsApplied applied;
   const int64_t dim = spec->dim;
+  for (uint64_t id : evict) {
+    if (auto it = index_.find(IdKey{id}); it != index_.end()) {
+      RemoveLocked(*it);
+      ++applied.evicted;
+    }
+  }
+  rows_evicted += applied.evicted;
   const int64_t last = clock;
   staleness.Add(std::max<int64_t>(0, last - at_clock));
   clock = std::max(clock, at_clock);
@@ -199,11 +228,11 @@ RowsApplied RowSlot::ApplyLocked(absl::Span<const uint64_t> ids, absl::Span<cons
       continue;
     }
     if (spec->counts_steps && steps_[row] < UINT32_MAX) ++steps_[row];
-    if (spec->expire_after > 0) clocks_[row] = at_clock;
+    if (spec->tracks_clocks()) clocks_[row] = at_clock;
     ++applied.updated;
   }
   ++version;
-  if (!replication.backups.empty()) LogLocked(ids, grads, lr_scale, at_clock);
+  if (!replication.backups.empty()) LogLocked(ids, grads, lr_scale, at_clock, evict);
   rows_updated += applied.updated;
   admission_refusals += applied.refused;
   return applied;
@@ -214,11 +243,7 @@ int64_t RowSlot::ExpireLocked(int64_t now) {
   for (uint32_t row : index_) {
     if (clocks_[row] + spec->expire_after < now) gone.push_back(row);
   }
-  for (uint32_t row : gone) {
-    index_.erase(row);
-    free_.push_back(row);
-  }
-  memory->Release(static_cast<int64_t>(gone.size()) * spec->RowBytes());
+  for (uint32_t row : gone) RemoveLocked(row);
   rows_expired += static_cast<int64_t>(gone.size());
   return static_cast<int64_t>(gone.size());
 }
@@ -245,7 +270,7 @@ int64_t RowSlot::MemoryBytesLocked() const {
 }
 
 void RowSlot::LogLocked(absl::Span<const uint64_t> ids, absl::Span<const float> grads, float lr_scale,
-                        int64_t at_clock) {
+                        int64_t at_clock, absl::Span<const uint64_t> evicted) {
   UnitReplication& r = replication;
   if (r.log_base < 0) return;  // the next hand-over is the whole state anyway
   const size_t bytes = grads.size() * sizeof(float) + ids.size() * sizeof(uint64_t);
@@ -260,6 +285,7 @@ void RowSlot::LogLocked(absl::Span<const uint64_t> ids, absl::Span<const float> 
   u.set_version(version);
   u.set_values(FloatBytes(grads.data(), grads.size()));
   u.mutable_row_ids()->Add(ids.begin(), ids.end());
+  u.mutable_evicted_ids()->Add(evicted.begin(), evicted.end());
   u.set_lr_scale(lr_scale);
   u.set_clock(at_clock);
   r.log_bytes += bytes;
@@ -280,7 +306,7 @@ tessera::v1::ChunkState RowSlot::StateLocked() const {
     values.append(FloatBytes(data, spec->dim));
     optimizer_state.append(FloatBytes(data + spec->dim, spec->state_floats));
     if (spec->counts_steps) state.add_row_steps(steps_[row]);
-    if (spec->expire_after > 0) state.add_row_clocks(clocks_[row]);
+    if (spec->tracks_clocks()) state.add_row_clocks(clocks_[row]);
   }
   state.set_values(std::move(values));
   state.set_optimizer_state(std::move(optimizer_state));
@@ -310,7 +336,7 @@ absl::Status RowSlot::TakeRowsLocked(const tessera::v1::ChunkState& state, const
   if (state.values().size() != static_cast<size_t>(n * dim) * sizeof(float) ||
       state.optimizer_state().size() != static_cast<size_t>(n * spec->state_floats) * sizeof(float) ||
       state.row_steps_size() != (spec->counts_steps ? n : 0) ||
-      state.row_clocks_size() != (spec->expire_after > 0 ? n : 0) ||
+      state.row_clocks_size() != (spec->tracks_clocks() ? n : 0) ||
       state.pending_ids_size() != state.pending_touches_size()) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": ", n, " rows whose values, state or bookkeeping have "
                                                    "another size than the table's"));
@@ -333,7 +359,7 @@ absl::Status RowSlot::TakeRowsLocked(const tessera::v1::ChunkState& state, const
     std::copy(values.begin() + i * dim, values.begin() + (i + 1) * dim, data);
     std::copy(opt.begin() + i * spec->state_floats, opt.begin() + (i + 1) * spec->state_floats, data + dim);
     if (spec->counts_steps) steps_[row] = state.row_steps(i);
-    if (spec->expire_after > 0) clocks_[row] = state.row_clocks(i);
+    if (spec->tracks_clocks()) clocks_[row] = state.row_clocks(i);
   }
   rows_created -= n;  // taken, not created
   clock = saved_clock;
@@ -365,7 +391,8 @@ absl::Status RowSlot::TakeReplicaLocked(const UpdateRule&, const tessera::v1::Re
       if (!grads.empty()) std::memcpy(grads.data(), u.values().data(), u.values().size());
       if (!AllFinite(grads)) return absl::InvalidArgumentError(absl::StrCat(what, ": an update with non-finite values"));
       int64_t none = 0;
-      ApplyLocked(absl::MakeConstSpan(u.row_ids().data(), u.row_ids_size()), grads, u.lr_scale(), u.clock(), none);
+      ApplyLocked(absl::MakeConstSpan(u.row_ids().data(), u.row_ids_size()), grads, u.lr_scale(), u.clock(), none,
+                  absl::MakeConstSpan(u.evicted_ids().data(), u.evicted_ids_size()));
     }
   }
   version = after.version();
@@ -484,6 +511,7 @@ void SparseTable::AddStats(tessera::v1::ServerStats& stats) const {
     t.set_rows_updated(t.rows_updated() + slot->rows_updated);
     t.set_rows_created(t.rows_created() + slot->rows_created);
     t.set_rows_expired(t.rows_expired() + slot->rows_expired);
+    t.set_rows_evicted(t.rows_evicted() + slot->rows_evicted);
     t.set_admission_refusals(t.admission_refusals() + slot->admission_refusals);
     t.set_pending_ids(t.pending_ids() + slot->pending());
     StalenessHistogram merged;

@@ -9,7 +9,8 @@
 // EmbeddingSpec.expire_after_steps clocks is removed. A slot applies one (worker, seq) once.
 //
 // Memory: every row created takes RowBytes() from the server's row budget (RowMemory), and a push that would go
-// beyond it is refused whole, RESOURCE_EXHAUSTED, changing nothing.
+// beyond it is refused whole, RESOURCE_EXHAUSTED, changing nothing; or, for a table with evict_when_full, first
+// evicts as many rows of its slots, the least recently updated.
 #ifndef TESSERA_SERVER_TABLES_SPARSE_TABLE_H_
 #define TESSERA_SERVER_TABLES_SPARSE_TABLE_H_
 
@@ -44,8 +45,11 @@ struct RowTableSpec {
   int64_t state_floats = 0;  // optimizer state per row
   int admit_after = 0;       // 0, 1: the first gradient creates a row
   int64_t expire_after = 0;  // clocks; 0: never
+  bool evict_when_full = false;
   bool counts_steps = false;  // the optimizer needs each row's update count (lazy Adam)
 
+  // Each row's newest clock is kept (for expiry or eviction).
+  bool tracks_clocks() const { return expire_after > 0 || evict_when_full; }
   int64_t stride() const { return dim + state_floats; }
   // What one row takes in memory: values, state, its entry in the slot's index, and its bookkeeping.
   int64_t RowBytes() const;
@@ -82,6 +86,7 @@ struct RowsApplied {
   int64_t refused = 0;  // not admitted yet
   int64_t created = 0;
   int64_t expired = 0;
+  int64_t evicted = 0;
 };
 
 // One hash slot of an embedding table.
@@ -97,11 +102,16 @@ struct RowSlot final : Unit {
   void ReadLocked(uint64_t id, absl::Span<float> out) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Rows among `ids` this slot would create if a gradient reached them now.
   int64_t NewRowsLocked(absl::Span<const uint64_t> ids) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-  // Applies `grads` (ids.size() rows of dim, finite, each id once) at `clock`, the learning rate scaled by
-  // `lr_scale`; rows it creates take their bytes from `reserved` (which the caller took from the budget; what
-  // is left is the caller's to release). Advances the version and, with backups, logs the update.
+  // The `count` rows whose newest gradient is oldest, none of `keep` (ascending): what an evicting push removes.
+  std::vector<uint64_t> OldestRowsLocked(int64_t count, absl::Span<const uint64_t> keep) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Removes the rows of `evict` (their bytes back to the budget), then applies `grads` (ids.size() rows of dim,
+  // finite, each id once) at `clock`, the learning rate scaled by `lr_scale`; rows it creates take their bytes
+  // from `reserved` (which the caller took from the budget; what is left is the caller's to release), or beyond
+  // it are charged whatever the cap. Advances the version and, with backups, logs the update.
   RowsApplied ApplyLocked(absl::Span<const uint64_t> ids, absl::Span<const float> grads, float lr_scale, int64_t clock,
-                          int64_t& reserved) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+                          int64_t& reserved, absl::Span<const uint64_t> evict = {})
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   int64_t rows() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return static_cast<int64_t>(index_.size()); }
   int64_t pending() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return static_cast<int64_t>(pending_.size()); }
@@ -117,6 +127,7 @@ struct RowSlot final : Unit {
   int64_t rows_updated ABSL_GUARDED_BY(mu) = 0;
   int64_t rows_created ABSL_GUARDED_BY(mu) = 0;
   int64_t rows_expired ABSL_GUARDED_BY(mu) = 0;
+  int64_t rows_evicted ABSL_GUARDED_BY(mu) = 0;
   int64_t admission_refusals ABSL_GUARDED_BY(mu) = 0;
   StalenessHistogram staleness ABSL_GUARDED_BY(mu);  // TableStats.staleness, this slot's updates
 
@@ -173,15 +184,17 @@ struct RowSlot final : Unit {
   // charged for them whatever the cap (they were held before).
   absl::Status TakeRowsLocked(const tessera::v1::ChunkState& state, const std::string& what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-  void LogLocked(absl::Span<const uint64_t> ids, absl::Span<const float> grads, float lr_scale, int64_t clock)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  void LogLocked(absl::Span<const uint64_t> ids, absl::Span<const float> grads, float lr_scale, int64_t clock,
+                 absl::Span<const uint64_t> evicted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Removes row `row` of `id` from the index (its memory back to the budget); the caller counts why.
+  void RemoveLocked(uint32_t row) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   const RowOptimizer optimizer_;
   std::vector<std::unique_ptr<float[]>> blocks_ ABSL_GUARDED_BY(mu);       // kBlockRows rows of stride() each
   std::vector<std::unique_ptr<uint64_t[]>> id_blocks_ ABSL_GUARDED_BY(mu);  // kBlockRows ids each
   absl::flat_hash_set<uint32_t, RowHash, RowEq> index_ ABSL_GUARDED_BY(mu){0, RowHash{this}, RowEq{this}};
   std::vector<uint32_t> steps_ ABSL_GUARDED_BY(mu);                     // row -> updates (counts_steps only)
-  std::vector<int64_t> clocks_ ABSL_GUARDED_BY(mu);                     // row -> newest clock (expiry only)
+  std::vector<int64_t> clocks_ ABSL_GUARDED_BY(mu);                     // row -> newest clock (tracks_clocks)
   std::vector<uint32_t> free_ ABSL_GUARDED_BY(mu);                      // rows freed by expiry
   uint32_t next_row_ ABSL_GUARDED_BY(mu) = 0;
   absl::flat_hash_map<uint64_t, uint32_t> pending_ ABSL_GUARDED_BY(mu);  // id -> gradients before admission

@@ -228,6 +228,34 @@ TEST_F(SparseTableTest, PushesBeyondTheMemoryCapAreRefusedChangingNothing) {
       << "rows held take gradients at the cap";
 }
 
+// A table with evict_when_full keeps to the cap by evicting the least recently updated rows of the slots a push
+// creates rows in; an evicted row reads its initial values again.
+TEST_F(SparseTableTest, ATableThatEvictsKeepsToTheCapDroppingTheLeastRecentlyUpdatedRows) {
+  tessera::v1::ParameterSpec table = Table();
+  table.mutable_embedding()->set_slots(1);  // one slot: every row competes
+  table.mutable_embedding()->set_evict_when_full(true);
+  auto spec = RowTableFromDeclaration(table);
+  ASSERT_THAT(spec, IsOk());
+  ShardStore capped(64 << 20, nullptr, /*row_memory_cap=*/10 * (*spec)->RowBytes());
+  Assign(tessera::v1::ConsistencySpec::ASYNC, 1, table, &capped);
+  std::vector<uint64_t> old_ids, new_ids;
+  for (uint64_t i = 0; i < 10; ++i) old_ids.push_back(100 + i);
+  for (uint64_t i = 0; i < 4; ++i) new_ids.push_back(500 + i);
+  ASSERT_THAT(Push(old_ids, std::vector<float>(10 * kDim, 1.0f), 1, /*clock=*/0, 0, 8, &capped), IsOk());
+  // Rows 108 and 109 are updated again at clock 1: the least recently updated are 100 .. 107.
+  ASSERT_THAT(Push({108, 109}, std::vector<float>(2 * kDim, 1.0f), 2, /*clock=*/1, 0, 8, &capped), IsOk());
+  ASSERT_THAT(Push(new_ids, std::vector<float>(4 * kDim, 1.0f), 3, /*clock=*/2, 0, 8, &capped), IsOk());
+  EXPECT_EQ(Stats(&capped).rows(), 10);
+  EXPECT_EQ(Stats(&capped).rows_evicted(), 4);
+  absl::StatusOr<std::vector<float>> kept = Pull({108, 109, 500, 503}, &capped);
+  ASSERT_THAT(kept, IsOk());
+  EXPECT_FLOAT_EQ((*kept)[0], Init(108)[0] - 2) << "updated at clock 1: kept";
+  EXPECT_FLOAT_EQ((*kept)[2 * kDim], Init(500)[0] - 1);
+  int evicted = 0;
+  for (uint64_t id : old_ids) evicted += (*Pull({id}, &capped))[0] == Init(id)[0];
+  EXPECT_EQ(evicted, 4) << "four of the rows last updated at clock 0 read their initial values again";
+}
+
 TEST_F(SparseTableTest, HostileRequestsAreRefusedWithNothingChanged) {
   Assign(tessera::v1::ConsistencySpec::ASYNC, 1);
   EXPECT_THAT(Push({1}, {1, 2, 3}, 1), StatusIs(absl::StatusCode::kInvalidArgument, "")) << "a short row";
@@ -308,7 +336,9 @@ TEST(RowSlotReplicationTest, ABackupApplyingThePrimarysUpdatesHoldsTheSameRows) 
       std::vector<uint64_t> some(ids.begin(), ids.begin() + 1 + clock % ids.size());
       std::vector<float> grads(some.size() * kDim, 0.5f + static_cast<float>(clock));
       int64_t none = 0;
-      primary.ApplyLocked(some, grads, 1.0f, clock, none);
+      // Every fifth update evicts the slot's least recently updated row outside it, as an evicting push does.
+      const std::vector<uint64_t> evict = clock % 5 == 4 ? primary.OldestRowsLocked(1, some) : std::vector<uint64_t>();
+      primary.ApplyLocked(some, grads, 1.0f, clock, none, evict);
     }
     for (const auto& u : primary.replication.log) *request.add_updates() = u;
     *request.mutable_state() = primary.ReplicaStateLocked(false);

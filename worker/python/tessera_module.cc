@@ -88,7 +88,7 @@ absl::Span<const uint64_t> IdsOf(const py::buffer& buffer, const std::string& wh
 }
 
 // An embedding table's declaration from a dict (tessera.torch.Embedding's): name, dim, optimizer, learning_rate,
-// init_scale, seed, slots, admit_after, expire_after_steps and the optimizer's other numbers.
+// init_scale, seed, slots, admit_after, expire_after_steps, evict_when_full and the optimizer's other numbers.
 tessera::v1::ParameterSpec TableSpecOf(const py::dict& d) {
   auto number = [&](const char* key, double fallback) {
     return d.contains(key) ? py::cast<double>(d[key]) : fallback;
@@ -107,6 +107,7 @@ tessera::v1::ParameterSpec TableSpecOf(const py::dict& d) {
   e->set_slots(static_cast<int>(number("slots", 0)));
   e->set_admit_after(static_cast<int>(number("admit_after", 0)));
   e->set_expire_after_steps(static_cast<int64_t>(number("expire_after_steps", 0)));
+  e->set_evict_when_full(d.contains("evict_when_full") && py::cast<bool>(d["evict_when_full"]));
   tessera::v1::RowOptimizerSpec* o = e->mutable_optimizer();
   const std::string kind = d.contains("optimizer") ? py::cast<std::string>(d["optimizer"]) : "sgd";
   tessera::v1::RowOptimizerSpec::Kind parsed;

@@ -41,10 +41,11 @@ class Embedding(torch.nn.Module):
     `optimizer` and its numbers (learning_rate, epsilon, initial_accumulator, beta1, beta2, ftrl_beta, l1, l2) are
     the rows' optimizer; `slots` the hash slots the table is cut into (0: 64); `admit_after` k: a row is created
     at its id's k-th gradient (before, its gradients are dropped); `expire_after_steps` N: a row no gradient
-    reached for N clocks is removed."""
+    reached for N clocks is removed; `evict_when_full`: when a server's row memory is full, a push evicts the least
+    recently updated rows of its slots instead of being refused."""
 
     def __init__(self, name, dim, *, optimizer="sgd", learning_rate=0.0, init_scale=0.01, seed=0, slots=0,
-                 admit_after=0, expire_after_steps=0, **optimizer_options):
+                 admit_after=0, expire_after_steps=0, evict_when_full=False, **optimizer_options):
         super().__init__()
         if optimizer not in _OPTIMIZERS:
             raise Error(f"INVALID_ARGUMENT: table '{name}': optimizer {optimizer!r} is not one of {_OPTIMIZERS}")
@@ -57,7 +58,7 @@ class Embedding(torch.nn.Module):
         self.dim = int(dim)
         self.spec = dict(name=self.table, dim=self.dim, optimizer=optimizer, learning_rate=float(learning_rate),
                          init_scale=float(init_scale), seed=int(seed), slots=int(slots), admit_after=int(admit_after),
-                         expire_after_steps=int(expire_after_steps),
+                         expire_after_steps=int(expire_after_steps), evict_when_full=bool(evict_when_full),
                          **{k: float(v) for k, v in optimizer_options.items()})
         self._client = None  # set by DistributedModel
         self._pulled = []  # the open step's (distinct ids, rows leaf tensor), one per forward
