@@ -1,7 +1,6 @@
 #include "server/tables/dense_table.h"
 
 #include <algorithm>
-#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -11,43 +10,17 @@
 namespace tessera {
 
 absl::StatusOr<std::vector<UnitPlacement>> DenseTable::Placements(const tessera::v1::ShardMap& map) const {
-  std::set<std::string_view> embeddings;  // the sparse kind's (tables/sparse_table.h)
-  for (const auto& p : map.params()) {
-    if (p.has_embedding()) embeddings.insert(p.name());
-  }
-  std::vector<UnitPlacement> out;
-  out.reserve(map.chunks_size());
-  for (int i = 0; i < map.chunks_size(); ++i) {
-    const tessera::v1::ChunkPlacement& chunk = map.chunks(i);
-    if (embeddings.count(chunk.param()) != 0) continue;
-    out.push_back(UnitPlacement{{chunk.param(), chunk.index()},
-                                chunk.server_id(),
-                                std::vector<int>(chunk.backup_server_ids().begin(), chunk.backup_server_ids().end()),
-                                i});
-  }
-  return out;
+  return ChunkListPlacements(map, /*embeddings=*/false);
 }
 
 std::vector<Unit*> DenseTable::Units(Role role) const {
-  std::vector<Unit*> out;
-  for (const auto& [key, chunk] : held(role)) out.push_back(chunk.get());
-  return out;
-}
-
-Chunk* DenseTable::FindChunk(const UnitKey& key, Role role) const {
-  auto it = held(role).find(key);
-  return it == held(role).end() ? nullptr : it->second.get();
-}
-
-std::vector<Chunk*> DenseTable::Chunks(Role role) const {
-  std::vector<Chunk*> out;
-  for (const auto& [key, chunk] : held(role)) out.push_back(chunk.get());
-  return out;
+  std::vector<Chunk*> chunks = held_.All(role);
+  return std::vector<Unit*>(chunks.begin(), chunks.end());
 }
 
 std::vector<std::string> DenseTable::PrimaryParams() const {
   std::vector<std::string> names;
-  for (const auto& [key, unused] : primary_) {
+  for (const auto& [key, unused] : held_.of(Role::kPrimary)) {
     if (names.empty() || names.back() != key.first) names.push_back(key.first);
   }
   return names;
@@ -74,41 +47,23 @@ absl::StatusOr<Unit*> DenseTable::Create(const JobConfig& config, const tessera:
     // by its primary.
     if (!from_checkpoint) FillInit(spec->init(), spec->name(), where.offset(), absl::MakeSpan(chunk->values));
   }
-  Chunk* created = chunk.get();
-  held(role)[placement.key] = std::move(chunk);
-  return created;
-}
-
-Unit* DenseTable::ChangeRole(const UnitKey& key, Role role) {
-  Held& from = held(role == Role::kPrimary ? Role::kBackup : Role::kPrimary);
-  auto it = from.find(key);
-  if (it == from.end()) return nullptr;
-  Chunk* chunk = it->second.get();
-  held(role)[key] = std::move(it->second);
-  from.erase(it);
-  return chunk;
-}
-
-void DenseTable::Retire(const UnitKey& key, Role role) {
-  auto it = held(role).find(key);
-  if (it == held(role).end()) return;
-  retired_.push_back(std::move(it->second));
-  held(role).erase(it);
+  return held_.Add(role, std::move(chunk));
 }
 
 void DenseTable::AddStats(tessera::v1::ServerStats& stats) const {
   int64_t updates = 0;
   int64_t unfilled = 0;
-  for (const auto& [key, chunk] : primary_) {
+  const auto& primary = held_.of(Role::kPrimary);
+  for (const auto& [key, chunk] : primary) {
     absl::MutexLock chunk_lock(&chunk->mu);
     updates += chunk->gradient_updates;
     stats.set_bytes(stats.bytes() + static_cast<int64_t>(chunk->values.size() * sizeof(float)));
     stats.set_optimizer_bytes(stats.optimizer_bytes() + static_cast<int64_t>(chunk->state.size() * sizeof(float)));
     unfilled += !chunk->replication.backups.empty() && chunk->replication.replicated_version < 0;
   }
-  stats.set_chunks(stats.chunks() + static_cast<int64_t>(primary_.size()));
+  stats.set_chunks(stats.chunks() + static_cast<int64_t>(primary.size()));
   stats.set_unfilled_chunks(stats.unfilled_chunks() + unfilled);
-  stats.set_backup_chunks(stats.backup_chunks() + static_cast<int64_t>(backup_.size()));
+  stats.set_backup_chunks(stats.backup_chunks() + static_cast<int64_t>(held_.of(Role::kBackup).size()));
   stats.set_updates_applied(stats.updates_applied() + updates);
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "server/tables/chunk.h"
+#include "server/tables/held_units.h"
 #include "server/tables/table.h"
 
 namespace tessera {
@@ -17,29 +18,23 @@ class DenseTable final : public Table {
  public:
   std::string_view kind() const override { return "dense"; }
   absl::StatusOr<std::vector<UnitPlacement>> Placements(const tessera::v1::ShardMap& map) const override;
-  Unit* Find(const UnitKey& key, Role role) const override { return FindChunk(key, role); }
+  Unit* Find(const UnitKey& key, Role role) const override { return held_.Find(key, role); }
   std::vector<Unit*> Units(Role role) const override;
   absl::StatusOr<Unit*> Create(const JobConfig& config, const tessera::v1::ShardMap& map,
                                const UnitPlacement& placement, Role role, bool from_checkpoint) override;
-  Unit* ChangeRole(const UnitKey& key, Role role) override;
-  void Retire(const UnitKey& key, Role role) override;
+  Unit* ChangeRole(const UnitKey& key, Role role) override { return held_.ChangeRole(key, role); }
+  void Retire(const UnitKey& key, Role role) override { held_.Retire(key, role); }
   void AddStats(tessera::v1::ServerStats& stats) const override;
 
   // The chunk held in `role`, or nullptr.
-  Chunk* FindChunk(const UnitKey& key, Role role = Role::kPrimary) const;
+  Chunk* FindChunk(const UnitKey& key, Role role = Role::kPrimary) const { return held_.Find(key, role); }
   // The chunks held in `role`, in key order.
-  std::vector<Chunk*> Chunks(Role role = Role::kPrimary) const;
+  std::vector<Chunk*> Chunks(Role role = Role::kPrimary) const { return held_.All(role); }
   // The names of the parameters this server is primary of a chunk of (for errors).
   std::vector<std::string> PrimaryParams() const;
 
  private:
-  using Held = std::map<UnitKey, std::unique_ptr<Chunk>>;
-  Held& held(Role role) { return role == Role::kPrimary ? primary_ : backup_; }
-  const Held& held(Role role) const { return role == Role::kPrimary ? primary_ : backup_; }
-
-  Held primary_;
-  Held backup_;
-  std::vector<std::unique_ptr<Chunk>> retired_;  // moved to other servers
+  HeldUnits<Chunk> held_;
 };
 
 }  // namespace tessera

@@ -415,31 +415,12 @@ absl::Status RowSlot::RestoreLocked(const tessera::v1::ChunkState& state, const 
 }
 
 absl::StatusOr<std::vector<UnitPlacement>> SparseTable::Placements(const tessera::v1::ShardMap& map) const {
-  std::set<std::string_view> tables;
-  for (const auto& p : map.params()) {
-    if (p.has_embedding()) tables.insert(p.name());
-  }
-  std::vector<UnitPlacement> out;
-  for (int i = 0; i < map.chunks_size(); ++i) {
-    const tessera::v1::ChunkPlacement& slot = map.chunks(i);
-    if (tables.count(slot.param()) == 0) continue;
-    out.push_back(UnitPlacement{{slot.param(), slot.index()},
-                                slot.server_id(),
-                                std::vector<int>(slot.backup_server_ids().begin(), slot.backup_server_ids().end()),
-                                i});
-  }
-  return out;
+  return ChunkListPlacements(map, /*embeddings=*/true);
 }
 
 std::vector<Unit*> SparseTable::Units(Role role) const {
-  std::vector<Unit*> out;
-  for (const auto& [key, slot] : held(role)) out.push_back(slot.get());
-  return out;
-}
-
-RowSlot* SparseTable::FindSlot(const UnitKey& key, Role role) const {
-  auto it = held(role).find(key);
-  return it == held(role).end() ? nullptr : it->second.get();
+  std::vector<RowSlot*> slots = held_.All(role);
+  return std::vector<Unit*>(slots.begin(), slots.end());
 }
 
 const RowTableSpec* SparseTable::Spec(const std::string& name) const {
@@ -470,27 +451,12 @@ absl::StatusOr<Unit*> SparseTable::Create(const JobConfig&, const tessera::v1::S
     absl::MutexLock lock(&slot->mu);
     slot->replication.filled = from_checkpoint;  // as a dense chunk's: a checkpoint's copy is the primary's
   }
-  RowSlot* created = slot.get();
-  held(role)[placement.key] = std::move(slot);
-  return created;
-}
-
-Unit* SparseTable::ChangeRole(const UnitKey& key, Role role) {
-  Held& from = held(role == Role::kPrimary ? Role::kBackup : Role::kPrimary);
-  auto it = from.find(key);
-  if (it == from.end()) return nullptr;
-  RowSlot* slot = it->second.get();
-  held(role)[key] = std::move(it->second);
-  from.erase(it);
-  return slot;
+  return held_.Add(role, std::move(slot));
 }
 
 void SparseTable::Retire(const UnitKey& key, Role role) {
-  auto it = held(role).find(key);
-  if (it == held(role).end()) return;
-  RowSlot* slot = it->second.get();
-  retired_.push_back(std::move(it->second));
-  held(role).erase(it);
+  RowSlot* slot = held_.Retire(key, role);
+  if (slot == nullptr) return;
   // Its rows live on where the view placed the slot; here they would only take memory.
   absl::MutexLock lock(&slot->mu);
   slot->ClearLocked();
@@ -499,7 +465,7 @@ void SparseTable::Retire(const UnitKey& key, Role role) {
 void SparseTable::AddStats(tessera::v1::ServerStats& stats) const {
   std::map<std::string, tessera::v1::TableStats> tables;
   int64_t unfilled = 0;
-  for (const auto& [key, slot] : primary_) {
+  for (const auto& [key, slot] : held_.of(Role::kPrimary)) {
     tessera::v1::TableStats& t = tables[key.first];
     t.set_table(key.first);
     absl::MutexLock lock(&slot->mu);
@@ -522,7 +488,7 @@ void SparseTable::AddStats(tessera::v1::ServerStats& stats) const {
   }
   for (auto& [name, t] : tables) *stats.add_tables() = std::move(t);
   stats.set_unfilled_chunks(stats.unfilled_chunks() + unfilled);
-  stats.set_backup_chunks(stats.backup_chunks() + static_cast<int64_t>(backup_.size()));
+  stats.set_backup_chunks(stats.backup_chunks() + static_cast<int64_t>(held_.of(Role::kBackup).size()));
 }
 
 }  // namespace tessera

@@ -30,6 +30,7 @@
 #include "absl/types/span.h"
 #include "common/staleness_histogram.h"
 #include "proto/tensor.pb.h"
+#include "server/tables/held_units.h"
 #include "server/tables/row_optimizer.h"
 #include "server/tables/table.h"
 
@@ -208,28 +209,22 @@ class SparseTable final : public Table {
 
   std::string_view kind() const override { return "embedding"; }
   absl::StatusOr<std::vector<UnitPlacement>> Placements(const tessera::v1::ShardMap& map) const override;
-  Unit* Find(const UnitKey& key, Role role) const override { return FindSlot(key, role); }
+  Unit* Find(const UnitKey& key, Role role) const override { return held_.Find(key, role); }
   std::vector<Unit*> Units(Role role) const override;
   absl::StatusOr<Unit*> Create(const JobConfig& config, const tessera::v1::ShardMap& map,
                                const UnitPlacement& placement, Role role, bool from_checkpoint) override;
-  Unit* ChangeRole(const UnitKey& key, Role role) override;
+  Unit* ChangeRole(const UnitKey& key, Role role) override { return held_.ChangeRole(key, role); }
   void Retire(const UnitKey& key, Role role) override;
   void AddStats(tessera::v1::ServerStats& stats) const override;
 
-  RowSlot* FindSlot(const UnitKey& key, Role role = Role::kPrimary) const;
+  RowSlot* FindSlot(const UnitKey& key, Role role = Role::kPrimary) const { return held_.Find(key, role); }
   // The declaration of table `name`, or nullptr.
   const RowTableSpec* Spec(const std::string& name) const;
 
  private:
-  using Held = std::map<UnitKey, std::unique_ptr<RowSlot>>;
-  Held& held(Role role) { return role == Role::kPrimary ? primary_ : backup_; }
-  const Held& held(Role role) const { return role == Role::kPrimary ? primary_ : backup_; }
-
   RowMemory* const memory_;
   std::map<std::string, std::shared_ptr<const RowTableSpec>> specs_;
-  Held primary_;
-  Held backup_;
-  std::vector<std::unique_ptr<RowSlot>> retired_;
+  HeldUnits<RowSlot> held_;
 };
 
 }  // namespace tessera

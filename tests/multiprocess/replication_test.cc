@@ -173,14 +173,17 @@ replication { backups: 1 }
   });
   std::vector<double> expected(kIds * kDim, 0.0);
   std::vector<float> grads(batch.size() * kDim);
+  absl::Duration longest_push;
   int acknowledged = 0, after_kill = 0;
   for (int i = 0; after_kill < 100; ++i) {
     for (size_t r = 0; r < batch.size(); ++r) {
       for (int64_t j = 0; j < kDim; ++j) grads[r * kDim + j] = static_cast<float>((i + r + j) % 5 + 1);
     }
     const bool was_killed = killed;
+    const absl::Time start = absl::Now();
     absl::StatusOr<PsClient::RowsPushed> pushed = (*client)->PushRows("rows", batch, grads, /*batch_size=*/1);
     ASSERT_TRUE(pushed.ok()) << "push " << i << ": " << pushed.status();
+    longest_push = std::max(longest_push, absl::Now() - start);
     ++acknowledged;
     after_kill += was_killed;
     for (size_t r = 0; r < batch.size(); ++r) {
@@ -194,7 +197,11 @@ replication { backups: 1 }
   for (size_t e = 0; e < rows.size(); ++e) wrong += rows[e] != static_cast<float>(expected[e]);
   EXPECT_EQ(wrong, 0) << "of " << rows.size() << " values after " << acknowledged << " acknowledged pushes; row 0 = "
                       << rows[0] << ", expected " << expected[0];
-  std::cout << "acknowledged row pushes " << acknowledged << " (" << after_kill << " after the kill)" << std::endl;
+  // The client told the scheduler of the server it could not reach: the failover did not wait for the heartbeat
+  // timeout.
+  EXPECT_LT(longest_push, absl::Milliseconds(kHeartbeatTimeoutMs / 2));
+  std::cout << "acknowledged row pushes " << acknowledged << " (" << after_kill << " after the kill); longest push "
+            << absl::FormatDuration(longest_push) << std::endl;
   ASSERT_TRUE(scheduler.ReadUntilLine("backups took over", absl::Seconds(10))) << scheduler.output();
 }
 

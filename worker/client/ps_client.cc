@@ -457,6 +457,7 @@ absl::Status PsClient::RunRows(const std::string& table_name, absl::Span<const u
     std::vector<absl::Status> statuses = attempt_calls(*map_, table, routes);
     uint64_t newer_epoch = 0;
     bool failed = false;
+    std::map<std::pair<int, uint64_t>, absl::Status> unreachable;  // servers that did not answer
     for (size_t r = 0; r < routes.size(); ++r) {
       const absl::Status& status = statuses[r];
       if (status.ok()) {
@@ -467,10 +468,16 @@ absl::Status PsClient::RunRows(const std::string& table_name, absl::Span<const u
       const bool stale = status.code() == absl::StatusCode::kFailedPrecondition && epoch.has_value();
       if (!stale && status.code() != absl::StatusCode::kUnavailable) return status;  // the caller must fix it
       if (epoch.has_value()) newer_epoch = std::max(newer_epoch, *epoch);
+      if (absl::StatusOr<const tessera::v1::ServerInfo*> server = map_->Server(routes[r].server_id);
+          server.ok() && !epoch.has_value()) {  // (a server that says its epoch answered: it is not unreachable)
+        unreachable.emplace(std::make_pair(routes[r].server_id, (*server)->incarnation()), status);
+      }
       last = status;
       failed = true;
     }
     if (!failed) return absl::OkStatus();
+    // A job that is over lets its servers go: one that does not answer then is leaving, not lost.
+    if (!scheduler_->stopping()) ReportUnreachable(unreachable);
     bool behind = false;
     if (absl::Status refreshed = RefreshMap(newer_epoch, &behind); !refreshed.ok()) {
       if (!behind) return refreshed;
