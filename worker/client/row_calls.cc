@@ -66,6 +66,39 @@ absl::StatusOr<tessera::v1::ParameterServer::Stub*> StubOf(const ShardMapIndex& 
   return stubs.Get(*address);
 }
 
+// One call per route, all in flight at once: `fill(r, request)` writes route r's request, `start(stub, call,
+// done)` starts it on the route's server. Returns each route's status; `calls` keeps each call's response.
+template <typename Request, typename Response, typename Fill, typename Start>
+std::vector<absl::Status> CallEachRoute(const ShardMapIndex& map, const std::vector<RowRoute>& routes,
+                                        StubCache<tessera::v1::ParameterServer::Stub>& stubs, const Security& security,
+                                        absl::Duration timeout, const std::string& member_key, const char* what,
+                                        Fill fill, Start start,
+                                        std::vector<std::unique_ptr<RowCall<Request, Response>>>& calls) {
+  std::vector<absl::Status> statuses(routes.size());
+  absl::BlockingCounter pending(static_cast<int>(routes.size()));
+  for (size_t r = 0; r < routes.size(); ++r) {
+    calls.push_back(std::make_unique<RowCall<Request, Response>>());
+    RowCall<Request, Response>* call = calls.back().get();
+    absl::StatusOr<tessera::v1::ParameterServer::Stub*> stub = StubOf(map, routes[r].server_id, stubs);
+    if (!stub.ok()) {
+      call->status = stub.status();
+      pending.DecrementCount();
+      continue;
+    }
+    fill(r, call->request);
+    security.Authorize(call->context);
+    if (!member_key.empty()) call->context.AddMetadata(kMemberKeyHeader, member_key);
+    SetTimeout(call->context, timeout);
+    start(*stub, call, [call, &pending, what](grpc::Status s) {
+      call->status = FromGrpcStatus(s, call->context, what);
+      pending.DecrementCount();
+    });
+  }
+  pending.Wait();
+  for (size_t r = 0; r < routes.size(); ++r) statuses[r] = calls[r]->status;
+  return statuses;
+}
+
 }  // namespace
 
 std::vector<absl::Status> RowCaller::Pull(const ShardMapIndex& map, const RowTable& table,
@@ -73,46 +106,29 @@ std::vector<absl::Status> RowCaller::Pull(const ShardMapIndex& map, const RowTab
                                           const Caller& who, absl::Span<float> out) {
   using Call = RowCall<tessera::v1::RowPullRequest, tessera::v1::RowPullResponse>;
   std::vector<std::unique_ptr<Call>> calls;
-  std::vector<absl::Status> statuses(routes.size());
-  absl::BlockingCounter pending(static_cast<int>(routes.size()));
-  for (size_t r = 0; r < routes.size(); ++r) {
-    auto call = std::make_unique<Call>();
-    absl::StatusOr<tessera::v1::ParameterServer::Stub*> stub = StubOf(map, routes[r].server_id, stubs_);
-    if (!stub.ok()) {
-      statuses[r] = stub.status();
-      pending.DecrementCount();
-      calls.push_back(std::move(call));
-      continue;
-    }
-    call->request.set_epoch(map.epoch());
-    call->request.set_worker_id(who.worker_id);
-    call->request.set_table(table.name);
-    for (size_t i : routes[r].positions) call->request.add_ids(ids[i]);
-    security_->Authorize(call->context);
-    SetTimeout(call->context, timeout_);
-    Call* raw = call.get();
-    (*stub)->async()->PullRows(&raw->context, &raw->request, &raw->response, [raw, &pending](grpc::Status s) {
-      raw->status = FromGrpcStatus(s, raw->context, "pull of rows");
-      pending.DecrementCount();
-    });
-    calls.push_back(std::move(call));
-  }
-  pending.Wait();
+  std::vector<absl::Status> statuses = CallEachRoute(
+      map, routes, stubs_, *security_, timeout_, /*member_key=*/"", "pull of rows",
+      [&](size_t r, tessera::v1::RowPullRequest& request) {
+        request.set_epoch(map.epoch());
+        request.set_worker_id(who.worker_id);
+        request.set_table(table.name);
+        for (size_t i : routes[r].positions) request.add_ids(ids[i]);
+      },
+      [](tessera::v1::ParameterServer::Stub* stub, Call* call, std::function<void(grpc::Status)> done) {
+        stub->async()->PullRows(&call->context, &call->request, &call->response, std::move(done));
+      },
+      calls);
   const size_t row_bytes = table.dim * sizeof(float);
   for (size_t r = 0; r < routes.size(); ++r) {
     if (!statuses[r].ok()) continue;
-    Call& call = *calls[r];
-    statuses[r] = call.status;
-    if (!call.status.ok()) continue;
-    if (call.response.values().size() != routes[r].positions.size() * row_bytes) {
-      statuses[r] = absl::InternalError(absl::StrCat("server ", routes[r].server_id, " answered ",
-                                                     call.response.values().size(), " bytes for ",
-                                                     routes[r].positions.size(), " rows"));
+    const std::string& values = calls[r]->response.values();
+    if (values.size() != routes[r].positions.size() * row_bytes) {
+      statuses[r] = absl::InternalError(absl::StrCat("server ", routes[r].server_id, " answered ", values.size(),
+                                                     " bytes for ", routes[r].positions.size(), " rows"));
       continue;
     }
-    const char* data = call.response.values().data();
     for (size_t k = 0; k < routes[r].positions.size(); ++k) {
-      std::memcpy(out.data() + routes[r].positions[k] * table.dim, data + k * row_bytes, row_bytes);
+      std::memcpy(out.data() + routes[r].positions[k] * table.dim, values.data() + k * row_bytes, row_bytes);
     }
   }
   return statuses;
@@ -124,42 +140,26 @@ std::vector<absl::Status> RowCaller::Push(const ShardMapIndex& map, const std::v
                                           int64_t& updated, int64_t& refused) {
   using Call = RowCall<tessera::v1::RowPushRequest, tessera::v1::RowPushResponse>;
   std::vector<std::unique_ptr<Call>> calls;
-  std::vector<absl::Status> statuses(routes.size());
-  absl::BlockingCounter pending(static_cast<int>(routes.size()));
+  std::vector<absl::Status> statuses = CallEachRoute(
+      map, routes, stubs_, *security_, timeout_, who.member_key, "push of rows",
+      [&](size_t r, tessera::v1::RowPushRequest& sent) {
+        sent = request;
+        sent.set_epoch(map.epoch());
+        sent.set_worker_id(who.worker_id);
+        sent.set_incarnation(who.incarnation);
+        std::string* bytes = sent.mutable_grads();
+        bytes->resize(routes[r].positions.size() * dim * sizeof(float));
+        for (size_t k = 0; k < routes[r].positions.size(); ++k) {
+          const size_t i = routes[r].positions[k];
+          sent.add_ids(ids[i]);
+          std::memcpy(bytes->data() + k * dim * sizeof(float), grads.data() + i * dim, dim * sizeof(float));
+        }
+      },
+      [](tessera::v1::ParameterServer::Stub* stub, Call* call, std::function<void(grpc::Status)> done) {
+        stub->async()->PushRows(&call->context, &call->request, &call->response, std::move(done));
+      },
+      calls);
   for (size_t r = 0; r < routes.size(); ++r) {
-    auto call = std::make_unique<Call>();
-    absl::StatusOr<tessera::v1::ParameterServer::Stub*> stub = StubOf(map, routes[r].server_id, stubs_);
-    if (!stub.ok()) {
-      statuses[r] = stub.status();
-      pending.DecrementCount();
-      calls.push_back(std::move(call));
-      continue;
-    }
-    call->request = request;
-    call->request.set_epoch(map.epoch());
-    call->request.set_worker_id(who.worker_id);
-    call->request.set_incarnation(who.incarnation);
-    std::string* bytes = call->request.mutable_grads();
-    bytes->resize(routes[r].positions.size() * dim * sizeof(float));
-    for (size_t k = 0; k < routes[r].positions.size(); ++k) {
-      const size_t i = routes[r].positions[k];
-      call->request.add_ids(ids[i]);
-      std::memcpy(bytes->data() + k * dim * sizeof(float), grads.data() + i * dim, dim * sizeof(float));
-    }
-    security_->Authorize(call->context);
-    call->context.AddMetadata(kMemberKeyHeader, who.member_key);
-    SetTimeout(call->context, timeout_);
-    Call* raw = call.get();
-    (*stub)->async()->PushRows(&raw->context, &raw->request, &raw->response, [raw, &pending](grpc::Status s) {
-      raw->status = FromGrpcStatus(s, raw->context, "push of rows");
-      pending.DecrementCount();
-    });
-    calls.push_back(std::move(call));
-  }
-  pending.Wait();
-  for (size_t r = 0; r < routes.size(); ++r) {
-    if (!statuses[r].ok()) continue;
-    statuses[r] = calls[r]->status;
     if (!statuses[r].ok()) continue;
     updated += calls[r]->response.rows_updated();
     refused += calls[r]->response.rows_refused();
