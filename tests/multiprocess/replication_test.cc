@@ -41,6 +41,31 @@ std::vector<int> ServerProcesses(const std::string& address) {
   return servers;
 }
 
+// A scheduler (heartbeat timeout kHeartbeatTimeoutMs), servers 0, 1 and 2, and a client of rank 0.
+struct ThreeServers {
+  std::unique_ptr<Subprocess> scheduler;
+  std::vector<std::unique_ptr<Subprocess>> servers;
+  std::unique_ptr<PsClient> client;
+
+  void Start(const std::string& job, const std::string& run_dir) {
+    scheduler = std::make_unique<Subprocess>(std::vector<std::string>{
+        kBin + "/tessera-scheduler", "--job=" + job, "--run_dir=" + run_dir, "--heartbeat_interval_ms=100",
+        absl::StrCat("--heartbeat_timeout_ms=", kHeartbeatTimeoutMs)});
+    ASSERT_TRUE(scheduler->ReadUntilLine("scheduler listening on ", absl::Seconds(30))) << scheduler->output();
+    const std::string address = SchedulerAddress(scheduler->output());
+    for (int i = 0; i < 3; ++i) {
+      servers.push_back(std::make_unique<Subprocess>(
+          std::vector<std::string>{kBin + "/tessera-server", "--scheduler=" + address, absl::StrCat("--id=", i)}));
+    }
+    PsClient::Options options;
+    options.scheduler_address = address;
+    options.rank = 0;
+    absl::StatusOr<std::unique_ptr<PsClient>> connected = PsClient::Connect(options);
+    ASSERT_TRUE(connected.ok()) << connected.status();
+    client = *std::move(connected);
+  }
+};
+
 // (consistency mode, transport)
 class ReplicationTest : public DaemonTest,
                         public ::testing::WithParamInterface<std::tuple<std::string, std::string>> {
@@ -65,20 +90,11 @@ chunk_bytes: 4096
 cluster { num_servers: 3 num_workers: 1 }
 replication { backups: 1 }
 )"));
-  Subprocess scheduler({kBin + "/tessera-scheduler", "--job=" + job, "--run_dir=" + (dir_ / "run").string(),
-                        "--heartbeat_interval_ms=100", absl::StrCat("--heartbeat_timeout_ms=", kHeartbeatTimeoutMs)});
-  ASSERT_TRUE(scheduler.ReadUntilLine("scheduler listening on ", absl::Seconds(30))) << scheduler.output();
-  const std::string address = SchedulerAddress(scheduler.output());
-  std::vector<std::unique_ptr<Subprocess>> servers;
-  for (int i = 0; i < 3; ++i) {
-    servers.push_back(std::make_unique<Subprocess>(
-        std::vector<std::string>{kBin + "/tessera-server", "--scheduler=" + address, absl::StrCat("--id=", i)}));
-  }
-  PsClient::Options options;
-  options.scheduler_address = address;
-  options.rank = 0;
-  absl::StatusOr<std::unique_ptr<PsClient>> client = PsClient::Connect(options);
-  ASSERT_TRUE(client.ok()) << client.status();
+  ThreeServers cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.Start(job, (dir_ / "run").string()));
+  Subprocess& scheduler = *cluster.scheduler;
+  std::vector<std::unique_ptr<Subprocess>>& servers = cluster.servers;
+  std::unique_ptr<PsClient>* client = &cluster.client;
   constexpr int kElements = 10000;  // 10 chunks of 1024 values
   ASSERT_TRUE((*client)->Declare({FloatParam("w", kElements)}).ok());
 
@@ -141,20 +157,11 @@ stop { max_steps: 1000000 }
 cluster { num_servers: 3 num_workers: 1 }
 replication { backups: 1 }
 )");
-  Subprocess scheduler({kBin + "/tessera-scheduler", "--job=" + job, "--run_dir=" + (dir_ / "run").string(),
-                        "--heartbeat_interval_ms=100", absl::StrCat("--heartbeat_timeout_ms=", kHeartbeatTimeoutMs)});
-  ASSERT_TRUE(scheduler.ReadUntilLine("scheduler listening on ", absl::Seconds(30))) << scheduler.output();
-  const std::string address = SchedulerAddress(scheduler.output());
-  std::vector<std::unique_ptr<Subprocess>> servers;
-  for (int i = 0; i < 3; ++i) {
-    servers.push_back(std::make_unique<Subprocess>(
-        std::vector<std::string>{kBin + "/tessera-server", "--scheduler=" + address, absl::StrCat("--id=", i)}));
-  }
-  PsClient::Options options;
-  options.scheduler_address = address;
-  options.rank = 0;
-  absl::StatusOr<std::unique_ptr<PsClient>> client = PsClient::Connect(options);
-  ASSERT_TRUE(client.ok()) << client.status();
+  ThreeServers cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.Start(job, (dir_ / "run").string()));
+  Subprocess& scheduler = *cluster.scheduler;
+  std::vector<std::unique_ptr<Subprocess>>& servers = cluster.servers;
+  std::unique_ptr<PsClient>* client = &cluster.client;
   constexpr int64_t kDim = 4;
   tessera::v1::ParameterSpec table = FloatParam("rows", kDim);
   table.mutable_embedding()->set_slots(24);
