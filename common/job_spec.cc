@@ -378,6 +378,9 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
   if (checkpoint.every_steps() < 0) return FieldError("checkpoint.every_steps", "expected >= 0");
   if (checkpoint.every_seconds() < 0) return FieldError("checkpoint.every_seconds", "expected >= 0");
   if (checkpoint.keep() < 1) return FieldError("checkpoint.keep", "expected >= 1");
+  if (checkpoint.full_every() < 0 || checkpoint.full_every() > 1000000) {
+    return FieldError("checkpoint.full_every", "expected 0 .. 1000000");
+  }
   if ((checkpoint.every_steps() > 0 || checkpoint.every_seconds() > 0) && checkpoint.dir().empty()) {
     return FieldError("checkpoint.dir", "required with checkpoint.every_steps or every_seconds");
   }

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <set>
 #include <cstring>
 #include <filesystem>
 
@@ -42,6 +43,7 @@ Checkpointer::Checkpointer(const tessera::v1::JobSpec& job, ServerControl* serve
       every_steps_(job.checkpoint().every_steps()),
       every_(absl::Seconds(job.checkpoint().every_seconds())),
       keep_(std::max(1, job.checkpoint().keep())),
+      full_every_(job.checkpoint().full_every()),
       servers_(servers),
       last_time_(start) {}
 
@@ -58,8 +60,12 @@ absl::StatusOr<CheckpointInfo> Checkpointer::Take(const tessera::v1::ShardMap& v
                                                   const std::vector<int64_t>& worker_clocks, absl::Duration timeout) {
   if (!enabled()) return absl::FailedPreconditionError("no checkpoint.dir: checkpoints are off for this job");
   CheckpointInfo info;
+  std::string base_folder;  // a delta's full checkpoint
   {
     absl::MutexLock lock(&mu_);
+    if (full_every_ > 1 && !last_full_folder_.empty() && deltas_since_full_ + 1 < full_every_) {
+      base_folder = last_full_folder_;
+    }
     if (next_number_ == 0) {
       std::vector<std::pair<int64_t, fs::path>> existing = Folders(dir_);
       next_number_ = existing.empty() ? 1 : existing.front().first + 1;
@@ -67,7 +73,7 @@ absl::StatusOr<CheckpointInfo> Checkpointer::Take(const tessera::v1::ShardMap& v
     info.number = next_number_++;
   }
   info.folder = absl::StrFormat("%s/ckpt-%06d", dir_, info.number);
-  absl::Status written = Write(view, clock, at_version, worker_clocks, timeout, info);
+  absl::Status written = Write(view, clock, at_version, worker_clocks, timeout, base_folder, info);
   if (!written.ok()) {
     // Nothing of a failed checkpoint stays: the servers' files, their temporary files, the folder.
     std::error_code error;
@@ -83,6 +89,12 @@ absl::StatusOr<CheckpointInfo> Checkpointer::Take(const tessera::v1::ShardMap& v
   {
     absl::MutexLock lock(&mu_);
     latest_ = info;
+    if (base_folder.empty()) {
+      last_full_folder_ = info.folder;
+      deltas_since_full_ = 0;
+    } else {
+      ++deltas_since_full_;
+    }
     last_time_ = absl::Now();
     ++stats_.taken;
     stats_.consecutive_failures = 0;
@@ -94,7 +106,7 @@ absl::StatusOr<CheckpointInfo> Checkpointer::Take(const tessera::v1::ShardMap& v
 
 absl::Status Checkpointer::Write(const tessera::v1::ShardMap& view, int64_t clock, bool at_version,
                                  const std::vector<int64_t>& worker_clocks, absl::Duration timeout,
-                                 CheckpointInfo& info) {
+                                 const std::string& base_folder, CheckpointInfo& info) {
   std::error_code error;
   fs::create_directories(info.folder, error);
   if (error) {
@@ -102,14 +114,24 @@ absl::Status Checkpointer::Write(const tessera::v1::ShardMap& view, int64_t cloc
                         absl::StrCat("cannot create ", info.folder, ": ", error.message()));
   }
   absl::StatusOr<std::vector<std::string>> files =
-      servers_->Checkpoint(view, info.folder, clock, at_version, timeout);
+      servers_->Checkpoint(view, info.folder, clock, at_version, timeout, base_folder);
   if (!files.ok()) return files.status();
-  info.shard_files = *files;
+  info.shard_files.clear();
+  if (!base_folder.empty()) {
+    // A restore reads the full checkpoint's files, then this one's.
+    info.state.set_base(fs::path(base_folder).filename().string());
+    for (const auto& server : view.servers()) {
+      info.shard_files.push_back(absl::StrCat(base_folder, "/server-", server.id(), ".shard"));
+    }
+  }
   *info.state.mutable_view() = view;
   for (int64_t c : worker_clocks) info.state.add_worker_clocks(c);
   info.state.set_clock(clock);
   *info.state.mutable_job() = spec_;
-  for (const std::string& f : info.shard_files) info.state.add_shard_files(fs::path(f).filename().string());
+  for (const std::string& f : *files) {
+    info.shard_files.push_back(f);
+    info.state.add_shard_files(fs::path(f).filename().string());
+  }
   CheckpointHeader header{job_, view.epoch(), clock};
   return WriteCheckpointFile(info.folder + "/" + kSchedulerFile, header, info.state);
 }
@@ -189,12 +211,18 @@ absl::Status Checkpointer::CheckFolder(const std::string& dir) {
 
 void Checkpointer::Prune() {
   int complete = 0;
+  std::set<std::string> bases;  // full checkpoints a kept delta applies over
   for (const auto& [number, path] : Folders(dir_)) {
     const bool whole = fs::exists(path / kSchedulerFile);
     if (whole && complete < keep_) {
       ++complete;
+      tessera::v1::SchedulerCheckpoint state;
+      if (ReadCheckpointFile((path / kSchedulerFile).string(), &state).ok() && !state.base().empty()) {
+        bases.insert(state.base());
+      }
       continue;
     }
+    if (whole && bases.count(path.filename().string()) != 0) continue;
     if (!whole && complete == 0) continue;  // newer than every complete one: may be in progress
     std::error_code error;
     fs::remove_all(path, error);
@@ -230,13 +258,33 @@ absl::StatusOr<CheckpointInfo> Checkpointer::LoadLatest(const std::string& dir, 
           absl::StrCat("checkpoint file ", state_file, " is refused: it belongs to job '", header->job,
                        "', not '", job, "'"));
     }
-    // Every server's file must pass its checks too (a restore needs all of them).
+    // A delta's full checkpoint comes first: it must be complete, and its files are read before the delta's.
+    std::vector<std::string> files;
+    if (usable.ok() && !info.state.base().empty()) {
+      const fs::path base = fs::path(dir) / info.state.base();
+      tessera::v1::SchedulerCheckpoint base_state;
+      absl::StatusOr<CheckpointHeader> base_header =
+          ReadCheckpointFile((base / kSchedulerFile).string(), &base_state);
+      usable = base_header.status();
+      if (!usable.ok()) {
+        usable = absl::DataLossError(absl::StrCat("delta checkpoint ", path.string(), " is refused: its full checkpoint ",
+                                                  base.string(), " is not usable (", usable.message(), ")"));
+      }
+      for (int i = 0; usable.ok() && i < base_state.shard_files_size(); ++i) {
+        files.push_back((base / base_state.shard_files(i)).string());
+      }
+    }
+    const size_t base_files = files.size();
     for (int i = 0; usable.ok() && i < info.state.shard_files_size(); ++i) {
-      const std::string file = (path / info.state.shard_files(i)).string();
+      files.push_back((path / info.state.shard_files(i)).string());
+    }
+    // Every server's file must pass its checks too (a restore needs all of them).
+    for (size_t i = 0; usable.ok() && i < files.size(); ++i) {
+      const std::string& file = files[i];
       tessera::v1::ShardCheckpoint shard;
       absl::StatusOr<CheckpointHeader> shard_header = ReadCheckpointFile(file, &shard);
       usable = shard_header.status();
-      if (usable.ok() && shard_header->clock != info.state.clock()) {
+      if (usable.ok() && i >= base_files && shard_header->clock != info.state.clock()) {
         usable = absl::DataLossError(absl::StrCat("checkpoint file ", file, " is refused: its clock ",
                                                   shard_header->clock, " is not the checkpoint's ",
                                                   info.state.clock()));

@@ -69,9 +69,9 @@ class Checkpointer {
   std::optional<CheckpointInfo> latest() const;
   void set_latest(CheckpointInfo info);
 
-  // The newest complete checkpoint under `dir` for job `job` whose every file passes its checks. A refused
-  // file is logged (naming it and the check that failed) and the checkpoint before it is tried. NOT_FOUND
-  // when none is usable.
+  // The newest complete checkpoint under `dir` for job `job` whose every file passes its checks (a delta's, with
+  // its full checkpoint's files before its own in shard_files). A refused file is logged (naming it and the check
+  // that failed) and the checkpoint before it is tried. NOT_FOUND when none is usable.
   [[nodiscard]] static absl::StatusOr<CheckpointInfo> LoadLatest(const std::string& dir, const std::string& job);
 
   // Whether `job` can go on from `checkpoint`: the same model, data widths, optimizer kind and seed as the job
@@ -84,9 +84,10 @@ class Checkpointer {
  private:
   void Prune();
   // Takes the checkpoint into `info.folder` (numbered by Take), filling in `info`.
+  // `base_folder` set: a delta over that full checkpoint (its servers' files come first in info.shard_files).
   [[nodiscard]] absl::Status Write(const tessera::v1::ShardMap& view, int64_t clock, bool at_version,
                                    const std::vector<int64_t>& worker_clocks, absl::Duration timeout,
-                                   CheckpointInfo& info);
+                                   const std::string& base_folder, CheckpointInfo& info);
 
   const std::string dir_;
   const std::string job_;
@@ -94,6 +95,7 @@ class Checkpointer {
   const int64_t every_steps_;
   const absl::Duration every_;
   const int keep_;
+  const int full_every_;  // checkpoint.full_every: one full checkpoint in so many, deltas between
   ServerControl* const servers_;
 
   mutable absl::Mutex mu_;
@@ -102,6 +104,10 @@ class Checkpointer {
   int64_t next_number_ ABSL_GUARDED_BY(mu_) = 0;  // 0: from the folders on disk
   absl::Time retry_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   CheckpointStats stats_ ABSL_GUARDED_BY(mu_);
+  // The last full checkpoint this scheduler took (deltas apply over it; empty: the next one is full), and the
+  // deltas taken since.
+  std::string last_full_folder_ ABSL_GUARDED_BY(mu_);
+  int deltas_since_full_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace tessera

@@ -52,11 +52,12 @@ class ServerControl {
                                             const std::vector<std::string>& restore_files = {},
                                             bool restore_all = false) = 0;
   // Asks every server to write its checkpoint file, `folder`/server-ID.shard, at `clock` (see
-  // CheckpointRequest); returns the files' paths in the map's order.
+  // CheckpointRequest), as a delta over its file in `base_folder` when that is set; returns the files' paths in
+  // the map's order.
   [[nodiscard]] virtual absl::StatusOr<std::vector<std::string>> Checkpoint(const tessera::v1::ShardMap& map,
                                                                             const std::string& folder, int64_t clock,
-                                                                            bool at_version,
-                                                                            absl::Duration timeout) = 0;
+                                                                            bool at_version, absl::Duration timeout,
+                                                                            const std::string& base_folder) = 0;
   // Every server's answer, in the map's order (a server that does not answer does not fail the others).
   [[nodiscard]] virtual std::vector<ServerStatsAnswer> Stats(const tessera::v1::ShardMap& map) = 0;
   [[nodiscard]] virtual absl::Status Shutdown(const tessera::v1::ShardMap& map) = 0;

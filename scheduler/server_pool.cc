@@ -106,7 +106,8 @@ absl::Status GrpcServerControl::Probe(const std::string& address, absl::Duration
 
 absl::StatusOr<std::vector<std::string>> GrpcServerControl::Checkpoint(const tessera::v1::ShardMap& map,
                                                                        const std::string& folder, int64_t clock,
-                                                                       bool at_version, absl::Duration timeout) {
+                                                                       bool at_version, absl::Duration timeout,
+                                                                       const std::string& base_folder) {
   // One call per server, all in flight at once, each waiting for its chunks to reach the checkpoint's version;
   // the first failure cancels the others (a server that is gone would otherwise leave the rest waiting for
   // chunks that cannot reach the checkpoint's version).
@@ -124,6 +125,9 @@ absl::StatusOr<std::vector<std::string>> GrpcServerControl::Checkpoint(const tes
     call->request.set_clock(clock);
     call->request.set_at_version(at_version);
     call->request.set_wait_timeout_ms(absl::ToInt64Milliseconds(timeout));
+    if (!base_folder.empty()) {
+      call->request.set_delta_base_path(absl::StrCat(base_folder, "/server-", server.id(), ".shard"));
+    }
     Prepare(call->context, server.address(), timeout + kControlTimeout);
     CheckpointCall* raw = call.get();
     StubFor(server.address())->async()->Checkpoint(&raw->context, &raw->request, &raw->response,

@@ -29,7 +29,8 @@ class GrpcServerControl final : public ServerControl {
   absl::Status Assign(const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job,
                       const std::vector<std::string>& restore_files, bool restore_all) override;
   absl::StatusOr<std::vector<std::string>> Checkpoint(const tessera::v1::ShardMap& map, const std::string& folder,
-                                                      int64_t clock, bool at_version, absl::Duration timeout) override;
+                                                      int64_t clock, bool at_version, absl::Duration timeout,
+                                                      const std::string& base_folder) override;
   std::vector<ServerStatsAnswer> Stats(const tessera::v1::ShardMap& map) override;
   absl::Status Probe(const std::string& address, absl::Duration timeout) override;
   absl::Status Shutdown(const tessera::v1::ShardMap& map) override;

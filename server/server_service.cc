@@ -268,11 +268,12 @@ grpc::ServerUnaryReactor* ServerService::Checkpoint(grpc::CallbackServerContext*
       [this, context](std::shared_ptr<const CheckpointRequest> r, UnaryReply<CheckpointResponse> reply) {
         TESSERA_REPLY_IF_ERROR(reply, CheckControlKey(*context));
         TESSERA_REPLY_IF_ERROR(reply, CheckLength("checkpoint path", r->path(), kMaxPathBytes));
+        TESSERA_REPLY_IF_ERROR(reply, CheckLength("delta base path", r->delta_base_path(), kMaxPathBytes));
         files_.Submit([this, context, r, reply] {
           const absl::Duration wait = BoundedWait(r->wait_timeout_ms(), absl::ZeroDuration());
           absl::StatusOr<tessera::v1::ShardCheckpoint> shard =
               store_->Snapshot(r->at_version() ? r->clock() : -1, absl::Now() + wait,
-                               [context] { return context->IsCancelled(); });
+                               [context] { return context->IsCancelled(); }, r->delta_base_path());
           if (!shard.ok()) {
             reply(shard.status());
             return;
@@ -284,7 +285,11 @@ grpc::ServerUnaryReactor* ServerService::Checkpoint(grpc::CallbackServerContext*
           TESSERA_REPLY_IF_ERROR(reply, WriteCheckpointFile(r->path(), header, *shard));
           CheckpointResponse written;
           written.set_chunks(shard->chunks_size());
-          for (const auto& c : shard->chunks()) written.set_bytes(written.bytes() + c.values().size());
+          for (const auto& c : shard->chunks()) {
+            written.set_bytes(written.bytes() + c.values().size());
+            written.set_delta(written.delta() || c.delta());
+          }
+          if (r->delta_base_path().empty()) store_->NoteFullCheckpoint(r->path(), *shard);
           reply(written);
         });
       });

@@ -38,6 +38,12 @@ absl::Status ShardStore::Assign(const tessera::v1::ShardMap& map, const tessera:
   }
   // What the view changes is answered once no lock is held: the rounds it closes, exchanges and callers of
   // chunks that moved or were restored, and hand-overs to new backups.
+  if (restore != nullptr) {
+    // Restored slots' versions go back: no delta may apply over a full checkpoint written before.
+    absl::MutexLock lock(&full_mu_);
+    last_full_path_.clear();
+    last_full_versions_.clear();
+  }
   ViewAdoption adoption(state_, map, job, restore, restore_all);
   ClosedRounds closed;
   absl::Status status = AdoptView(adoption, server_id, closed);
@@ -68,7 +74,8 @@ void ShardStore::AnswerClosedRounds(ClosedRounds& closed) {
 }
 
 absl::StatusOr<tessera::v1::ShardCheckpoint> ShardStore::Snapshot(int64_t at_version, absl::Time deadline,
-                                                                  const std::function<bool()>& cancelled) {
+                                                                  const std::function<bool()>& cancelled,
+                                                                  const std::string& delta_base_path) {
   tessera::v1::ShardCheckpoint out;
   std::vector<Chunk*> chunks;  // units are never freed, so the pointers stay valid
   std::vector<Unit*> slots;
@@ -93,11 +100,32 @@ absl::StatusOr<tessera::v1::ShardCheckpoint> ShardStore::Snapshot(int64_t at_ver
   }
   // Embedding slots have no rounds: in SYNC a step's row pushes are all answered before its dense round closes
   // (PsClient::PushRows comes first in a step), so once the chunks reached the cut the slots are at it too.
-  for (Unit* slot : slots) {
+  std::map<UnitKey, int64_t> base;  // the slots' versions in the full checkpoint a delta applies over
+  if (!delta_base_path.empty()) {
+    absl::MutexLock lock(&full_mu_);
+    if (last_full_path_ == delta_base_path) base = last_full_versions_;
+  }
+  for (Unit* unit : slots) {
+    auto* slot = static_cast<RowSlot*>(unit);
     absl::MutexLock slot_lock(&slot->mu);
-    *out.add_chunks() = slot->StateLocked();
+    auto it = base.find(slot->key);
+    *out.add_chunks() = it == base.end() ? slot->StateLocked() : slot->DeltaStateLocked(it->second);
   }
   return out;
+}
+
+void ShardStore::NoteFullCheckpoint(const std::string& path, const tessera::v1::ShardCheckpoint& written) {
+  std::map<UnitKey, int64_t> versions;  // of the embedding slots among the file's units
+  {
+    absl::ReaderMutexLock lock(&state_.mu);
+    for (const auto& c : written.chunks()) {
+      const UnitKey key{c.param(), c.index()};
+      if (state_.sparse.FindSlot(key) != nullptr) versions[key] = c.version();
+    }
+  }
+  absl::MutexLock lock(&full_mu_);
+  last_full_path_ = path;
+  last_full_versions_ = std::move(versions);
 }
 
 void ShardStore::CloseCompleteRounds(const JobConfig& config, const Roster& roster, ClosedRounds& closed) {

@@ -107,8 +107,14 @@ class ShardStore {
   // (RoundLocked) reaches `at_version` (a consistent cut while the scheduler holds the workers there). DEADLINE_EXCEEDED
   // naming the chunks that did not get there; FAILED_PRECONDITION for a chunk already past it.
   // `cancelled`, when given, is asked every 100 ms while waiting (CANCELLED when it says so).
+  // With `delta_base_path` (CheckpointRequest.delta_base_path): embedding slots as deltas over the full checkpoint
+  // this server noted at that path (NoteFullCheckpoint), each slot it did not hold then whole.
   [[nodiscard]] absl::StatusOr<tessera::v1::ShardCheckpoint> Snapshot(
-      int64_t at_version, absl::Time deadline, const std::function<bool()>& cancelled = nullptr);
+      int64_t at_version, absl::Time deadline, const std::function<bool()>& cancelled = nullptr,
+      const std::string& delta_base_path = "");
+  // `written` (a Snapshot without a delta base) is on disk at `path`: later deltas may apply over it.
+  void NoteFullCheckpoint(const std::string& path, const tessera::v1::ShardCheckpoint& written)
+      ABSL_LOCKS_EXCLUDED(full_mu_);
 
   // The chunk's value (no bytes when `have_version` is current). NOT_FOUND for a chunk not on this server;
   // INVALID_ARGUMENT for a worker id outside the job.
@@ -273,6 +279,12 @@ class ShardStore {
   mutable BufferPool buffers_;  // reply and scratch buffers
   StoreState state_;            // the views adopted and the tables
   CheckpointCut cut_;           // a SYNC checkpoint waiting for chunks to reach its version
+
+  // The last full checkpoint this server wrote: its path and each embedding slot's version in it. Forgotten when
+  // the server restores a checkpoint (its slots' versions go back).
+  absl::Mutex full_mu_;
+  std::string last_full_path_ ABSL_GUARDED_BY(full_mu_);
+  std::map<UnitKey, int64_t> last_full_versions_ ABSL_GUARDED_BY(full_mu_);
 
   mutable absl::Mutex counters_mu_;
   Counters counters_ ABSL_GUARDED_BY(counters_mu_);

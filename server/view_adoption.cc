@@ -7,6 +7,7 @@
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "google/protobuf/util/message_differencer.h"
+#include "server/tables/sparse_table.h"
 
 namespace tessera {
 
@@ -20,6 +21,7 @@ absl::StatusOr<bool> ViewAdoption::Run(int server_id) {
   if (!newer) return false;
   if (state_.config == nullptr) state_.config = std::make_unique<const JobConfig>(job_);
   IndexCheckpoint();
+  TESSERA_RETURN_IF_ERROR(index_error_);
   for (Table* table : state_.tables()) {
     TESSERA_ASSIGN_OR_RETURN(std::vector<UnitPlacement> placements, table->Placements(map_));
     for (const UnitPlacement& placement : placements) {
@@ -56,8 +58,26 @@ void ViewAdoption::IndexCheckpoint() {
   const int workers = job_.cluster().num_workers();
   keep_seq_.assign(workers, false);
   if (restore_ == nullptr) return;
+  // The files in order: a delta checkpoint's follow its full one's, and their slots apply over it.
   for (const auto& file : *restore_) {
-    for (const auto& c : file.chunks()) saved_[{c.param(), c.index()}] = &c;
+    for (const auto& c : file.chunks()) {
+      const UnitKey key{c.param(), c.index()};
+      if (!c.delta()) {
+        saved_[key] = &c;
+        continue;
+      }
+      auto full = saved_.find(key);
+      absl::StatusOr<tessera::v1::ChunkState> merged =
+          full == saved_.end() ? absl::FailedPreconditionError(absl::StrCat(
+                                     "delta checkpoint of slot ", c.param(), "/", c.index(), " without its full one"))
+                               : ApplyRowDelta(*full->second, c);
+      if (!merged.ok()) {
+        index_error_.Update(merged.status());
+        continue;
+      }
+      merged_[key] = *std::move(merged);
+      saved_[key] = &merged_[key];
+    }
   }
   if (restore_->empty()) return;
   const auto& seen = restore_->front().worker_incarnations();

@@ -85,6 +85,8 @@ class ViewAdoption {
   const std::vector<tessera::v1::ShardCheckpoint>* const restore_;
   const bool restore_all_;
   std::map<UnitKey, const tessera::v1::ChunkState*> saved_;
+  std::map<UnitKey, tessera::v1::ChunkState> merged_;  // slots of a delta checkpoint over its full one
+  absl::Status index_error_;                            // a delta the files could not be merged with
   std::vector<bool> keep_seq_;
   Results results_;
 };

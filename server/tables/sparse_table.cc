@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -34,7 +35,7 @@ bool AllFinite(absl::Span<const float> values) {
 
 int64_t RowTableSpec::RowBytes() const {
   return stride() * static_cast<int64_t>(sizeof(float)) + static_cast<int64_t>(sizeof(uint64_t)) +
-         kIndexEntryBytes + (counts_steps ? 4 : 0) +
+         kIndexEntryBytes + static_cast<int64_t>(sizeof(uint32_t)) + (counts_steps ? 4 : 0) +
          (tracks_clocks() ? 8 : 0);
 }
 
@@ -76,6 +77,75 @@ absl::StatusOr<std::shared_ptr<const RowTableSpec>> RowTableFromDeclaration(cons
   spec->evict_when_full = param.embedding().evict_when_full();
   spec->counts_steps = spec->optimizer_spec.kind == Kind::kLazyAdam;
   return std::shared_ptr<const RowTableSpec>(std::move(spec));
+}
+
+absl::StatusOr<tessera::v1::ChunkState> ApplyRowDelta(const tessera::v1::ChunkState& full,
+                                                      const tessera::v1::ChunkState& delta) {
+  const std::string what = absl::StrCat("delta checkpoint of slot ", delta.param(), "/", delta.index());
+  if (full.version() != delta.base_version()) {
+    return absl::FailedPreconditionError(absl::StrCat(what, " applies over version ", delta.base_version(),
+                                                      "; the full checkpoint holds version ", full.version()));
+  }
+  // Floats per row of values and of state, from whichever side holds rows (both, when both do, must agree).
+  struct Layout {
+    size_t values = 0, state = 0;
+    bool steps = false, clocks = false;
+  };
+  auto layout_of = [](const tessera::v1::ChunkState& s) -> std::optional<Layout> {
+    const size_t n = s.row_ids_size();
+    if (n == 0) return std::nullopt;
+    return Layout{s.values().size() / sizeof(float) / n, s.optimizer_state().size() / sizeof(float) / n,
+                  s.row_steps_size() > 0, s.row_clocks_size() > 0};
+  };
+  std::optional<Layout> layout = layout_of(delta);
+  if (!layout) layout = layout_of(full);
+  tessera::v1::ChunkState merged = delta;
+  merged.set_delta(false);
+  merged.clear_all_row_ids();
+  merged.clear_base_version();
+  merged.clear_row_ids();
+  merged.clear_values();
+  merged.clear_optimizer_state();
+  merged.clear_row_steps();
+  merged.clear_row_clocks();
+  if (!layout) {
+    if (delta.all_row_ids_size() > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(what, " names rows neither checkpoint holds"));
+    }
+    return merged;
+  }
+  for (const tessera::v1::ChunkState* s : {&full, &delta}) {
+    const size_t n = s->row_ids_size();
+    if (s->values().size() != n * layout->values * sizeof(float) ||
+        s->optimizer_state().size() != n * layout->state * sizeof(float) ||
+        s->row_steps_size() != (layout->steps ? static_cast<int>(n) : 0) ||
+        s->row_clocks_size() != (layout->clocks ? static_cast<int>(n) : 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": rows of another size than the full checkpoint's"));
+    }
+  }
+  // Row i of `s` (sorted ids) appended to `merged`.
+  auto append = [&](const tessera::v1::ChunkState& s, int i) {
+    merged.add_row_ids(s.row_ids(i));
+    merged.mutable_values()->append(s.values(), i * layout->values * sizeof(float), layout->values * sizeof(float));
+    merged.mutable_optimizer_state()->append(s.optimizer_state(), i * layout->state * sizeof(float),
+                                             layout->state * sizeof(float));
+    if (layout->steps) merged.add_row_steps(s.row_steps(i));
+    if (layout->clocks) merged.add_row_clocks(s.row_clocks(i));
+  };
+  auto find = [](const tessera::v1::ChunkState& s, uint64_t id) {
+    auto it = std::lower_bound(s.row_ids().begin(), s.row_ids().end(), id);
+    return it != s.row_ids().end() && *it == id ? static_cast<int>(it - s.row_ids().begin()) : -1;
+  };
+  for (uint64_t id : delta.all_row_ids()) {
+    if (const int changed = find(delta, id); changed >= 0) {
+      append(delta, changed);
+    } else if (const int kept = find(full, id); kept >= 0) {
+      append(full, kept);
+    } else {
+      return absl::FailedPreconditionError(absl::StrCat(what, " holds row ", id, ", which neither checkpoint has"));
+    }
+  }
+  return merged;
 }
 
 void FillRowInit(const tessera::v1::InitSpec& init, std::string_view name, uint64_t id, absl::Span<float> out) {
@@ -135,6 +205,7 @@ uint32_t RowSlot::CreateLocked(uint64_t id) {
       blocks_.push_back(std::make_unique<float[]>(kBlockRows * spec->stride()));
       id_blocks_.push_back(std::make_unique<uint64_t[]>(kBlockRows));
     }
+    row_versions_.resize(next_row_);
     if (spec->counts_steps) steps_.resize(next_row_);
     if (spec->tracks_clocks()) clocks_.resize(next_row_);
   }
@@ -143,6 +214,7 @@ uint32_t RowSlot::CreateLocked(uint64_t id) {
   optimizer_.InitState(absl::MakeSpan(values + spec->dim, spec->state_floats));
   if (spec->counts_steps) steps_[row] = 0;
   if (spec->tracks_clocks()) clocks_[row] = clock;
+  row_versions_[row] = static_cast<uint32_t>(version);
   id_blocks_[row / kBlockRows][row % kBlockRows] = id;
   index_.insert(row);
   ++rows_created;
@@ -229,6 +301,7 @@ RowsApplied RowSlot::ApplyLocked(absl::Span<const uint64_t> ids, absl::Span<cons
     }
     if (spec->counts_steps && steps_[row] < UINT32_MAX) ++steps_[row];
     if (spec->tracks_clocks()) clocks_[row] = at_clock;
+    row_versions_[row] = static_cast<uint32_t>(version + 1);  // this update's
     ++applied.updated;
   }
   ++version;
@@ -253,6 +326,7 @@ void RowSlot::ClearLocked() {
   index_.clear();
   blocks_.clear();
   id_blocks_.clear();
+  row_versions_.clear();
   steps_.clear();
   clocks_.clear();
   free_.clear();
@@ -266,6 +340,7 @@ int64_t RowSlot::MemoryBytesLocked() const {
          static_cast<int64_t>(index_.capacity()) * kIndexEntryBytes +
          static_cast<int64_t>(pending_.capacity()) * kPendingEntryBytes +
          static_cast<int64_t>(steps_.capacity() * sizeof(uint32_t) + clocks_.capacity() * sizeof(int64_t) +
+                              row_versions_.capacity() * sizeof(uint32_t) +
                               free_.capacity() * sizeof(uint32_t));
 }
 
@@ -291,12 +366,31 @@ void RowSlot::LogLocked(absl::Span<const uint64_t> ids, absl::Span<const float> 
   r.log_bytes += bytes;
 }
 
-tessera::v1::ChunkState RowSlot::StateLocked() const {
+tessera::v1::ChunkState RowSlot::StateLocked() const { return RowsStateLocked(-1); }
+
+tessera::v1::ChunkState RowSlot::DeltaStateLocked(int64_t base_version) const { return RowsStateLocked(base_version); }
+
+tessera::v1::ChunkState RowSlot::RowsStateLocked(int64_t base_version) const {
   tessera::v1::ChunkState state = ReplicaStateLocked(/*values=*/false);
   std::vector<std::pair<uint64_t, uint32_t>> rows;
   rows.reserve(index_.size());
   for (uint32_t row : index_) rows.emplace_back(IdOf(row), row);
   std::sort(rows.begin(), rows.end());
+  if (base_version >= 0) {
+    // A delta: every id, and the rows changed since `base_version` (a row's version is the slot's version after its
+    // last change, kept in 32 bits: the rows changed since are those within (base, version] modulo 2^32).
+    state.set_delta(true);
+    state.set_base_version(base_version);
+    for (const auto& [id, row] : rows) state.add_all_row_ids(id);
+    const uint32_t base = static_cast<uint32_t>(base_version);
+    const uint32_t span = static_cast<uint32_t>(version - base_version);
+    rows.erase(std::remove_if(rows.begin(), rows.end(),
+                              [&](const auto& r) {
+                                const uint32_t since = row_versions_[r.second] - base;
+                                return since == 0 || since > span;
+                              }),
+               rows.end());
+  }
   std::string values, optimizer_state;
   values.reserve(rows.size() * spec->dim * sizeof(float));
   optimizer_state.reserve(rows.size() * spec->state_floats * sizeof(float));
@@ -360,6 +454,7 @@ absl::Status RowSlot::TakeRowsLocked(const tessera::v1::ChunkState& state, const
     std::copy(opt.begin() + i * spec->state_floats, opt.begin() + (i + 1) * spec->state_floats, data + dim);
     if (spec->counts_steps) steps_[row] = state.row_steps(i);
     if (spec->tracks_clocks()) clocks_[row] = state.row_clocks(i);
+    row_versions_[row] = static_cast<uint32_t>(state.version());  // as the state holds it: unchanged since
   }
   rows_created -= n;  // taken, not created
   clock = saved_clock;

@@ -61,6 +61,13 @@ absl::StatusOr<RowOptimizerSpec> RowOptimizerFromProto(const tessera::v1::RowOpt
 // The table's spec from a checked declaration (common/shard_map.h CheckEmbeddingSpec).
 absl::StatusOr<std::shared_ptr<const RowTableSpec>> RowTableFromDeclaration(const tessera::v1::ParameterSpec& param);
 
+// A slot's state from a full checkpoint's (`full`) and a later delta checkpoint's (`delta`, ChunkState.delta):
+// every row of delta.all_row_ids, from the delta when it holds the row, else from the full one; the rest of the
+// state (version, sequence numbers, pending ids, clock) from the delta. FAILED_PRECONDITION when the delta is over
+// another version than the full state's, or names a row neither holds; INVALID_ARGUMENT for sizes that do not fit.
+absl::StatusOr<tessera::v1::ChunkState> ApplyRowDelta(const tessera::v1::ChunkState& full,
+                                                      const tessera::v1::ChunkState& delta);
+
 // The initial values of row `id` of table `name` (a pure function of init's seed, the name and the id).
 void FillRowInit(const tessera::v1::InitSpec& init, std::string_view name, uint64_t id, absl::Span<float> out);
 
@@ -133,6 +140,8 @@ struct RowSlot final : Unit {
   StalenessHistogram staleness ABSL_GUARDED_BY(mu);  // TableStats.staleness, this slot's updates
 
   tessera::v1::ChunkState StateLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // A delta checkpoint's state over a full one that held version `base_version` (ChunkState.delta).
+  tessera::v1::ChunkState DeltaStateLocked(int64_t base_version) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   tessera::v1::ChunkState ReplicaStateLocked(bool values) const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   absl::Status TakeReplicaLocked(const UpdateRule& rule, const tessera::v1::ReplicateRequest& request,
                                  int workers) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
@@ -187,6 +196,8 @@ struct RowSlot final : Unit {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   void LogLocked(absl::Span<const uint64_t> ids, absl::Span<const float> grads, float lr_scale, int64_t clock,
                  absl::Span<const uint64_t> evicted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // The rows' state, whole (base_version < 0) or as a delta over `base_version`.
+  tessera::v1::ChunkState RowsStateLocked(int64_t base_version) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Removes row `row` of `id` from the index (its memory back to the budget); the caller counts why.
   void RemoveLocked(uint32_t row) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
@@ -195,6 +206,7 @@ struct RowSlot final : Unit {
   std::vector<std::unique_ptr<uint64_t[]>> id_blocks_ ABSL_GUARDED_BY(mu);  // kBlockRows ids each
   absl::flat_hash_set<uint32_t, RowHash, RowEq> index_ ABSL_GUARDED_BY(mu){0, RowHash{this}, RowEq{this}};
   std::vector<uint32_t> steps_ ABSL_GUARDED_BY(mu);                     // row -> updates (counts_steps only)
+  std::vector<uint32_t> row_versions_ ABSL_GUARDED_BY(mu);  // row -> the slot's version after its last change
   std::vector<int64_t> clocks_ ABSL_GUARDED_BY(mu);                     // row -> newest clock (tracks_clocks)
   std::vector<uint32_t> free_ ABSL_GUARDED_BY(mu);                      // rows freed by expiry
   uint32_t next_row_ ABSL_GUARDED_BY(mu) = 0;

@@ -103,6 +103,39 @@ TEST_F(CheckpointerTest, TakesCompleteCheckpointsKeepsTheNewestAndLoadsTheLatest
               StatusIs(absl::StatusCode::kNotFound, "no usable checkpoint"));
 }
 
+// checkpoint.full_every 3: a full checkpoint, two deltas over it, a full one again. A delta names its full one,
+// loads with the full one's files before its own, and keeps its full one from being pruned.
+TEST_F(CheckpointerTest, DeltasBetweenFullCheckpointsNameTheirBaseWhichPruningKeeps) {
+  job_.mutable_checkpoint()->set_full_every(3);
+  Checkpointer checkpointer(job_, &servers_, absl::Now());
+  std::vector<std::string> bases;
+  for (int64_t clock : {100, 200, 300, 400, 500}) {
+    absl::StatusOr<CheckpointInfo> taken = Take(checkpointer, clock);
+    ASSERT_THAT(taken, IsOk());
+    bases.push_back(taken->state.base());
+  }
+  EXPECT_EQ(bases, (std::vector<std::string>{"", "ckpt-000001", "ckpt-000001", "", "ckpt-000004"}));
+  // keep 2: checkpoints 4 and 5, and nothing else (5's base is 4).
+  EXPECT_EQ(Folders(), 2);
+  absl::StatusOr<CheckpointInfo> loaded = Checkpointer::LoadLatest(dir_.string(), job_.name());
+  ASSERT_THAT(loaded, IsOk());
+  EXPECT_EQ(loaded->number, 5);
+  ASSERT_EQ(loaded->shard_files.size(), 4u) << "the full checkpoint's two files, then the delta's two";
+  EXPECT_NE(loaded->shard_files[0].find("ckpt-000004/server-0.shard"), std::string::npos);
+  EXPECT_NE(loaded->shard_files[2].find("ckpt-000005/server-0.shard"), std::string::npos);
+
+  // The next delta (6, over 4) keeps 4 while 5 goes: 4 is the base of a kept delta.
+  job_.mutable_checkpoint()->set_keep(1);
+  Checkpointer one(job_, &servers_, absl::Now());
+  ASSERT_THAT(Take(one, 600), IsOk());  // a new scheduler knows no full one: this is full
+  ASSERT_THAT(Take(one, 700), IsOk());  // a delta over 6
+  EXPECT_EQ(Folders(), 2) << "the delta and its full one";
+  // A delta whose full checkpoint is gone is refused; there is nothing before it.
+  fs::remove_all(dir_ / "ckpt-000006");
+  EXPECT_THAT(Checkpointer::LoadLatest(dir_.string(), job_.name()).status(),
+              StatusIs(absl::StatusCode::kNotFound, "no usable checkpoint"));
+}
+
 TEST_F(CheckpointerTest, AFailedCheckpointLeavesNothingIsCountedAndBacksOff) {
   Checkpointer checkpointer(job_, &servers_, absl::Now());
   ASSERT_THAT(Take(checkpointer, 100), IsOk());

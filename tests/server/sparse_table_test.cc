@@ -314,6 +314,61 @@ TEST_F(SparseTableTest, CheckpointRoundTripKeepsRowsStateAndSteps) {
   EXPECT_EQ(Stats(&restored).rows(), 51) << "the pending id's first touch was kept";
 }
 
+// A delta checkpoint holds only the rows changed since the full one (and every id held); restoring the full one
+// and then the delta gives the rows, state and step counts of the store that wrote them.
+TEST_F(SparseTableTest, DeltaCheckpointRoundTripRestoresFullPlusDelta) {
+  tessera::v1::ParameterSpec table = Table();
+  table.mutable_embedding()->mutable_optimizer()->set_kind(tessera::v1::RowOptimizerSpec::LAZY_ADAM);
+  table.mutable_embedding()->mutable_optimizer()->set_learning_rate(0.1f);
+  table.mutable_embedding()->set_expire_after_steps(6);
+  Assign(tessera::v1::ConsistencySpec::ASYNC, 1, table);
+  std::vector<uint64_t> all;
+  for (uint64_t i = 0; i < 200; ++i) all.push_back(i * 104729 + 5);
+  auto grads_for = [](size_t rows, float g) { return std::vector<float>(rows * kDim, g); };
+  ASSERT_THAT(Push(all, grads_for(all.size(), 0.5f), 1, /*clock=*/0), IsOk());
+  absl::StatusOr<tessera::v1::ShardCheckpoint> full = store_.Snapshot(-1, absl::InfiniteFuture());
+  ASSERT_THAT(full, IsOk());
+  store_.NoteFullCheckpoint("ckpt-1/server-0.shard", *full);
+  // After the full one: 20 rows change, 5 are new; and at clock 10 every row not updated since clock 3 expires
+  // but those pushed again at clock 9 and 10.
+  std::vector<uint64_t> changed(all.begin(), all.begin() + 20);
+  for (uint64_t i = 0; i < 5; ++i) changed.push_back(9000000 + i);
+  ASSERT_THAT(Push(changed, grads_for(changed.size(), -0.25f), 2, /*clock=*/1), IsOk());
+  ASSERT_THAT(Push(changed, grads_for(changed.size(), 0.125f), 3, /*clock=*/9), IsOk());
+  ASSERT_THAT(Push(changed, grads_for(changed.size(), 0.25f), 4, /*clock=*/10), IsOk());
+  absl::StatusOr<tessera::v1::ShardCheckpoint> delta =
+      store_.Snapshot(-1, absl::InfiniteFuture(), nullptr, "ckpt-1/server-0.shard");
+  ASSERT_THAT(delta, IsOk());
+  int64_t full_rows = 0, delta_rows = 0, held = 0;
+  for (const auto& c : full->chunks()) full_rows += c.row_ids_size();
+  for (const auto& c : delta->chunks()) {
+    EXPECT_TRUE(c.delta());
+    delta_rows += c.row_ids_size();
+    held += c.all_row_ids_size();
+  }
+  EXPECT_EQ(full_rows, 200);
+  EXPECT_LE(delta_rows, 25) << "a delta holds the changed rows only";
+  EXPECT_EQ(held, Stats().rows()) << "and every id held";
+  ShardStore restored;
+  std::vector<tessera::v1::ShardCheckpoint> files = {*full, *delta};
+  Assign(tessera::v1::ConsistencySpec::ASYNC, 1, table, &restored, &files);
+  std::vector<uint64_t> every = all;
+  every.insert(every.end(), changed.begin() + 20, changed.end());
+  EXPECT_EQ(*Pull(every, &restored), *Pull(every));
+  EXPECT_EQ(Stats(&restored).rows(), Stats().rows());
+  ASSERT_THAT(Push(changed, grads_for(changed.size(), 1.0f), 5, 11), IsOk());
+  ASSERT_THAT(Push(changed, grads_for(changed.size(), 1.0f), 5, 11, 0, 8, &restored), IsOk());
+  EXPECT_EQ(*Pull(changed, &restored), *Pull(changed)) << "step counts and moments came back";
+  // A delta over a file this server did not write is whole; one over another version is refused.
+  absl::StatusOr<tessera::v1::ShardCheckpoint> unknown_base =
+      store_.Snapshot(-1, absl::InfiniteFuture(), nullptr, "ckpt-0/server-0.shard");
+  ASSERT_THAT(unknown_base, IsOk());
+  for (const auto& c : unknown_base->chunks()) EXPECT_FALSE(c.delta());
+  tessera::v1::ChunkState older = full->chunks(0);
+  older.set_version(older.version() + 1);
+  EXPECT_THAT(ApplyRowDelta(older, delta->chunks(0)), StatusIs(absl::StatusCode::kFailedPrecondition, "version"));
+}
+
 // A backup that takes its primary's logged updates holds the same rows as the primary.
 TEST(RowSlotReplicationTest, ABackupApplyingThePrimarysUpdatesHoldsTheSameRows) {
   tessera::v1::ParameterSpec table = Table();

@@ -40,7 +40,8 @@ class FakeServerControl final : public ServerControl {
 
   // Each server's file, a valid checkpoint file holding no chunks (what LoadLatest checks).
   absl::StatusOr<std::vector<std::string>> Checkpoint(const tessera::v1::ShardMap& map, const std::string& folder,
-                                                      int64_t clock, bool, absl::Duration) override {
+                                                      int64_t clock, bool, absl::Duration,
+                                                      const std::string&) override {
     absl::MutexLock lock(&mu_);
     ++checkpoints_;
     if (!checkpoint_error_.ok()) return checkpoint_error_;
