@@ -30,6 +30,8 @@ absl::StatusOr<ShardStore::FoundRows> ShardStore::FindRows(uint64_t epoch, int w
   }
   found.config = state_.config.get();
   found.roster = state_.roster;
+  found.server_id = state_.server_id;
+  found.epoch = state_.epoch;
   const int workers = found.config->job.cluster().num_workers();
   if (worker < 0 || worker >= workers) {
     return absl::InvalidArgumentError(
@@ -70,6 +72,8 @@ absl::StatusOr<tessera::v1::RowPullResponse> ShardStore::PullRows(const tessera:
   float* out = reinterpret_cast<float*>(values.data());
   for (auto& [slot, positions] : found.slots) {
     absl::MutexLock slot_lock(&slot->mu);
+    // A view adopted since FindRows may have moved the slot away (retired, its rows cleared): ask again there.
+    if (slot->replication.primary != found.server_id) return MovedAway(found.epoch);
     for (int64_t i : positions) slot->ReadLocked(ids[i], absl::MakeSpan(out + i * dim, dim));
   }
   tessera::v1::RowPullResponse response;
@@ -157,8 +161,14 @@ void ShardStore::PushRows(const tessera::v1::RowPushRequest& request, std::strin
   if (evicting) reserved = 0;
   tessera::v1::RowPushResponse response;
   bool all_duplicate = true;
+  absl::Status moved;  // a slot a view adopted since FindRows moved away: its rows are asked for again there
   for (SlotBatch& b : batches) {
     absl::MutexLock slot_lock(&b.slot->mu);
+    if (b.slot->replication.primary != found->server_id) {
+      moved = MovedAway(found->epoch);
+      b.slot = nullptr;
+      continue;
+    }
     auto seen = b.slot->last_seq.find(request.worker_id());
     if (seen != b.slot->last_seq.end() && request.seq() <= seen->second) {
       b.version = b.slot->version;  // applied before: answered once the backups hold it, as the first answer was
@@ -184,6 +194,10 @@ void ShardStore::PushRows(const tessera::v1::RowPushRequest& request, std::strin
     response.set_rows_refused(response.rows_refused() + applied.refused);
   }
   state_.row_memory.Release(reserved);  // what rows created by others meanwhile left unused
+  if (!moved.ok()) {
+    // The slots applied keep the push (a retry with its seq is a duplicate there); the caller retries the rest.
+    return done(moved);
+  }
   response.set_duplicate(all_duplicate);
   {
     absl::MutexLock lock(&counters_mu_);
@@ -208,6 +222,7 @@ void ShardStore::PushRows(const tessera::v1::RowPushRequest& request, std::strin
     }
   };
   for (SlotBatch& b : batches) {
+    if (b.slot == nullptr) continue;
     pending->fetch_add(1);
     shipper_.AfterApplied(*b.slot, b.version, finish);
   }

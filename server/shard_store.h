@@ -205,6 +205,8 @@ class ShardStore {
     const JobConfig* config = nullptr;
     std::shared_ptr<const Roster> roster;
     std::vector<std::pair<RowSlot*, std::vector<int64_t>>> slots;
+    int server_id = -1;  // this server, and the view the slots were found in
+    uint64_t epoch = 0;
   };
   // The slots of `ids` in `table` after checking the epoch and the worker id, or the error to answer with.
   absl::StatusOr<FoundRows> FindRows(uint64_t epoch, int worker, const std::string& table,

@@ -194,6 +194,7 @@ void ViewAdoption::MoveOut(Table& table, const std::vector<UnitPlacement>& place
         }
         replication.waiting.clear();
         replication.backups.clear();
+        replication.primary = -1;  // a request that found it before this view sees it left (row requests check)
       }
       // Retired, not freed: a request that found the unit before this view keeps a valid object (what it does
       // there no longer counts).
