@@ -384,12 +384,12 @@ tessera::v1::ChunkState RowSlot::RowsStateLocked(int64_t base_version) const {
     for (const auto& [id, row] : rows) state.add_all_row_ids(id);
     const uint32_t base = static_cast<uint32_t>(base_version);
     const uint32_t span = static_cast<uint32_t>(version - base_version);
-    rows.erase(std::remove_if(rows.begin(), rows.end(),
-                              [&](const auto& r) {
-                                const uint32_t since = row_versions_[r.second] - base;
-                                return since == 0 || since > span;
-                              }),
-               rows.end());
+    size_t kept = 0;
+    for (const auto& r : rows) {
+      const uint32_t since = row_versions_[r.second] - base;
+      if (since != 0 && since <= span) rows[kept++] = r;
+    }
+    rows.resize(kept);
   }
   std::string values, optimizer_state;
   values.reserve(rows.size() * spec->dim * sizeof(float));
