@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/cluster.pb.h"
 #include "server/job_config.h"
@@ -26,6 +27,10 @@ struct Peer {
   std::string replication_key;  // Ed25519 public key: checks the server's Replicate calls
   uint64_t incarnation = 0;
 };
+
+// The answer to a request, an exchange or a caller waiting on backups for a unit that left this server, was
+// demoted or was restored (view `epoch`): ask again where the view says.
+absl::Status MovedAway(uint64_t epoch);
 
 struct StoreState {
   explicit StoreState(int64_t row_memory_cap_bytes = 0) : row_memory(row_memory_cap_bytes) {}

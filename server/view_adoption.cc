@@ -12,8 +12,8 @@
 namespace tessera {
 
 absl::Status MovedAway(uint64_t epoch) {
-  return absl::UnavailableError(absl::StrCat("the chunk was restored from a checkpoint or moved to another ",
-                                             "server (cluster view epoch ", epoch, "); ask again"));
+  return absl::UnavailableError(absl::StrCat("the chunk was restored from a checkpoint, moved to another server or ",
+                                             "demoted (cluster view epoch ", epoch, "); ask again"));
 }
 
 absl::StatusOr<bool> ViewAdoption::Run(int server_id) {

@@ -21,10 +21,6 @@
 
 namespace tessera {
 
-// The answer to an exchange, or a caller waiting on backups, of a unit that left this server or was restored
-// (view `epoch`): ask again where the view says.
-absl::Status MovedAway(uint64_t epoch);
-
 class ViewAdoption {
  public:
   // Released callers: each runs once no lock is held, with its status.

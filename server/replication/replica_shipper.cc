@@ -24,16 +24,22 @@ ReplicaShipper::~ReplicaShipper() {
 }
 
 void ReplicaShipper::AfterApplied(Unit& unit, int64_t version, std::function<void(absl::Status)> done) {
+  absl::Status held = absl::OkStatus();
   {
+    absl::ReaderMutexLock lock(&state_.mu);
     absl::MutexLock unit_lock(&unit.mu);
     UnitReplication& replication = unit.replication;
-    if (!replication.backups.empty() && version > replication.replicated_version) {
+    if (state_.server_id >= 0 && replication.primary != state_.server_id) {
+      // A view adopted since the update moved the unit away or demoted it, and dropped its backups: the update
+      // may be on no copy that counts. The caller asks the new primary, which applies it unless its copy holds it.
+      held = MovedAway(state_.epoch);
+    } else if (!replication.backups.empty() && version > replication.replicated_version) {
       replication.waiting.emplace_back(version, std::move(done));
       done = nullptr;
     }
   }
   if (done) {
-    done(absl::OkStatus());
+    done(held);
     return;
   }
   Ship(unit);
