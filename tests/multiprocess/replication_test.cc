@@ -215,19 +215,24 @@ replication { backups: 1 }
   ASSERT_TRUE(scheduler.ReadUntilLine("backups took over", absl::Seconds(10))) << scheduler.output();
 }
 
-// An embedding table's slots move live: while a client pushes row gradients of known values, server 1 is drained
-// (POST /drain: its slots go to the others and it exits 0), then a new server joins and takes a share of the
-// slots. No acknowledged row update is lost, none is applied twice, and no row is left behind: every row is
-// checked between two pushes after the drain and after the join. (It caught an update applied on a slot just
-// before a view moved the slot away, then acknowledged: the moved-out copy had no backups left to wait for.)
-TEST_F(DaemonTest, RowsMoveLiveWhenAServerIsDrainedAndAnotherJoins) {
+// Units move live: while a client pushes gradients of known values (small integers: every sum is exact), server 1
+// is drained (POST /drain: its units go to the others and it exits 0), then a new server joins and takes a share.
+// No acknowledged update is lost, none is applied twice: every value is checked between two pushes after the
+// drain and after the join. For an embedding table's slots ("rows") and a dense parameter's chunks ("dense").
+// (It caught an update applied just before a view moved its unit away, then acknowledged: the moved-out copy had
+// no backups left to wait for.)
+class LiveMoveTest : public DaemonTest, public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(LiveMoveTest, NoAcknowledgedUpdateIsLostWhenAServerIsDrainedAndAnotherJoins) {
+  const bool rows_kind = GetParam() == "rows";
   const std::string job = Write("job.pbtxt", R"(
-name: "moved-rows"
+name: "moved-units"
 model { mlp { hidden_sizes: 8 } }
 data { format: SYNTHETIC }
 optimizer { kind: SGD learning_rate: 1 }
 consistency { mode: ASYNC }
 stop { max_steps: 1000000 }
+chunk_bytes: 4096
 cluster { num_servers: 3 num_workers: 1 }
 replication { backups: 1 }
 )");
@@ -248,28 +253,44 @@ replication { backups: 1 }
   options.rank = 0;
   absl::StatusOr<std::unique_ptr<PsClient>> client = PsClient::Connect(options);
   ASSERT_TRUE(client.ok()) << client.status();
+  // rows: 3000 ids of dim 4 in 24 slots; dense: 12000 values in 12 chunks of 1024.
   constexpr int64_t kDim = 4;
   constexpr int kIds = 3000;
-  tessera::v1::ParameterSpec table = FloatParam("rows", kDim);
-  table.mutable_embedding()->set_slots(24);
-  table.mutable_embedding()->mutable_optimizer()->set_learning_rate(1.0f);
-  ASSERT_TRUE((*client)->Declare({table}).ok());
+  constexpr int kSlots = 24;
+  constexpr int kValues = kIds * kDim;
   std::vector<uint64_t> ids;
   for (uint64_t id = 0; id < kIds; ++id) ids.push_back(id * 11 + 3);
+  if (rows_kind) {
+    tessera::v1::ParameterSpec table = FloatParam("rows", kDim);
+    table.mutable_embedding()->set_slots(kSlots);
+    table.mutable_embedding()->mutable_optimizer()->set_learning_rate(1.0f);
+    ASSERT_TRUE((*client)->Declare({table}).ok());
+  } else {
+    ASSERT_TRUE((*client)->Declare({FloatParam("w", kValues)}).ok());
+  }
+  auto push = [&](const std::vector<float>& grads) -> absl::Status {
+    if (!rows_kind) return (*client)->Push({"w"}, {grads}, /*batch_size=*/1);
+    return (*client)->PushRows("rows", ids, grads, 1).status();
+  };
+  auto pull = [&](std::vector<float>& values) -> absl::Status {
+    if (!rows_kind) return (*client)->Pull({"w"}, {absl::MakeSpan(values)});
+    return (*client)->PullRows("rows", ids, absl::MakeSpan(values));
+  };
+  // The unit (slot or chunk) a value is in.
+  auto unit_of = [&](int e) { return rows_kind ? EmbeddingSlot(ids[e / kDim], kSlots) : e / 1024; };
 
   std::atomic<bool> stop{false};
   std::atomic<int> acknowledged{0};
-  std::vector<double> expected(kIds * kDim, 0.0);
+  std::vector<double> expected(kValues, 0.0);
   absl::Status push_error;
-  absl::Mutex push_mu;  // held by a push and its expected values, or by a check of every row
+  absl::Mutex push_mu;  // held by a push and its expected values, or by a check of every value
   std::thread pusher([&] {
-    std::vector<float> grads(ids.size() * kDim);
+    std::vector<float> grads(kValues);
     for (int i = 0; !stop; ++i) {
       absl::MutexLock lock(&push_mu);
       for (size_t g = 0; g < grads.size(); ++g) grads[g] = static_cast<float>((i + g) % 3 + 1);
-      absl::StatusOr<PsClient::RowsPushed> pushed = (*client)->PushRows("rows", ids, grads, 1);
-      if (!pushed.ok()) {
-        push_error = pushed.status();
+      if (absl::Status pushed = push(grads); !pushed.ok()) {
+        push_error = pushed;
         return;
       }
       for (size_t g = 0; g < grads.size(); ++g) expected[g] -= grads[g];
@@ -288,29 +309,30 @@ replication { backups: 1 }
     const int target = acknowledged + more;
     for (int i = 0; i < 600 && acknowledged < target && push_error.ok(); ++i) absl::SleepFor(absl::Milliseconds(50));
   };
-  // Every row against the acknowledged pushes, between two pushes: the wrong slots, with where they are now.
-  auto check_rows = [&](const std::string& when) {
+  // Every value against the acknowledged pushes, between two pushes: the wrong units, with where they are now.
+  auto check_values = [&](const std::string& when) {
     absl::MutexLock lock(&push_mu);
     ASSERT_TRUE(push_error.ok()) << push_error;
-    std::vector<float> rows(kIds * kDim);
-    ASSERT_TRUE((*client)->PullRows("rows", ids, absl::MakeSpan(rows)).ok());
+    std::vector<float> values(kValues);
+    ASSERT_TRUE(pull(values).ok());
     int wrong = 0;
-    std::map<int, std::string> wrong_slots;  // slot -> its first wrong value
-    for (size_t e = 0; e < rows.size(); ++e) {
-      if (rows[e] == static_cast<float>(expected[e])) continue;
+    std::map<int, std::string> wrong_units;  // unit -> its first wrong value
+    for (int e = 0; e < kValues; ++e) {
+      if (values[e] == static_cast<float>(expected[e])) continue;
       ++wrong;
-      const int slot = EmbeddingSlot(ids[e / kDim], 24);
-      if (wrong_slots.count(slot) == 0) wrong_slots[slot] = absl::StrCat(rows[e], " (expected ", expected[e], ")");
-    }
-    std::string slots_text;
-    for (const auto& [slot, first] : wrong_slots) {
-      absl::StrAppend(&slots_text, "\n  slot ", slot, ": ", first);
-      for (const auto& c : (*client)->shard_map()->chunks()) {
-        if (c.index() == slot) absl::StrAppend(&slots_text, " on server ", c.server_id());
+      if (wrong_units.count(unit_of(e)) == 0) {
+        wrong_units[unit_of(e)] = absl::StrCat(values[e], " (expected ", expected[e], ")");
       }
     }
-    EXPECT_EQ(wrong, 0) << "of " << rows.size() << " values " << when << ", after " << acknowledged
-                        << " acknowledged pushes; wrong" << slots_text << "\nscheduler:\n" << scheduler.output();
+    std::string units_text;
+    for (const auto& [unit, first] : wrong_units) {
+      absl::StrAppend(&units_text, "\n  unit ", unit, ": ", first);
+      for (const auto& c : (*client)->shard_map()->chunks()) {
+        if (c.index() == unit) absl::StrAppend(&units_text, " on server ", c.server_id());
+      }
+    }
+    EXPECT_EQ(wrong, 0) << "of " << kValues << " values " << when << ", after " << acknowledged
+                        << " acknowledged pushes; wrong" << units_text << "\nscheduler:\n" << scheduler.output();
   };
   wait_for_pushes(50);
   httplib::Client http("127.0.0.1", http_port);
@@ -321,19 +343,22 @@ replication { backups: 1 }
   EXPECT_TRUE(servers[1]->ReadUntilExit(absl::Seconds(30)));
   EXPECT_EQ(servers[1]->exit_code(), 0) << servers[1]->output();
   wait_for_pushes(50);
-  ASSERT_NO_FATAL_FAILURE(check_rows("after the drain"));
+  ASSERT_NO_FATAL_FAILURE(check_values("after the drain"));
   Subprocess joiner({kBin + "/tessera-server", "--scheduler=" + address});
   ASSERT_TRUE(scheduler.ReadUntilLine(" chunks at cluster view epoch ", absl::Seconds(60))) << scheduler.output();
   wait_for_pushes(50);
   stop = true;
   pusher.join();
-  ASSERT_NO_FATAL_FAILURE(check_rows("after the join"));
-  // The joined server holds rows now.
+  ASSERT_NO_FATAL_FAILURE(check_values("after the join"));
+  // The joined server holds units now.
   int64_t held_by_joiner = 0;
   for (const auto& c : (*client)->shard_map()->chunks()) held_by_joiner += c.server_id() == 1;
-  EXPECT_GT(held_by_joiner, 0) << "the new server (id 1 again) is primary of no slot";
-  std::cout << "acknowledged row pushes " << acknowledged << std::endl;
+  EXPECT_GT(held_by_joiner, 0) << "the new server (id 1 again) is primary of no unit";
+  std::cout << "acknowledged pushes " << acknowledged << std::endl;
 }
+
+INSTANTIATE_TEST_SUITE_P(Units, LiveMoveTest, ::testing::Values(std::string("rows"), std::string("dense")),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 class SyncReplicationTest : public DaemonTest, public ::testing::WithParamInterface<std::string> {};
 
