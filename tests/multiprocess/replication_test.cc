@@ -44,18 +44,28 @@ std::vector<int> ServerProcesses(const std::string& address) {
   return servers;
 }
 
-// A scheduler (heartbeat timeout kHeartbeatTimeoutMs), servers 0, 1 and 2, and a client of rank 0.
+// A scheduler (heartbeat timeout kHeartbeatTimeoutMs; with `dashboard`, its HTTP port in http_port), servers 0, 1
+// and 2, and a client of rank 0.
 struct ThreeServers {
   std::unique_ptr<Subprocess> scheduler;
   std::vector<std::unique_ptr<Subprocess>> servers;
   std::unique_ptr<PsClient> client;
+  std::string address;  // the scheduler's
+  int http_port = 0;
 
-  void Start(const std::string& job, const std::string& run_dir) {
-    scheduler = std::make_unique<Subprocess>(std::vector<std::string>{
-        kBin + "/tessera-scheduler", "--job=" + job, "--run_dir=" + run_dir, "--heartbeat_interval_ms=100",
-        absl::StrCat("--heartbeat_timeout_ms=", kHeartbeatTimeoutMs)});
+  void Start(const std::string& job, const std::string& run_dir, bool dashboard = false) {
+    std::vector<std::string> command = {kBin + "/tessera-scheduler", "--job=" + job, "--run_dir=" + run_dir,
+                                        "--heartbeat_interval_ms=100",
+                                        absl::StrCat("--heartbeat_timeout_ms=", kHeartbeatTimeoutMs)};
+    if (dashboard) command.push_back("--http_port=0");
+    scheduler = std::make_unique<Subprocess>(command);
+    const std::string marker = "dashboard at http://127.0.0.1:";
+    if (dashboard) {
+      ASSERT_TRUE(scheduler->ReadUntilLine(marker, absl::Seconds(30))) << scheduler->output();
+      http_port = std::atoi(scheduler->output().c_str() + scheduler->output().find(marker) + marker.size());
+    }
     ASSERT_TRUE(scheduler->ReadUntilLine("scheduler listening on ", absl::Seconds(30))) << scheduler->output();
-    const std::string address = SchedulerAddress(scheduler->output());
+    address = SchedulerAddress(scheduler->output());
     for (int i = 0; i < 3; ++i) {
       servers.push_back(std::make_unique<Subprocess>(
           std::vector<std::string>{kBin + "/tessera-server", "--scheduler=" + address, absl::StrCat("--id=", i)}));
@@ -236,23 +246,13 @@ chunk_bytes: 4096
 cluster { num_servers: 3 num_workers: 1 }
 replication { backups: 1 }
 )");
-  Subprocess scheduler({kBin + "/tessera-scheduler", "--job=" + job, "--run_dir=" + (dir_ / "run").string(),
-                        "--heartbeat_interval_ms=100", "--http_port=0"});
-  const std::string marker = "dashboard at http://127.0.0.1:";
-  ASSERT_TRUE(scheduler.ReadUntilLine(marker, absl::Seconds(30))) << scheduler.output();
-  ASSERT_TRUE(scheduler.ReadUntilLine("scheduler listening on ", absl::Seconds(30))) << scheduler.output();
-  const int http_port = std::atoi(scheduler.output().c_str() + scheduler.output().find(marker) + marker.size());
-  const std::string address = SchedulerAddress(scheduler.output());
-  std::vector<std::unique_ptr<Subprocess>> servers;
-  for (int i = 0; i < 3; ++i) {
-    servers.push_back(std::make_unique<Subprocess>(
-        std::vector<std::string>{kBin + "/tessera-server", "--scheduler=" + address, absl::StrCat("--id=", i)}));
-  }
-  PsClient::Options options;
-  options.scheduler_address = address;
-  options.rank = 0;
-  absl::StatusOr<std::unique_ptr<PsClient>> client = PsClient::Connect(options);
-  ASSERT_TRUE(client.ok()) << client.status();
+  ThreeServers cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.Start(job, (dir_ / "run").string(), /*dashboard=*/true));
+  Subprocess& scheduler = *cluster.scheduler;
+  std::vector<std::unique_ptr<Subprocess>>& servers = cluster.servers;
+  std::unique_ptr<PsClient>* client = &cluster.client;
+  const int http_port = cluster.http_port;
+  const std::string& address = cluster.address;
   // rows: 3000 ids of dim 4 in 24 slots; dense: 12000 values in 12 chunks of 1024.
   constexpr int64_t kDim = 4;
   constexpr int kIds = 3000;
