@@ -151,7 +151,21 @@ ucs_status_t FabricService::OnRequest(const void* header, size_t header_length, 
     }
     return UCS_OK;
   }
-  const WireEncoding encoding = EncodingOf(request->push());
+  if (request->op() == FabricRequest::ROW_PULL || request->op() == FabricRequest::ROW_PUSH) ++row_requests_;
+  if (request->op() == FabricRequest::ROW_PULL) {
+    PullRowsOf(ep, *request);
+    return UCS_OK;
+  }
+  if (request->op() == FabricRequest::ROW_PUSH) {
+    if (length > static_cast<size_t>(kMaxMessageBytes)) {
+      Reply(ep, ReplyWithStatus(request->request_id(),
+                                absl::InvalidArgumentError(absl::StrCat("a push of rows of ", length,
+                                                                        " bytes: at most ", kMaxMessageBytes))));
+      return UCS_OK;
+    }
+  }
+  const WireEncoding encoding =
+      request->op() == FabricRequest::ROW_PUSH ? WireEncoding() : EncodingOf(request->push());
   const size_t width = BytesPerValue(encoding.precision);
   if ((!encoding.sparse && length % width != 0) || length > static_cast<size_t>(kMaxMessageBytes)) {
     Reply(ep, ReplyWithStatus(request->request_id(),
@@ -161,7 +175,7 @@ ucs_status_t FabricService::OnRequest(const void* header, size_t header_length, 
     return UCS_OK;
   }
   // Room for the values decoded (dense ones are decoded where they arrived: no second copy).
-  const size_t decoded = encoding.sparse ? length : DecodedBytes(request->push(), length);
+  const size_t decoded = encoding.sparse || request->op() == FabricRequest::ROW_PUSH ? length : DecodedBytes(request->push(), length);
   std::shared_ptr<PooledBuffer> values = buffers_.Get(std::max<size_t>(decoded, 1));
   if (!rendezvous) {
     if (length > 0) std::memcpy(values->data(), data, length);
@@ -179,11 +193,61 @@ ucs_status_t FabricService::OnRequest(const void* header, size_t header_length, 
   return UCS_OK;
 }
 
+void FabricService::PullRowsOf(ucp_ep_h ep, const FabricRequest& request) {
+  absl::StatusOr<tessera::v1::RowPullResponse> rows = store_->PullRows(request.row_pull());
+  if (!rows.ok()) {
+    Reply(ep, ReplyWithStatus(request.request_id(), rows.status()));
+    return;
+  }
+  FabricReply reply;
+  reply.set_request_id(request.request_id());
+  const std::string& values = rows->values();
+  std::shared_ptr<PooledBuffer> data = buffers_.Get(std::max<size_t>(values.size(), 1));
+  std::memcpy(data->data(), values.data(), values.size());
+  Reply(ep, std::move(reply), std::move(data), values.size());
+}
+
+void FabricService::PushRowsOf(ucp_ep_h ep, const Connection& c, std::shared_ptr<const FabricRequest> request,
+                               std::shared_ptr<PooledBuffer> values, size_t length) {
+  const uint64_t id = request->request_id();
+  if (request->row_push().worker_id() != c.worker_id) {
+    Reply(ep, ReplyWithStatus(id, absl::PermissionDeniedError(
+                                      absl::StrCat("a push of rows as worker ", request->row_push().worker_id(),
+                                                   " on the connection of worker ", c.worker_id))));
+    return;
+  }
+  auto apply = [this, ep, id, request, values, length, key = c.member_key] {
+    tessera::v1::RowPushRequest push = request->row_push();
+    push.set_grads(std::string(reinterpret_cast<const char*>(values->data()), length));
+    store_->PushRows(push, key, [this, ep, id](absl::StatusOr<tessera::v1::RowPushResponse> pushed) {
+      if (!pushed.ok()) {
+        Reply(ep, ReplyWithStatus(id, pushed.status()));
+        return;
+      }
+      FabricReply reply;
+      reply.set_request_id(id);
+      reply.set_rows_updated(pushed->rows_updated());
+      reply.set_rows_refused(pushed->rows_refused());
+      reply.set_duplicate(pushed->duplicate());
+      Reply(ep, std::move(reply));
+    });
+  };
+  if (length >= inline_update_bytes_) {
+    updates_->Submit(std::move(apply));
+  } else {
+    apply();
+  }
+}
+
 void FabricService::Apply(ucp_ep_h ep, std::shared_ptr<const FabricRequest> request,
                           std::shared_ptr<PooledBuffer> values, size_t length) {
   auto connection = connections_.find(ep);
   if (connection == connections_.end()) return;  // closed while the values arrived: the caller retries
   const Connection& c = connection->second;
+  if (request->op() == FabricRequest::ROW_PUSH) {
+    PushRowsOf(ep, c, std::move(request), std::move(values), length);
+    return;
+  }
   absl::StatusOr<ChunkPush> push = ToChunkPush(request->push(), c.member_key);
   if (push.ok() && push->worker_id != c.worker_id) {
     push = absl::PermissionDeniedError(absl::StrCat("a push as worker ", push->worker_id,

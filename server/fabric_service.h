@@ -17,6 +17,7 @@
 #ifndef TESSERA_SERVER_FABRIC_SERVICE_H_
 #define TESSERA_SERVER_FABRIC_SERVICE_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -44,6 +45,8 @@ class FabricService {
 
   // The worker address the server registers (base64; common/fabric/ucx_worker.h EncodeFabricAddress).
   std::string address() const;
+  // Row pulls and pushes served (FabricRequest ROW_PULL, ROW_PUSH), answered or refused.
+  int64_t row_requests() const { return row_requests_.load(); }
 
   // Accepted connections at most (one per worker and server is the usual count).
   static constexpr size_t kMaxConnections = 4096;
@@ -70,6 +73,11 @@ class FabricService {
   ucs_status_t OnHello(const void* header, size_t header_length, void* data, const ucp_am_recv_param_t* param);
   ucs_status_t OnRequest(const void* header, size_t header_length, void* data, size_t length,
                          const ucp_am_recv_param_t* param);
+  // A pull of rows, answered with their values.
+  void PullRowsOf(ucp_ep_h ep, const tessera::v1::FabricRequest& request);
+  // A push of rows whose gradients are in `values`: applies it (on the update pool when large) and answers.
+  void PushRowsOf(ucp_ep_h ep, const Connection& c, std::shared_ptr<const tessera::v1::FabricRequest> request,
+                  std::shared_ptr<PooledBuffer> values, size_t length);
   // A push's values are in `values`: applies it (on the update pool when large) and answers.
   void Apply(ucp_ep_h ep, std::shared_ptr<const tessera::v1::FabricRequest> request,
              std::shared_ptr<PooledBuffer> values, size_t length);
@@ -83,6 +91,7 @@ class FabricService {
   const size_t inline_update_bytes_;
   const std::shared_ptr<const Security> security_;
   BufferPool buffers_;  // received push values
+  std::atomic<int64_t> row_requests_{0};
   std::unique_ptr<UcxWorker> worker_;
   // Progress thread only: replies whose send has not completed (drained before the endpoints close), and
   // whether the service is stopping (requests are then answered UNAVAILABLE).

@@ -51,6 +51,8 @@ class Server {
   int http_port() const { return http_ ? http_->port() : 0; }
   const std::string& address() const { return address_; }
   const ShardStore& store() const { return *store_; }
+  // The UCX service; null unless the job's transport is UCX.
+  const FabricService* fabric() const { return fabric_.get(); }
 
  private:
   explicit Server(const ServerOptions& options);

@@ -42,9 +42,14 @@ int64_t RowsOn(Server& server) {
 
 // Two workers, two servers, SYNC: each step pushes its rows (a batch with repeated ids), then exchanges the dense
 // parameter, whose round closes only once both workers' rows are in; the next pull sees the mean of their
-// gradients applied, on rows that live on both servers.
-TEST(EmbeddingTest, SyncStepsMixRowsAndDenseParametersAcrossServers) {
-  auto cluster = MiniCluster::Start(TestJob(tessera::v1::ConsistencySpec::SYNC, /*servers=*/2, /*workers=*/2));
+// gradients applied, on rows that live on both servers. Over gRPC and over UCX, where the rows take the fabric.
+class EmbeddingTransportTest : public ::testing::TestWithParam<tessera::v1::Transport> {};
+
+TEST_P(EmbeddingTransportTest, SyncStepsMixRowsAndDenseParametersAcrossServers) {
+  tessera::v1::JobSpec job = TestJob(tessera::v1::ConsistencySpec::SYNC, /*servers=*/2, /*workers=*/2);
+  job.set_transport(GetParam());
+  job.set_trusted_network(GetParam() == tessera::v1::UCX);
+  auto cluster = MiniCluster::Start(job);
   ASSERT_THAT(cluster, IsOk());
   constexpr int64_t kDim = 8;
   std::vector<std::unique_ptr<PsClient>> clients;
@@ -104,7 +109,20 @@ TEST(EmbeddingTest, SyncStepsMixRowsAndDenseParametersAcrossServers) {
   EXPECT_GT(RowsOn((*cluster)->server(0)), 0);
   EXPECT_GT(RowsOn((*cluster)->server(1)), 0);
   EXPECT_EQ(RowsOn((*cluster)->server(0)) + RowsOn((*cluster)->server(1)), 40);
+  for (int s = 0; s < 2; ++s) {
+    const FabricService* fabric = (*cluster)->server(s).fabric();
+    if (GetParam() == tessera::v1::UCX) {
+      ASSERT_NE(fabric, nullptr);
+      // Each worker's 3 pushes and the final pull reached both servers over UCX.
+      EXPECT_GE(fabric->row_requests(), 7) << "server " << s;
+    } else {
+      EXPECT_EQ(fabric, nullptr);
+    }
+  }
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, EmbeddingTransportTest, ::testing::Values(tessera::v1::GRPC, tessera::v1::UCX),
+                         [](const auto& info) { return tessera::v1::Transport_Name(info.param); });
 
 // A table three times one server's row memory: refused on one server, with nothing applied; trained on four.
 TEST(EmbeddingTest, ATableLargerThanOneServersMemoryTrainsAcrossServers) {

@@ -158,9 +158,12 @@ INSTANTIATE_TEST_SUITE_P(ModesAndTransports, ReplicationTest,
 
 // The same for an embedding table's rows: one client pushes row gradients of known values (a batch of 4000 ids
 // with repeats, SGD lr 1, rows starting at zero) to 3 servers with one backup per hash slot; server 1 is killed
-// while the pushes flow. Every acknowledged row update is in the rows, once.
-TEST_F(DaemonTest, AKilledServerLosesNoAcknowledgedRowUpdate) {
-  const std::string job = Write("job.pbtxt", R"(
+// while the pushes flow. Every acknowledged row update is in the rows, once. Over gRPC and over UCX (the rows'
+// calls take the job's fabric).
+class RowReplicationTest : public DaemonTest, public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(RowReplicationTest, AKilledServerLosesNoAcknowledgedRowUpdate) {
+  const std::string job = Write("job.pbtxt", absl::StrCat(GetParam() == "UCX" ? "transport: UCX trusted_network: true\n" : "", R"(
 name: "replicated-rows"
 model { mlp { hidden_sizes: 8 } }
 data { format: SYNTHETIC }
@@ -169,7 +172,7 @@ consistency { mode: ASYNC }
 stop { max_steps: 1000000 }
 cluster { num_servers: 3 num_workers: 1 }
 replication { backups: 1 }
-)");
+)"));
   ThreeServers cluster;
   ASSERT_NO_FATAL_FAILURE(cluster.Start(job, (dir_ / "run").string()));
   Subprocess& scheduler = *cluster.scheduler;
@@ -224,6 +227,9 @@ replication { backups: 1 }
             << absl::FormatDuration(longest_push) << std::endl;
   ASSERT_TRUE(scheduler.ReadUntilLine("backups took over", absl::Seconds(10))) << scheduler.output();
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, RowReplicationTest, ::testing::Values(std::string("GRPC"), std::string("UCX")),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 // Units move live: while a client pushes gradients of known values (small integers: every sum is exact), server 1
 // is drained (POST /drain: its units go to the others and it exits 0), then a new server joins and takes a share.

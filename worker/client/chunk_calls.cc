@@ -9,6 +9,8 @@
 namespace tessera {
 
 std::string ChunkCall::What() const {
+  if (op == kRowPull) return absl::StrCat("pull of rows of '", row_pull.table(), "' at ", server);
+  if (op == kRowPush) return absl::StrCat("push of rows of '", row_push.table(), "' at ", server);
   return absl::StrCat(op == kPull ? "Pull " : op == kExchange ? "PushPull " : op == kNorm ? "PushPull (norm) " : "Push ", placement->param(), "/",
                       placement->index(), " at ", server);
 }

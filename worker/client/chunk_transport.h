@@ -41,7 +41,9 @@ struct ChunkCall {
   int server_id = 0;
   std::string server;     // the server's address, naming it in errors
   tessera::v1::PullRequest pull;  // kPull: the request
-  tessera::v1::PushRequest push;  // the others: the request, without its values (`src`)
+  tessera::v1::PushRequest push;  // push, assign, exchange, norm: the request, without its values (`src`)
+  tessera::v1::RowPullRequest row_pull;  // kRowPull: the request (`placement` is null for rows)
+  tessera::v1::RowPushRequest row_push;  // kRowPush: the request, without its gradients (`src`)
   // Push, assign, exchange: the bytes to send, in push.data_precision (the caller's float32 values, or an
   // encoding of them that `src_owner` holds).
   std::string_view src;
@@ -57,6 +59,7 @@ struct ChunkCall {
   bool skipped = false;
   double round_sq_norm = 0;  // kNorm: the squared norm of the round's mean gradient on this chunk  // SYNC: the round these values close applied no update (PullResponse.skipped)
   int64_t bytes = 0;  // value bytes received
+  tessera::v1::RowPushResponse rows_pushed;  // kRowPush: the server's answer
 
   std::pair<std::string, int> key() const { return {placement->param(), placement->index()}; }
   std::string What() const;

@@ -13,7 +13,9 @@ namespace tessera {
 // What one chunk RPC does.
 // kNorm: a gradient for the chunk's norm round (PushRequest.norm_only), answered with the round's squared norm
 // once every worker sent theirs; sent as an exchange, it receives no values.
-enum ChunkOp { kPull = 0, kPush = 1, kAssign = 2, kExchange = 3, kNorm = 4 };
+// kRowPull, kRowPush: rows of an embedding table on one server (RowPullRequest, RowPushRequest), over the fabric
+// transport only (worker/client/row_calls.h; gRPC carries rows through their own stubs).
+enum ChunkOp { kPull = 0, kPush = 1, kAssign = 2, kExchange = 3, kNorm = 4, kRowPull = 5, kRowPush = 6 };
 
 // What a push carries to be applied once and in the right round: its sequence number and clock. A retry
 // carries its original's, even when the client's clock moved on since (a step's exchange retried while the

@@ -94,7 +94,10 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(const Options& optio
                            MakeChunkTransport(client->job_, options, security,
                                               {client->worker_id_, client->incarnation_, client->member_key_}));
   client->caller_ = std::make_unique<ChunkCaller>(std::move(transport), client->job_.wire());
-  client->rows_ = std::make_unique<RowCaller>(security, options.rpc_timeout);
+  // Rows go over the job's fabric when it has one (UCX), else over gRPC.
+  ChunkTransport* fabric = &client->caller_->transport();
+  if (std::string_view(fabric->name()) != "ucx") fabric = nullptr;
+  client->rows_ = std::make_unique<RowCaller>(security, options.rpc_timeout, fabric);
   if (options.heartbeat) {
     client->heartbeater_ = client->scheduler_->StartHeartbeats(
         tessera::v1::WORKER, client->worker_id_, client->incarnation_,

@@ -37,9 +37,10 @@ std::vector<RowRoute> RouteRows(const RowTable& table, absl::Span<const uint64_t
   return routes;
 }
 
-RowCaller::RowCaller(std::shared_ptr<const Security> security, absl::Duration timeout)
+RowCaller::RowCaller(std::shared_ptr<const Security> security, absl::Duration timeout, ChunkTransport* fabric)
     : security_(security),
       timeout_(timeout),
+      fabric_(fabric),
       stubs_(std::move(security), [](std::shared_ptr<grpc::Channel> channel) {
         return tessera::v1::ParameterServer::NewStub(std::move(channel));
       }) {}
@@ -99,29 +100,87 @@ std::vector<absl::Status> CallEachRoute(const ShardMapIndex& map, const std::vec
   return statuses;
 }
 
+// The same over the fabric transport: `fill(r, call)` writes route r's row request and its src or dst.
+template <typename Fill>
+std::vector<absl::Status> CallEachRouteOnFabric(const ShardMapIndex& map, const std::vector<RowRoute>& routes,
+                                                ChunkTransport& fabric, const CallerIdentity& who,
+                                                absl::Duration timeout, ChunkOp op, Fill fill,
+                                                std::vector<std::unique_ptr<ChunkCall>>& calls) {
+  std::vector<absl::Status> statuses(routes.size());
+  absl::BlockingCounter pending(static_cast<int>(routes.size()));
+  // The calls end before this returns: the map needs no owner here.
+  const std::shared_ptr<const ShardMapIndex> view(std::shared_ptr<const ShardMapIndex>(), &map);
+  for (size_t r = 0; r < routes.size(); ++r) {
+    calls.push_back(std::make_unique<ChunkCall>());
+    ChunkCall* call = calls.back().get();
+    call->op = op;
+    call->map = view;
+    call->server_id = routes[r].server_id;
+    call->timeout = timeout;
+    absl::StatusOr<std::string> address = map.ServerAddress(routes[r].server_id);
+    absl::Status ready = address.status();
+    if (ready.ok()) {
+      call->server = *address;
+      fill(r, *call);
+      ready = fabric.Prepare(*call, who);
+    } else {
+      ready = absl::UnavailableError(absl::StrCat("server ", routes[r].server_id, " holds rows but is not in the view (epoch ",
+                                                  map.epoch(), "): its slots are moving"));
+    }
+    if (!ready.ok()) {
+      call->status = ready;
+      pending.DecrementCount();
+      continue;
+    }
+    fabric.Start(call, [&pending] { pending.DecrementCount(); });
+  }
+  pending.Wait();
+  for (size_t r = 0; r < routes.size(); ++r) statuses[r] = calls[r]->status;
+  return statuses;
+}
+
 }  // namespace
 
 std::vector<absl::Status> RowCaller::Pull(const ShardMapIndex& map, const RowTable& table,
                                           const std::vector<RowRoute>& routes, absl::Span<const uint64_t> ids,
                                           const Caller& who, absl::Span<float> out) {
+  auto fill = [&](size_t r, tessera::v1::RowPullRequest& request) {
+    request.set_epoch(map.epoch());
+    request.set_worker_id(who.worker_id);
+    request.set_table(table.name);
+    for (size_t i : routes[r].positions) request.add_ids(ids[i]);
+  };
+  // Each route's answer: its rows' values, in its order.
+  std::vector<std::string_view> answers(routes.size());
+  std::vector<absl::Status> statuses;
   using Call = RowCall<tessera::v1::RowPullRequest, tessera::v1::RowPullResponse>;
-  std::vector<std::unique_ptr<Call>> calls;
-  std::vector<absl::Status> statuses = CallEachRoute(
-      map, routes, stubs_, *security_, timeout_, /*member_key=*/"", "pull of rows",
-      [&](size_t r, tessera::v1::RowPullRequest& request) {
-        request.set_epoch(map.epoch());
-        request.set_worker_id(who.worker_id);
-        request.set_table(table.name);
-        for (size_t i : routes[r].positions) request.add_ids(ids[i]);
-      },
-      [](tessera::v1::ParameterServer::Stub* stub, Call* call, std::function<void(grpc::Status)> done) {
-        stub->async()->PullRows(&call->context, &call->request, &call->response, std::move(done));
-      },
-      calls);
+  std::vector<std::unique_ptr<Call>> grpc_calls;
+  std::vector<std::unique_ptr<ChunkCall>> fabric_calls;
+  std::vector<std::vector<float>> received(routes.size());
+  if (fabric_ != nullptr) {
+    statuses = CallEachRouteOnFabric(map, routes, *fabric_, who, timeout_, kRowPull,
+                                     [&](size_t r, ChunkCall& call) {
+                                       fill(r, call.row_pull);
+                                       received[r].resize(routes[r].positions.size() * table.dim);
+                                       call.dst = absl::MakeSpan(received[r]);
+                                     },
+                                     fabric_calls);
+    for (size_t r = 0; r < routes.size(); ++r) {
+      answers[r] = {reinterpret_cast<const char*>(received[r].data()), received[r].size() * sizeof(float)};
+    }
+  } else {
+    statuses = CallEachRoute(
+        map, routes, stubs_, *security_, timeout_, /*member_key=*/"", "pull of rows", fill,
+        [](tessera::v1::ParameterServer::Stub* stub, Call* call, std::function<void(grpc::Status)> done) {
+          stub->async()->PullRows(&call->context, &call->request, &call->response, std::move(done));
+        },
+        grpc_calls);
+    for (size_t r = 0; r < routes.size(); ++r) answers[r] = grpc_calls[r]->response.values();
+  }
   const size_t row_bytes = table.dim * sizeof(float);
   for (size_t r = 0; r < routes.size(); ++r) {
     if (!statuses[r].ok()) continue;
-    const std::string& values = calls[r]->response.values();
+    const std::string_view values = answers[r];
     if (values.size() != routes[r].positions.size() * row_bytes) {
       statuses[r] = absl::InternalError(absl::StrCat("server ", routes[r].server_id, " answered ", values.size(),
                                                      " bytes for ", routes[r].positions.size(), " rows"));
@@ -138,31 +197,48 @@ std::vector<absl::Status> RowCaller::Push(const ShardMapIndex& map, const std::v
                                           const tessera::v1::RowPushRequest& request, absl::Span<const uint64_t> ids,
                                           absl::Span<const float> grads, int64_t dim, const Caller& who,
                                           int64_t& updated, int64_t& refused) {
+  auto fill = [&](size_t r, tessera::v1::RowPushRequest& sent) {
+    sent = request;
+    sent.set_epoch(map.epoch());
+    sent.set_worker_id(who.worker_id);
+    sent.set_incarnation(who.incarnation);
+    std::string* bytes = sent.mutable_grads();
+    bytes->resize(routes[r].positions.size() * dim * sizeof(float));
+    for (size_t k = 0; k < routes[r].positions.size(); ++k) {
+      const size_t i = routes[r].positions[k];
+      sent.add_ids(ids[i]);
+      std::memcpy(bytes->data() + k * dim * sizeof(float), grads.data() + i * dim, dim * sizeof(float));
+    }
+  };
+  std::vector<absl::Status> statuses;
+  std::vector<const tessera::v1::RowPushResponse*> answers(routes.size());
   using Call = RowCall<tessera::v1::RowPushRequest, tessera::v1::RowPushResponse>;
-  std::vector<std::unique_ptr<Call>> calls;
-  std::vector<absl::Status> statuses = CallEachRoute(
-      map, routes, stubs_, *security_, timeout_, who.member_key, "push of rows",
-      [&](size_t r, tessera::v1::RowPushRequest& sent) {
-        sent = request;
-        sent.set_epoch(map.epoch());
-        sent.set_worker_id(who.worker_id);
-        sent.set_incarnation(who.incarnation);
-        std::string* bytes = sent.mutable_grads();
-        bytes->resize(routes[r].positions.size() * dim * sizeof(float));
-        for (size_t k = 0; k < routes[r].positions.size(); ++k) {
-          const size_t i = routes[r].positions[k];
-          sent.add_ids(ids[i]);
-          std::memcpy(bytes->data() + k * dim * sizeof(float), grads.data() + i * dim, dim * sizeof(float));
-        }
-      },
-      [](tessera::v1::ParameterServer::Stub* stub, Call* call, std::function<void(grpc::Status)> done) {
-        stub->async()->PushRows(&call->context, &call->request, &call->response, std::move(done));
-      },
-      calls);
+  std::vector<std::unique_ptr<Call>> grpc_calls;
+  std::vector<std::unique_ptr<ChunkCall>> fabric_calls;
+  std::vector<std::string> route_grads(routes.size());  // the fabric's gradients, sent as the message's data
+  if (fabric_ != nullptr) {
+    statuses = CallEachRouteOnFabric(map, routes, *fabric_, who, timeout_, kRowPush,
+                                     [&](size_t r, ChunkCall& call) {
+                                       fill(r, call.row_push);
+                                       route_grads[r] = std::move(*call.row_push.mutable_grads());
+                                       call.row_push.clear_grads();
+                                       call.src = route_grads[r];
+                                     },
+                                     fabric_calls);
+    for (size_t r = 0; r < routes.size(); ++r) answers[r] = &fabric_calls[r]->rows_pushed;
+  } else {
+    statuses = CallEachRoute(
+        map, routes, stubs_, *security_, timeout_, who.member_key, "push of rows", fill,
+        [](tessera::v1::ParameterServer::Stub* stub, Call* call, std::function<void(grpc::Status)> done) {
+          stub->async()->PushRows(&call->context, &call->request, &call->response, std::move(done));
+        },
+        grpc_calls);
+    for (size_t r = 0; r < routes.size(); ++r) answers[r] = &grpc_calls[r]->response;
+  }
   for (size_t r = 0; r < routes.size(); ++r) {
     if (!statuses[r].ok()) continue;
-    updated += calls[r]->response.rows_updated();
-    refused += calls[r]->response.rows_refused();
+    updated += answers[r]->rows_updated();
+    refused += answers[r]->rows_refused();
   }
   return statuses;
 }

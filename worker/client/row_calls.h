@@ -1,6 +1,6 @@
 // The calls for rows of embedding tables (ParameterSpec.embedding) behind PsClient::PullRows and PushRows: the
-// ids routed to the servers that are primary of their hash slots (common/shard_map.h EmbeddingSlot), one gRPC
-// call per server, all in flight at once.
+// ids routed to the servers that are primary of their hash slots (common/shard_map.h EmbeddingSlot), one call
+// per server, all in flight at once: over gRPC, or over the job's fabric transport (UCX) when it has one.
 #ifndef TESSERA_WORKER_CLIENT_ROW_CALLS_H_
 #define TESSERA_WORKER_CLIENT_ROW_CALLS_H_
 
@@ -17,6 +17,8 @@
 #include "common/security.h"
 #include "common/shard_map.h"
 #include "proto/ps.grpc.pb.h"
+#include "worker/client/chunk_transport.h"
+#include "worker/client/chunk_types.h"
 
 namespace tessera {
 
@@ -41,13 +43,10 @@ std::vector<RowRoute> RouteRows(const RowTable& table, absl::Span<const uint64_t
 // Who calls, and the view its requests carry. Thread-safe.
 class RowCaller {
  public:
-  RowCaller(std::shared_ptr<const Security> security, absl::Duration timeout);
+  // `fabric` (not owned; null: gRPC) carries the calls when the job's transport is UCX.
+  RowCaller(std::shared_ptr<const Security> security, absl::Duration timeout, ChunkTransport* fabric = nullptr);
 
-  struct Caller {
-    int worker_id = 0;
-    uint64_t incarnation = 0;
-    std::string member_key;
-  };
+  using Caller = CallerIdentity;
 
   // Reads the rows of ids[route.positions] into `out` (ids.size() rows of table.dim), one call per route, in
   // parallel. Each route's status, in the routes' order.
@@ -63,6 +62,7 @@ class RowCaller {
  private:
   const std::shared_ptr<const Security> security_;
   const absl::Duration timeout_;
+  ChunkTransport* const fabric_;
   StubCache<tessera::v1::ParameterServer::Stub> stubs_;
 };
 

@@ -234,6 +234,14 @@ void UcxChunkTransport::SendRequest(ChunkCall* call) {
   if (call->op == kPull) {
     request.set_op(FabricRequest::PULL);
     *request.mutable_pull() = call->pull;
+  } else if (call->op == kRowPull) {
+    request.set_op(FabricRequest::ROW_PULL);
+    *request.mutable_row_pull() = call->row_pull;
+  } else if (call->op == kRowPush) {
+    request.set_op(FabricRequest::ROW_PUSH);
+    *request.mutable_row_push() = call->row_push;
+    data = call->src.data();
+    length = call->src.size();
   } else {
     request.set_op(call->op == kExchange || call->op == kNorm ? FabricRequest::PUSH_PULL : FabricRequest::PUSH);
     *request.mutable_push() = call->push;
@@ -383,7 +391,12 @@ ucs_status_t UcxChunkTransport::OnReply(const void* header, size_t header_length
   call->clock_version = reply.clock_version();
   call->skipped = reply.skipped();
   call->round_sq_norm = reply.round_sq_norm();
-  if (call->op == kPush || call->op == kAssign || call->op == kNorm || length == 0) {
+  if (call->op == kRowPush) {
+    call->rows_pushed.set_rows_updated(reply.rows_updated());
+    call->rows_pushed.set_rows_refused(reply.rows_refused());
+    call->rows_pushed.set_duplicate(reply.duplicate());
+  }
+  if (call->op == kPush || call->op == kAssign || call->op == kNorm || call->op == kRowPush || length == 0) {
     // No values: a push, a norm round's answer, or unchanged values.
     wire.decided = true;
     MaybeFinish(call);
