@@ -6,6 +6,7 @@
 #include "common/fabric/active_messages.h"
 #include "common/float_payload.h"
 #include "common/rpc.h"
+#include "common/wire_limits.h"
 #include "glog/logging.h"
 #include "server/server_service.h"
 
@@ -151,23 +152,23 @@ ucs_status_t FabricService::OnRequest(const void* header, size_t header_length, 
     }
     return UCS_OK;
   }
-  if (request->op() == FabricRequest::ROW_PULL || request->op() == FabricRequest::ROW_PUSH) ++row_requests_;
-  if (request->op() == FabricRequest::ROW_PULL) {
-    PullRowsOf(ep, *request);
-    return UCS_OK;
-  }
-  if (request->op() == FabricRequest::ROW_PUSH) {
-    if (length > static_cast<size_t>(kMaxMessageBytes)) {
+  const bool rows = request->op() == FabricRequest::ROW_PULL || request->op() == FabricRequest::ROW_PUSH;
+  if (rows) {
+    ++row_requests_;
+    if (request->row_ids() < 0 || request->row_ids() > kMaxRowsPerRequest ||
+        length < static_cast<size_t>(request->row_ids()) * sizeof(uint64_t) ||
+        length > static_cast<size_t>(kMaxMessageBytes)) {
       Reply(ep, ReplyWithStatus(request->request_id(),
-                                absl::InvalidArgumentError(absl::StrCat("a push of rows of ", length,
-                                                                        " bytes: at most ", kMaxMessageBytes))));
+                                absl::InvalidArgumentError(absl::StrCat(
+                                    "a request for ", request->row_ids(), " rows with ", length,
+                                    " bytes of ids and gradients: at most ", kMaxRowsPerRequest, " rows and ",
+                                    kMaxMessageBytes, " bytes"))));
       return UCS_OK;
     }
   }
-  const WireEncoding encoding =
-      request->op() == FabricRequest::ROW_PUSH ? WireEncoding() : EncodingOf(request->push());
+  const WireEncoding encoding = rows ? WireEncoding() : EncodingOf(request->push());
   const size_t width = BytesPerValue(encoding.precision);
-  if ((!encoding.sparse && length % width != 0) || length > static_cast<size_t>(kMaxMessageBytes)) {
+  if (!rows && ((!encoding.sparse && length % width != 0) || length > static_cast<size_t>(kMaxMessageBytes))) {
     Reply(ep, ReplyWithStatus(request->request_id(),
                               absl::InvalidArgumentError(absl::StrCat(
                                   "a push of ", length, " bytes: expected ", PrecisionName(encoding.precision),
@@ -175,7 +176,7 @@ ucs_status_t FabricService::OnRequest(const void* header, size_t header_length, 
     return UCS_OK;
   }
   // Room for the values decoded (dense ones are decoded where they arrived: no second copy).
-  const size_t decoded = encoding.sparse || request->op() == FabricRequest::ROW_PUSH ? length : DecodedBytes(request->push(), length);
+  const size_t decoded = encoding.sparse || rows ? length : DecodedBytes(request->push(), length);
   std::shared_ptr<PooledBuffer> values = buffers_.Get(std::max<size_t>(decoded, 1));
   if (!rendezvous) {
     if (length > 0) std::memcpy(values->data(), data, length);
@@ -193,8 +194,20 @@ ucs_status_t FabricService::OnRequest(const void* header, size_t header_length, 
   return UCS_OK;
 }
 
-void FabricService::PullRowsOf(ucp_ep_h ep, const FabricRequest& request) {
-  absl::StatusOr<tessera::v1::RowPullResponse> rows = store_->PullRows(request.row_pull());
+namespace {
+
+// The ids at the front of a row request's data.
+void TakeRowIds(const FabricRequest& request, const PooledBuffer& data, google::protobuf::RepeatedField<uint64_t>* ids) {
+  ids->Resize(static_cast<int>(request.row_ids()), 0);
+  if (request.row_ids() > 0) std::memcpy(ids->mutable_data(), data.data(), request.row_ids() * sizeof(uint64_t));
+}
+
+}  // namespace
+
+void FabricService::PullRowsOf(ucp_ep_h ep, const FabricRequest& request, const PooledBuffer& data) {
+  tessera::v1::RowPullRequest pull = request.row_pull();
+  TakeRowIds(request, data, pull.mutable_ids());
+  absl::StatusOr<tessera::v1::RowPullResponse> rows = store_->PullRows(pull);
   if (!rows.ok()) {
     Reply(ep, ReplyWithStatus(request.request_id(), rows.status()));
     return;
@@ -202,13 +215,13 @@ void FabricService::PullRowsOf(ucp_ep_h ep, const FabricRequest& request) {
   FabricReply reply;
   reply.set_request_id(request.request_id());
   const std::string& values = rows->values();
-  std::shared_ptr<PooledBuffer> data = buffers_.Get(std::max<size_t>(values.size(), 1));
-  std::memcpy(data->data(), values.data(), values.size());
-  Reply(ep, std::move(reply), std::move(data), values.size());
+  std::shared_ptr<PooledBuffer> out = buffers_.Get(std::max<size_t>(values.size(), 1));
+  std::memcpy(out->data(), values.data(), values.size());
+  Reply(ep, std::move(reply), std::move(out), values.size());
 }
 
 void FabricService::PushRowsOf(ucp_ep_h ep, const Connection& c, std::shared_ptr<const FabricRequest> request,
-                               std::shared_ptr<PooledBuffer> values, size_t length) {
+                               std::shared_ptr<PooledBuffer> data, size_t length) {
   const uint64_t id = request->request_id();
   if (request->row_push().worker_id() != c.worker_id) {
     Reply(ep, ReplyWithStatus(id, absl::PermissionDeniedError(
@@ -216,9 +229,11 @@ void FabricService::PushRowsOf(ucp_ep_h ep, const Connection& c, std::shared_ptr
                                                    " on the connection of worker ", c.worker_id))));
     return;
   }
-  auto apply = [this, ep, id, request, values, length, key = c.member_key] {
+  auto apply = [this, ep, id, request, data, length, key = c.member_key] {
     tessera::v1::RowPushRequest push = request->row_push();
-    push.set_grads(std::string(reinterpret_cast<const char*>(values->data()), length));
+    TakeRowIds(*request, *data, push.mutable_ids());
+    const size_t id_bytes = request->row_ids() * sizeof(uint64_t);
+    push.set_grads(std::string(reinterpret_cast<const char*>(data->data()) + id_bytes, length - id_bytes));
     store_->PushRows(push, key, [this, ep, id](absl::StatusOr<tessera::v1::RowPushResponse> pushed) {
       if (!pushed.ok()) {
         Reply(ep, ReplyWithStatus(id, pushed.status()));
@@ -244,6 +259,10 @@ void FabricService::Apply(ucp_ep_h ep, std::shared_ptr<const FabricRequest> requ
   auto connection = connections_.find(ep);
   if (connection == connections_.end()) return;  // closed while the values arrived: the caller retries
   const Connection& c = connection->second;
+  if (request->op() == FabricRequest::ROW_PULL) {
+    PullRowsOf(ep, *request, *values);
+    return;
+  }
   if (request->op() == FabricRequest::ROW_PUSH) {
     PushRowsOf(ep, c, std::move(request), std::move(values), length);
     return;

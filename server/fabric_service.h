@@ -73,11 +73,12 @@ class FabricService {
   ucs_status_t OnHello(const void* header, size_t header_length, void* data, const ucp_am_recv_param_t* param);
   ucs_status_t OnRequest(const void* header, size_t header_length, void* data, size_t length,
                          const ucp_am_recv_param_t* param);
-  // A pull of rows, answered with their values.
-  void PullRowsOf(ucp_ep_h ep, const tessera::v1::FabricRequest& request);
-  // A push of rows whose gradients are in `values`: applies it (on the update pool when large) and answers.
+  // A pull of rows whose ids are in `data`, answered with their values.
+  void PullRowsOf(ucp_ep_h ep, const tessera::v1::FabricRequest& request, const PooledBuffer& data);
+  // A push of rows whose ids and gradients are `data`'s first `length` bytes: applies it (on the update pool when
+  // large) and answers.
   void PushRowsOf(ucp_ep_h ep, const Connection& c, std::shared_ptr<const tessera::v1::FabricRequest> request,
-                  std::shared_ptr<PooledBuffer> values, size_t length);
+                  std::shared_ptr<PooledBuffer> data, size_t length);
   // A push's values are in `values`: applies it (on the update pool when large) and answers.
   void Apply(ucp_ep_h ep, std::shared_ptr<const tessera::v1::FabricRequest> request,
              std::shared_ptr<PooledBuffer> values, size_t length);

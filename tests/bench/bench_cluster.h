@@ -31,11 +31,14 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/job_spec.h"
+#include "gflags/gflags.h"
 #include "common/security.h"
 #include "nlohmann/json.hpp"
 #include "tests/bench/bench_process.h"
 #include "tests/testing/param_spec.h"
 #include "worker/client/ps_client.h"
+
+DECLARE_string(transports);
 
 namespace tessera::bench {
 
@@ -317,6 +320,18 @@ inline void SetTransport(tessera::v1::Transport transport, JobSpec& job) {
 }
 
 inline std::string TransportLabel(tessera::v1::Transport transport) { return transport == tessera::v1::UCX ? "UCX" : "gRPC"; }
+
+// --transports (tessera-bench's flag), parsed.
+inline absl::StatusOr<std::vector<tessera::v1::Transport>> Transports() {
+  std::vector<tessera::v1::Transport> out;
+  for (absl::string_view name : absl::StrSplit(FLAGS_transports, ',', absl::SkipEmpty())) {
+    absl::StatusOr<tessera::v1::Transport> t = ParseTransport(std::string(name));
+    if (!t.ok()) return t.status();
+    out.push_back(*t);
+  }
+  if (out.empty()) return absl::InvalidArgumentError("--transports: name at least one of grpc, ucx");
+  return out;
+}
 
 inline JobSpec TransferJob(const std::string& name, int servers, int64_t chunk_bytes, float momentum) {
   JobSpec job;

@@ -97,7 +97,7 @@ DEFINE_string(server_counts, "1,2", "a: numbers of server processes to measure a
 DEFINE_int32(repeats, 7, "a: timed calls per measurement (the median is reported)");
 DEFINE_int32(repeats_large, 3, "a: timed calls per measurement for tensors of 64 MiB or more");
 DEFINE_int64(chunk_bytes, 1 << 20, "a, b, e: the job's chunk_bytes (bytes per chunk)");
-DEFINE_string(transports, "grpc,ucx", "a, b, d, e: the data-plane transports to measure, each with rows of its own");
+DEFINE_string(transports, "grpc,ucx", "a, b, d, e, s: the data-plane transports to measure, each with rows of its own");
 DEFINE_string(wires, "fp32,bf16",
               "d, e: wire precisions of gradients and values (fp32, bf16, fp16), each with rows of its own for every "
               "transport");
@@ -289,18 +289,6 @@ absl::Status RoundTripSection(PsClient& client, const std::string& transport, Ta
   if (absl::Status s = rate("push", [&](int64_t) { return client.Push(names, grads, 1); }, false); !s.ok()) return s;
   // Alternating destinations: by the client's contract a pull into another buffer receives the bytes.
   return rate("pull", [&](int64_t i) { return client.Pull(names, {absl::MakeSpan(out[i % 2])}); }, true);
-}
-
-// --transports, parsed.
-absl::StatusOr<std::vector<tessera::v1::Transport>> Transports() {
-  std::vector<tessera::v1::Transport> out;
-  for (absl::string_view name : absl::StrSplit(FLAGS_transports, ',', absl::SkipEmpty())) {
-    absl::StatusOr<tessera::v1::Transport> t = ParseTransport(std::string(name));
-    if (!t.ok()) return t.status();
-    out.push_back(*t);
-  }
-  if (out.empty()) return absl::InvalidArgumentError("--transports: name at least one of grpc, ucx");
-  return out;
 }
 
 // What carries a run's gradients and values: a transport and a wire precision.

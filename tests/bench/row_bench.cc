@@ -1,5 +1,6 @@
 // Section s of tessera-bench: rows of embedding tables (ParameterSpec.embedding) between this process (a
-// PsClient) and 1 and 2 real tessera-server processes over loopback gRPC, at dim 16 and 64:
+// PsClient) and 1 and 2 real tessera-server processes over loopback, for each of --transports (gRPC, and UCX with
+// trusted_network), at dim 16 and 64:
 //   - rows pulled per second per server (PullRows of --row_batch distinct ids, every row created before by a
 //     push, so each pull reads stored rows, none computed from the initialiser), and rows pushed per second per
 //     server with their update (PushRows, row-wise AdaGrad), each the median of --row_repeats calls, against a
@@ -8,7 +9,6 @@
 //   - bytes on the wire per row pushed (the servers' push_bytes over the rows), against the row's own values;
 //   - the server's memory per row: its RSS growth while it creates --memory_rows rows of dim 16 with row-wise
 //     AdaGrad, and the table's own count (TableStats.memory_bytes), against the row's values and state.
-// Rows travel over gRPC whatever the job's transport (there is no UCX path for rows yet).
 #include "tests/bench/row_bench.h"
 
 #include <grpcpp/grpcpp.h>
@@ -104,52 +104,60 @@ LocalRates MeasureLocal(const std::vector<uint64_t>& ids, int64_t dim) {
 std::string RowsPerSecond(double rate) { return std::isfinite(rate) ? absl::StrFormat("%.2fM rows/s", rate / 1e6) : "n/a"; }
 
 void RateRows(const Context& ctx, Table& table) {
+  absl::StatusOr<std::vector<tessera::v1::Transport>> transports = Transports();
+  if (!transports.ok()) {
+    table.Failed("s", "rows pulled and pushed", transports.status());
+    return;
+  }
   std::vector<uint64_t> ids(FLAGS_row_batch);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = (i + 1) * 0x9E3779B97F4A7C15ULL;  // spread over every slot
   for (int64_t dim : {16, 64}) {
     const LocalRates local = MeasureLocal(ids, dim);
-    for (int servers : {1, 2}) {
-      const std::string label = absl::StrFormat("dim %d, %d server%s, %d distinct ids per call, gRPC", dim, servers,
-                                                servers == 1 ? "" : "s", FLAGS_row_batch);
-      Progress("s: rows, " + label);
-      absl::StatusOr<std::unique_ptr<Cluster>> cluster =
-          StartCluster(ctx, absl::StrCat("rows-", dim, "-", servers), TransferJob("bench-rows", servers, 1 << 20, 0),
-                       0, {});
-      absl::StatusOr<std::unique_ptr<PsClient>> client =
-          cluster.ok() ? ConnectClient(**cluster) : absl::StatusOr<std::unique_ptr<PsClient>>(cluster.status());
-      absl::Status status = client.ok() ? (*client)->Declare({RowTableOf(dim)}) : client.status();
-      std::vector<float> grads(ids.size() * dim, 0.001f), out(ids.size() * dim);
-      // Untimed: every row is created first, so the timed pulls read stored rows.
-      if (status.ok()) status = (*client)->PushRows("rows", ids, grads, 1).status();
-      std::vector<double> pulls, pushes;
-      for (int r = 0; status.ok() && r < FLAGS_row_repeats; ++r) {
-        auto start = Clock::now();
-        status = (*client)->PullRows("rows", ids, absl::MakeSpan(out));
-        pulls.push_back(ids.size() / SecondsSince(start) / servers);
-        if (!status.ok()) break;
-        start = Clock::now();
-        status = (*client)->PushRows("rows", ids, grads, 1).status();
-        pushes.push_back(ids.size() / SecondsSince(start) / servers);
+    for (tessera::v1::Transport transport : *transports) {
+      for (int servers : {1, 2}) {
+        const std::string label = absl::StrFormat("dim %d, %d server%s, %d distinct ids per call, %s", dim, servers,
+                                                  servers == 1 ? "" : "s", FLAGS_row_batch, TransportLabel(transport));
+        Progress("s: rows, " + label);
+        JobSpec job = TransferJob("bench-rows", servers, 1 << 20, 0);
+        SetTransport(transport, job);
+        absl::StatusOr<std::unique_ptr<Cluster>> cluster =
+            StartCluster(ctx, absl::StrCat("rows-", dim, "-", servers, "-", TransportLabel(transport)), job, 0, {});
+        absl::StatusOr<std::unique_ptr<PsClient>> client =
+            cluster.ok() ? ConnectClient(**cluster) : absl::StatusOr<std::unique_ptr<PsClient>>(cluster.status());
+        absl::Status status = client.ok() ? (*client)->Declare({RowTableOf(dim)}) : client.status();
+        std::vector<float> grads(ids.size() * dim, 0.001f), out(ids.size() * dim);
+        // Untimed: every row is created first, so the timed pulls read stored rows.
+        if (status.ok()) status = (*client)->PushRows("rows", ids, grads, 1).status();
+        std::vector<double> pulls, pushes;
+        for (int r = 0; status.ok() && r < FLAGS_row_repeats; ++r) {
+          auto start = Clock::now();
+          status = (*client)->PullRows("rows", ids, absl::MakeSpan(out));
+          pulls.push_back(ids.size() / SecondsSince(start) / servers);
+          if (!status.ok()) break;
+          start = Clock::now();
+          status = (*client)->PushRows("rows", ids, grads, 1).status();
+          pushes.push_back(ids.size() / SecondsSince(start) / servers);
+        }
+        absl::StatusOr<Stats> stats = status.ok() ? ServerStats(**client) : absl::StatusOr<Stats>(status);
+        if (!stats.ok()) {
+          table.Failed("s", "rows pulled and pushed, " + label, stats.status());
+          continue;
+        }
+        const double pull = Median(pulls), push = Median(pushes);
+        // One client process drives every server: with 2 servers on 2 cores the client, not a server, is the limit.
+        table.Add({"s", "rows pulled per second per server, " + label, RowsPerSecond(pull),
+                   "in-process hash-map lookup of the same rows: " + RowsPerSecond(local.pull), Ratio(pull, local.pull),
+                   dim == 16 ? ">= 1M rows/s" : "", "stored rows (created by an untimed push first)"});
+        table.Add({"s", "rows pushed per second per server with their update (row-wise AdaGrad), " + label,
+                   RowsPerSecond(push), "in-process lookup + the same update: " + RowsPerSecond(local.push),
+                   Ratio(push, local.push), dim == 16 ? ">= 1M rows/s" : "", ""});
+        const int64_t pushed_rows = static_cast<int64_t>(ids.size()) * (1 + static_cast<int64_t>(pushes.size()));
+        const double per_row = static_cast<double>(stats->push_bytes) / pushed_rows;
+        table.Add({"s", "bytes on the wire per row pushed, " + label, absl::StrFormat("%.1f B", per_row),
+                   absl::StrFormat("the row's values: %d B", dim * 4), Ratio(per_row, dim * 4.0), "",
+                   "gradient and id, as the servers count their payload"});
+        (*client)->Done().IgnoreError();
       }
-      absl::StatusOr<Stats> stats = status.ok() ? ServerStats(**client) : absl::StatusOr<Stats>(status);
-      if (!stats.ok()) {
-        table.Failed("s", "rows pulled and pushed, " + label, stats.status());
-        continue;
-      }
-      const double pull = Median(pulls), push = Median(pushes);
-      // One client process drives every server: with 2 servers on 2 cores the client, not a server, is the limit.
-      table.Add({"s", "rows pulled per second per server, " + label, RowsPerSecond(pull),
-                 "in-process hash-map lookup of the same rows: " + RowsPerSecond(local.pull), Ratio(pull, local.pull),
-                 dim == 16 ? ">= 1M rows/s" : "", "stored rows (created by an untimed push first)"});
-      table.Add({"s", "rows pushed per second per server with their update (row-wise AdaGrad), " + label,
-                 RowsPerSecond(push), "in-process lookup + the same update: " + RowsPerSecond(local.push),
-                 Ratio(push, local.push), dim == 16 ? ">= 1M rows/s" : "", ""});
-      const int64_t pushed_rows = static_cast<int64_t>(ids.size()) * (1 + static_cast<int64_t>(pushes.size()));
-      const double per_row = static_cast<double>(stats->push_bytes) / pushed_rows;
-      table.Add({"s", "bytes on the wire per row pushed, " + label, absl::StrFormat("%.1f B", per_row),
-                 absl::StrFormat("the row's values: %d B", dim * 4), Ratio(per_row, dim * 4.0), "",
-                 "gradient and id, as the servers count their payload"});
-      (*client)->Done().IgnoreError();
     }
   }
 }
