@@ -121,6 +121,31 @@ TEST_P(EmbeddingTransportTest, SyncStepsMixRowsAndDenseParametersAcrossServers) 
   }
 }
 
+// A batch of 50,000 distinct ids (400 KB of ids alone: far beyond a UCX message header) pushed and pulled back.
+TEST_P(EmbeddingTransportTest, ALargeBatchOfRowsTravels) {
+  tessera::v1::JobSpec job = TestJob(tessera::v1::ConsistencySpec::ASYNC, /*servers=*/2, /*workers=*/1);
+  job.set_transport(GetParam());
+  job.set_trusted_network(GetParam() == tessera::v1::UCX);
+  auto cluster = MiniCluster::Start(job);
+  ASSERT_THAT(cluster, IsOk());
+  auto client = (*cluster)->ConnectClient();
+  ASSERT_THAT(client, IsOk());
+  constexpr int64_t kDim = 4;
+  tessera::v1::ParameterSpec table = EmbeddingTable(kDim);
+  table.mutable_init()->set_kind(tessera::v1::InitSpec::ZEROS);
+  ASSERT_THAT((*client)->Declare({table}), IsOk());
+  std::vector<uint64_t> ids;
+  for (uint64_t i = 0; i < 50000; ++i) ids.push_back((i + 1) * 0x9E3779B97F4A7C15ULL);
+  std::vector<float> grads(ids.size() * kDim);
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = static_cast<float>(i % 7);
+  absl::StatusOr<PsClient::RowsPushed> pushed = (*client)->PushRows("emb", ids, grads, /*batch_size=*/1);
+  ASSERT_THAT(pushed, IsOk());
+  EXPECT_EQ(pushed->updated, static_cast<int64_t>(ids.size()));
+  std::vector<float> rows(ids.size() * kDim);
+  ASSERT_THAT((*client)->PullRows("emb", ids, absl::MakeSpan(rows)), IsOk());
+  for (size_t i = 0; i < rows.size(); ++i) ASSERT_EQ(rows[i], -0.5f * grads[i]) << i;  // lr 0.5, from zero
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, EmbeddingTransportTest, ::testing::Values(tessera::v1::GRPC, tessera::v1::UCX),
                          [](const auto& info) { return tessera::v1::Transport_Name(info.param); });
 
