@@ -113,7 +113,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<const ReplicaSigner> signer, ReplicaSigner::Generate());
   server->replicas_ = std::make_unique<GrpcReplicaSender>(options.security, absl::Seconds(5), signer);
   server->store_ = std::make_unique<ShardStore>(64 << 20, server->replicas_.get(),
-                                                options.max_row_memory_mb << 20);
+                                                static_cast<int64_t>(options.max_row_memory_mb * (1 << 20)));
   server->updates_ = std::make_unique<ThreadPool>(options.update_threads);
   // Only the scheduler learns this key (from the registration below): control calls without it are refused.
   const std::string control_key = NewSecret();

@@ -42,9 +42,10 @@ DEFINE_bool(fabric_tcp, false,
 DEFINE_int32(fabric_spin_us, -1,
              "microseconds the UCX progress thread keeps polling after its last event before it sleeps; -1: 50 where "
              "the process may use more than 4 cores (affinity, cgroup quota), else 0 (where polling takes a core from the updates)");
-DEFINE_int64(max_row_memory_mb, 0,
-             "memory the rows of embedding tables may take on this server (values, optimizer state, index), in MiB; "
-             "a push that would create rows beyond it is refused with RESOURCE_EXHAUSTED, changing nothing; 0: no cap");
+DEFINE_double(max_row_memory_mb, 0,
+              "memory the rows of embedding tables may take on this server (values, optimizer state, index), in MiB "
+              "(fractions allowed); a push that would create rows beyond it is refused with RESOURCE_EXHAUSTED, "
+              "changing nothing; 0: no cap");
 DEFINE_int32(inline_update_bytes, 64 << 10,
              "pushes smaller than this many bytes are applied on the gRPC thread that received them");
 TESSERA_DEFINE_SECURITY_FLAGS()

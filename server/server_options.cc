@@ -29,7 +29,7 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("--inline_update_bytes: expected >= 0, got ", options.inline_update_bytes));
   }
-  if (options.max_row_memory_mb < 0 || options.max_row_memory_mb > (int64_t{1} << 30)) {
+  if (!(options.max_row_memory_mb >= 0 && options.max_row_memory_mb <= static_cast<double>(int64_t{1} << 30))) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max_row_memory_mb: expected 0 (no cap) .. 2^30, got ", options.max_row_memory_mb));
   }

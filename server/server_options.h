@@ -28,7 +28,7 @@ struct ServerOptions {
   int inline_update_bytes = 64 << 10;    // smaller pushes are applied on the gRPC thread (microseconds)
   // The memory the rows of embedding tables may take on this server (values, optimizer state, index); a push
   // that would create rows beyond it is refused (RESOURCE_EXHAUSTED). 0: no cap.
-  int64_t max_row_memory_mb = 0;
+  double max_row_memory_mb = 0;
   std::shared_ptr<const Security> security = Security::Plaintext();  // TLS and the job token (common/security.h)
 };
 

@@ -60,8 +60,9 @@ DEFINE_string(checkpoint_dir, "",
 DEFINE_string(resume, "",
               "RUN_DIR of an earlier run of tessera-launch: go on with its job (RUN_DIR/job.pbtxt) from its newest "
               "usable checkpoint, in the same run directory");
-DEFINE_int64(server_row_memory_mb, 0,
-             "each server's --max_row_memory_mb: the memory its rows of embedding tables may take; 0: no cap");
+DEFINE_double(server_row_memory_mb, 0,
+              "each server's --max_row_memory_mb: the memory its rows of embedding tables may take, in MiB (fractions "
+              "allowed); 0: no cap");
 DEFINE_int32(heartbeat_timeout_ms, 0,
              "a daemon silent this long is lost (the scheduler's --heartbeat_timeout_ms); 0: its default, 10 s");
 DEFINE_int32(restart_servers, 0,

@@ -48,7 +48,7 @@ struct LaunchOptions {
   int restart_servers = 0;   // start a failed server again, at most this many times per server
   int restart_scheduler = 0; // start a scheduler that died again (same port), at most this many times
   int heartbeat_timeout_ms = 0;  // the scheduler's failure detection; 0: its default
-  int64_t server_row_memory_mb = 0;  // each server's --max_row_memory_mb (embedding tables' rows); 0: no cap
+  double server_row_memory_mb = 0;  // MiB, fractions allowed: each server's --max_row_memory_mb (embedding tables' rows); 0: no cap
   std::string resume_dir;    // the scheduler goes on from the newest usable checkpoint here; logs are appended to
   // Credentials. Empty: the launcher makes a fresh token for the run (<run_dir>/secrets/token), and with `tls`
   // a fresh CA and certificate too (mutual TLS between every daemon). Given: used as they are.
