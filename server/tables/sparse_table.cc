@@ -35,7 +35,7 @@ bool AllFinite(absl::Span<const float> values) {
 
 int64_t RowTableSpec::RowBytes() const {
   return stride() * static_cast<int64_t>(sizeof(float)) + static_cast<int64_t>(sizeof(uint64_t)) +
-         kIndexEntryBytes + static_cast<int64_t>(sizeof(uint32_t)) + (counts_steps ? 4 : 0) +
+         kIndexEntryBytes + (tracks_versions ? 4 : 0) + (counts_steps ? 4 : 0) +
          (tracks_clocks() ? 8 : 0);
 }
 
@@ -63,7 +63,8 @@ absl::StatusOr<RowOptimizerSpec> RowOptimizerFromProto(const tessera::v1::RowOpt
   return out;
 }
 
-absl::StatusOr<std::shared_ptr<const RowTableSpec>> RowTableFromDeclaration(const tessera::v1::ParameterSpec& param) {
+absl::StatusOr<std::shared_ptr<const RowTableSpec>> RowTableFromDeclaration(const tessera::v1::ParameterSpec& param,
+                                                                            bool delta_checkpoints) {
   TESSERA_RETURN_IF_ERROR(CheckEmbeddingSpec(param));
   auto spec = std::make_shared<RowTableSpec>();
   spec->name = param.name();
@@ -76,6 +77,7 @@ absl::StatusOr<std::shared_ptr<const RowTableSpec>> RowTableFromDeclaration(cons
   spec->expire_after = param.embedding().expire_after_steps();
   spec->evict_when_full = param.embedding().evict_when_full();
   spec->counts_steps = spec->optimizer_spec.kind == Kind::kLazyAdam;
+  spec->tracks_versions = delta_checkpoints;
   return std::shared_ptr<const RowTableSpec>(std::move(spec));
 }
 
@@ -205,7 +207,7 @@ uint32_t RowSlot::CreateLocked(uint64_t id) {
       blocks_.push_back(std::make_unique<float[]>(kBlockRows * spec->stride()));
       id_blocks_.push_back(std::make_unique<uint64_t[]>(kBlockRows));
     }
-    row_versions_.resize(next_row_);
+    if (spec->tracks_versions) row_versions_.resize(next_row_);
     if (spec->counts_steps) steps_.resize(next_row_);
     if (spec->tracks_clocks()) clocks_.resize(next_row_);
   }
@@ -214,7 +216,7 @@ uint32_t RowSlot::CreateLocked(uint64_t id) {
   optimizer_.InitState(absl::MakeSpan(values + spec->dim, spec->state_floats));
   if (spec->counts_steps) steps_[row] = 0;
   if (spec->tracks_clocks()) clocks_[row] = clock;
-  row_versions_[row] = static_cast<uint32_t>(version);
+  if (spec->tracks_versions) row_versions_[row] = static_cast<uint32_t>(version);
   id_blocks_[row / kBlockRows][row % kBlockRows] = id;
   index_.insert(row);
   ++rows_created;
@@ -301,7 +303,7 @@ RowsApplied RowSlot::ApplyLocked(absl::Span<const uint64_t> ids, absl::Span<cons
     }
     if (spec->counts_steps && steps_[row] < UINT32_MAX) ++steps_[row];
     if (spec->tracks_clocks()) clocks_[row] = at_clock;
-    row_versions_[row] = static_cast<uint32_t>(version + 1);  // this update's
+    if (spec->tracks_versions) row_versions_[row] = static_cast<uint32_t>(version + 1);  // this update's
     ++applied.updated;
   }
   ++version;
@@ -376,7 +378,7 @@ tessera::v1::ChunkState RowSlot::RowsStateLocked(int64_t base_version) const {
   rows.reserve(index_.size());
   for (uint32_t row : index_) rows.emplace_back(IdOf(row), row);
   std::sort(rows.begin(), rows.end());
-  if (base_version >= 0) {
+  if (base_version >= 0 && spec->tracks_versions) {  // (a table without versions writes its whole state)
     // A delta: every id, and the rows changed since `base_version` (a row's version is the slot's version after its
     // last change, kept in 32 bits: the rows changed since are those within (base, version] modulo 2^32).
     state.set_delta(true);
@@ -454,7 +456,7 @@ absl::Status RowSlot::TakeRowsLocked(const tessera::v1::ChunkState& state, const
     std::copy(opt.begin() + i * spec->state_floats, opt.begin() + (i + 1) * spec->state_floats, data + dim);
     if (spec->counts_steps) steps_[row] = state.row_steps(i);
     if (spec->tracks_clocks()) clocks_[row] = state.row_clocks(i);
-    row_versions_[row] = static_cast<uint32_t>(state.version());  // as the state holds it: unchanged since
+    if (spec->tracks_versions) row_versions_[row] = static_cast<uint32_t>(state.version());  // unchanged since
   }
   rows_created -= n;  // taken, not created
   clock = saved_clock;
@@ -523,7 +525,7 @@ const RowTableSpec* SparseTable::Spec(const std::string& name) const {
   return it == specs_.end() ? nullptr : it->second.get();
 }
 
-absl::StatusOr<Unit*> SparseTable::Create(const JobConfig&, const tessera::v1::ShardMap& map,
+absl::StatusOr<Unit*> SparseTable::Create(const JobConfig& config, const tessera::v1::ShardMap& map,
                                           const UnitPlacement& placement, Role role, bool from_checkpoint) {
   std::shared_ptr<const RowTableSpec>& spec = specs_[placement.key.first];
   if (spec == nullptr) {
@@ -534,7 +536,8 @@ absl::StatusOr<Unit*> SparseTable::Create(const JobConfig&, const tessera::v1::S
       return absl::InvalidArgumentError(absl::StrCat("shard map places slot ", placement.key.first, "/",
                                                      placement.key.second, " but declares no such table"));
     }
-    absl::StatusOr<std::shared_ptr<const RowTableSpec>> made = RowTableFromDeclaration(*declared);
+    absl::StatusOr<std::shared_ptr<const RowTableSpec>> made =
+        RowTableFromDeclaration(*declared, config.job.checkpoint().full_every() > 1);
     if (!made.ok()) {
       specs_.erase(placement.key.first);
       return made.status();

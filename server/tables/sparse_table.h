@@ -48,6 +48,9 @@ struct RowTableSpec {
   int64_t expire_after = 0;  // clocks; 0: never
   bool evict_when_full = false;
   bool counts_steps = false;  // the optimizer needs each row's update count (lazy Adam)
+  // Each row keeps the slot's version after its last change (4 bytes), for delta checkpoints: only in jobs that
+  // write them (checkpoint.full_every > 1).
+  bool tracks_versions = false;
 
   // Each row's newest clock is kept (for expiry or eviction).
   bool tracks_clocks() const { return expire_after > 0 || evict_when_full; }
@@ -58,8 +61,10 @@ struct RowTableSpec {
 
 // The rows' optimizer spec from a declaration, defaults filled in; INVALID_ARGUMENT naming the field.
 absl::StatusOr<RowOptimizerSpec> RowOptimizerFromProto(const tessera::v1::RowOptimizerSpec& spec);
-// The table's spec from a checked declaration (common/shard_map.h CheckEmbeddingSpec).
-absl::StatusOr<std::shared_ptr<const RowTableSpec>> RowTableFromDeclaration(const tessera::v1::ParameterSpec& param);
+// The table's spec from a checked declaration (common/shard_map.h CheckEmbeddingSpec); `delta_checkpoints`: the
+// job writes delta checkpoints, so rows keep their versions.
+absl::StatusOr<std::shared_ptr<const RowTableSpec>> RowTableFromDeclaration(const tessera::v1::ParameterSpec& param,
+                                                                            bool delta_checkpoints);
 
 // A slot's state from a full checkpoint's (`full`) and a later delta checkpoint's (`delta`, ChunkState.delta):
 // every row of delta.all_row_ids, from the delta when it holds the row, else from the full one; the rest of the

@@ -8,7 +8,8 @@
 //     out, and applying the same update;
 //   - bytes on the wire per row pushed (the servers' push_bytes over the rows), against the row's own values;
 //   - the server's memory per row: its RSS growth while it creates --memory_rows rows of dim 16 with row-wise
-//     AdaGrad, and the table's own count (TableStats.memory_bytes), against the row's values and state.
+//     AdaGrad, and the table's own count (TableStats.memory_bytes), against the row's values and state; in a job
+//     without delta checkpoints and in one with them (where each row keeps a 4-byte version).
 #include "tests/bench/row_bench.h"
 
 #include <grpcpp/grpcpp.h>
@@ -162,13 +163,17 @@ void RateRows(const Context& ctx, Table& table) {
   }
 }
 
-void MemoryRows(const Context& ctx, Table& table) {
+// `delta_checkpoints`: the job writes delta checkpoints (checkpoint.full_every), so each row keeps its version.
+void MemoryRows(const Context& ctx, Table& table, bool delta_checkpoints) {
   constexpr int64_t kDim = 16;
-  const std::string what = absl::StrFormat("server memory per row, %d rows of dim %d, row-wise AdaGrad, 1 server",
-                                           FLAGS_memory_rows, kDim);
+  const std::string what =
+      absl::StrFormat("server memory per row, %d rows of dim %d, row-wise AdaGrad, 1 server, %s", FLAGS_memory_rows,
+                      kDim, delta_checkpoints ? "with delta checkpoints (rows keep versions)" : "no delta checkpoints");
   Progress("s: " + what);
+  JobSpec job = TransferJob("bench-row-memory", 1, 1 << 20, 0);
+  if (delta_checkpoints) job.mutable_checkpoint()->set_full_every(5);
   absl::StatusOr<std::unique_ptr<Cluster>> cluster =
-      StartCluster(ctx, "rows-memory", TransferJob("bench-row-memory", 1, 1 << 20, 0), 0, {});
+      StartCluster(ctx, delta_checkpoints ? "rows-memory-delta" : "rows-memory", job, 0, {});
   absl::StatusOr<std::unique_ptr<PsClient>> client =
       cluster.ok() ? ConnectClient(**cluster) : absl::StatusOr<std::unique_ptr<PsClient>>(cluster.status());
   absl::Status status = client.ok() ? (*client)->Declare({RowTableOf(kDim)}) : client.status();
@@ -205,7 +210,8 @@ void MemoryRows(const Context& ctx, Table& table) {
 
 void RowSection(const Context& ctx, Table& table) {
   RateRows(ctx, table);
-  MemoryRows(ctx, table);
+  MemoryRows(ctx, table, /*delta_checkpoints=*/false);
+  MemoryRows(ctx, table, /*delta_checkpoints=*/true);
 }
 
 }  // namespace tessera::bench

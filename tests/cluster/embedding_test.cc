@@ -153,7 +153,7 @@ INSTANTIATE_TEST_SUITE_P(Transports, EmbeddingTransportTest, ::testing::Values(t
 TEST(EmbeddingTest, ATableLargerThanOneServersMemoryTrainsAcrossServers) {
   constexpr int64_t kDim = 16;
   tessera::v1::ParameterSpec table = EmbeddingTable(kDim);
-  absl::StatusOr<std::shared_ptr<const RowTableSpec>> spec = RowTableFromDeclaration(table);
+  absl::StatusOr<std::shared_ptr<const RowTableSpec>> spec = RowTableFromDeclaration(table, /*delta_checkpoints=*/false);
   ASSERT_THAT(spec, IsOk());
   const int64_t rows_per_mb = (int64_t{1} << 20) / (*spec)->RowBytes();
   std::vector<uint64_t> ids(3 * rows_per_mb);

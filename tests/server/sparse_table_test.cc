@@ -70,6 +70,7 @@ class SparseTableTest : public ::testing::Test {
     job_.mutable_cluster()->set_num_workers(workers);
     job_.mutable_stop()->set_max_steps(100);
     job_.set_batch_size(8);
+    if (delta_checkpoints_) job_.mutable_checkpoint()->set_full_every(4);
     ApplyJobDefaults(job_);
     map_ = tessera::v1::ShardMap();
     auto* server = map_.add_servers();
@@ -124,6 +125,7 @@ class SparseTableTest : public ::testing::Test {
     return stats.tables_size() > 0 ? stats.tables(0) : tessera::v1::TableStats();
   }
 
+  bool delta_checkpoints_ = false;  // the job writes delta checkpoints (checkpoint.full_every > 1)
   tessera::v1::JobSpec job_;
   tessera::v1::ShardMap map_;
   ShardStore store_;
@@ -209,7 +211,7 @@ TEST_F(SparseTableTest, RowsNoGradientReachedExpire) {
 
 TEST_F(SparseTableTest, PushesBeyondTheMemoryCapAreRefusedChangingNothing) {
   tessera::v1::ParameterSpec table = Table();
-  auto spec = RowTableFromDeclaration(table);
+  auto spec = RowTableFromDeclaration(table, /*delta_checkpoints=*/false);
   ASSERT_THAT(spec, IsOk());
   ShardStore capped(64 << 20, nullptr, /*row_memory_cap=*/10 * (*spec)->RowBytes());
   Assign(tessera::v1::ConsistencySpec::ASYNC, 1, table, &capped);
@@ -234,7 +236,7 @@ TEST_F(SparseTableTest, ATableThatEvictsKeepsToTheCapDroppingTheLeastRecentlyUpd
   tessera::v1::ParameterSpec table = Table();
   table.mutable_embedding()->set_slots(1);  // one slot: every row competes
   table.mutable_embedding()->set_evict_when_full(true);
-  auto spec = RowTableFromDeclaration(table);
+  auto spec = RowTableFromDeclaration(table, /*delta_checkpoints=*/false);
   ASSERT_THAT(spec, IsOk());
   ShardStore capped(64 << 20, nullptr, /*row_memory_cap=*/10 * (*spec)->RowBytes());
   Assign(tessera::v1::ConsistencySpec::ASYNC, 1, table, &capped);
@@ -321,6 +323,7 @@ TEST_F(SparseTableTest, DeltaCheckpointRoundTripRestoresFullPlusDelta) {
   table.mutable_embedding()->mutable_optimizer()->set_kind(tessera::v1::RowOptimizerSpec::LAZY_ADAM);
   table.mutable_embedding()->mutable_optimizer()->set_learning_rate(0.1f);
   table.mutable_embedding()->set_expire_after_steps(6);
+  delta_checkpoints_ = true;
   Assign(tessera::v1::ConsistencySpec::ASYNC, 1, table);
   std::vector<uint64_t> all;
   for (uint64_t i = 0; i < 200; ++i) all.push_back(i * 104729 + 5);
@@ -369,12 +372,39 @@ TEST_F(SparseTableTest, DeltaCheckpointRoundTripRestoresFullPlusDelta) {
   EXPECT_THAT(ApplyRowDelta(older, delta->chunks(0)), StatusIs(absl::StatusCode::kFailedPrecondition, "version"));
 }
 
+// A job that writes no delta checkpoints keeps no per-row version (4 bytes less per row, counted so), and a
+// snapshot asked for against a base is whole.
+TEST_F(SparseTableTest, WithoutDeltaCheckpointsRowsKeepNoVersionAndSnapshotsAreWhole) {
+  tessera::v1::ParameterSpec table = Table();
+  absl::StatusOr<std::shared_ptr<const RowTableSpec>> with = RowTableFromDeclaration(table, true);
+  absl::StatusOr<std::shared_ptr<const RowTableSpec>> without = RowTableFromDeclaration(table, false);
+  ASSERT_THAT(with, IsOk());
+  ASSERT_THAT(without, IsOk());
+  EXPECT_EQ((*with)->RowBytes() - (*without)->RowBytes(), 4);
+  Assign(tessera::v1::ConsistencySpec::ASYNC, 1, table);
+  std::vector<uint64_t> ids = {1, 2, 3};
+  ASSERT_THAT(Push(ids, std::vector<float>(ids.size() * kDim, 0.5f), 1, /*clock=*/0), IsOk());
+  absl::StatusOr<tessera::v1::ShardCheckpoint> full = store_.Snapshot(-1, absl::InfiniteFuture());
+  ASSERT_THAT(full, IsOk());
+  store_.NoteFullCheckpoint("ckpt-1/server-0.shard", *full);
+  ASSERT_THAT(Push({1}, std::vector<float>(kDim, 0.5f), 2, /*clock=*/1), IsOk());
+  absl::StatusOr<tessera::v1::ShardCheckpoint> next =
+      store_.Snapshot(-1, absl::InfiniteFuture(), nullptr, "ckpt-1/server-0.shard");
+  ASSERT_THAT(next, IsOk());
+  int64_t rows = 0;
+  for (const auto& c : next->chunks()) {
+    EXPECT_FALSE(c.delta());
+    rows += c.row_ids_size();
+  }
+  EXPECT_EQ(rows, 3);
+}
+
 // A backup that takes its primary's logged updates holds the same rows as the primary.
 TEST(RowSlotReplicationTest, ABackupApplyingThePrimarysUpdatesHoldsTheSameRows) {
   tessera::v1::ParameterSpec table = Table();
   table.mutable_embedding()->mutable_optimizer()->set_kind(tessera::v1::RowOptimizerSpec::ROWWISE_ADAGRAD);
   table.mutable_embedding()->set_expire_after_steps(8);
-  absl::StatusOr<std::shared_ptr<const RowTableSpec>> spec = RowTableFromDeclaration(table);
+  absl::StatusOr<std::shared_ptr<const RowTableSpec>> spec = RowTableFromDeclaration(table, /*delta_checkpoints=*/false);
   ASSERT_THAT(spec, IsOk());
   RowMemory memory(0);
   RowSlot primary(*spec, 0, &memory), backup(*spec, 0, &memory);
