@@ -33,4 +33,13 @@ absl::Status FromGrpcStatus(const grpc::Status& status, const grpc::ClientContex
   return out;
 }
 
+absl::Status FromGrpcCallStatus(const grpc::Status& status, const grpc::ClientContext& context, std::string_view what,
+                                bool cancelled_here) {
+  if (status.error_code() == grpc::StatusCode::CANCELLED && !cancelled_here) {
+    return absl::UnavailableError(
+        absl::StrCat(std::string(what), ": the server ended the call (", status.error_message(), "); it may be shutting down"));
+  }
+  return FromGrpcStatus(status, context, what);
+}
+
 }  // namespace tessera

@@ -19,6 +19,11 @@ grpc::Status ToGrpcStatus(const absl::Status& status, grpc::ServerContextBase* c
 // Converts a call's status back; restores payloads from `context`'s trailing metadata. `what` names the call
 // and peer ("Push w1/0 to 127.0.0.1:4100") and prefixes the message of any error.
 absl::Status FromGrpcStatus(const grpc::Status& status, const grpc::ClientContext& context, std::string_view what);
+// The same for a call this process did not cancel (`cancelled_here` false): a CANCELLED then means the server
+// ended the call (a drained or stopping server shuts down with calls in flight), reported as a lost connection
+// (UNAVAILABLE), which callers retry where the view says.
+absl::Status FromGrpcCallStatus(const grpc::Status& status, const grpc::ClientContext& context, std::string_view what,
+                                bool cancelled_here);
 
 }  // namespace tessera
 

@@ -94,14 +94,8 @@ void GrpcChunkTransport::Start(ChunkCall* c, std::function<void()> done) {
   GrpcWire& wire = WireOf(*c);
   wire.stub->UnaryCall(&wire.context, MethodName(c->op), grpc::StubOptions(), &wire.request, &wire.response,
                        [c, done = std::move(done)](grpc::Status status) {
-                         c->status = FromGrpcStatus(status, WireOf(*c).context, c->What());
-                         if (status.error_code() == grpc::StatusCode::CANCELLED && !WireOf(*c).cancelled) {
-                           // Not cancelled here: the server ended the call (a drained or stopping server shuts
-                           // down with calls in flight). As a lost connection, retried where the view says.
-                           c->status = absl::UnavailableError(
-                               absl::StrCat(c->What(), ": the server ended the call (", status.error_message(),
-                                            "); it may be shutting down"));
-                         }
+                         c->status = FromGrpcCallStatus(status, WireOf(*c).context, c->What(),
+                                                        WireOf(*c).cancelled);
                          if (c->status.ok()) c->status = Decode(*c);
                          done();
                        });

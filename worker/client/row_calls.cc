@@ -91,7 +91,8 @@ std::vector<absl::Status> CallEachRoute(const ShardMapIndex& map, const std::vec
     if (!member_key.empty()) call->context.AddMetadata(kMemberKeyHeader, member_key);
     SetTimeout(call->context, timeout);
     start(*stub, call, [call, &pending, what](grpc::Status s) {
-      call->status = FromGrpcStatus(s, call->context, what);
+      // Row calls are never cancelled here: a CANCELLED is the server's, retried as a lost connection.
+      call->status = FromGrpcCallStatus(s, call->context, what, /*cancelled_here=*/false);
       pending.DecrementCount();
     });
   }
