@@ -62,6 +62,16 @@ absl::StatusOr<pid_t> StartChild(const ChildOptions& options) {
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);  // daemons block signals for their watcher; the child must not
+    if (!options.join_cgroup_procs.empty()) {
+      const int procs = open(options.join_cgroup_procs.c_str(), O_WRONLY | O_CLOEXEC);
+      // "0" is the writing process itself (and so every thread it will start).
+      if (procs < 0 || write(procs, "0", 1) != 1) {
+        dprintf(options.stderr_fd >= 0 ? options.stderr_fd : STDERR_FILENO, "cannot join the control group %s: %s\n",
+                options.join_cgroup_procs.c_str(), strerror(errno));
+        _exit(126);
+      }
+      close(procs);
+    }
     const int stdin_fd = options.stdin_fd == ChildOptions::kDevNull ? null_fd : options.stdin_fd;
     if (stdin_fd >= 0) dup2(stdin_fd, STDIN_FILENO);
     if (options.stdout_fd >= 0) dup2(options.stdout_fd, STDOUT_FILENO);

@@ -34,6 +34,10 @@ struct ChildOptions {
   bool own_process_group = true;
   // Sent to the child when this process dies (0: none), so that no child outlives its parent.
   int parent_death_signal = 0;
+  // When set, a control group's cgroup.procs file: the child moves itself into that group before it execs, so the
+  // group's limits (a CPU quota) hold from its first instruction. A child that cannot join ends with exit code
+  // 126 and a line on its stderr.
+  std::string join_cgroup_procs;
 };
 
 // Forks and execs. Everything the child needs is prepared before the fork; between fork and exec only

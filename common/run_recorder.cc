@@ -120,9 +120,12 @@ void TrainingSpan::Note(int64_t clock, absl::Time now) {
   last_clock_ = std::max(last_clock_, clock);
 }
 
-nlohmann::json TrainingSpan::ToJson() const {
+nlohmann::json TrainingSpan::ToJson(std::optional<absl::Time> run_start) const {
   if (first_clock_ < 0) return nullptr;
-  return {{"seconds", absl::ToDoubleSeconds(last_ - first_)}, {"from_clock", first_clock_}, {"to_clock", last_clock_}};
+  nlohmann::json span = {
+      {"seconds", absl::ToDoubleSeconds(last_ - first_)}, {"from_clock", first_clock_}, {"to_clock", last_clock_}};
+  if (run_start) span["first_step_wall_seconds"] = absl::ToDoubleSeconds(first_ - *run_start);
+  return span;
 }
 
 absl::Status RunRecorder::WriteSummary(const nlohmann::json& summary) {

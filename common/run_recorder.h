@@ -59,8 +59,9 @@ struct RunSummary {
 class TrainingSpan {
  public:
   void Note(int64_t clock, absl::Time now);
-  // {"seconds", "from_clock", "to_clock"}; null before any step.
-  nlohmann::json ToJson() const;
+  // {"seconds", "from_clock", "to_clock"}, and with `run_start` "first_step_wall_seconds" (when the first step
+  // ended, in the seconds of the run's records); null before any step.
+  nlohmann::json ToJson(std::optional<absl::Time> run_start = std::nullopt) const;
 
  private:
   absl::Time first_, last_;

@@ -94,6 +94,12 @@ JobCoordinator::JobCoordinator(tessera::v1::JobSpec job, std::unique_ptr<RunReco
   });
   view_.Subscribe([this](const MembershipEvent& e) { clocks_.OnMembership(e); });
   view_.Subscribe([this](const MembershipEvent& e) { balancer_.OnMembership(e); });
+  // Every new split is an event (events.jsonl): the shares over time, and what they were made from.
+  balancer_.SetRebalanceListener(
+      [this](int64_t round, const std::vector<int>& shares, const std::vector<double>& samples_per_sec) {
+        records_.AddEvent({{"event", "rebalanced"}, {"round", round}, {"shares", shares},
+                           {"samples_per_sec", samples_per_sec}});
+      });
   view_.Subscribe([this](const MembershipEvent& e) { recovery_.OnMembership(e); });
   view_.Subscribe([this](const MembershipEvent& e) { moves_.OnMembership(e); });
   view_.Subscribe([this](const MembershipEvent& e) { OnMembership(e); });
@@ -387,7 +393,7 @@ void JobCoordinator::AdvanceClock(const tessera::v1::AdvanceClockRequest& reques
     return;
   }
   balancer_.Observe(worker, request.step_samples(), request.step_busy_seconds());
-  records_.NoteClock(request.clock());
+  records_.NoteClock(worker, request.clock());
   const absl::Duration wait = BoundedWait(request.wait_timeout_ms(), absl::Minutes(5));
   const int64_t clock = request.clock();
   clocks_.Advance(

@@ -1,5 +1,7 @@
 #include "scheduler/progress_records.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/http_endpoint.h"
 #include "common/job_spec.h"
@@ -99,10 +101,14 @@ nlohmann::json ProgressRecords::TablesJson() const {
   return tables;
 }
 
-void ProgressRecords::NoteClock(int64_t clock) {
+void ProgressRecords::NoteClock(int worker, int64_t clock) {
   const absl::Time now = absl::Now();
   absl::MutexLock lock(&mu_);
   training_.Note(clock, now);
+  if (worker < 0 || worker >= job_.cluster().num_workers() || every_worker_stepped_) return;
+  stepped_.resize(job_.cluster().num_workers());
+  stepped_[worker] = true;
+  if (std::all_of(stepped_.begin(), stepped_.end(), [](bool b) { return b; })) every_worker_stepped_ = now;
 }
 
 void ProgressRecords::WriteEvalRecord(const tessera::v1::ReportRequest& eval) {
@@ -232,7 +238,10 @@ nlohmann::json ProgressRecords::SaveSummary(const JobOutcome& outcome, const std
     summary["late_pushes"] = sum.late_pushes;
     summary["push_bytes"] = sum.push_bytes;
     summary["replica_bytes"] = sum.replica_bytes;
-    summary["training"] = training_.ToJson();
+    summary["training"] = training_.ToJson(start_);
+    if (every_worker_stepped_ && summary["training"].is_object()) {
+      summary["training"]["every_worker_stepped_wall_seconds"] = absl::ToDoubleSeconds(*every_worker_stepped_ - start_);
+    }
     const tessera::v1::StalenessHistogram histogram = sum.staleness.ToProto();
     summary["staleness_histogram"] = std::vector<int64_t>(histogram.bucket().begin(), histogram.bucket().end());
     summary["staleness"] = StalenessJson(sum);

@@ -48,10 +48,12 @@ class ProgressRecords {
   };
   Taken AddReport(const tessera::v1::ReportRequest& report);
 
-  // A worker finished step `clock`. The summary's "training" span runs from the first step any worker finished
-  // to the last: the steps' own time, without start-up, declaration or data loading (what a benchmark compares
-  // with a loop timed the same way).
-  void NoteClock(int64_t clock);
+  // Worker `worker` finished step `clock`. The summary's "training" span runs from the first step any worker
+  // finished to the last: the steps' own time, without start-up, declaration or data loading (what a benchmark
+  // compares with a loop timed the same way). It also says when every worker had finished a step
+  // ("every_worker_stepped_wall_seconds"): the start of training in a cluster whose workers load their data at
+  // different speeds.
+  void NoteClock(int worker, int64_t clock);
 
   // Takes the servers' answers to a statistics request; a server that did not answer keeps its last figures.
   void UpdateServerStats(const std::vector<ServerStatsAnswer>& answers);
@@ -103,6 +105,8 @@ class ProgressRecords {
   std::optional<tessera::v1::ReportRequest> last_eval_ ABSL_GUARDED_BY(mu_);
   std::optional<double> seconds_to_target_ ABSL_GUARDED_BY(mu_);
   TrainingSpan training_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> stepped_ ABSL_GUARDED_BY(mu_);  // per worker: it finished a step
+  std::optional<absl::Time> every_worker_stepped_ ABSL_GUARDED_BY(mu_);
   std::deque<EvalRecord> history_ ABSL_GUARDED_BY(mu_);
   struct Entry {
     tessera::v1::ServerStats stats;

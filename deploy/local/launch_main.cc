@@ -34,8 +34,18 @@ DEFINE_string(run_dir, "", "run directory (logs/, metrics.jsonl, summary.json); 
 DEFINE_string(device, "auto", "worker device: auto, cpu or cuda:N");
 DEFINE_string(worker_devices, "", "comma-separated device per worker, e.g. cuda:0,cpu (a mixed-device job); "
               "overrides --device");
+DEFINE_string(worker_cpu_quota, "",
+              "experiments: each worker's CPU quota in CPUs, comma-separated and repeated over the ranks (1,0.25: "
+              "even ranks one CPU, odd ranks a quarter of one; 0 or none: no quota): a worker truly slower, as on a "
+              "slower device, in a control group of its own (cgroup v2 cpu.max or v1 cpu.cfs_quota_us; needs a "
+              "writable CPU controller, e.g. root)");
+DEFINE_string(worker_cpu_quota_at, "",
+              "experiments: change the quotas of --worker_cpu_quota during the run: SECONDS:QUOTAS after the workers "
+              "started, several separated by ; (e.g. '20:1,1,1,0.25' slows worker 3 at 20 s, as a throttled device)");
 DEFINE_int32(slow_worker, -1,
-             "experiments: the worker (rank) made a straggler by --inject_slowdown_ms and/or --slow_factor");
+             "experiments: the worker (rank) made a straggler by --inject_slowdown_ms and/or --slow_factor (it "
+             "sleeps: a fixed delay per step, which hands its CPU to the others; --worker_cpu_quota makes a worker "
+             "truly slower)");
 DEFINE_int32(inject_slowdown_ms, 0, "experiments: extra milliseconds per step on --slow_worker");
 DEFINE_double(slow_factor, 1.0, "experiments: --slow_worker computes this many times slower (a slower device)");
 DEFINE_int64(slow_from_step, 0, "experiments: --slow_worker's slowdown starts at this clock");
@@ -175,6 +185,24 @@ int main(int argc, char** argv) {
   options.device = FLAGS_device;
   if (!FLAGS_worker_devices.empty()) {
     options.worker_devices = absl::StrSplit(FLAGS_worker_devices, ',', absl::SkipEmpty());
+  }
+  if (!FLAGS_worker_cpu_quota_at.empty() && FLAGS_worker_cpu_quota.empty()) {
+    std::cerr << "tessera-launch: --worker_cpu_quota_at changes the quotas of --worker_cpu_quota; give that too (0 "
+                 "for no quota at the start)" << std::endl;
+    return 2;
+  }
+  if (!FLAGS_worker_cpu_quota.empty()) {
+    absl::StatusOr<std::vector<double>> quotas = tessera::ParseCpuQuotas(FLAGS_worker_cpu_quota);
+    absl::StatusOr<std::vector<tessera::CpuQuotaChange>> changes =
+        tessera::ParseCpuQuotaChanges(FLAGS_worker_cpu_quota_at);
+    for (const absl::Status& s : {quotas.status(), changes.status()}) {
+      if (!s.ok()) {
+        std::cerr << "tessera-launch: " << s.message() << std::endl;
+        return 2;
+      }
+    }
+    options.worker_cpu_quota = *quotas;
+    options.worker_cpu_quota_changes = *changes;
   }
   options.slow_worker = FLAGS_slow_worker;
   options.slow.delay_ms = FLAGS_inject_slowdown_ms;

@@ -62,6 +62,7 @@ struct Child {
   int status = 0;
   int restarts = 0;
   int rank = -1;            // workers: the rank it asks for
+  std::string cgroup_procs; // workers under a CPU quota: the group it joins (again when restarted)
   absl::Time exited_at;     // when it last exited
 };
 
@@ -107,7 +108,8 @@ std::vector<std::string> ChildEnvironment() {
 // Forks and execs `argv`; stdout goes to `stdout_fd` (or the log), stderr to the log (appended to when
 // `append`: a restarted child).
 absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const std::string& log, int stdout_fd,
-                            bool append = false, const std::vector<std::string>& own_environment = {}) {
+                            bool append = false, const std::vector<std::string>& own_environment = {},
+                            const std::string& cgroup_procs = "") {
   const int log_fd = open(log.c_str(), O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC) | O_CLOEXEC, 0644);
   if (log_fd < 0) return absl::PermissionDeniedError(absl::StrCat("cannot write ", log, ": ", strerror(errno)));
   ChildOptions child;
@@ -124,6 +126,7 @@ absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const std::str
   child.stdout_fd = stdout_fd >= 0 ? stdout_fd : log_fd;
   child.stderr_fd = log_fd;
   child.parent_death_signal = SIGTERM;  // never outlive the launcher; its own group: Ctrl-C reaches only the launcher
+  child.join_cgroup_procs = cgroup_procs;
   absl::StatusOr<pid_t> pid = StartChild(child);
   close(log_fd);
   return pid;
@@ -173,6 +176,7 @@ class Cluster {
       if (!made.ok()) return made.status();
       options_.security = *made;
     }
+    if (absl::Status s = MakeQuotaGroups(); !s.ok()) return s;
     const absl::Time start = absl::Now();
     if (!options_.resume_dir.empty()) {
       // The run being resumed ended with a summary; the resumed run writes its own.
@@ -378,10 +382,56 @@ class Cluster {
         if (!options_.dump_params.empty()) argv.push_back("--dump_params=" + options_.dump_params);
         AddSecurityFlags(argv);
       }
-      absl::StatusOr<pid_t> pid = Spawn(argv, log, -1, append_logs(), environment);
+      const std::string cgroup = quota_groups_.empty() ? "" : quota_groups_[i]->procs_file();
+      absl::StatusOr<pid_t> pid = Spawn(argv, log, -1, append_logs(), environment, cgroup);
       if (!pid.ok()) return Annotate(pid.status(), absl::StrCat("worker ", i));
       children_.push_back({Child::kWorker, absl::StrCat("worker ", i), log, argv, environment, *pid});
       children_.back().rank = i;
+      children_.back().cgroup_procs = cgroup;
+    }
+    workers_started_ = absl::Now();
+    return absl::OkStatus();
+  }
+
+  // With CPU quotas: one control group per worker, its quota set, before anything starts (so that a machine
+  // without a writable CPU controller fails the run at once, saying why).
+  absl::Status MakeQuotaGroups() {
+    if (options_.worker_cpu_quota.empty()) return absl::OkStatus();
+    CpuQuotaGroup::RemoveLeftovers();
+    for (int i = 0; i < options_.workers; ++i) {
+      absl::StatusOr<std::unique_ptr<CpuQuotaGroup>> group = CpuQuotaGroup::Create(absl::StrCat("worker-", i));
+      if (!group.ok()) return Annotate(group.status(), "--worker_cpu_quota");
+      quota_groups_.push_back(*std::move(group));
+    }
+    return SetQuotas(options_.worker_cpu_quota, 0);
+  }
+
+  // Worker i gets cpus[i % size]; each quota set is printed and recorded in RUN_DIR/cpu_quotas.jsonl.
+  absl::Status SetQuotas(const std::vector<double>& cpus, double after_seconds) {
+    std::ofstream record(options_.run_dir + "/cpu_quotas.jsonl", std::ios::app);
+    std::vector<std::string> said;
+    for (size_t i = 0; i < quota_groups_.size(); ++i) {
+      const double quota = cpus[i % cpus.size()];
+      if (absl::Status s = quota_groups_[i]->SetCpus(quota); !s.ok()) return s;
+      record << nlohmann::json({{"worker", i}, {"cpus", quota}, {"after_seconds", after_seconds},
+                                {"unix_seconds", absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch())}})
+                    .dump()
+             << "\n";
+      said.push_back(absl::StrCat("worker ", i, " ", quota > 0 ? absl::StrCat(quota, " CPUs") : "no quota"));
+    }
+    std::cout << "tessera-launch: CPU quotas" << (after_seconds > 0 ? absl::StrCat(" after ", after_seconds, " s") : "")
+              << ": " << absl::StrJoin(said, ", ") << " (" << quota_groups_.front()->Describe() << " and its siblings)"
+              << std::endl;
+    return absl::OkStatus();
+  }
+
+  // Sets the quotas of every change whose time has come.
+  absl::Status ApplyQuotaChanges() {
+    const std::vector<CpuQuotaChange>& changes = options_.worker_cpu_quota_changes;
+    while (!quota_groups_.empty() && next_quota_change_ < changes.size() &&
+           absl::Now() - workers_started_ >= absl::Seconds(changes[next_quota_change_].after_seconds)) {
+      const CpuQuotaChange& change = changes[next_quota_change_++];
+      if (absl::Status s = SetQuotas(change.cpus, change.after_seconds); !s.ok()) return s;
     }
     return absl::OkStatus();
   }
@@ -464,7 +514,8 @@ class Cluster {
         const int budget = child.role == Child::kWorker ? options_.restart_workers : options_.restart_servers;
         if (child.restarts < budget) {
           ++child.restarts;
-          absl::StatusOr<pid_t> again = Spawn(child.argv, child.log, -1, /*append=*/true, child.environment);
+          absl::StatusOr<pid_t> again =
+              Spawn(child.argv, child.log, -1, /*append=*/true, child.environment, child.cgroup_procs);
           if (!again.ok()) return again.status();
           child.pid = *again;
           child.exited = false;
@@ -565,6 +616,7 @@ class Cluster {
         ended_by_launcher_ = true;
         return s;
       }
+      if (absl::Status s = ApplyQuotaChanges(); !s.ok()) return s;
     }
     const absl::Time grace = std::min(deadline, absl::Now() + kGrace);
     while (!AllExited() && absl::Now() < grace) {
@@ -613,6 +665,10 @@ class Cluster {
   std::mutex mu_;
   std::string scheduler_address_;  // guarded by mu_
   std::set<int> joined_ranks_;     // guarded by mu_: the ranks the scheduler said joined
+  // With CPU quotas: worker i's group (removed when the Cluster goes, after every child was reaped).
+  std::vector<std::unique_ptr<CpuQuotaGroup>> quota_groups_;
+  absl::Time workers_started_;
+  size_t next_quota_change_ = 0;  // the first of options_.worker_cpu_quota_changes not yet applied
 };
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "deploy/local/cpu_quota.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/daemon_test.h"
@@ -38,10 +39,13 @@ cluster { num_servers: 2 num_workers: )", workers, " }\n");
     Subprocess launch(argv);
     EXPECT_TRUE(launch.ReadUntilExit(absl::Seconds(300))) << launch.output();
     EXPECT_EQ(launch.exit_code(), 0) << launch.output();
+    output_ = launch.output();
     std::ifstream summary(run + "/summary.json");
     if (!summary) return nlohmann::json::object();
     return nlohmann::json::parse(summary);
   }
+
+  std::string output_;  // the last launch's output
 };
 
 // Two workers taking three quarters and one quarter of every round end with the parameters one local process
@@ -73,6 +77,64 @@ TEST_F(StragglersTest, ThroughputSharesFollowAWorkerSlowedInTheMiddleOfARun) {
     if (change["round"].get<int64_t>() < 40) before = change["shares"][1].get<int>();
   }
   EXPECT_GE(before, 2 * shares[1]) << balance.dump();
+}
+
+// The JSON lines of a file of the run.
+std::vector<nlohmann::json> Lines(const std::string& path) {
+  std::vector<nlohmann::json> lines;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) lines.push_back(nlohmann::json::parse(line));
+  }
+  return lines;
+}
+
+// Worker 1 under a CPU quota of a quarter of one CPU, worker 0 under none: worker 1 computes truly slower (its
+// CPU does not go to anyone else's use: it is not there), and THROUGHPUT gives it a much smaller share of every
+// round. The quotas are recorded, and the control groups are gone after the run.
+TEST_F(StragglersTest, AWorkerUnderACpuQuotaGetsASmallerShare) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not installed (Debian package dataset-fashion-mnist)";
+  if (absl::Status s = CpuQuotaGroup::Available(); !s.ok()) GTEST_SKIP() << s.message();
+  nlohmann::json summary = Launch("quota", Job(2, 256, 150, "balance: THROUGHPUT"), {"--worker_cpu_quota=0,0.25"});
+  ASSERT_TRUE(summary.contains("balance")) << summary.dump();
+  const std::vector<int> shares = summary["balance"]["shares"];
+  EXPECT_LT(shares[1] * 2, shares[0]) << summary["balance"].dump();
+  const std::vector<nlohmann::json> quotas = Lines((dir_ / "quota" / "cpu_quotas.jsonl").string());
+  ASSERT_EQ(quotas.size(), 2u);
+  EXPECT_EQ(quotas[0]["cpus"], 0.0);
+  EXPECT_EQ(quotas[1]["cpus"], 0.25);
+  // "tessera-launch: CPU quotas: worker 0 no quota, worker 1 0.25 CPUs (cgroup v1 PATH and its siblings)"
+  const size_t at = output_.find("(cgroup v");
+  ASSERT_NE(at, std::string::npos) << output_;
+  const size_t path = output_.find(' ', at + 1) + 1;
+  const std::string group = output_.substr(path, output_.find(' ', path) - path);
+  EXPECT_FALSE(std::filesystem::exists(group)) << group << " is left after the run";
+}
+
+// Both workers at 0.6 CPUs, then worker 1 throttled to 0.1 four seconds after they started: the balancer follows
+// with a split that gives worker 1 much less than the one in force before the change.
+TEST_F(StragglersTest, AQuotaChangedDuringARunMovesTheShares) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not installed (Debian package dataset-fashion-mnist)";
+  if (absl::Status s = CpuQuotaGroup::Available(); !s.ok()) GTEST_SKIP() << s.message();
+  nlohmann::json summary =
+      Launch("throttled", Job(2, 256, 100000, "balance: THROUGHPUT"),
+             {"--worker_cpu_quota=0.6", "--worker_cpu_quota_at=4:0.6,0.1", "--job_override=stop { max_seconds: 14 }"});
+  const std::vector<nlohmann::json> quotas = Lines((dir_ / "throttled" / "cpu_quotas.jsonl").string());
+  ASSERT_EQ(quotas.size(), 4u) << "two workers, set twice";
+  const double changed_at = quotas[3]["unix_seconds"];
+  EXPECT_EQ(quotas[3]["cpus"], 0.1);
+  int before = 256, after = -1;  // worker 1's share in force at the change, and the last one after it
+  for (const nlohmann::json& e : Lines((dir_ / "throttled" / "events.jsonl").string())) {
+    if (e["event"] != "rebalanced") continue;
+    if (e["unix_seconds"].get<double>() < changed_at) {
+      before = e["shares"][1];
+    } else {
+      after = e["shares"][1];
+    }
+  }
+  ASSERT_GE(after, 0) << "no new split after the quota changed: " << summary["balance"].dump();
+  EXPECT_LT(after * 2, before) << summary["balance"].dump();
+  EXPECT_EQ(summary["balance"]["shares"][1], after);
 }
 
 // Three workers, one backup, worker 2 ten times slower throughout: it is late in (nearly) every round, its
