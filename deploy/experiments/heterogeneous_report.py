@@ -157,26 +157,27 @@ def plot_model(out, model, runs, target):
     return path
 
 
-def quotas_of(run, when=None):
-    """The quotas set first (or the last set by `when`, unix seconds) as 'a,b,c'."""
-    sets = jsonl(os.path.join(run, "cpu_quotas.jsonl"))
-    if not sets:
-        return "none"
-    first = sets[0]["after_seconds"] if when is None else max(
-        [s["after_seconds"] for s in sets if s["unix_seconds"] <= when] or [0])
-    return ",".join("%g" % s["cpus"] for s in sets if s["after_seconds"] == first)
+def quotas_of(run):
+    """Each worker's quota as it joined the job, 'a,b,c' in rank order."""
+    first = {}
+    for q in jsonl(os.path.join(run, "cpu_quotas.jsonl")):
+        first.setdefault(q["worker"], q["cpus"])
+    return ",".join("%g" % first[w] for w in sorted(first)) or "none"
 
 
 def plot_throttled(out, run):
-    sets = jsonl(os.path.join(run, "cpu_quotas.jsonl"))
+    """Each worker's share over time, with a line where the quotas changed (--worker_cpu_quota_at)."""
+    sets = [q for q in jsonl(os.path.join(run, "cpu_quotas.jsonl")) if q.get("reason") != "joined the job"]
     events = jsonl(os.path.join(run, "events.jsonl"))
     marks = []
     if events and sets:
         # The quota file's clock is unix seconds; the scheduler's events carry both.
         offset = events[0]["unix_seconds"] - events[0]["wall_seconds"] + origin(run)
-        for after in sorted({s["after_seconds"] for s in sets if s["after_seconds"] > 0}):
-            when = min(s["unix_seconds"] for s in sets if s["after_seconds"] == after) - offset
-            marks.append((when, "quotas %s" % ",".join("%g" % s["cpus"] for s in sets if s["after_seconds"] == after)))
+        for reason in sorted({q["reason"] for q in sets}, key=lambda r: min(q["unix_seconds"] for q in sets
+                                                                           if q["reason"] == r)):
+            batch = [q for q in sets if q["reason"] == reason]
+            marks.append((min(q["unix_seconds"] for q in batch) - offset, "quotas " + ",".join(
+                "%g" % q["cpus"] for q in sorted(batch, key=lambda q: q["worker"]))))
     fig, ax = plt.subplots(1, 1, figsize=(8, 4.8))
     plot_shares(ax, run, "SYNC, balanced; quotas %s, then a worker throttled" % quotas_of(run), marks)
     fig.tight_layout()

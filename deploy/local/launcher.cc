@@ -300,8 +300,11 @@ class Cluster {
             continue;
           }
           if (std::optional<int> rank = JoinedRank(line)) {
-            std::lock_guard<std::mutex> lock(mu_);
-            joined_ranks_.insert(*rank);
+            {
+              std::lock_guard<std::mutex> lock(mu_);
+              joined_ranks_.insert(*rank);
+            }
+            if (!options_.worker_cpu_quota.empty()) kill(self, SIGUSR1);  // its quota is to be set now
             continue;  // the launcher's to know, not its user's
           }
           if (absl::StartsWith(line, kSummary)) job_ended_ = true;
@@ -393,8 +396,10 @@ class Cluster {
     return absl::OkStatus();
   }
 
-  // With CPU quotas: one control group per worker, its quota set, before anything starts (so that a machine
-  // without a writable CPU controller fails the run at once, saying why).
+  // With CPU quotas: one control group per worker, made before anything starts (so that a machine without a
+  // writable CPU controller fails the run at once, saying why). A worker joins its group as it starts, and its
+  // quota holds from the moment the scheduler says it joined the job: start-up (an interpreter, its imports) runs
+  // at the machine's speed, as it would beside a slower device.
   absl::Status MakeQuotaGroups() {
     if (options_.worker_cpu_quota.empty()) return absl::OkStatus();
     CpuQuotaGroup::RemoveLeftovers();
@@ -402,36 +407,54 @@ class Cluster {
       absl::StatusOr<std::unique_ptr<CpuQuotaGroup>> group = CpuQuotaGroup::Create(absl::StrCat("worker-", i));
       if (!group.ok()) return Annotate(group.status(), "--worker_cpu_quota");
       quota_groups_.push_back(*std::move(group));
+      quota_cpus_.push_back(options_.worker_cpu_quota[i % options_.worker_cpu_quota.size()]);
     }
-    return SetQuotas(options_.worker_cpu_quota, 0);
-  }
-
-  // Worker i gets cpus[i % size]; each quota set is printed and recorded in RUN_DIR/cpu_quotas.jsonl.
-  absl::Status SetQuotas(const std::vector<double>& cpus, double after_seconds) {
-    std::ofstream record(options_.run_dir + "/cpu_quotas.jsonl", std::ios::app);
-    std::vector<std::string> said;
-    for (size_t i = 0; i < quota_groups_.size(); ++i) {
-      const double quota = cpus[i % cpus.size()];
-      if (absl::Status s = quota_groups_[i]->SetCpus(quota); !s.ok()) return s;
-      record << nlohmann::json({{"worker", i}, {"cpus", quota}, {"after_seconds", after_seconds},
-                                {"unix_seconds", absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch())}})
-                    .dump()
-             << "\n";
-      said.push_back(absl::StrCat("worker ", i, " ", quota > 0 ? absl::StrCat(quota, " CPUs") : "no quota"));
-    }
-    std::cout << "tessera-launch: CPU quotas" << (after_seconds > 0 ? absl::StrCat(" after ", after_seconds, " s") : "")
-              << ": " << absl::StrJoin(said, ", ") << " (" << quota_groups_.front()->Describe() << " and its siblings)"
-              << std::endl;
+    quota_applied_.assign(options_.workers, false);
     return absl::OkStatus();
   }
 
-  // Sets the quotas of every change whose time has come.
-  absl::Status ApplyQuotaChanges() {
+  // Sets worker i's quota, prints it and records it in RUN_DIR/cpu_quotas.jsonl ({"worker", "cpus", "reason",
+  // "after_seconds" since the workers started, "unix_seconds"}).
+  absl::Status SetQuota(size_t i, const std::string& reason) {
+    const double cpus = quota_cpus_[i];
+    if (absl::Status s = quota_groups_[i]->SetCpus(cpus); !s.ok()) return s;
+    const absl::Time now = absl::Now();
+    const double after = absl::ToDoubleSeconds(now - workers_started_);
+    std::ofstream(options_.run_dir + "/cpu_quotas.jsonl", std::ios::app)
+        << nlohmann::json({{"worker", i}, {"cpus", cpus}, {"reason", reason}, {"after_seconds", after},
+                           {"unix_seconds", absl::ToDoubleSeconds(now - absl::UnixEpoch())}})
+               .dump()
+        << "\n";
+    std::cout << "tessera-launch: worker " << i << " " << reason << ": CPU quota "
+              << (cpus > 0 ? absl::StrCat(cpus, " CPUs") : std::string("none")) << " ("
+              << quota_groups_[i]->Describe() << ")" << std::endl;
+    return absl::OkStatus();
+  }
+
+  // Applies the quota of every worker that joined since, and every change whose time has come.
+  absl::Status ApplyQuotas() {
+    if (quota_groups_.empty()) return absl::OkStatus();
+    std::set<int> joined;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      joined = joined_ranks_;
+    }
+    for (int rank : joined) {
+      if (rank < 0 || rank >= static_cast<int>(quota_applied_.size()) || quota_applied_[rank]) continue;
+      quota_applied_[rank] = true;
+      if (absl::Status s = SetQuota(rank, "joined the job"); !s.ok()) return s;
+    }
     const std::vector<CpuQuotaChange>& changes = options_.worker_cpu_quota_changes;
-    while (!quota_groups_.empty() && next_quota_change_ < changes.size() &&
+    while (next_quota_change_ < changes.size() &&
            absl::Now() - workers_started_ >= absl::Seconds(changes[next_quota_change_].after_seconds)) {
       const CpuQuotaChange& change = changes[next_quota_change_++];
-      if (absl::Status s = SetQuotas(change.cpus, change.after_seconds); !s.ok()) return s;
+      for (size_t i = 0; i < quota_groups_.size(); ++i) {
+        quota_cpus_[i] = change.cpus[i % change.cpus.size()];
+        const std::string reason = absl::StrCat("at ", change.after_seconds, " s (--worker_cpu_quota_at)");
+        if (quota_applied_[i]) {
+          if (absl::Status s = SetQuota(i, reason); !s.ok()) return s;
+        }
+      }
     }
     return absl::OkStatus();
   }
@@ -616,7 +639,7 @@ class Cluster {
         ended_by_launcher_ = true;
         return s;
       }
-      if (absl::Status s = ApplyQuotaChanges(); !s.ok()) return s;
+      if (absl::Status s = ApplyQuotas(); !s.ok()) return s;
     }
     const absl::Time grace = std::min(deadline, absl::Now() + kGrace);
     while (!AllExited() && absl::Now() < grace) {
@@ -667,6 +690,8 @@ class Cluster {
   std::set<int> joined_ranks_;     // guarded by mu_: the ranks the scheduler said joined
   // With CPU quotas: worker i's group (removed when the Cluster goes, after every child was reaped).
   std::vector<std::unique_ptr<CpuQuotaGroup>> quota_groups_;
+  std::vector<double> quota_cpus_;   // worker i's quota now (applied once it joined)
+  std::vector<bool> quota_applied_;  // worker i joined and its quota holds
   absl::Time workers_started_;
   size_t next_quota_change_ = 0;  // the first of options_.worker_cpu_quota_changes not yet applied
 };

@@ -100,14 +100,16 @@ TEST_F(StragglersTest, AWorkerUnderACpuQuotaGetsASmallerShare) {
   const std::vector<int> shares = summary["balance"]["shares"];
   EXPECT_LT(shares[1] * 2, shares[0]) << summary["balance"].dump();
   const std::vector<nlohmann::json> quotas = Lines((dir_ / "quota" / "cpu_quotas.jsonl").string());
-  ASSERT_EQ(quotas.size(), 2u);
-  EXPECT_EQ(quotas[0]["cpus"], 0.0);
-  EXPECT_EQ(quotas[1]["cpus"], 0.25);
-  // "tessera-launch: CPU quotas: worker 0 no quota, worker 1 0.25 CPUs (cgroup v1 PATH and its siblings)"
+  ASSERT_EQ(quotas.size(), 2u) << "each worker's, set as it joined";
+  for (const nlohmann::json& q : quotas) {
+    EXPECT_EQ(q["cpus"], q["worker"] == 0 ? 0.0 : 0.25) << q.dump();
+    EXPECT_EQ(q["reason"], "joined the job");
+  }
+  // "tessera-launch: worker 1 joined the job: CPU quota 0.25 CPUs (cgroup v1 PATH)"
   const size_t at = output_.find("(cgroup v");
   ASSERT_NE(at, std::string::npos) << output_;
   const size_t path = output_.find(' ', at + 1) + 1;
-  const std::string group = output_.substr(path, output_.find(' ', path) - path);
+  const std::string group = output_.substr(path, output_.find(')', path) - path);
   EXPECT_FALSE(std::filesystem::exists(group)) << group << " is left after the run";
 }
 
@@ -120,8 +122,9 @@ TEST_F(StragglersTest, AQuotaChangedDuringARunMovesTheShares) {
       Launch("throttled", Job(2, 256, 100000, "balance: THROUGHPUT"),
              {"--worker_cpu_quota=0.6", "--worker_cpu_quota_at=4:0.6,0.1", "--job_override=stop { max_seconds: 14 }"});
   const std::vector<nlohmann::json> quotas = Lines((dir_ / "throttled" / "cpu_quotas.jsonl").string());
-  ASSERT_EQ(quotas.size(), 4u) << "two workers, set twice";
+  ASSERT_EQ(quotas.size(), 4u) << "two workers, set as they joined and at 4 s";
   const double changed_at = quotas[3]["unix_seconds"];
+  EXPECT_EQ(quotas[3]["worker"], 1);
   EXPECT_EQ(quotas[3]["cpus"], 0.1);
   int before = 256, after = -1;  // worker 1's share in force at the change, and the last one after it
   for (const nlohmann::json& e : Lines((dir_ / "throttled" / "events.jsonl").string())) {
