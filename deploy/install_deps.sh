@@ -12,6 +12,7 @@ packages=(
   libopenblas-dev nlohmann-json3-dev libcpp-httplib-dev libgtest-dev libgmock-dev
   dataset-fashion-mnist openssl libucx-dev
   pybind11-dev python3-dev python3-pybind11 python3-numpy python3-pytest python3-torch python3-torchvision
+  python3-matplotlib
   "$@"
 )
 

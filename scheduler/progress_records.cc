@@ -105,9 +105,13 @@ void ProgressRecords::NoteClock(int worker, int64_t clock) {
   const absl::Time now = absl::Now();
   absl::MutexLock lock(&mu_);
   training_.Note(clock, now);
-  if (worker < 0 || worker >= job_.cluster().num_workers() || every_worker_stepped_) return;
+  if (worker < 0 || worker >= job_.cluster().num_workers()) return;
   stepped_.resize(job_.cluster().num_workers());
+  if (stepped_[worker]) return;
   stepped_[worker] = true;
+  // For launchers (tessera-launch sets a worker's CPU quota here: its start-up and data loading ran at the
+  // machine's speed).
+  recorder_->PrintLine(absl::StrCat("worker ", worker, kFirstStepSuffix));
   if (std::all_of(stepped_.begin(), stepped_.end(), [](bool b) { return b; })) every_worker_stepped_ = now;
 }
 

@@ -54,6 +54,8 @@ class ProgressRecords {
   // ("every_worker_stepped_wall_seconds"): the start of training in a cluster whose workers load their data at
   // different speeds.
   void NoteClock(int worker, int64_t clock);
+  // The line printed when a worker finished its first step: "worker 3" and this.
+  static constexpr char kFirstStepSuffix[] = " finished its first step";
 
   // Takes the servers' answers to a statistics request; a server that did not answer keeps its last figures.
   void UpdateServerStats(const std::vector<ServerStatsAnswer>& answers);

@@ -11,7 +11,6 @@ it ends with (a fraction of the global batch); its reversals count the times a w
 shrinking, or shrank after growing) from one change to the next, each move larger than SETTLED of the global
 batch: 0 for a balancer that never oscillates.
 """
-import csv
 import json
 import os
 import sys
@@ -22,7 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from straggler_report import load  # noqa: E402
+from straggler_report import load, save_table  # noqa: E402
 
 MODES = ["equal", "balanced", "backup", "async", "ssp2", "ssp8"]
 LABELS = {"equal": "SYNC, equal split", "balanced": "SYNC, balanced", "backup": "SYNC, backup workers",
@@ -158,7 +157,7 @@ def plot_model(out, model, runs, target):
 
 
 def quotas_of(run):
-    """Each worker's quota as it joined the job, 'a,b,c' in rank order."""
+    """Each worker's first quota (set after its first step), 'a,b,c' in rank order."""
     first = {}
     for q in jsonl(os.path.join(run, "cpu_quotas.jsonl")):
         first.setdefault(q["worker"], q["cpus"])
@@ -167,7 +166,7 @@ def quotas_of(run):
 
 def plot_throttled(out, run):
     """Each worker's share over time, with a line where the quotas changed (--worker_cpu_quota_at)."""
-    sets = [q for q in jsonl(os.path.join(run, "cpu_quotas.jsonl")) if q.get("reason") != "joined the job"]
+    sets = [q for q in jsonl(os.path.join(run, "cpu_quotas.jsonl")) if q.get("reason") != "finished its first step"]
     events = jsonl(os.path.join(run, "events.jsonl"))
     marks = []
     if events and sets:
@@ -217,10 +216,6 @@ def main():
         for mode, run in runs.items():
             rows.append(row(model, mode, run, target, equal))
         print("plot:", plot_model(out, model, runs, target))
-    with open(os.path.join(out, "table.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
     header = ["model", "mode", "training seconds to %.2f" % target, "steps to %.2f" % target, "x sooner than equal",
               "final accuracy", "examples/s per worker", "share per worker", "staleness median", "p99",
               "balancer changes", "settled at round", "reversals"]
@@ -255,10 +250,7 @@ def main():
                              followed["throttled_at_seconds"], followed["shares_before"],
                              followed["first_change_round"], followed["settled_round"], followed["changes_after"],
                              followed["reversals"], followed["shares_after"]))
-    text = "\n".join(lines) + "\n"
-    with open(os.path.join(out, "table.md"), "w") as f:
-        f.write(text)
-    print(text)
+    save_table(out, "table", COLUMNS, rows, lines)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,18 @@ def load(run):
     return summary, records
 
 
+def save_table(out, name, columns, rows, lines):
+    """Writes OUT/<name>.csv (the rows) and OUT/<name>.md (the lines of text), and prints the text."""
+    with open(os.path.join(out, name + ".csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(out, name + ".md"), "w") as f:
+        f.write(text)
+    print(text)
+
+
 def row(scenario, mode, summary, records, target, at_seconds):
     reached = [r["wall_seconds"] for r in records if r["test_accuracy"] >= target]
     before = [r["test_accuracy"] for r in records if r["wall_seconds"] <= at_seconds]
@@ -96,10 +108,6 @@ def main():
                 rows.append(row(scenario, mode, *runs[mode], target, at_seconds))
         if runs:
             print("plot:", plot(out, scenario, runs))
-    with open(os.path.join(out, "results.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
     header = ["scenario", "mode", "seconds to %.2f" % target, "accuracy at %g s" % at_seconds, "model updates/s",
               "staleness median", "p99", "max", "late gradients"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -110,10 +118,7 @@ def main():
                  r["model_updates_per_sec"], quantile(r["staleness_median"]), quantile(r["staleness_p99"]),
                  r["staleness_max"], r["late_gradients"]]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    text = "\n".join(lines) + "\n"
-    with open(os.path.join(out, "results.md"), "w") as f:
-        f.write(text)
-    print(text)
+    save_table(out, "results", COLUMNS, rows, lines)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,8 @@ constexpr char kSummary[] = "summary: ";
 // The scheduler's line for a rank taken for the first time: "worker 3 joined the job" (scheduler/progress_records).
 constexpr char kWorkerPrefix[] = "worker ";
 constexpr char kJoinedSuffix[] = " joined the job";
+// And for a worker's first step done: "worker 3 finished its first step" (ProgressRecords::kFirstStepSuffix).
+constexpr char kFirstStepSuffix[] = " finished its first step";
 constexpr absl::Duration kGrace = absl::Seconds(5);
 // How long after a worker's exit its "joined" line may still be on its way from the scheduler.
 constexpr absl::Duration kJoinSettle = absl::Milliseconds(500);
@@ -66,10 +68,10 @@ struct Child {
   absl::Time exited_at;     // when it last exited
 };
 
-// The rank of the scheduler's "worker N joined the job" line; nullopt for any other line.
-std::optional<int> JoinedRank(absl::string_view line) {
+// The rank of the scheduler's "worker N<suffix>" line; nullopt for any other line.
+std::optional<int> WorkerRankOf(absl::string_view line, absl::string_view suffix) {
   int rank = -1;
-  if (!absl::ConsumePrefix(&line, kWorkerPrefix) || !absl::ConsumeSuffix(&line, kJoinedSuffix) ||
+  if (!absl::ConsumePrefix(&line, kWorkerPrefix) || !absl::ConsumeSuffix(&line, suffix) ||
       !absl::SimpleAtoi(line, &rank)) {
     return std::nullopt;
   }
@@ -299,13 +301,18 @@ class Cluster {
             std::cout << "tessera-launch: dashboard at " << line.substr(strlen(kDashboard)) << std::endl;
             continue;
           }
-          if (std::optional<int> rank = JoinedRank(line)) {
+          if (std::optional<int> rank = WorkerRankOf(line, kJoinedSuffix)) {
+            std::lock_guard<std::mutex> lock(mu_);
+            joined_ranks_.insert(*rank);
+            continue;  // the launcher's to know, not its user's
+          }
+          if (std::optional<int> rank = WorkerRankOf(line, kFirstStepSuffix)) {
             {
               std::lock_guard<std::mutex> lock(mu_);
-              joined_ranks_.insert(*rank);
+              stepped_ranks_.insert(*rank);
             }
             if (!options_.worker_cpu_quota.empty()) kill(self, SIGUSR1);  // its quota is to be set now
-            continue;  // the launcher's to know, not its user's
+            continue;
           }
           if (absl::StartsWith(line, kSummary)) job_ended_ = true;
           if (absl::StartsWith(line, kListening)) {
@@ -398,8 +405,8 @@ class Cluster {
 
   // With CPU quotas: one control group per worker, made before anything starts (so that a machine without a
   // writable CPU controller fails the run at once, saying why). A worker joins its group as it starts, and its
-  // quota holds from the moment the scheduler says it joined the job: start-up (an interpreter, its imports) runs
-  // at the machine's speed, as it would beside a slower device.
+  // quota holds from the moment the scheduler says it finished its first step: start-up (an interpreter, its
+  // imports, its data) runs at the machine's speed, as a slower device's host would run it.
   absl::Status MakeQuotaGroups() {
     if (options_.worker_cpu_quota.empty()) return absl::OkStatus();
     CpuQuotaGroup::RemoveLeftovers();
@@ -431,18 +438,18 @@ class Cluster {
     return absl::OkStatus();
   }
 
-  // Applies the quota of every worker that joined since, and every change whose time has come.
+  // Applies the quota of every worker that finished its first step since, and every change whose time has come.
   absl::Status ApplyQuotas() {
     if (quota_groups_.empty()) return absl::OkStatus();
-    std::set<int> joined;
+    std::set<int> stepped;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      joined = joined_ranks_;
+      stepped = stepped_ranks_;
     }
-    for (int rank : joined) {
+    for (int rank : stepped) {
       if (rank < 0 || rank >= static_cast<int>(quota_applied_.size()) || quota_applied_[rank]) continue;
       quota_applied_[rank] = true;
-      if (absl::Status s = SetQuota(rank, "joined the job"); !s.ok()) return s;
+      if (absl::Status s = SetQuota(rank, "finished its first step"); !s.ok()) return s;
     }
     const std::vector<CpuQuotaChange>& changes = options_.worker_cpu_quota_changes;
     while (next_quota_change_ < changes.size() &&
@@ -688,6 +695,7 @@ class Cluster {
   std::mutex mu_;
   std::string scheduler_address_;  // guarded by mu_
   std::set<int> joined_ranks_;     // guarded by mu_: the ranks the scheduler said joined
+  std::set<int> stepped_ranks_;    // guarded by mu_: the ranks the scheduler said finished their first step
   // With CPU quotas: worker i's group (removed when the Cluster goes, after every child was reaped).
   std::vector<std::unique_ptr<CpuQuotaGroup>> quota_groups_;
   std::vector<double> quota_cpus_;   // worker i's quota now (applied once it joined)

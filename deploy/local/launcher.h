@@ -34,7 +34,7 @@ struct LaunchOptions {
   std::string device = "auto";
   std::vector<std::string> worker_devices;  // when set, worker i gets worker_devices[i] (a mixed-device job)
   // When set, worker i runs under a CPU quota of worker_cpu_quota[i % size] CPUs (0: none) from the moment it
-  // joined the job, in a control group of its own (deploy/local/cpu_quota.h): a slower device made real. Each
+  // finished its first step, in a control group of its own (deploy/local/cpu_quota.h): a slower device made real. Each
   // change sets the quotas anew, that many seconds after the workers started; RUN_DIR/cpu_quotas.jsonl records
   // every quota set.
   std::vector<double> worker_cpu_quota;

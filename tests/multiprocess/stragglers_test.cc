@@ -100,12 +100,12 @@ TEST_F(StragglersTest, AWorkerUnderACpuQuotaGetsASmallerShare) {
   const std::vector<int> shares = summary["balance"]["shares"];
   EXPECT_LT(shares[1] * 2, shares[0]) << summary["balance"].dump();
   const std::vector<nlohmann::json> quotas = Lines((dir_ / "quota" / "cpu_quotas.jsonl").string());
-  ASSERT_EQ(quotas.size(), 2u) << "each worker's, set as it joined";
+  ASSERT_EQ(quotas.size(), 2u) << "each worker's, set after its first step";
   for (const nlohmann::json& q : quotas) {
     EXPECT_EQ(q["cpus"], q["worker"] == 0 ? 0.0 : 0.25) << q.dump();
-    EXPECT_EQ(q["reason"], "joined the job");
+    EXPECT_EQ(q["reason"], "finished its first step");
   }
-  // "tessera-launch: worker 1 joined the job: CPU quota 0.25 CPUs (cgroup v1 PATH)"
+  // "tessera-launch: worker 1 finished its first step: CPU quota 0.25 CPUs (cgroup v1 PATH)"
   const size_t at = output_.find("(cgroup v");
   ASSERT_NE(at, std::string::npos) << output_;
   const size_t path = output_.find(' ', at + 1) + 1;
@@ -122,7 +122,7 @@ TEST_F(StragglersTest, AQuotaChangedDuringARunMovesTheShares) {
       Launch("throttled", Job(2, 256, 100000, "balance: THROUGHPUT"),
              {"--worker_cpu_quota=0.6", "--worker_cpu_quota_at=4:0.6,0.1", "--job_override=stop { max_seconds: 14 }"});
   const std::vector<nlohmann::json> quotas = Lines((dir_ / "throttled" / "cpu_quotas.jsonl").string());
-  ASSERT_EQ(quotas.size(), 4u) << "two workers, set as they joined and at 4 s";
+  ASSERT_EQ(quotas.size(), 4u) << "two workers, set after their first step and at 4 s";
   const double changed_at = quotas[3]["unix_seconds"];
   EXPECT_EQ(quotas[3]["worker"], 1);
   EXPECT_EQ(quotas[3]["cpus"], 0.1);
