@@ -102,6 +102,7 @@ absl::Status RunRecorder::Append(const EvalRecord& r) {
                       {"samples_per_sec", r.samples_per_sec},
                       {"max_staleness", r.max_staleness},
                       {"updates_applied", r.updates_applied}};
+  if (r.clock_wall_seconds) j["clock_wall_seconds"] = *r.clock_wall_seconds;
   absl::MutexLock lock(&mu_);
   std::cout << ProgressLine(r) << std::endl;
   if (run_dir_.empty()) return absl::OkStatus();

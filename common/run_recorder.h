@@ -29,6 +29,9 @@ struct EvalRecord {
   double samples_per_sec = 0;  // whole cluster
   int64_t max_staleness = 0;   // largest staleness of any update so far
   int64_t updates_applied = 0; // model updates so far (chunk updates / chunks)
+  // Since the job started, when the evaluating worker finished step `step`: the values' own time, whatever the
+  // evaluation took (unset when not known).
+  std::optional<double> clock_wall_seconds;
 };
 
 // The fields every summary.json has, whoever ran the job (the scheduler, or a worker in local mode).

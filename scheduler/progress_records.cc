@@ -106,6 +106,10 @@ void ProgressRecords::NoteClock(int worker, int64_t clock) {
   absl::MutexLock lock(&mu_);
   training_.Note(clock, now);
   if (worker < 0 || worker >= job_.cluster().num_workers()) return;
+  step_times_.resize(job_.cluster().num_workers());
+  std::map<int64_t, absl::Time>& times = step_times_[worker];
+  times.emplace(clock, now);
+  while (times.size() > kStepTimesKept) times.erase(times.begin());
   stepped_.resize(job_.cluster().num_workers());
   if (stepped_[worker]) return;
   stepped_[worker] = true;
@@ -120,6 +124,14 @@ void ProgressRecords::WriteEvalRecord(const tessera::v1::ReportRequest& eval) {
   record.step = eval.eval_clock() > 0 ? eval.eval_clock() : eval.clock();
   record.epoch = eval.epoch();
   record.wall_seconds = absl::ToDoubleSeconds(absl::Now() - run_start());
+  {
+    absl::MutexLock lock(&mu_);
+    const int w = eval.worker_id();
+    if (w >= 0 && w < static_cast<int>(step_times_.size())) {
+      auto it = step_times_[w].find(record.step);
+      if (it != step_times_[w].end()) record.clock_wall_seconds = absl::ToDoubleSeconds(it->second - start_);
+    }
+  }
   record.test_loss = eval.test_loss();
   record.test_accuracy = eval.test_accuracy();
   const ClusterStats sum = ServerTotals();

@@ -108,6 +108,10 @@ class ProgressRecords {
   std::optional<double> seconds_to_target_ ABSL_GUARDED_BY(mu_);
   TrainingSpan training_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> stepped_ ABSL_GUARDED_BY(mu_);  // per worker: it finished a step
+  // Per worker, when it finished each of its latest kStepTimesKept steps (an evaluation's record says when the
+  // values it scored were made).
+  static constexpr size_t kStepTimesKept = 4096;
+  std::vector<std::map<int64_t, absl::Time>> step_times_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::Time> every_worker_stepped_ ABSL_GUARDED_BY(mu_);
   std::deque<EvalRecord> history_ ABSL_GUARDED_BY(mu_);
   struct Entry {

@@ -26,7 +26,9 @@
 #   MODELS="mlp cnn"  MODES="equal balanced backup async ssp2 ssp8"  THROTTLED=1 (0: no throttled run)
 #   QUOTAS=0.6,0.6,0.15,0.15   one quota per worker, in CPUs (the number of workers is the number of entries)
 #   TARGET=0.85  MAX_SECONDS=300 (each run stops there if the target is not reached)  MAX_STEPS=0 (no limit)
-#   THROTTLE_AT=15
+#   THROTTLE_AT=15  MLP_BATCH=1024 (per worker)  EVAL_EVERY (clocks between evaluations; MLP 5, CNN 20)
+# Times to the target count from when every worker had finished its first step, to when the evaluating worker
+# (rank 0) had finished the step whose values first scored the target (however long the evaluation then took).
 set -euo pipefail
 source "$(dirname "$0")/setup.sh"
 out="${1:-runs/heterogeneous-$(date +%Y%m%d-%H%M%S)}"
@@ -45,8 +47,8 @@ stop="stop { target_accuracy: $target max_seconds: ${MAX_SECONDS:-300} max_steps
 mkdir -p "$out"
 declare -A job=([mlp]=deploy/jobs/fashion_mnist_mlp_sync.pbtxt [cnn]=deploy/jobs/fashion_mnist_cnn.pbtxt)
 declare -A common=(
-  [mlp]="cluster { num_workers: $workers num_servers: 1 } batch_size: ${MLP_BATCH:-1024} eval_every_steps: 5 $stop"
-  [cnn]="cluster { num_workers: $workers num_servers: 1 } batch_size: 128 eval_every_steps: 20 $stop")
+  [mlp]="cluster { num_workers: $workers num_servers: 1 } batch_size: ${MLP_BATCH:-1024} eval_every_steps: ${EVAL_EVERY:-5} $stop"
+  [cnn]="cluster { num_workers: $workers num_servers: 1 } batch_size: 128 eval_every_steps: ${EVAL_EVERY:-20} $stop")
 declare -A modes=(
   [equal]="consistency { mode: SYNC balance: EQUAL }"
   [balanced]="consistency { mode: SYNC balance: THROUGHPUT }"

@@ -74,12 +74,18 @@ def settling(changes, global_batch):
     return settled, reversals
 
 
+def made_at(record):
+    """When the evaluated values were made (the evaluating worker finished that step), in the run's wall seconds;
+    when the evaluation's result arrived, for records without it."""
+    return record.get("clock_wall_seconds", record["wall_seconds"])
+
+
 def reached(run, target):
-    """(training seconds, step) of the first evaluation at or above `target`."""
+    """(training seconds, step) of the first values that scored at or above `target`."""
     start = origin(run)
     for r in load(run)[1]:
         if r["test_accuracy"] >= target:
-            return r["wall_seconds"] - start, r["step"]
+            return made_at(r) - start, r["step"]
     return None, None
 
 
@@ -137,7 +143,7 @@ def plot_model(out, model, runs, target):
     for mode, run in runs.items():
         _, records = load(run)
         start = origin(run)
-        axes[0].plot([r["wall_seconds"] - start for r in records], [r["test_accuracy"] for r in records],
+        axes[0].plot([made_at(r) - start for r in records], [r["test_accuracy"] for r in records],
                      label=LABELS[mode])
     axes[0].axhline(target, color="grey", linestyle=":")
     axes[0].set_xlabel("seconds of training (from every worker's first step)")

@@ -241,7 +241,7 @@ int main(int argc, char** argv) {
   // One run per run directory (a resumed run goes on in its own).
   if (FLAGS_resume.empty()) {
     if (absl::Status s = tessera::ClaimRunDirectory(options.run_dir, FLAGS_overwrite,
-                                                    {"job.pbtxt", "logs", "secrets", "checkpoints"});
+                                                    {"job.pbtxt", "logs", "secrets", "checkpoints", "cpu_quotas.jsonl"});
         !s.ok()) {
       std::cerr << "tessera-launch: " << s.message() << std::endl;
       return 2;
