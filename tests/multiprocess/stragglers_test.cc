@@ -64,7 +64,7 @@ TEST_F(StragglersTest, UnequalSharesGiveTheSameParametersAsOneProcessOnTheUnionB
 // speed the machine gives them; under a loaded test run that is not equal, so only the change is asserted.)
 TEST_F(StragglersTest, ThroughputSharesFollowAWorkerSlowedInTheMiddleOfARun) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not installed (Debian package dataset-fashion-mnist)";
-  nlohmann::json summary = Launch("throughput", Job(2, 128, 140, "balance: THROUGHPUT"),
+  nlohmann::json summary = Launch("throughput", Job(2, 128, 400, "balance: THROUGHPUT"),
                                   {"--slow_worker=1", "--slow_factor=20", "--slow_from_step=40"});
   ASSERT_TRUE(summary.contains("balance")) << summary.dump();
   const nlohmann::json& balance = summary["balance"];
@@ -95,7 +95,7 @@ std::vector<nlohmann::json> Lines(const std::string& path) {
 TEST_F(StragglersTest, AWorkerUnderACpuQuotaGetsASmallerShare) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not installed (Debian package dataset-fashion-mnist)";
   if (absl::Status s = CpuQuotaGroup::Available(); !s.ok()) GTEST_SKIP() << s.message();
-  nlohmann::json summary = Launch("quota", Job(2, 256, 150, "balance: THROUGHPUT"), {"--worker_cpu_quota=0,0.25"});
+  nlohmann::json summary = Launch("quota", Job(2, 256, 400, "balance: THROUGHPUT"), {"--worker_cpu_quota=0,0.25"});
   ASSERT_TRUE(summary.contains("balance")) << summary.dump();
   const std::vector<int> shares = summary["balance"]["shares"];
   EXPECT_LT(shares[1] * 2, shares[0]) << summary["balance"].dump();
