@@ -80,10 +80,9 @@ def made_at(record):
     return record.get("clock_wall_seconds", record["wall_seconds"])
 
 
-def reached(run, target):
-    """(training seconds, step) of the first values that scored at or above `target`."""
-    start = origin(run)
-    for r in load(run)[1]:
+def reached(records, start, target):
+    """(training seconds from `start`, step) of the first values that scored at or above `target`."""
+    for r in records:
         if r["test_accuracy"] >= target:
             return made_at(r) - start, r["step"]
     return None, None
@@ -98,7 +97,7 @@ def row(model, mode, run, target, equal_seconds):
     staleness = summary.get("staleness", {}).get("all", {})
     global_batch = sum(balance.get("shares") or [0])
     settled, reversals = settling(share_changes(run), global_batch) if mode == "balanced" else (None, 0)
-    t, step = reached(run, target)
+    t, step = reached(records, origin(run), target)
     return {
         "model": model, "mode": mode,
         "seconds_to_target": round(t, 1) if t is not None else None,
@@ -218,7 +217,7 @@ def main():
                 if os.path.exists(os.path.join(out, model, m, "summary.json"))}
         if not runs:
             continue
-        equal = reached(runs["equal"], target)[0] if "equal" in runs else None
+        equal = reached(load(runs["equal"])[1], origin(runs["equal"]), target)[0] if "equal" in runs else None
         for mode, run in runs.items():
             rows.append(row(model, mode, run, target, equal))
         print("plot:", plot_model(out, model, runs, target))

@@ -455,9 +455,9 @@ class Cluster {
     while (next_quota_change_ < changes.size() &&
            absl::Now() - workers_started_ >= absl::Seconds(changes[next_quota_change_].after_seconds)) {
       const CpuQuotaChange& change = changes[next_quota_change_++];
+      const std::string reason = absl::StrCat("at ", change.after_seconds, " s (--worker_cpu_quota_at)");
       for (size_t i = 0; i < quota_groups_.size(); ++i) {
         quota_cpus_[i] = change.cpus[i % change.cpus.size()];
-        const std::string reason = absl::StrCat("at ", change.after_seconds, " s (--worker_cpu_quota_at)");
         if (quota_applied_[i]) {
           if (absl::Status s = SetQuota(i, reason); !s.ok()) return s;
         }
@@ -698,8 +698,8 @@ class Cluster {
   std::set<int> stepped_ranks_;    // guarded by mu_: the ranks the scheduler said finished their first step
   // With CPU quotas: worker i's group (removed when the Cluster goes, after every child was reaped).
   std::vector<std::unique_ptr<CpuQuotaGroup>> quota_groups_;
-  std::vector<double> quota_cpus_;   // worker i's quota now (applied once it joined)
-  std::vector<bool> quota_applied_;  // worker i joined and its quota holds
+  std::vector<double> quota_cpus_;   // worker i's quota now (applied once it finished its first step)
+  std::vector<bool> quota_applied_;  // worker i finished its first step and its quota holds
   absl::Time workers_started_;
   size_t next_quota_change_ = 0;  // the first of options_.worker_cpu_quota_changes not yet applied
 };
