@@ -32,6 +32,20 @@ bool IsServiceLink(const std::string& variable, const std::string& value) {
          absl::StartsWith(value, "tcp://") || absl::StartsWith(value, "udp://") || absl::StartsWith(value, "sctp://");
 }
 
+// Variables the project's own build and deploy scripts read (deploy/*.sh, the container build, the benchmark):
+// they share the prefix with the flags' variables but are no flag's, and are not a user's typo.
+bool IsProjectScriptVariable(const std::string& variable) {
+  static const char* const kScriptVariables[] = {
+      "TESSERA_BUILD_DIR",      "TESSERA_BUILD_JOBS",   "TESSERA_BUILD_PYTHON", "TESSERA_CMAKE_ARGS",
+      "TESSERA_ENABLE_CUDA",    "TESSERA_FUZZ",         "TESSERA_BENCH_PYTORCH", "TESSERA_BENCH_TABLE",
+      "TESSERA_BASE_IMAGE",     "TESSERA_CONTAINER_DIR", "TESSERA_IMAGE",       "TESSERA_STRIP",
+      "TESSERA_DEBIAN_MIRROR",  "TESSERA_GPU_OUT"};
+  for (const char* known : kScriptVariables) {
+    if (variable == known) return true;
+  }
+  return false;
+}
+
 bool IsOwnFlag(const gflags::CommandLineFlagInfo& info, const char* own_flags_file) {
   return absl::StrContains(info.filename, own_flags_file);
 }
@@ -121,6 +135,7 @@ absl::Status ParseProgramFlagsFrom(const char* own_flags_file, std::vector<std::
     const std::string variable = entry.substr(0, equals);
     if (IsServiceLink(variable, entry.substr(equals + 1))) continue;
     auto it = own.find(variable);
+    if (it == own.end() && IsProjectScriptVariable(variable)) continue;
     if (it == own.end()) {
       unknown.push_back(variable);
       continue;

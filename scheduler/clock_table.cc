@@ -14,6 +14,7 @@ ClockTable::ClockTable(int num_workers, int bound, int backups,
       on_round_decided_(std::move(on_round_decided)),
       clocks_(num_workers, 0),
       active_(num_workers, true),
+      pushed_from_(num_workers, 0),
       late_rounds_(num_workers, 0),
       owes_rollback_(num_workers, false) {
   deadline_thread_ = std::thread([this] { RunDeadlines(); });
@@ -70,7 +71,9 @@ void ClockTable::DecideRoundsLocked(std::vector<RoundMembers>& decided) {
     round.round = newest_decided_ + 1;
     for (size_t i = 0; i < clocks_.size(); ++i) {
       if (!active_[i]) continue;
-      (clocks_[i] > round.round ? round.members : round.late).push_back(static_cast<int>(i));
+      // A member pushed the round: it is past it, and did not skip it (a late answer, a rejoin past it).
+      const bool pushed = clocks_[i] > round.round && round.round >= pushed_from_[i];
+      (pushed ? round.members : round.late).push_back(static_cast<int>(i));
     }
     newest_decided_ = round.round;
     rounds_.push_back(round);
@@ -146,6 +149,7 @@ void ClockTable::Advance(int worker, int64_t clock, absl::Time deadline, Callbac
       // Round clock - 1 closed without this worker: on to the round after the newest decided one.
       ++late_rounds_[worker];
       clocks_[worker] = std::max(clock, newest_decided_ + 1);
+      pushed_from_[worker] = clocks_[worker];  // it pushes every round from there on
       GateResult late{MinActiveLocked(), false, "", std::nullopt, clocks_[worker]};
       ready.emplace_back(std::move(done), late);
     } else {
@@ -226,6 +230,7 @@ void ClockTable::RollBack(int64_t clock, uint64_t generation) {
     for (size_t i = 0; i < clocks_.size(); ++i) {
       if (!active_[i]) continue;
       clocks_[i] = clock;
+      pushed_from_[i] = clock;  // the rounds from the checkpoint's on are pushed again
       owes_rollback_[i] = true;
     }
     rolled_back_to_ = clock;
@@ -243,13 +248,14 @@ void ClockTable::RollBack(int64_t clock, uint64_t generation) {
   for (auto& [callback, result] : ready) callback(std::move(result));
 }
 
-void ClockTable::Rejoin(int worker, int64_t clock) {
+void ClockTable::Rejoin(int worker, int64_t clock, int64_t pushed_from) {
   Ready ready;
   {
     absl::MutexLock lock(&mu_);
     if (worker < 0 || worker >= static_cast<int>(clocks_.size())) return;
     active_[worker] = true;
     clocks_[worker] = clock;
+    pushed_from_[worker] = pushed_from < 0 ? clock : std::min(pushed_from, clock);
     owes_rollback_[worker] = false;
     CollectLocked(absl::Now(), ready);
   }

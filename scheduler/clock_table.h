@@ -13,7 +13,10 @@
 // of c opens for them, and `on_round_decided` names them (the servers close the round with exactly those
 // workers' gradients). A worker that advances to c after round c - 1 was decided without it is late: its
 // gradients of that round are never applied, and its gate answers at once, sending it on to the round after
-// the newest decided one.
+// the newest decided one. A worker is a member of round r only if it pushed it: r < its clock, and r at or past
+// the clock it pushed every round from (its start, its last late answer, the last rollback, or what it says when
+// it rejoins), so that a table that decides rounds again (a restarted scheduler's) leaves out the rounds a late
+// answer made it skip.
 #ifndef TESSERA_SCHEDULER_CLOCK_TABLE_H_
 #define TESSERA_SCHEDULER_CLOCK_TABLE_H_
 
@@ -78,9 +81,13 @@ class ClockTable {
   // `worker` has finished or was lost: it no longer holds the others back.
   void Done(int worker);
 
-  // `worker` is back (a new incarnation of a lost rank), at `clock`: it holds the others back again. The clock
-  // may be lower or higher than its last one.
-  void Rejoin(int worker, int64_t clock);
+  // `worker` is back (a new incarnation of a lost rank, or a worker taken back by a restarted scheduler), at
+  // `clock`: it holds the others back again. The clock may be lower or higher than its last one.
+  // `pushed_from` (SYNC with backups): the worker pushed every round in [pushed_from, clock), and is a member
+  // of no undecided round before pushed_from (a late answer sent it past them). Negative (the default): it
+  // pushed none before `clock`; a value above `clock` counts as `clock`; 0 (a worker that does not say): every
+  // round before `clock`.
+  void Rejoin(int worker, int64_t clock, int64_t pushed_from = -1);
   // Subscribed to the cluster view: a worker done or lost leaves the gate (Done); a returning one is held one
   // clock below its start (Rejoin), until the coordinator has handed the servers the view with it and admits
   // it at its start.
@@ -142,6 +149,8 @@ class ClockTable {
   mutable absl::Mutex mu_;
   std::vector<int64_t> clocks_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> active_ ABSL_GUARDED_BY(mu_);
+  // With backups: each worker pushed every round in [pushed_from_, clocks_), and is a member of none before.
+  std::vector<int64_t> pushed_from_ ABSL_GUARDED_BY(mu_);
   std::list<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   uint64_t waiters_added_ ABSL_GUARDED_BY(mu_) = 0;  // wakes the deadline thread for a new, maybe earlier, one
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;

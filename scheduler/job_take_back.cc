@@ -230,7 +230,7 @@ absl::StatusOr<Member> JobTakeBack::ComeBack(const tessera::v1::RegisterRequest&
   const int id = request.requested_id();
   const bool was_awaited = (server ? parts_.view->Servers() : parts_.view->Workers())[id].awaited;
   TESSERA_ASSIGN_OR_RETURN(Member member, parts_.view->Return(request, key, absl::Now()));
-  Returned(member, request.rejoin().clock());
+  Returned(member, request.rejoin().clock(), request.rejoin().pushed_from());
   // A server back after the job was taken back, or a worker that took its slot anew, changes what the servers
   // hold: a new epoch (past any a late server brings).
   if (server || !was_awaited) {
@@ -240,11 +240,11 @@ absl::StatusOr<Member> JobTakeBack::ComeBack(const tessera::v1::RegisterRequest&
   return member;
 }
 
-void JobTakeBack::Returned(const Member& member, int64_t clock) {
+void JobTakeBack::Returned(const Member& member, int64_t clock, int64_t pushed_from) {
   if (member.role == tessera::v1::SERVER) {
     parts_.servers->SetControlKey(member.address, member.control_key);
   } else {
-    parts_.clocks->Rejoin(member.id, clock);
+    parts_.clocks->Rejoin(member.id, clock, pushed_from);
   }
 }
 

@@ -90,8 +90,9 @@ class JobTakeBack {
   void LoadRunsCheckpoint(const tessera::v1::ShardMap& view);
   // After the take-back: a member coming back takes its slot.
   absl::StatusOr<Member> ComeBack(const tessera::v1::RegisterRequest& request, const std::string& key);
-  // A member taken back: the gate takes a worker's clock, the servers' control a server's key.
-  void Returned(const Member& member, int64_t clock);
+  // A member taken back: the gate takes a worker's clock (and the clock it pushed every round from, see
+  // ClockTable::Rejoin; negative: none before `clock`), the servers' control a server's key.
+  void Returned(const Member& member, int64_t clock, int64_t pushed_from = -1);
 
   const TakeBackParts parts_;
   const absl::Duration heartbeat_interval_;

@@ -207,17 +207,19 @@ void TakeRowIds(const FabricRequest& request, const PooledBuffer& data, google::
 void FabricService::PullRowsOf(ucp_ep_h ep, const FabricRequest& request, const PooledBuffer& data) {
   tessera::v1::RowPullRequest pull = request.row_pull();
   TakeRowIds(request, data, pull.mutable_ids());
-  absl::StatusOr<tessera::v1::RowPullResponse> rows = store_->PullRows(pull);
-  if (!rows.ok()) {
-    Reply(ep, ReplyWithStatus(request.request_id(), rows.status()));
-    return;
-  }
-  FabricReply reply;
-  reply.set_request_id(request.request_id());
-  const std::string& values = rows->values();
-  std::shared_ptr<PooledBuffer> out = buffers_.Get(std::max<size_t>(values.size(), 1));
-  std::memcpy(out->data(), values.data(), values.size());
-  Reply(ep, std::move(reply), std::move(out), values.size());
+  // Answered now, or once the round of rows it waits for is applied.
+  store_->PullRows(pull, [this, ep, id = request.request_id()](absl::StatusOr<tessera::v1::RowPullResponse> rows) {
+    if (!rows.ok()) {
+      Reply(ep, ReplyWithStatus(id, rows.status()));
+      return;
+    }
+    FabricReply reply;
+    reply.set_request_id(id);
+    const std::string& values = rows->values();
+    std::shared_ptr<PooledBuffer> out = buffers_.Get(std::max<size_t>(values.size(), 1));
+    std::memcpy(out->data(), values.data(), values.size());
+    Reply(ep, std::move(reply), std::move(out), values.size());
+  });
 }
 
 void FabricService::PushRowsOf(ucp_ep_h ep, const Connection& c, std::shared_ptr<const FabricRequest> request,
@@ -244,6 +246,7 @@ void FabricService::PushRowsOf(ucp_ep_h ep, const Connection& c, std::shared_ptr
       reply.set_rows_updated(pushed->rows_updated());
       reply.set_rows_refused(pushed->rows_refused());
       reply.set_duplicate(pushed->duplicate());
+      reply.set_late(pushed->late());
       Reply(ep, std::move(reply));
     });
   };

@@ -11,6 +11,7 @@
 #include "common/wire_limits.h"
 #include "server/shard_store.h"
 #include "common/row_batch.h"
+#include "absl/synchronization/notification.h"
 
 namespace tessera {
 
@@ -64,21 +65,88 @@ absl::StatusOr<ShardStore::FoundRows> ShardStore::FindRows(uint64_t epoch, int w
   return found;
 }
 
-absl::StatusOr<tessera::v1::RowPullResponse> ShardStore::PullRows(const tessera::v1::RowPullRequest& request) const {
+void ShardStore::PullRows(const tessera::v1::RowPullRequest& request, RowPullDone done) const {
   const absl::Span<const uint64_t> ids(request.ids().data(), request.ids_size());
-  TESSERA_ASSIGN_OR_RETURN(FoundRows found, FindRows(request.epoch(), request.worker_id(), request.table(), ids));
-  const int64_t dim = found.spec->dim;
+  absl::StatusOr<FoundRows> found = FindRows(request.epoch(), request.worker_id(), request.table(), ids);
+  if (!found.ok()) return done(found.status());
+  // SYNC with backup workers: the rounds before the puller's clock must be applied here first.
+  absl::StatusOr<bool> parked = found->config->policy->ParkRowPull(
+      request.table(), request.clock(), [this, request, done] { PullRows(request, done); });
+  if (!parked.ok()) return done(parked.status());
+  if (*parked) return;
+  const int64_t dim = found->spec->dim;
   std::string values(ids.size() * dim * sizeof(float), '\0');
   float* out = reinterpret_cast<float*>(values.data());
-  for (auto& [slot, positions] : found.slots) {
+  for (auto& [slot, positions] : found->slots) {
     absl::MutexLock slot_lock(&slot->mu);
     // A view adopted since FindRows may have moved the slot away (retired, its rows cleared): ask again there.
-    if (slot->replication.primary != found.server_id) return MovedAway(found.epoch);
+    if (slot->replication.primary != found->server_id) return done(MovedAway(found->epoch));
     for (int64_t i : positions) slot->ReadLocked(ids[i], absl::MakeSpan(out + i * dim, dim));
   }
   tessera::v1::RowPullResponse response;
   response.set_values(std::move(values));
-  return response;
+  done(std::move(response));
+}
+
+absl::StatusOr<tessera::v1::RowPullResponse> ShardStore::PullRows(const tessera::v1::RowPullRequest& request) const {
+  absl::Notification answered;
+  absl::StatusOr<tessera::v1::RowPullResponse> result;
+  PullRows(request, [&](absl::StatusOr<tessera::v1::RowPullResponse> pulled) {
+    result = std::move(pulled);
+    answered.Notify();
+  });
+  answered.WaitForNotification();
+  return result;
+}
+
+absl::StatusOr<RowPush> ShardStore::CheckRowPush(const tessera::v1::RowPushRequest& request,
+                                                 std::string_view member_key, const FoundRows& found,
+                                                 const std::string& what) const {
+  const int64_t dim = found.spec->dim;
+  TESSERA_RETURN_IF_ERROR(CheckPushStamp(
+      *found.roster, found.config->job.cluster().num_workers(),
+      PushStamp{request.worker_id(), request.incarnation(), member_key, request.seq(), request.clock(), 0}, what));
+  if (request.batch_size() <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": batch_size must be > 0, got ", request.batch_size()));
+  }
+  const float lr_factor = request.has_lr_factor() ? request.lr_factor() : 1.0f;
+  if (!(std::isfinite(lr_factor) && lr_factor >= 0 && lr_factor <= kMaxLrFactor)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": learning-rate factor ", lr_factor,
+                                                   " must be within 0 .. ", kMaxLrFactor));
+  }
+  const size_t rows = request.ids_size();
+  if (request.grads().size() != rows * dim * sizeof(float)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", request.grads().size(), " bytes of gradients for ",
+                                                   rows, " rows of ", dim, " values"));
+  }
+  // Read in place; checked finite before anything is taken.
+  std::vector<float> grads(rows * dim);
+  if (!grads.empty()) std::memcpy(grads.data(), request.grads().data(), request.grads().size());
+  if (!std::all_of(grads.begin(), grads.end(), [](float g) { return std::isfinite(g); })) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": non-finite gradients; nothing was applied"));
+  }
+  RowPush push;
+  push.spec = found.spec;
+  push.worker = request.worker_id();
+  push.seq = request.seq();
+  push.clock = request.clock();
+  push.batch_size = request.batch_size();
+  push.lr_factor = lr_factor;
+  push.skip = request.skip();
+  // Each slot's ids with their gradients, duplicates summed in an order fixed by their values.
+  for (const auto& [slot, positions] : found.slots) {
+    std::vector<uint64_t> slot_ids;
+    std::vector<float> slot_grads;
+    slot_ids.reserve(positions.size());
+    slot_grads.reserve(positions.size() * dim);
+    for (int64_t i : positions) {
+      slot_ids.push_back(request.ids(static_cast<int>(i)));
+      slot_grads.insert(slot_grads.end(), grads.begin() + i * dim, grads.begin() + (i + 1) * dim);
+    }
+    TESSERA_ASSIGN_OR_RETURN(RowGradients summed, SumDuplicates(slot_ids, slot_grads, dim));
+    push.slots.push_back(SlotRows{slot, std::move(summed)});
+  }
+  return push;
 }
 
 void ShardStore::PushRows(const tessera::v1::RowPushRequest& request, std::string_view member_key, RowPushDone done) {
@@ -86,147 +154,136 @@ void ShardStore::PushRows(const tessera::v1::RowPushRequest& request, std::strin
   absl::StatusOr<FoundRows> found = FindRows(request.epoch(), request.worker_id(), request.table(), ids);
   if (!found.ok()) return done(found.status());
   const std::string what = absl::StrCat("push to rows of '", request.table(), "'");
-  const int64_t dim = found->spec->dim;
-  absl::Status checked = CheckPusher(*found->roster, request.worker_id(), request.incarnation(), member_key);
-  if (checked.ok() && (request.seq() == 0 || request.seq() > static_cast<uint64_t>(kMaxUpdateCount))) {
-    checked = absl::InvalidArgumentError(absl::StrCat(what, ": seq ", request.seq(), " is not within 1 .. ",
-                                                      kMaxUpdateCount));
-  }
-  if (checked.ok() && (request.clock() < 0 || request.clock() > kMaxClock || request.batch_size() <= 0)) {
-    checked = absl::InvalidArgumentError(absl::StrCat(what, ": clock ", request.clock(), " must be within 0 .. ",
-                                                      kMaxClock, " and batch_size > 0, got ", request.batch_size()));
-  }
-  const float lr_factor = request.has_lr_factor() ? request.lr_factor() : 1.0f;
-  if (checked.ok() && !(std::isfinite(lr_factor) && lr_factor >= 0 && lr_factor <= kMaxLrFactor)) {
-    checked = absl::InvalidArgumentError(absl::StrCat(what, ": learning-rate factor ", lr_factor,
-                                                      " must be within 0 .. ", kMaxLrFactor));
-  }
-  if (checked.ok() && request.grads().size() != ids.size() * dim * sizeof(float)) {
-    checked = absl::InvalidArgumentError(absl::StrCat(what, ": ", request.grads().size(), " bytes of gradients for ",
-                                                      ids.size(), " rows of ", dim, " values"));
-  }
-  if (!checked.ok()) return done(checked);
-  std::vector<float> grads(ids.size() * dim);
-  if (!grads.empty()) std::memcpy(grads.data(), request.grads().data(), request.grads().size());
-  if (!std::all_of(grads.begin(), grads.end(), [](float g) { return std::isfinite(g); })) {
-    return done(absl::InvalidArgumentError(absl::StrCat(what, ": non-finite gradients; nothing was applied")));
-  }
-  // SYNC: each worker's part of the step's mean gradient.
-  const JobConfig& config = *found->config;
-  if (config.job.consistency().mode() == tessera::v1::ConsistencySpec::SYNC) {
-    const int active = static_cast<int>(
-        std::count(found->roster->active.begin(), found->roster->active.end(), true));
-    const double round = static_cast<double>(std::max(1, config.job.batch_size())) * std::max(1, active);
-    const float weight = static_cast<float>(request.batch_size() / round);
-    for (float& g : grads) g *= weight;
-  }
-
-  // Each slot's ids with their gradients, duplicates summed in an order fixed by their values.
-  struct SlotBatch {
-    RowSlot* slot;
-    RowGradients rows;
-    int64_t version = 0;  // after the push
-  };
-  std::vector<SlotBatch> batches;
-  for (auto& [slot, positions] : found->slots) {
-    std::vector<uint64_t> slot_ids;
-    std::vector<float> slot_grads;
-    slot_ids.reserve(positions.size());
-    slot_grads.reserve(positions.size() * dim);
-    for (int64_t i : positions) {
-      slot_ids.push_back(ids[i]);
-      slot_grads.insert(slot_grads.end(), grads.begin() + i * dim, grads.begin() + (i + 1) * dim);
-    }
-    absl::StatusOr<RowGradients> summed = SumDuplicates(slot_ids, slot_grads, dim);
-    if (!summed.ok()) return done(summed.status());
-    batches.push_back(SlotBatch{slot, *std::move(summed)});
-  }
-  // The memory of the rows it creates is taken first, for the whole push: one that does not fit changes nothing,
-  // unless the table evicts (evict_when_full), which makes room slot by slot below, under each slot's lock.
-  int64_t fresh = 0;
-  for (SlotBatch& b : batches) {
-    absl::MutexLock slot_lock(&b.slot->mu);
-    fresh += b.slot->NewRowsLocked(b.rows.ids);
-  }
-  int64_t reserved = fresh * found->spec->RowBytes();
-  const bool fits = state_.row_memory.Reserve(reserved);
-  const bool evicting = !fits && found->spec->evict_when_full;
-  if (!fits && !evicting) {
-    return done(absl::ResourceExhaustedError(absl::StrCat(
-        what, ": its ", fresh, " new rows (", reserved, " bytes) do not fit this server's row memory (",
-        state_.row_memory.used(), " of ", state_.row_memory.cap(),
-        " bytes used; --max_row_memory_mb); nothing was applied. Add servers, or give the table admit_after, "
-        "expire_after_steps or evict_when_full")));
-  }
-  if (evicting) reserved = 0;
-  tessera::v1::RowPushResponse response;
-  bool all_duplicate = true;
-  absl::Status moved;  // a slot a view adopted since FindRows moved away: its rows are asked for again there
-  for (SlotBatch& b : batches) {
-    absl::MutexLock slot_lock(&b.slot->mu);
-    if (b.slot->replication.primary != found->server_id) {
-      moved = MovedAway(found->epoch);
-      b.slot = nullptr;
-      continue;
-    }
-    auto seen = b.slot->last_seq.find(request.worker_id());
-    if (seen != b.slot->last_seq.end() && request.seq() <= seen->second) {
-      b.version = b.slot->version;  // applied before: answered once the backups hold it, as the first answer was
-      continue;
-    }
-    all_duplicate = false;
-    // Evicting: as many of the slot's least recently updated rows as the push creates in it, unless the budget
-    // has room for them now.
-    std::vector<uint64_t> evict;
-    if (evicting) {
-      const int64_t needed = b.slot->NewRowsLocked(b.rows.ids);
-      if (!state_.row_memory.Reserve(needed * found->spec->RowBytes())) {
-        evict = b.slot->OldestRowsLocked(needed, b.rows.ids);
-      } else {
-        state_.row_memory.Release(needed * found->spec->RowBytes());  // the rows charge themselves as created
-      }
-    }
-    RowsApplied applied =
-        b.slot->ApplyLocked(b.rows.ids, b.rows.grads, lr_factor, request.clock(), reserved, evict);
-    b.slot->last_seq[request.worker_id()] = request.seq();
-    b.version = b.slot->version;
-    response.set_rows_updated(response.rows_updated() + applied.updated);
-    response.set_rows_refused(response.rows_refused() + applied.refused);
-  }
-  state_.row_memory.Release(reserved);  // what rows created by others meanwhile left unused
-  if (!moved.ok()) {
-    // The slots applied keep the push (a retry with its seq is a duplicate there); the caller retries the rest.
-    return done(moved);
-  }
-  response.set_duplicate(all_duplicate);
+  absl::StatusOr<RowPush> push = CheckRowPush(request, member_key, *found, what);
+  if (!push.ok()) return done(push.status());
   {
     absl::MutexLock lock(&counters_mu_);
     ++counters_.pushes;
     counters_.push_bytes += static_cast<int64_t>(request.grads().size() + request.ids().size() * sizeof(uint64_t));
-    if (all_duplicate) ++counters_.duplicate_pushes;
   }
-  // Answered once every slot's backups hold the update.
-  auto pending = std::make_shared<std::atomic<int>>(1);
-  auto status = std::make_shared<absl::Status>();
-  auto status_mu = std::make_shared<absl::Mutex>();
-  auto finish = [pending, status, status_mu, done = std::move(done), response](const absl::Status& held) {
-    if (!held.ok()) {
-      absl::MutexLock lock(status_mu.get());
-      status->Update(held);
-    }
-    if (pending->fetch_sub(1) != 1) return;
-    if (status->ok()) {
-      done(response);
-    } else {
-      done(*status);
-    }
-  };
-  for (SlotBatch& b : batches) {
-    if (b.slot == nullptr) continue;
-    pending->fetch_add(1);
-    shipper_.AfterApplied(*b.slot, b.version, finish);
+  // The policy decides when the rows apply: now, or when their round closes.
+  RowsTaken taken;
+  found->config->policy->AdmitRows(*std::move(push), std::move(done), *found->roster,
+                                   RowApplierFor(found->server_id, found->epoch), taken);
+  FinishRows(taken);
+}
+
+RowApplier ShardStore::RowApplierFor(int server_id, uint64_t epoch) {
+  return [this, server_id, epoch](const RowUpdate& update) { return ApplyRowUpdate(update, server_id, epoch); };
+}
+
+namespace {
+// Has `slot` applied every push of `update` before (a retry)?
+bool AppliedBefore(const RowSlot& slot, const RowUpdate& update) ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mu) {
+  for (const auto& [worker, seq] : update.pushes) {
+    auto seen = slot.last_seq.find(worker);
+    if (seen == slot.last_seq.end() || seq > seen->second) return false;
   }
-  finish(absl::OkStatus());
+  return !update.pushes.empty();
+}
+}  // namespace
+
+RowUpdateResult ShardStore::ApplyRowUpdate(const RowUpdate& update, int server_id, uint64_t epoch) {
+  RowUpdateResult result;
+  const RowTableSpec& spec = *update.spec;
+  // The memory of the rows it creates is taken first, for the whole update: one that does not fit changes
+  // nothing, unless the table evicts (evict_when_full), which makes room slot by slot below, under each slot's
+  // lock.
+  int64_t fresh = 0;
+  for (const SlotRows& s : update.slots) {
+    absl::MutexLock slot_lock(&s.slot->mu);
+    fresh += s.slot->NewRowsLocked(s.rows.ids);
+  }
+  int64_t reserved = fresh * spec.RowBytes();
+  const bool fits = state_.row_memory.Reserve(reserved);
+  const bool evicting = !fits && spec.evict_when_full;
+  if (!fits && !evicting) {
+    result.status = absl::ResourceExhaustedError(absl::StrCat(
+        "push to rows of '", spec.name, "': its ", fresh, " new rows (", reserved,
+        " bytes) do not fit this server's row memory (", state_.row_memory.used(), " of ", state_.row_memory.cap(),
+        " bytes used; --max_row_memory_mb); nothing was applied. Add servers, or give the table admit_after, "
+        "expire_after_steps or evict_when_full"));
+    return result;
+  }
+  if (evicting) reserved = 0;
+  result.duplicate = true;
+  for (const SlotRows& s : update.slots) {
+    RowSlot& slot = *s.slot;
+    absl::MutexLock slot_lock(&slot.mu);
+    if (slot.replication.primary != server_id) {
+      // A view adopted since the push was checked moved the slot away: its rows are asked for again there (the
+      // slots applied keep the push; a retry with its seq is a duplicate there).
+      result.status = MovedAway(epoch);
+      continue;
+    }
+    if (AppliedBefore(slot, update)) {
+      result.held.emplace_back(&slot, slot.version);  // answered once the backups hold it, as the first answer was
+      continue;
+    }
+    result.duplicate = false;
+    // Evicting: as many of the slot's least recently updated rows as the update creates in it, unless the budget
+    // has room for them now.
+    std::vector<uint64_t> evict;
+    if (evicting) {
+      const int64_t needed = slot.NewRowsLocked(s.rows.ids);
+      if (!state_.row_memory.Reserve(needed * spec.RowBytes())) {
+        evict = slot.OldestRowsLocked(needed, s.rows.ids);
+      } else {
+        state_.row_memory.Release(needed * spec.RowBytes());  // the rows charge themselves as created
+      }
+    }
+    RowsApplied applied = slot.ApplyLocked(s.rows.ids, s.rows.grads, update.lr_factor, update.clock, reserved, evict);
+    for (const auto& [worker, seq] : update.pushes) slot.last_seq[worker] = seq;
+    result.held.emplace_back(&slot, slot.version);
+    result.updated += applied.updated;
+    result.refused_rows += applied.refused;
+    if (!applied.refused_ids.empty()) {
+      std::sort(applied.refused_ids.begin(), applied.refused_ids.end());
+      result.refused[&slot] = std::move(applied.refused_ids);
+    }
+  }
+  state_.row_memory.Release(reserved);  // what rows created by others meanwhile left unused
+  if (update.slots.empty()) result.duplicate = false;
+  return result;
+}
+
+void ShardStore::FinishRows(RowsTaken& taken) {
+  if (taken.late > 0) {
+    absl::MutexLock lock(&counters_mu_);
+    counters_.late_pushes += taken.late;
+  }
+  for (auto& [done, answer] : taken.now) done(std::move(answer));
+  for (auto& [update, result] : taken.applied) {
+    if (result.duplicate && update.pushes.size() == 1) {
+      absl::MutexLock lock(&counters_mu_);
+      ++counters_.duplicate_pushes;
+    }
+    // Answered once every slot's backups hold the update.
+    auto pending = std::make_shared<std::atomic<int>>(1);
+    auto held = std::make_shared<absl::Status>(result.status);
+    auto held_mu = std::make_shared<absl::Mutex>();
+    auto finish = [pending, held, held_mu, waiters = std::make_shared<std::vector<RowWaiter>>(std::move(update.waiters)),
+                   result = std::make_shared<RowUpdateResult>(result)](const absl::Status& status) {
+      if (!status.ok()) {
+        absl::MutexLock lock(held_mu.get());
+        held->Update(status);
+      }
+      if (pending->fetch_sub(1) != 1) return;
+      for (RowWaiter& waiter : *waiters) {
+        if (held->ok()) {
+          waiter.done(AnswerOf(waiter, *result));
+        } else {
+          waiter.done(*held);
+        }
+      }
+    };
+    for (const auto& [slot, version] : result.held) {
+      pending->fetch_add(1);
+      shipper_.AfterApplied(*slot, version, finish);
+    }
+    finish(absl::OkStatus());
+  }
+  for (auto& pull : taken.pulls) pull();
 }
 
 }  // namespace tessera

@@ -10,6 +10,11 @@ namespace tessera {
 
 Server::Server(const ServerOptions& options) : options_(options) {}
 
+namespace {
+void AddTableMetrics(const tessera::v1::ServerStats& stats, const std::pair<std::string, std::string>& server,
+                     MetricsPage& page);
+}  // namespace
+
 std::string ServerMetricsText(const tessera::v1::ServerStats& stats, int server_id) {
   const MetricLabels server = {{"server", server_id >= 0 ? absl::StrCat(server_id) : ""}};
   struct Single {
@@ -46,7 +51,22 @@ std::string ServerMetricsText(const tessera::v1::ServerStats& stats, int server_
               "Staleness of each applied update: the pushing worker's clock minus the clock of the parameters it "
               "read.")
       .StalenessSeries(stats.staleness(), server);
-  // Embedding tables, by table.
+  AddTableMetrics(stats, server[0], page);
+  for (int w = 0; w < stats.worker_staleness_size(); ++w) {
+    if (w == 0) {
+      page.Family("tessera_server_worker_update_staleness_clocks", MetricsPage::kHistogram,
+                  "Staleness of the updates of each worker.");
+    }
+    page.StalenessSeries(stats.worker_staleness(w), {server[0], {"worker", absl::StrCat(w)}});
+  }
+  return page.text();
+}
+
+namespace {
+
+// The embedding tables' metrics, by table.
+void AddTableMetrics(const tessera::v1::ServerStats& stats, const std::pair<std::string, std::string>& server,
+                     MetricsPage& page) {
   const struct {
     const char* name;
     MetricsPage::Type type;
@@ -79,7 +99,7 @@ std::string ServerMetricsText(const tessera::v1::ServerStats& stats, int server_
     if (stats.tables_size() == 0) break;
     page.Family(m.name, m.type, m.help);
     for (const auto& t : stats.tables()) {
-      page.Sample(static_cast<double>((t.*m.value)()), {server[0], {"table", t.table()}});
+      page.Sample(static_cast<double>((t.*m.value)()), {server, {"table", t.table()}});
     }
   }
   for (int t = 0; t < stats.tables_size(); ++t) {
@@ -88,17 +108,11 @@ std::string ServerMetricsText(const tessera::v1::ServerStats& stats, int server_
                   "Staleness of each slot update of an embedding table: the clocks the slot's newest update was "
                   "ahead of it.");
     }
-    page.StalenessSeries(stats.tables(t).staleness(), {server[0], {"table", stats.tables(t).table()}});
+    page.StalenessSeries(stats.tables(t).staleness(), {server, {"table", stats.tables(t).table()}});
   }
-  for (int w = 0; w < stats.worker_staleness_size(); ++w) {
-    if (w == 0) {
-      page.Family("tessera_server_worker_update_staleness_clocks", MetricsPage::kHistogram,
-                  "Staleness of the updates of each worker.");
-    }
-    page.StalenessSeries(stats.worker_staleness(w), {server[0], {"worker", absl::StrCat(w)}});
-  }
-  return page.text();
 }
+
+}  // namespace
 
 Server::~Server() {
   if (heartbeater_) heartbeater_->Stop();

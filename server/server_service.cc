@@ -302,7 +302,7 @@ grpc::ServerUnaryReactor* ServerService::PullRows(grpc::CallbackServerContext* c
   return ServeUnary<RowPullRequest, RowPullResponse>(
       context, request, response, *security_,
       [this](std::shared_ptr<const RowPullRequest> r, UnaryReply<RowPullResponse> reply) {
-        reply(store_->PullRows(*r));
+        store_->PullRows(*r, reply);  // answered now, or once the round it waits for is applied
       });
 }
 

@@ -46,8 +46,10 @@ absl::Status ShardStore::Assign(const tessera::v1::ShardMap& map, const tessera:
   }
   ViewAdoption adoption(state_, map, job, restore, restore_all);
   ClosedRounds closed;
-  absl::Status status = AdoptView(adoption, server_id, closed);
+  RowsTaken rows;
+  absl::Status status = AdoptView(adoption, server_id, restore_all, closed, rows);
   AnswerClosedRounds(closed);
+  FinishRows(rows);
   ViewAdoption::Results& results = adoption.results();
   for (auto& w : results.dropped) w->Complete(MovedAway(map.epoch()));
   for (auto& [done, why] : results.released) done(why);
@@ -55,12 +57,22 @@ absl::Status ShardStore::Assign(const tessera::v1::ShardMap& map, const tessera:
   return status;
 }
 
-absl::Status ShardStore::AdoptView(ViewAdoption& adoption, int server_id, ClosedRounds& closed) {
+absl::Status ShardStore::AdoptView(ViewAdoption& adoption, int server_id, bool restore_all, ClosedRounds& closed,
+                                   RowsTaken& rows) {
   absl::MutexLock lock(&state_.mu);
   adoption.AssertLocked();  // the same lock: the adoption works on state_
   TESSERA_ASSIGN_OR_RETURN(bool adopted, adoption.Run(server_id));
+  if (!adopted) return absl::OkStatus();
+  // An open round of rows holding a slot that moved away (or, in a rollback, any) is collected again: its pushes
+  // are answered UNAVAILABLE and their workers send them again where the view says.
+  const int self = state_.server_id;
+  state_.config->policy->DropRowRounds(
+      [self](RowSlot& slot) ABSL_NO_THREAD_SAFETY_ANALYSIS {  // under the slot's lock (RowRounds::Drop)
+        return slot.replication.primary != self;
+      },
+      MovedAway(state_.epoch), restore_all, rows);
   // A worker that left may have been the last one a round waited for.
-  if (adopted) CloseCompleteRounds(*state_.config, *state_.roster, closed);
+  CloseCompleteRounds(*state_.config, *state_.roster, closed, rows);
   return absl::OkStatus();
 }
 
@@ -98,8 +110,9 @@ absl::StatusOr<tessera::v1::ShardCheckpoint> ShardStore::Snapshot(int64_t at_ver
                              cut_.Take(chunks, at_version, deadline, cancelled, out.server_id()));
     for (auto& state : states) *out.add_chunks() = std::move(state);
   }
-  // Embedding slots have no rounds: in SYNC a step's row pushes are all answered before its dense round closes
-  // (PsClient::PushRows comes first in a step), so once the chunks reached the cut the slots are at it too.
+  // In SYNC a step's rounds of rows are applied before its dense round closes: without backup workers each row
+  // push is answered once its round applied, and PsClient::PushRows comes first in a step; with backup workers
+  // the decision that closes a dense round closes the rows' too. Once the chunks reached the cut, so did the slots.
   std::map<UnitKey, int64_t> base;  // the slots' versions in the full checkpoint a delta applies over
   if (!delta_base_path.empty()) {
     absl::MutexLock lock(&full_mu_);
@@ -128,7 +141,8 @@ void ShardStore::NoteFullCheckpoint(const std::string& path, const tessera::v1::
   last_full_versions_ = std::move(versions);
 }
 
-void ShardStore::CloseCompleteRounds(const JobConfig& config, const Roster& roster, ClosedRounds& closed) {
+void ShardStore::CloseCompleteRounds(const JobConfig& config, const Roster& roster, ClosedRounds& closed,
+                                     RowsTaken& rows) {
   int64_t dropped = 0;
   for (Chunk* chunk : state_.dense.Chunks()) {
     absl::MutexLock chunk_lock(&chunk->mu);
@@ -147,6 +161,7 @@ void ShardStore::CloseCompleteRounds(const JobConfig& config, const Roster& rost
     absl::MutexLock counters_lock(&counters_mu_);
     counters_.late_pushes += dropped;
   }
+  config.policy->CloseRowRounds(roster, RowApplierFor(state_.server_id, state_.epoch), rows);
 }
 
 absl::Status ShardStore::DecideRounds(const tessera::v1::DecideRoundsRequest& request) {
@@ -171,6 +186,7 @@ absl::Status ShardStore::DecideRounds(const tessera::v1::DecideRoundsRequest& re
     }
   }
   ClosedRounds closed;
+  RowsTaken rows;
   {
     absl::ReaderMutexLock lock(&state_.mu);
     if (state_.config == nullptr || state_.roster == nullptr || !state_.config->policy->decides_rounds()) return absl::OkStatus();
@@ -179,9 +195,10 @@ absl::Status ShardStore::DecideRounds(const tessera::v1::DecideRoundsRequest& re
       rounds.emplace_back(round.round(), std::vector<int>(round.workers().begin(), round.workers().end()));
     }
     state_.config->policy->Decide(std::move(rounds));
-    CloseCompleteRounds(*state_.config, *state_.roster, closed);
+    CloseCompleteRounds(*state_.config, *state_.roster, closed, rows);
   }
   AnswerClosedRounds(closed);
+  FinishRows(rows);
   return absl::OkStatus();
 }
 
@@ -310,16 +327,10 @@ absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& re
 
 absl::Status ShardStore::CheckPush(const ChunkPush& request, const FloatPayload& payload, const Found& found,
                                    const std::string& what) const {
-  const int worker = request.worker_id;
-  const int workers = found.config->job.cluster().num_workers();
-  if (worker < 0 || worker >= workers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("worker id ", worker, " out of range: the job has ", workers, " workers"));
-  }
-  TESSERA_RETURN_IF_ERROR(CheckPusher(*found.roster, worker, request.incarnation, request.member_key));
-  if (request.seq == 0 || request.seq > static_cast<uint64_t>(kMaxUpdateCount)) {
-    return absl::InvalidArgumentError(absl::StrCat("push seq ", request.seq, " is not within 1 .. ", kMaxUpdateCount));
-  }
+  TESSERA_RETURN_IF_ERROR(CheckPushStamp(*found.roster, found.config->job.cluster().num_workers(),
+                                         PushStamp{request.worker_id, request.incarnation, request.member_key,
+                                                   request.seq, request.clock, request.read_clock_version},
+                                         what));
   if (request.assign && (payload.encoding().sparse || payload.encoding().precision != tessera::v1::WireSpec::FP32)) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": an assignment carries dense float32 values, got ",
                                                    PrecisionName(payload.encoding().precision),
@@ -328,10 +339,22 @@ absl::Status ShardStore::CheckPush(const ChunkPush& request, const FloatPayload&
   if (!request.assign && request.batch_size <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": batch_size must be > 0, got ", request.batch_size));
   }
-  if (request.clock < 0 || request.clock > kMaxClock || request.read_clock_version < 0 ||
-      request.read_clock_version > kMaxClock) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": clock ", request.clock, " and read clock ",
-                                                   request.read_clock_version, " must be within 0 .. ", kMaxClock));
+  return absl::OkStatus();
+}
+
+absl::Status ShardStore::CheckPushStamp(const Roster& roster, int workers, const PushStamp& stamp,
+                                        const std::string& what) {
+  if (stamp.worker < 0 || stamp.worker >= workers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker id ", stamp.worker, " out of range: the job has ", workers, " workers"));
+  }
+  TESSERA_RETURN_IF_ERROR(CheckPusher(roster, stamp.worker, stamp.incarnation, stamp.member_key));
+  if (stamp.seq == 0 || stamp.seq > static_cast<uint64_t>(kMaxUpdateCount)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": seq ", stamp.seq, " is not within 1 .. ", kMaxUpdateCount));
+  }
+  if (stamp.clock < 0 || stamp.clock > kMaxClock || stamp.read_clock < 0 || stamp.read_clock > kMaxClock) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": clock ", stamp.clock, " and read clock ", stamp.read_clock,
+                                                   " must be within 0 .. ", kMaxClock));
   }
   return absl::OkStatus();
 }
@@ -516,8 +539,15 @@ void ShardStore::CancelWaiters(const absl::Status& why) {
       }
     }
   }
+  RowsTaken rows;
+  {
+    absl::ReaderMutexLock lock(&state_.mu);
+    if (state_.config != nullptr) state_.config->policy->CancelRowRounds(why, rows);
+  }
   for (auto& w : waiting) w->Complete(why);
   for (auto& done : held) done(why);
+  // Pulls that waited for a round read what is there now.
+  FinishRows(rows);
 }
 
 tessera::v1::ShardMap ShardStore::view() const {

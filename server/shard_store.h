@@ -169,11 +169,17 @@ class ShardStore {
   // for chunks. INVALID_ARGUMENT, changing nothing, for more than kMaxRowsPerRequest ids, a worker id outside the
   // job, or (pushes) values of another length, non-finite values, or a bad seq, clock or batch size;
   // UNAUTHENTICATED and FAILED_PRECONDITION as for Push. A row never written reads its initial values.
+  // `done` runs once answered: at once, or, in SYNC with backup workers, once the table's rounds before the pull's
+  // clock are applied here (server/consistency/row_rounds.h).
+  using RowPullDone = std::function<void(absl::StatusOr<tessera::v1::RowPullResponse>)>;
+  void PullRows(const tessera::v1::RowPullRequest& request, RowPullDone done) const;
+  // PullRows, waiting for its answer.
   [[nodiscard]] absl::StatusOr<tessera::v1::RowPullResponse> PullRows(const tessera::v1::RowPullRequest& request) const;
-  // Duplicate ids are summed first (tables/row_batch.h). In SYNC a worker's gradient is weighed by its share of
-  // the round's examples (batch_size over the job's global batch), so the workers' pushes of one step add up to
-  // the step of their mean. RESOURCE_EXHAUSTED, changing nothing, when the rows it would create do not fit the
-  // server's row memory. `done` runs once every backup of the slots holds the update.
+  // Duplicate ids are summed first (tables/row_batch.h). The job's consistency policy decides when the rows apply
+  // (server/consistency/row_rounds.h): ASYNC and SSP on arrival; SYNC once per round, the batch-size-weighted mean
+  // of the round's members, with the row's optimizer stepping once. RESOURCE_EXHAUSTED, changing nothing, when the
+  // rows it would create do not fit the server's row memory. `done` runs once every backup of the slots holds the
+  // update (SYNC with backup workers: once the push is collected in its round).
   using RowPushDone = std::function<void(absl::StatusOr<tessera::v1::RowPushResponse>)>;
   void PushRows(const tessera::v1::RowPushRequest& request, std::string_view member_key, RowPushDone done);
 
@@ -215,6 +221,30 @@ class ShardStore {
   absl::Status CheckEpochLocked(uint64_t epoch) const ABSL_SHARED_LOCKS_REQUIRED(state_.mu);
   // The checks of a push that do not depend on its kind: the worker's member key, incarnation and membership.
   static absl::Status CheckPusher(const Roster& roster, int worker, uint64_t incarnation, std::string_view member_key);
+  // What every push carries: who sends it (as CheckPusher checks it), its sequence number and clocks.
+  struct PushStamp {
+    int worker = 0;
+    uint64_t incarnation = 0;
+    std::string_view member_key;
+    uint64_t seq = 0;
+    int64_t clock = 0;
+    int64_t read_clock = 0;
+  };
+  // The checks every push takes, of a chunk or of rows: the worker id among the job's `workers`, CheckPusher,
+  // the seq and the clocks within the wire's limits. INVALID_ARGUMENT naming `what`, or CheckPusher's error.
+  static absl::Status CheckPushStamp(const Roster& roster, int workers, const PushStamp& stamp,
+                                     const std::string& what);
+  // A row push's checks, its gradients checked finite and cut by slot, duplicates summed; the error to answer
+  // with otherwise.
+  absl::StatusOr<RowPush> CheckRowPush(const tessera::v1::RowPushRequest& request, std::string_view member_key,
+                                       const FoundRows& found, const std::string& what) const;
+  // The applier the consistency policy hands row updates to, for requests found in view `epoch` on `server_id`.
+  RowApplier RowApplierFor(int server_id, uint64_t epoch);
+  // Applies one update of rows (memory, eviction, the table's optimizer) to the slots `server_id` is primary of.
+  RowUpdateResult ApplyRowUpdate(const RowUpdate& update, int server_id, uint64_t epoch);
+  // Answers what admitting rows or closing their rounds left: pushes (once the backups hold their update),
+  // counters, and pulls that waited.
+  void FinishRows(RowsTaken& taken) ABSL_LOCKS_EXCLUDED(counters_mu_);
 
   struct Found {
     Chunk* chunk;
@@ -239,9 +269,9 @@ class ShardStore {
   };
   using ClosedRounds = std::vector<ClosedRound>;
 
-  // Adopts the view under the lock; the rounds it closes go to `closed`.
-  absl::Status AdoptView(ViewAdoption& adoption, int server_id, ClosedRounds& closed)
-      ABSL_LOCKS_EXCLUDED(state_.mu);
+  // Adopts the view under the lock; the rounds it closes go to `closed` and `rows`. `restore_all`: a rollback.
+  absl::Status AdoptView(ViewAdoption& adoption, int server_id, bool restore_all, ClosedRounds& closed,
+                         RowsTaken& rows) ABSL_LOCKS_EXCLUDED(state_.mu);
   // Answers closed rounds' exchanges, each once its chunk's backups hold the round.
   void AnswerClosedRounds(ClosedRounds& closed);
 
@@ -274,8 +304,8 @@ class ShardStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
 
   // After a new view or a round decision: closes every chunk's round that is complete now, into `closed`, and
-  // counts the late gradients the rounds left out.
-  void CloseCompleteRounds(const JobConfig& config, const Roster& roster, ClosedRounds& closed)
+  // counts the late gradients the rounds left out; applies the rounds of rows complete now, into `rows`.
+  void CloseCompleteRounds(const JobConfig& config, const Roster& roster, ClosedRounds& closed, RowsTaken& rows)
       ABSL_SHARED_LOCKS_REQUIRED(state_.mu) ABSL_LOCKS_EXCLUDED(counters_mu_);
 
   mutable BufferPool buffers_;  // reply and scratch buffers

@@ -25,4 +25,19 @@ absl::StatusOr<Admission> AsyncPolicy::AdmitLocked(const ChunkPush& push, absl::
   return admission;
 }
 
+void AsyncPolicy::AdmitRows(RowPush push, RowAnswer done, const Roster&, const RowApplier& apply,
+                            RowsTaken& taken) {
+  RowUpdate update;
+  update.spec = push.spec;
+  update.lr_factor = push.lr_factor;
+  update.clock = push.clock;
+  update.skip = push.skip;  // the worker's clock goes on; its rows stay as they are
+  update.pushes.emplace_back(push.worker, push.seq);
+  update.waiters.push_back(WaiterOf(push, std::move(done)));
+  update.slots = std::move(push.slots);
+  RowUpdateResult result;
+  if (!update.skip) result = apply(update);
+  taken.applied.emplace_back(std::move(update), std::move(result));
+}
+
 }  // namespace tessera

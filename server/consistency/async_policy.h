@@ -13,6 +13,8 @@ class AsyncPolicy final : public ConsistencyPolicy {
   absl::StatusOr<Admission> AdmitLocked(const ChunkPush& push, absl::Span<const float> grad, Chunk& chunk,
                                         const Roster& roster, const std::string& what) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  void AdmitRows(RowPush push, RowAnswer done, const Roster& roster, const RowApplier& apply,
+                 RowsTaken& taken) override;
 
  private:
   const UpdateRule& rule_;

@@ -11,9 +11,12 @@
 //                        round's members (Decide); the round closes with exactly those workers' gradients, on
 //                        every chunk alike; the others' are counted as late and dropped.
 //
+// Rows of embedding tables follow the same modes (server/consistency/row_rounds.h): applied on arrival in ASYNC
+// and SSP; in SYNC summed over a round's members and applied once when it closes.
+//
 // Every method taking a chunk runs under its lock. The store does what is common to every mode: checking the
 // request, the exactly-once sequence, assignments, answering exchanges and offering closed rounds to a
-// checkpoint.
+// checkpoint; for rows, applying the updates the policy hands it (memory, eviction, the table's optimizer).
 #ifndef TESSERA_SERVER_CONSISTENCY_POLICY_H_
 #define TESSERA_SERVER_CONSISTENCY_POLICY_H_
 
@@ -28,6 +31,7 @@
 #include "proto/job.pb.h"
 #include "server/tables/chunk.h"
 #include "server/chunk_requests.h"
+#include "server/consistency/row_rounds.h"
 
 namespace tessera {
 
@@ -93,6 +97,23 @@ class ConsistencyPolicy {
   // round wins). Other modes ignore decisions.
   virtual void Decide(std::vector<std::pair<int64_t, std::vector<int>>> rounds) {}
   virtual bool decides_rounds() const { return false; }
+
+  // Rows (row_rounds.h). Takes one checked push of rows: the updates it makes go to `apply` (under the policy's
+  // lock), what is left to answer to `taken`. Errors are answers in `taken`: UNAVAILABLE for a SYNC round not open
+  // yet, ABORTED for a second, different push of one worker in one round.
+  virtual void AdmitRows(RowPush push, RowAnswer done, const Roster& roster, const RowApplier& apply,
+                         RowsTaken& taken) = 0;
+  // After a new view or a round decision: applies the rounds of rows that are complete now.
+  virtual void CloseRowRounds(const Roster& roster, const RowApplier& apply, RowsTaken& taken) {}
+  // A pull of `table` at `clock`: true when it waits for a round of rows (`retry` runs once it is applied).
+  virtual absl::StatusOr<bool> ParkRowPull(const std::string& table, int64_t clock, std::function<void()> retry) {
+    return false;
+  }
+  // Drops the open rounds of rows that hold a slot for which `gone` is true (RowRounds::Drop).
+  virtual void DropRowRounds(const std::function<bool(RowSlot&)>& gone, const absl::Status& why, bool forget,
+                             RowsTaken& taken) {}
+  // Answers every push and pull of rows that waits with `why` (shutdown).
+  virtual void CancelRowRounds(const absl::Status& why, RowsTaken& taken) {}
 };
 
 }  // namespace tessera

@@ -12,7 +12,9 @@ namespace tessera {
 // Every worker the round rule (Roster::InRound) names for a round contributes to it.
 class SyncPolicy : public ConsistencyPolicy {
  public:
-  explicit SyncPolicy(const UpdateRule& rule) : rule_(rule) {}
+  // `decided`: backup workers (BackupSyncPolicy), whose rounds the scheduler decides.
+  explicit SyncPolicy(const UpdateRule& rule, bool decided = false)
+      : rule_(rule), rows_(decided, [this](int64_t round) { return RowMembers(round); }) {}
 
   void PrepareChunkLocked(Chunk& chunk, int workers) const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   absl::StatusOr<Admission> AdmitLocked(const ChunkPush& push, absl::Span<const float> grad, Chunk& chunk,
@@ -32,8 +34,26 @@ class SyncPolicy : public ConsistencyPolicy {
                                  std::vector<std::shared_ptr<ExchangeWaiter>>& closed) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
 
+  void AdmitRows(RowPush push, RowAnswer done, const Roster& roster, const RowApplier& apply,
+                 RowsTaken& taken) override {
+    rows_.Admit(std::move(push), std::move(done), roster, apply, taken);
+  }
+  void CloseRowRounds(const Roster& roster, const RowApplier& apply, RowsTaken& taken) override {
+    rows_.CloseComplete(roster, apply, taken);
+  }
+  absl::StatusOr<bool> ParkRowPull(const std::string& table, int64_t clock, std::function<void()> retry) override {
+    return rows_.ParkPull(table, clock, std::move(retry));
+  }
+  void DropRowRounds(const std::function<bool(RowSlot&)>& gone, const absl::Status& why, bool forget,
+                     RowsTaken& taken) override {
+    rows_.Drop(gone, why, forget, taken);
+  }
+  void CancelRowRounds(const absl::Status& why, RowsTaken& taken) override { rows_.Cancel(why, taken); }
+
  protected:
   virtual bool keeps_apart() const { return false; }
+  // The members of a decided round (backup workers), or null.
+  virtual std::shared_ptr<const std::vector<int>> RowMembers(int64_t round) const { return nullptr; }
   // Puts a checked gradient of the open round into it; sets `late` when it will not count.
   virtual void CollectLocked(const ChunkPush& push, absl::Span<const float> grad, Chunk& chunk, Admission& admission)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
@@ -49,12 +69,13 @@ class SyncPolicy : public ConsistencyPolicy {
   std::vector<std::shared_ptr<ExchangeWaiter>> ApplyRoundLocked(Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
 
   const UpdateRule& rule_;
+  RowRounds rows_;  // the rows' rounds, one per table
 };
 
 // The scheduler names each round's members (the first workers to finish it); the rest are backups.
 class BackupSyncPolicy final : public SyncPolicy {
  public:
-  using SyncPolicy::SyncPolicy;
+  explicit BackupSyncPolicy(const UpdateRule& rule) : SyncPolicy(rule, /*decided=*/true) {}
 
   void Decide(std::vector<std::pair<int64_t, std::vector<int>>> rounds) override;
   bool decides_rounds() const override { return true; }
@@ -67,6 +88,7 @@ class BackupSyncPolicy final : public SyncPolicy {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   std::vector<std::shared_ptr<ExchangeWaiter>> CloseLocked(Chunk& chunk, int64_t& dropped) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  std::shared_ptr<const std::vector<int>> RowMembers(int64_t round) const override { return MembersOf(round); }
 
  private:
   // The members of `round` (ascending), or null while undecided.

@@ -276,6 +276,7 @@ RowsApplied RowSlot::ApplyLocked(absl::Span<const uint64_t> ids, absl::Span<cons
         uint32_t& seen = pending_[id];
         if (++seen < static_cast<uint32_t>(spec->admit_after)) {
           ++applied.refused;
+          applied.refused_ids.push_back(id);
           continue;
         }
         pending_.erase(id);
@@ -299,6 +300,7 @@ RowsApplied RowSlot::ApplyLocked(absl::Span<const uint64_t> ids, absl::Span<cons
       // A finite gradient can still overflow a row: the update is undone, the row stays as it was.
       std::copy(before.begin(), before.end(), values);
       ++applied.refused;
+      applied.refused_ids.push_back(id);
       continue;
     }
     if (spec->counts_steps && steps_[row] < UINT32_MAX) ++steps_[row];

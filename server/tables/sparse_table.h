@@ -100,6 +100,7 @@ struct RowsApplied {
   int64_t created = 0;
   int64_t expired = 0;
   int64_t evicted = 0;
+  std::vector<uint64_t> refused_ids;  // the ids of `refused`, in the order applied
 };
 
 // One hash slot of an embedding table.

@@ -70,11 +70,14 @@ TEST_F(CommandLineTest, PositionalArgumentsUnknownFlagsAndBadValuesAreRefusedNam
 TEST_F(CommandLineTest, OtherTesseraVariablesAreReportedAndKubernetesServiceLinksIgnored) {
   ASSERT_THAT(Parse({}, {"TESSERA_PROT=1", "TESSERA_SCHEDULER_SERVICE_HOST=10.0.0.7",
                          "TESSERA_SCHEDULER_PORT=tcp://10.0.0.7:7070", "TESSERA_SCHEDULER_PORT_7070_TCP_PORT=7070",
-                         "PATH=/bin"}),
+                         "TESSERA_BUILD_DIR=build", "TESSERA_CMAKE_ARGS=-DX=1", "PATH=/bin"}),
               IsOk());
   ASSERT_EQ(warnings_.size(), 1u);
   EXPECT_THAT(warnings_[0], HasSubstr("TESSERA_PROT"));
   EXPECT_THAT(warnings_[0], ::testing::Not(HasSubstr("SERVICE")));
+  // The project's own build and deploy scripts' variables are not a user's typo.
+  EXPECT_THAT(warnings_[0], ::testing::Not(HasSubstr("TESSERA_BUILD_DIR")));
+  EXPECT_THAT(warnings_[0], ::testing::Not(HasSubstr("TESSERA_CMAKE_ARGS")));
 }
 
 TEST_F(CommandLineTest, RulesNameTheFlagItsValueAndWhereItCameFrom) {

@@ -1,7 +1,9 @@
 #include "scheduler/clock_table.h"
 
 #include <optional>
+#include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
@@ -156,6 +158,71 @@ TEST(ClockTableTest, BackupWorkersAWorkerLateInEveryRoundNeverHoldsTheOthers) {
   }
   EXPECT_EQ(table.LateRounds()[2], 5);
   for (const RoundMembers& r : table.RecentRounds()) EXPECT_EQ(r.members, (std::vector<int>{0, 1}));
+}
+
+// A restarted scheduler's table decides the rounds again from the clocks the workers come back with. Worker 1
+// was late for round 802 (sent on to 803, it never pushed 802), and the decision {0} was lost with the old
+// scheduler: coming back at clock 803 having pushed nothing before it, worker 1 is no member of round 802 (the
+// servers would wait for its gradient forever), while worker 0, which pushed every round, is.
+TEST(ClockTableTest, BackupWorkersARejoinedWorkerIsNoMemberOfTheRoundsItSkipped) {
+  std::vector<RoundMembers> decided;
+  absl::Mutex mu;
+  ClockTable table(2, /*bound=*/0, /*backups=*/1, [&](const RoundMembers& r) {
+    absl::MutexLock lock(&mu);
+    decided.push_back(r);
+  });
+  table.Rejoin(0, 803, /*pushed_from=*/0);
+  table.Rejoin(1, 803, /*pushed_from=*/803);
+  Gate a;
+  table.Advance(0, 804, Far(), a.callback());
+  ASSERT_TRUE(a.answered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_THAT(a.result, ::tessera::testing::IsOk());
+  EXPECT_FALSE(a.result->late_next_clock.has_value());
+  {
+    absl::MutexLock lock(&mu);
+    ASSERT_EQ(decided.size(), 804u) << "rounds 0..803 decided";
+    for (const RoundMembers& r : decided) {
+      EXPECT_EQ(r.members, (std::vector<int>{0})) << "round " << r.round;
+      EXPECT_EQ(r.late, (std::vector<int>{1})) << "round " << r.round;
+    }
+    EXPECT_EQ(decided[802].round, 802);
+  }
+  bool found = false;
+  for (const RoundMembers& r : table.RecentRounds()) {
+    if (r.round != 802) continue;
+    found = true;
+    EXPECT_EQ(r.members, (std::vector<int>{0}));
+    EXPECT_EQ(r.late, (std::vector<int>{1}));
+  }
+  EXPECT_TRUE(found) << "round 802 among the recent rounds";
+  // Worker 1 finishes round 803, decided without it: late, on to the round after the newest decided.
+  Gate b;
+  table.Advance(1, 804, Far(), b.callback());
+  ASSERT_TRUE(b.answered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_THAT(b.result, ::tessera::testing::IsOk());
+  EXPECT_EQ(b.result->late_next_clock, std::optional<int64_t>(804));
+}
+
+// A worker that does not say from which clock it pushed (pushed_from 0, an older worker) counts as having pushed
+// every round before its clock, as before.
+TEST(ClockTableTest, BackupWorkersARejoinedWorkerWithoutPushedFromIsAMemberOfEveryEarlierRound) {
+  std::vector<RoundMembers> decided;
+  absl::Mutex mu;
+  ClockTable table(2, /*bound=*/0, /*backups=*/1, [&](const RoundMembers& r) {
+    absl::MutexLock lock(&mu);
+    decided.push_back(r);
+  });
+  table.Rejoin(0, 3, /*pushed_from=*/0);
+  table.Rejoin(1, 3, /*pushed_from=*/0);
+  Gate a;
+  table.Advance(0, 4, Far(), a.callback());
+  ASSERT_TRUE(a.answered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  absl::MutexLock lock(&mu);
+  ASSERT_EQ(decided.size(), 4u);
+  for (size_t round = 0; round < 3; ++round) {
+    EXPECT_EQ(decided[round].members, (std::vector<int>{0, 1})) << "round " << round;
+  }
+  EXPECT_EQ(decided[3].members, (std::vector<int>{0})) << "worker 1 has not finished round 3";
 }
 
 // A rollback while workers are anywhere in their step: one waiting is told at once, one that advances from

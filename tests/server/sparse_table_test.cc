@@ -92,6 +92,20 @@ class SparseTableTest : public ::testing::Test {
     return out;
   }
 
+  tessera::v1::RowPushRequest PushRequest(const std::vector<uint64_t>& ids, const std::vector<float>& grads,
+                                          uint64_t seq, int64_t clock, int worker, int batch) {
+    tessera::v1::RowPushRequest r;
+    r.set_epoch(map_.epoch());
+    r.set_worker_id(worker);
+    r.set_seq(seq);
+    r.set_clock(clock);
+    r.set_batch_size(batch);
+    r.set_table("emb");
+    for (uint64_t id : ids) r.add_ids(id);
+    r.set_grads(std::string(reinterpret_cast<const char*>(grads.data()), grads.size() * sizeof(float)));
+    return r;
+  }
+
   absl::StatusOr<tessera::v1::RowPushResponse> Push(std::vector<uint64_t> ids, std::vector<float> grads, uint64_t seq,
                                                     int64_t clock = 0, int worker = 0, int batch = 8,
                                                     ShardStore* store = nullptr) {
@@ -167,11 +181,44 @@ TEST_F(SparseTableTest, ARepeatedSeqIsAppliedOnce) {
   EXPECT_FLOAT_EQ((*Pull({3}))[0], Init(3)[0] - 1);
 }
 
-TEST_F(SparseTableTest, SyncWeighsEachWorkersGradientByItsShareOfTheRound) {
+// SYNC: a round of rows closes at its last worker's push; its batch-weighted mean is applied once, and every push
+// of it is answered then. A push of a round that closed is late: counted, not applied.
+TEST_F(SparseTableTest, SyncAppliesTheRoundsWeightedMeanOnceWhenItsLastWorkerPushed) {
   Assign(tessera::v1::ConsistencySpec::SYNC, 2);
-  ASSERT_THAT(Push({3}, {2, 2, 2, 2}, 1, 0, /*worker=*/0), IsOk());
-  ASSERT_THAT(Push({3}, {4, 4, 4, 4}, 1, 0, /*worker=*/1), IsOk());
-  EXPECT_FLOAT_EQ((*Pull({3}))[0], Init(3)[0] - 3) << "the mean of the two workers' gradients, applied once";
+  absl::Notification first;
+  absl::StatusOr<tessera::v1::RowPushResponse> first_answer;
+  store_.PushRows(PushRequest({3}, {2, 2, 2, 2}, 1, 0, /*worker=*/0, /*batch=*/1), "",
+                  [&](absl::StatusOr<tessera::v1::RowPushResponse> answer) {
+                    first_answer = std::move(answer);
+                    first.Notify();
+                  });
+  EXPECT_FALSE(first.HasBeenNotified()) << "worker 0's push waits for the round";
+  EXPECT_FLOAT_EQ((*Pull({3}))[0], Init(3)[0]) << "nothing applied before the round closes";
+  // Worker 1 touches row 3 and row 5, which worker 0 did not: its mean over the round counts worker 0's zero.
+  absl::StatusOr<tessera::v1::RowPushResponse> second = Push({3, 5}, {4, 4, 4, 4, 8, 8, 8, 8}, 1, 0, 1, 3);
+  ASSERT_THAT(second, IsOk());
+  EXPECT_EQ(second->rows_updated(), 2);
+  ASSERT_TRUE(first.HasBeenNotified());
+  ASSERT_THAT(first_answer, IsOk());
+  EXPECT_EQ(first_answer->rows_updated(), 1);
+  EXPECT_FLOAT_EQ((*Pull({3}))[0], Init(3)[0] - (2 * 1 + 4 * 3) / 4.0f) << "the weighted mean, applied once";
+  EXPECT_FLOAT_EQ((*Pull({5}))[0], Init(5)[0] - 8 * 3 / 4.0f);
+  // A retry of worker 0's push is a duplicate; a push for the closed round from a new seq is late.
+  absl::StatusOr<tessera::v1::RowPushResponse> again = Push({3}, {2, 2, 2, 2}, 1, 0, 0, 1);
+  ASSERT_THAT(again, IsOk());
+  EXPECT_TRUE(again->duplicate());
+  absl::StatusOr<tessera::v1::RowPushResponse> late = Push({3}, {9, 9, 9, 9}, 2, 0, 0, 1);
+  ASSERT_THAT(late, IsOk());
+  EXPECT_TRUE(late->late());
+  EXPECT_FLOAT_EQ((*Pull({3}))[0], Init(3)[0] - 3.5f) << "late rows are never applied";
+  EXPECT_EQ(store_.Stats().late_pushes(), 1);
+  // A push of a round ahead of the one collected waits for it: UNAVAILABLE, retried by the client.
+  absl::Notification ahead_done;
+  store_.PushRows(PushRequest({3}, {1, 1, 1, 1}, 3, 1, 0, 1), "", [&](auto) { ahead_done.Notify(); });
+  EXPECT_THAT(Push({3}, {1, 1, 1, 1}, 2, 2, 1, 1), StatusIs(absl::StatusCode::kUnavailable, "not open yet"));
+  // Worker 1's push of round 1 closes it.
+  ASSERT_THAT(Push({7}, {1, 1, 1, 1}, 3, 1, 1, 1), IsOk());
+  EXPECT_TRUE(ahead_done.HasBeenNotified());
 }
 
 TEST_F(SparseTableTest, IdsAreAdmittedAtTheirKthGradient) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/fabric/ucx_worker.h"
@@ -84,10 +85,16 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(const Options& optio
   client->incarnation_ = registered.incarnation();
   client->member_key_ = registered.member_key();
   client->clock_ = registered.start_clock();
+  client->shared_pushed_from_ = client->clock_;
   client->shared_clock_ = client->clock_;
-  // A restarted scheduler takes this worker back at the clock it has reached.
-  client->scheduler_->EnableReturn(
-      [clock = &client->shared_clock_](tessera::v1::MemberReturn& back) { back.set_clock(clock->load()); });
+  // A restarted scheduler takes this worker back at the clock it has reached, with the rounds it pushed. The
+  // clock is read first: a pushed_from newer than it is capped to it by the table, while one older than the
+  // clock read could claim rounds a late answer skipped.
+  client->scheduler_->EnableReturn([clock = &client->shared_clock_, pushed_from = &client->shared_pushed_from_](
+                                       tessera::v1::MemberReturn& back) {
+    back.set_clock(clock->load());
+    back.set_pushed_from(pushed_from->load());
+  });
   client->slice_ = {registered.batch_offset(), registered.batch_count()};
   client->job_ = registered.job();
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<ChunkTransport> transport,
@@ -347,7 +354,11 @@ absl::StatusOr<ClockResult> PsClient::Clock() {
 
 ClockResult PsClient::Advanced(const tessera::v1::AdvanceClockResponse& gate) {
   ++clock_;
-  if (gate.late() && gate.next_clock() > clock_) clock_ = gate.next_clock();  // on to the others' round
+  if (gate.late()) {
+    if (gate.next_clock() > clock_) clock_ = gate.next_clock();  // on to the others' round
+    // The rounds before were decided without it (its last push among them): it pushes every round from here.
+    shared_pushed_from_ = clock_;
+  }
   shared_clock_ = clock_;
   slice_ = {gate.batch_offset(), gate.batch_count()};
   if (gate.rolled_back()) {
@@ -378,6 +389,7 @@ std::optional<int64_t> PsClient::TakeRollback() {
   if (!to) return std::nullopt;
   rollback_.reset();
   clock_ = *to;
+  shared_pushed_from_ = clock_;  // the rounds from the rollback's clock on are pushed again
   shared_clock_ = clock_;
   pulled_.clear();  // what was pulled is from before the rollback
   caller_->ForgetResiduals();  // and what rounding or top-k left of the voided steps' gradients
@@ -438,10 +450,11 @@ DistinctIds Distinct(absl::Span<const uint64_t> ids) {
 }  // namespace
 
 absl::Status PsClient::RunRows(const std::string& table_name, absl::Span<const uint64_t> ids,
-                               const RowAttempt& attempt_calls) {
+                               const RowAttempt& attempt_calls, bool every_server) {
   if (map_ == nullptr) return absl::FailedPreconditionError("no parameters declared yet: call Declare first");
   Backoff backoff(absl::Milliseconds(20), absl::Seconds(1));
   std::vector<bool> done(ids.size(), false);
+  std::set<int> answered;  // servers that took a call (every_server)
   absl::Status last;
   const absl::Time keep_trying_until = absl::Now() + options_.unavailable_window;
   int attempt = 0;
@@ -457,6 +470,15 @@ absl::Status PsClient::RunRows(const std::string& table_name, absl::Span<const u
     for (RowRoute& route : routes) {
       for (size_t& p : route.positions) p = todo[p];  // back to positions in `ids`
     }
+    if (every_server) {
+      std::set<int> routed;
+      for (const RowRoute& route : routes) routed.insert(route.server_id);
+      for (int server : std::set<int>(table.slot_server.begin(), table.slot_server.end())) {
+        if (server >= 0 && routed.count(server) == 0 && answered.count(server) == 0) {
+          routes.push_back(RowRoute{server, {}});
+        }
+      }
+    }
     std::vector<absl::Status> statuses = attempt_calls(*map_, table, routes);
     uint64_t newer_epoch = 0;
     bool failed = false;
@@ -465,6 +487,7 @@ absl::Status PsClient::RunRows(const std::string& table_name, absl::Span<const u
       const absl::Status& status = statuses[r];
       if (status.ok()) {
         for (size_t p : routes[r].positions) done[p] = true;
+        answered.insert(routes[r].server_id);
         continue;
       }
       std::optional<uint64_t> epoch = GetCurrentEpoch(status);
@@ -504,7 +527,8 @@ absl::Status PsClient::PullRows(const std::string& table, absl::Span<const uint6
   const RowCaller::Caller who{worker_id_, incarnation_, member_key_};
   TESSERA_RETURN_IF_ERROR(RunRows(table, distinct.ids,
                                   [&](const ShardMapIndex& map, const RowTable& t, const std::vector<RowRoute>& routes) {
-                                    return rows_->Pull(map, t, routes, distinct.ids, who, absl::MakeSpan(rows));
+                                    return rows_->Pull(map, t, routes, distinct.ids, clock_, who,
+                                                       absl::MakeSpan(rows));
                                   }));
   for (size_t i = 0; i < ids.size(); ++i) {
     std::copy_n(rows.begin() + distinct.of[i] * found.dim, found.dim, out.begin() + i * found.dim);
@@ -516,7 +540,7 @@ absl::Status PsClient::PullRows(const std::string& table, absl::Span<const uint6
 
 absl::StatusOr<PsClient::RowsPushed> PsClient::PushRows(const std::string& table, absl::Span<const uint64_t> ids,
                                                         absl::Span<const float> grads, int batch_size,
-                                                        float lr_factor) {
+                                                        float lr_factor, bool skip) {
   if (map_ == nullptr) return absl::FailedPreconditionError("no parameters declared yet: call Declare first");
   TESSERA_ASSIGN_OR_RETURN(RowTable found, FindRowTable(*map_, table));
   if (grads.size() != ids.size() * found.dim) {
@@ -533,13 +557,18 @@ absl::StatusOr<PsClient::RowsPushed> PsClient::PushRows(const std::string& table
   request.set_batch_size(batch_size);
   request.set_table(table);
   if (lr_factor != 1.0f) request.set_lr_factor(lr_factor);
+  request.set_skip(skip);
   const RowCaller::Caller who{worker_id_, incarnation_, member_key_};
   RowsPushed pushed;
-  TESSERA_RETURN_IF_ERROR(RunRows(table, summed.ids,
-                                  [&](const ShardMapIndex& map, const RowTable& t, const std::vector<RowRoute>& routes) {
-                                    return rows_->Push(map, routes, request, summed.ids, summed.grads, t.dim, who,
-                                                       pushed.updated, pushed.refused);
-                                  }));
+  // SYNC: every server of the table takes part in the worker's round, with or without ids of its own.
+  const bool every_server = job_.consistency().mode() == tessera::v1::ConsistencySpec::SYNC;
+  TESSERA_RETURN_IF_ERROR(RunRows(
+      table, summed.ids,
+      [&](const ShardMapIndex& map, const RowTable& t, const std::vector<RowRoute>& routes) {
+        return rows_->Push(map, routes, request, summed.ids, summed.grads, t.dim, who, pushed.updated,
+                           pushed.refused, pushed.late);
+      },
+      every_server));
   return pushed;
 }
 

@@ -187,15 +187,20 @@ class PsClient {
   // order fixed by their values (so the sum does not depend on the batch's order), and each id travels once.
   // In a step, push the rows before the dense parameters (Push, PushPull or BeginStep): in SYNC a step's dense
   // round then closes only once every worker's rows are applied, which is what the next pull and a
-  // checkpoint's cut rely on. `lr_factor` scales the table's learning rate (a schedule's factor).
+  // checkpoint's cut rely on. `lr_factor` scales the table's learning rate (a schedule's factor); `skip` says
+  // the worker skips this step (its gradient scaler found inf or NaN: in SYNC the round then changes nothing).
+  // In SYNC, push every table the job trains once per step, with no ids when the batch touched none: the push
+  // goes to every server of the table, whose round of rows waits for every worker (server/consistency/
+  // row_rounds.h); each row then takes the round's batch-weighted mean gradient once, as one process would.
   // RESOURCE_EXHAUSTED, nothing applied, when the new rows do not fit a server's row memory.
   struct RowsPushed {
     int64_t updated = 0;  // row updates applied
     int64_t refused = 0;  // rows not admitted yet (their gradients dropped)
+    bool late = false;    // SYNC: a round closed without this push (backup workers); nothing applied
   };
   [[nodiscard]] absl::StatusOr<RowsPushed> PushRows(const std::string& table, absl::Span<const uint64_t> ids,
                                                     absl::Span<const float> grads, int batch_size,
-                                                    float lr_factor = 1.0f);
+                                                    float lr_factor = 1.0f, bool skip = false);
 
   // Completes this worker's step: advances its clock and waits at the gate for the next one.
   [[nodiscard]] absl::StatusOr<ClockResult> Clock();
@@ -280,10 +285,12 @@ class PsClient {
                                                                     absl::Span<float> out, Stamp stamp);
   // The calls of a row request over the routes of the ids still to do, retried as RunChunks retries (a newer
   // view, a server unavailable) until every id's call succeeded; `attempt` makes one call per route and returns
-  // their statuses.
+  // their statuses. `every_server` (SYNC pushes): a server of the table that answered none of the calls yet gets
+  // one too, with no ids where none of the ids still to do are its own, so that it knows the worker's round.
   using RowAttempt = std::function<std::vector<absl::Status>(const ShardMapIndex& map, const RowTable& table,
                                                              const std::vector<RowRoute>& routes)>;
-  absl::Status RunRows(const std::string& table, absl::Span<const uint64_t> ids, const RowAttempt& attempt);
+  absl::Status RunRows(const std::string& table, absl::Span<const uint64_t> ids, const RowAttempt& attempt,
+                       bool every_server = false);
   // What completed calls said: the newest epoch a server named (0: none), the names whose calls may be retried,
   // and the last retryable error.
   struct Absorbed {
@@ -322,6 +329,10 @@ class PsClient {
   // clock_, for a return to a restarted scheduler (SchedulerClient::EnableReturn), which may run on another
   // thread.
   std::atomic<int64_t> shared_clock_{0};
+  // The clock from which this worker pushed every round up to clock_ (its start, the last rollback's clock, or
+  // where the last late answer sent it: the rounds it skipped are not its own), for the same return. Written
+  // before shared_clock_, read after it.
+  std::atomic<int64_t> shared_pushed_from_{0};
   BatchSlice slice_;
   int step_samples_ = 0;
   absl::Duration step_busy_;

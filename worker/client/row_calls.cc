@@ -144,9 +144,10 @@ std::vector<absl::Status> CallEachRouteOnFabric(const ShardMapIndex& map, const 
 
 std::vector<absl::Status> RowCaller::Pull(const ShardMapIndex& map, const RowTable& table,
                                           const std::vector<RowRoute>& routes, absl::Span<const uint64_t> ids,
-                                          const Caller& who, absl::Span<float> out) {
+                                          int64_t clock, const Caller& who, absl::Span<float> out) {
   auto fill = [&](size_t r, tessera::v1::RowPullRequest& request) {
     request.set_epoch(map.epoch());
+    request.set_clock(clock);
     request.set_worker_id(who.worker_id);
     request.set_table(table.name);
     for (size_t i : routes[r].positions) request.add_ids(ids[i]);
@@ -197,7 +198,7 @@ std::vector<absl::Status> RowCaller::Pull(const ShardMapIndex& map, const RowTab
 std::vector<absl::Status> RowCaller::Push(const ShardMapIndex& map, const std::vector<RowRoute>& routes,
                                           const tessera::v1::RowPushRequest& request, absl::Span<const uint64_t> ids,
                                           absl::Span<const float> grads, int64_t dim, const Caller& who,
-                                          int64_t& updated, int64_t& refused) {
+                                          int64_t& updated, int64_t& refused, bool& late) {
   auto fill = [&](size_t r, tessera::v1::RowPushRequest& sent) {
     sent = request;
     sent.set_epoch(map.epoch());
@@ -240,6 +241,7 @@ std::vector<absl::Status> RowCaller::Push(const ShardMapIndex& map, const std::v
     if (!statuses[r].ok()) continue;
     updated += answers[r]->rows_updated();
     refused += answers[r]->rows_refused();
+    late = late || answers[r]->late();
   }
   return statuses;
 }

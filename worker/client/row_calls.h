@@ -50,14 +50,17 @@ class RowCaller {
 
   // Reads the rows of ids[route.positions] into `out` (ids.size() rows of table.dim), one call per route, in
   // parallel. Each route's status, in the routes' order.
+  // `clock`: the caller's (RowPullRequest.clock).
   std::vector<absl::Status> Pull(const ShardMapIndex& map, const RowTable& table, const std::vector<RowRoute>& routes,
-                                 absl::Span<const uint64_t> ids, const Caller& who, absl::Span<float> out);
+                                 absl::Span<const uint64_t> ids, int64_t clock, const Caller& who,
+                                 absl::Span<float> out);
   // Sends `request` (table, seq, clock, batch size, lr factor filled in) with the ids and gradients of each
-  // route. Each route's status; `updated` and `refused` add up what the servers applied.
+  // route. Each route's status; `updated` and `refused` add up what the servers applied, `late` is set when a
+  // server's round had closed without the push.
   std::vector<absl::Status> Push(const ShardMapIndex& map, const std::vector<RowRoute>& routes,
                                  const tessera::v1::RowPushRequest& request, absl::Span<const uint64_t> ids,
                                  absl::Span<const float> grads, int64_t dim, const Caller& who, int64_t& updated,
-                                 int64_t& refused);
+                                 int64_t& refused, bool& late);
 
  private:
   const std::shared_ptr<const Security> security_;

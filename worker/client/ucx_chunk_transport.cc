@@ -407,6 +407,7 @@ ucs_status_t UcxChunkTransport::OnReply(const void* header, size_t header_length
     call->rows_pushed.set_rows_updated(reply.rows_updated());
     call->rows_pushed.set_rows_refused(reply.rows_refused());
     call->rows_pushed.set_duplicate(reply.duplicate());
+    call->rows_pushed.set_late(reply.late());
   }
   if (call->op == kPush || call->op == kAssign || call->op == kNorm || call->op == kRowPush || length == 0) {
     // No values: a push, a norm round's answer, or unchanged values.

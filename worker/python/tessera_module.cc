@@ -522,20 +522,22 @@ PYBIND11_MODULE(_tessera, m) {
       .def(
           "push_rows",
           [](PyClient& c, const std::string& table, const py::buffer& ids, const py::buffer& grads, int batch_size,
-             float lr_factor) {
+             float lr_factor, bool skip) {
             const absl::Span<const uint64_t> id_span = tessera::IdsOf(ids, "rows of '" + table + "'");
             const absl::Span<const float> grad_span =
                 tessera::FloatsOf(grads, false, "gradient of rows of '" + table + "'");
             absl::StatusOr<tessera::PsClient::RowsPushed> pushed;
             {
               py::gil_scoped_release release;
-              pushed = c.get().PushRows(table, id_span, grad_span, batch_size, lr_factor);
+              pushed = c.get().PushRows(table, id_span, grad_span, batch_size, lr_factor, skip);
             }
             tessera::PsClient::RowsPushed p = tessera::Take(std::move(pushed));
             return py::make_tuple(p.updated, p.refused);
           },
           py::arg("table"), py::arg("ids"), py::arg("grads"), py::arg("batch_size"), py::arg("lr_factor") = 1.0f,
-          "Sends the gradients of the rows of ids (repeated ids summed); returns (rows updated, rows refused).")
+          py::arg("skip") = false,
+          "Sends the gradients of the rows of ids (repeated ids summed; none: in SYNC the worker still takes part "
+          "in the round); skip: the worker skips this step. Returns (rows updated, rows refused).")
       .def(
           "pull",
           [](PyClient& c, const std::vector<std::string>& names, const std::vector<py::buffer>& out,

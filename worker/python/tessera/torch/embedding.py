@@ -90,17 +90,27 @@ class Embedding(torch.nn.Module):
         rows, inverse = self._lookup(ids)
         return F.embedding(inverse, rows)
 
-    def _push(self, batch_size, lr_factor=1.0):
-        """Sends the open step's row gradients (summed per id); called by the step block before the dense ones."""
+    def _push(self, batch_size, lr_factor=1.0, scale=1.0, skip=False):
+        """Sends the open step's row gradients (summed per id, divided by `scale`: a gradient scaler's factor);
+        called by the step block before the dense ones, every step: a step whose forwards did not use the table
+        pushes no ids (in SYNC its servers' round still waits for this worker); `skip`: the step is skipped (its
+        scaler found inf or NaN)."""
         pulled, self._pulled = self._pulled, []
-        if not pulled:
-            return
-        ids = np.concatenate([i for i, _ in pulled])
-        grads = np.concatenate([
-            (leaf.grad.detach().to("cpu").numpy() if leaf.grad is not None else np.zeros(tuple(leaf.shape), np.float32))
-            for _, leaf in pulled]).astype(np.float32, copy=False)
-        updated, refused = self._client.push_rows(self.table, ids, np.ascontiguousarray(grads), int(batch_size),
-                                                  lr_factor)
+        if pulled:
+            ids = np.concatenate([i for i, _ in pulled])
+            grads = np.concatenate([
+                (leaf.grad.detach().to("cpu").numpy() if leaf.grad is not None
+                 else np.zeros(tuple(leaf.shape), np.float32))
+                for _, leaf in pulled]).astype(np.float32, copy=False)
+        else:
+            ids = np.empty(0, np.uint64)
+            grads = np.empty((0, self.dim), np.float32)
+        if skip:
+            ids, grads = np.empty(0, np.uint64), np.empty((0, self.dim), np.float32)
+        elif scale != 1.0:
+            grads = grads / np.float32(scale)
+        updated, refused = self._client.push_rows(self.table, ids, np.ascontiguousarray(grads, np.float32),
+                                                  int(batch_size), lr_factor, skip)
         self.rows_updated += updated
         self.rows_refused += refused
 

@@ -84,13 +84,18 @@ class _OptimizerState:
             high = lrs.astype(np.float32)
             self.value_host[-1][0::2], self.value_host[-1][1::2] = high, (lrs - high).astype(np.float32)
         names, hosts = self.names + (self.value_names if values else []), self.host + (self.value_host if values else [])
+        if values:
+            # Marked as being written before any of them changes: a worker reading them (take_values) reads the
+            # clock before and after its reads, and takes them only when both say the same clock, so that it
+            # never takes this clock's values, or a mix, as those of the clock before.
+            self.model._client.assign([_SAVED_CLOCK], [_clock_parts(-1)])
         if names:
             self.model._client.assign(names, hosts)
         if values:  # after the rest has landed: a joiner that sees this clock takes all of it
             self.model._client.assign([_SAVED_CLOCK], [_clock_parts(clock)])
 
     def saved_clock(self):
-        """The clock of the values and state on the servers (-1: none)."""
+        """The clock of the values and state on the servers (-1: none, or being written)."""
         client, saved = self.model._client, np.zeros(2, np.float32)
         client.pull([_SAVED_CLOCK], [saved])
         return _clock_of(saved) if client.pulled_version(_SAVED_CLOCK) > 0 else -1
