@@ -15,8 +15,10 @@ servers (a sparse parameter, keyed by 64-bit ids) instead of in the worker.
 
 A forward pulls the rows of the batch's distinct ids (each id once) and computes on them as on a leaf tensor; the
 step block, when it ends, pushes that tensor's gradient (one row per distinct id; the rows of several forwards in
-one block are summed per id) before the dense parameters' gradients leave, so that in SYNC a step's dense round
-closes only after every worker's rows are applied, and the next step's pulls see them. The rows' optimizer is the
+one block are summed per id) before the dense parameters' gradients leave, every step (none where the step did not
+use the table): in SYNC the servers apply a step's rows once, the round's batch-weighted mean of every worker's
+gradient with the table's optimizer stepping once per row, as one process on the union batch would, and the next
+step's pulls see them. The rows' optimizer is the
 table's own, on the servers (optimizer=: sgd, adagrad, rowwise_adagrad, ftrl, lazy_adam), whatever the job's
 optimizer { kind } is; a row nobody trained reads its initial values (uniform in +-init_scale, a pure function
 of the seed, the table's name and the id), or zeros while it waits for admission (admit_after).
