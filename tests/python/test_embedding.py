@@ -92,3 +92,142 @@ def test_the_generated_ctr_task_trains_through_tables(tmp_path, mode):
     # a million); what must hold is that the tables learn: well above chance, and below the planted model.
     assert 0.70 < final["auc"] <= planted["test"]["auc"] + 0.01, final
     assert all(r["rows_updated"] > 0 for r in ranks)
+
+
+# A model of an EmbeddingBag beside dense layers, and the same model in one process (a torch EmbeddingBag over the
+# rows the servers start from, trained by SGD at the table's rate on the union batch's mean loss).
+DIM, VOCAB, BAG, ROW_LR = 4, 50, 3, 0.3
+
+
+class CtrNet(torch.nn.Module):
+    def __init__(self, bag):
+        super().__init__()
+        torch.manual_seed(0)
+        self.bag = bag
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(DIM, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+
+    def forward(self, ids):
+        return self.mlp(self.bag(ids))
+
+
+def ctr_data(steps, batch):
+    """Bags of BAG ids, skewed so that ids repeat within and across workers' slices."""
+    g = torch.Generator().manual_seed(5)
+    ids = (torch.rand(steps, batch, BAG, generator=g) ** 3 * VOCAB).long()
+    return ids, (ids.sum(-1) % 2)
+
+
+def initial_rows(client):
+    rows = np.empty((VOCAB, DIM), np.float32)
+    client.pull_rows("ids", np.arange(VOCAB, dtype=np.int64), rows)
+    return torch.from_numpy(rows.copy())
+
+
+def one_process(rows, x, y, steps, dense_optimizer, scaler_at=None):
+    """The union batch, step by step; `scaler_at(s)`: a step whose loss is infinite (a scaler skips it)."""
+    bag = torch.nn.EmbeddingBag(VOCAB, DIM, mode="sum")
+    with torch.no_grad():
+        bag.weight.copy_(rows)
+    net = CtrNet(bag)
+    dense = dense_optimizer(net.mlp)
+    for s in range(steps):
+        net.zero_grad()
+        loss = torch.nn.functional.cross_entropy(net(x[s]), y[s])
+        if scaler_at is not None and scaler_at(s):
+            continue  # the scaler finds the inf and skips the whole step
+        loss.backward()
+        dense.step()
+        with torch.no_grad():
+            bag.weight -= ROW_LR * bag.weight.grad
+    return [p.detach().clone() for p in net.mlp.parameters()], bag.weight.detach().clone()
+
+
+def largest(a, b):
+    return max((p - q).abs().max().item() for p, q in zip(a, b))
+
+
+@pytest.mark.parametrize("mode,workers", [("SYNC", 2), ("ASYNC", 1)])
+def test_a_table_beside_the_scripts_own_optimizer_equals_one_process(start_cluster, mode, workers):
+    """optimizer { kind: SCRIPT }: the dense layers follow the script's AdamW; the table's rows keep their own
+    optimizer on the servers. SYNC on 2 workers (and ASYNC on one) equals one process on the union batch."""
+    torch.set_num_threads(1)
+    steps, batch = 15, 8
+    share = batch // workers
+    cluster = start_cluster(mode=mode, servers=2, workers=workers, chunk_bytes=256, batch_size=share,
+                            optimizer="kind: SCRIPT")
+    x, y = ctr_data(steps, batch)
+    adamw = lambda mlp: torch.optim.AdamW(mlp.parameters(), lr=0.01, weight_decay=0.01)  # noqa: E731
+    final, rows0 = {}, {}
+
+    def worker(rank):
+        net = CtrNet(tt.EmbeddingBag("ids", DIM, optimizer="sgd", learning_rate=ROW_LR, init_scale=0.1, seed=2,
+                                     slots=8))
+        model = tt.DistributedModel(net, tt.init(scheduler=cluster.address, rank=rank))
+        if rank == 0:
+            rows0[0] = initial_rows(model._client)
+        opt = tt.DistributedOptimizer(adamw(net.mlp), model, check_every=5)
+        for s in range(steps):
+            xs, ys = x[s][rank * share:(rank + 1) * share], y[s][rank * share:(rank + 1) * share]
+            opt.zero_grad()
+            with model.step(batch_size=share):
+                torch.nn.functional.cross_entropy(model(xs), ys).backward()
+            opt.step()
+        model.settle()
+        final[rank] = [p.detach().clone() for p in net.mlp.parameters()]
+        if rank == 0:
+            final["rows"] = initial_rows(model._client)
+        model.done()
+
+    from conftest import run_workers
+    run_workers(workers, worker)
+    dense, rows = one_process(rows0[0], x, y, steps, adamw)
+    print(f"{mode}, SCRIPT, a table: largest difference from one process: dense "
+          f"{max(largest(final[r], dense) for r in range(workers)):.3g}, rows {(final['rows'] - rows).abs().max():.3g}")
+    for rank in range(workers):
+        assert largest(final[rank], dense) < 1e-5, f"rank {rank}'s dense layers"
+    assert (final["rows"] - rows).abs().max().item() < 1e-5
+
+
+def test_a_gradient_scaler_with_a_table_skips_a_step_on_every_worker_alike(start_cluster):
+    """The servers' optimizer and a gradient scaler: the rows leave unscaled beside the dense gradients, and a step
+    whose loss is infinite on one worker is skipped by every worker, rows included, as one process's scaler
+    skips it on the union batch."""
+    from test_torch_script_optimizer import LossScaler  # noqa: E402 - GradScaler turns itself off without CUDA
+    from conftest import run_workers
+    torch.set_num_threads(1)
+    steps, batch, bad = 12, 8, 5
+    share = batch // 2
+    cluster = start_cluster(mode="SYNC", servers=2, workers=2, chunk_bytes=256, batch_size=share, lr=0.1)
+    x, y = ctr_data(steps, batch)
+    final, rows0, skipped = {}, {}, {}
+
+    def worker(rank):
+        net = CtrNet(tt.EmbeddingBag("ids", DIM, optimizer="sgd", learning_rate=ROW_LR, init_scale=0.1, seed=2,
+                                     slots=8))
+        model = tt.DistributedModel(net, tt.init(scheduler=cluster.address, rank=rank))
+        if rank == 0:
+            rows0[0] = initial_rows(model._client)
+        scaler, skipped[rank] = LossScaler(), 0
+        for s in range(steps):
+            xs, ys = x[s][rank * share:(rank + 1) * share], y[s][rank * share:(rank + 1) * share]
+            with model.step(batch_size=share, scaler=scaler) as step:
+                loss = torch.nn.functional.cross_entropy(model(xs), ys)
+                if rank == 1 and s == bad:
+                    loss = loss * float("inf")
+                scaler.scale(loss).backward()
+            skipped[rank] += step.skipped
+        model.settle()
+        final[rank] = [p.detach().clone() for p in net.mlp.parameters()]
+        if rank == 0:
+            final["rows"] = initial_rows(model._client)
+        model.done()
+
+    run_workers(2, worker)
+    sgd = lambda mlp: torch.optim.SGD(mlp.parameters(), lr=0.1)  # noqa: E731
+    dense, rows = one_process(rows0[0], x, y, steps, sgd, scaler_at=lambda s: s == bad)
+    print(f"a scaler and a table: largest difference from one process: dense "
+          f"{max(largest(final[r], dense) for r in range(2)):.3g}, rows {(final['rows'] - rows).abs().max():.3g}")
+    assert skipped == {0: 1, 1: 1}
+    for rank in range(2):
+        assert largest(final[rank], dense) < 1e-5, f"rank {rank}'s dense layers"
+    assert (final["rows"] - rows).abs().max().item() < 1e-5

@@ -92,8 +92,12 @@ class Embedding(torch.nn.Module):
         rows, inverse = self._lookup(ids)
         return F.embedding(inverse, rows)
 
-    def _push(self, batch_size, lr_factor=1.0, scale=1.0, skip=False):
-        """Sends the open step's row gradients (summed per id, divided by `scale`: a gradient scaler's factor);
+    def _found_inf(self):
+        """Does a row gradient of the open step hold an inf or NaN?"""
+        return any(leaf.grad is not None and not bool(torch.isfinite(leaf.grad).all()) for _, leaf in self._pulled)
+
+    def _push(self, batch_size, lr_factor=1.0, inv_scale=1.0, skip=False):
+        """Sends the open step's row gradients (summed per id, times `inv_scale`: a gradient scaler's 1 / scale);
         called by the step block before the dense ones, every step: a step whose forwards did not use the table
         pushes no ids (in SYNC its servers' round still waits for this worker); `skip`: the step is skipped (its
         scaler found inf or NaN)."""
@@ -109,8 +113,8 @@ class Embedding(torch.nn.Module):
             grads = np.empty((0, self.dim), np.float32)
         if skip:
             ids, grads = np.empty(0, np.uint64), np.empty((0, self.dim), np.float32)
-        elif scale != 1.0:
-            grads = grads / np.float32(scale)
+        elif inv_scale != 1.0:
+            grads = grads * np.float32(inv_scale)
         updated, refused = self._client.push_rows(self.table, ids, np.ascontiguousarray(grads, np.float32),
                                                   int(batch_size), lr_factor, skip)
         self.rows_updated += updated

@@ -126,9 +126,8 @@ class DistributedModel(torch.nn.Module):
         # Embedding tables (tessera.torch.Embedding): declared beside the dense parameters; their rows are pulled in
         # forward and pushed when a step block ends, before the dense gradients leave.
         self._tables = [m for m in module.modules() if isinstance(m, Embedding)]
-        if self._tables and self.script:
-            raise Error("UNIMPLEMENTED: embedding tables train with their own optimizer on the servers; "
-                        "optimizer { kind: SCRIPT } does not take them yet")
+        # With optimizer { kind: SCRIPT } the tables keep their own optimizer on the servers; the dense parameters
+        # follow the script's path.
         if self._tables and self.overlap and self._sync:
             raise Error("INVALID_ARGUMENT: embedding tables in SYNC need overlap=False: a step's rows must be on the "
                         "servers before its dense round closes")
@@ -192,11 +191,18 @@ class DistributedModel(torch.nn.Module):
         before they leave (they leave when the block ends), a step whose gradients hold an inf or NaN on any
         worker is skipped by every worker alike (the block's `skipped` says so), and the scaler's scale is updated
         as GradScaler.update() would; call neither scaler.step() nor scaler.update(). A disabled scaler (no CUDA)
-        is ignored. With optimizer { kind: SCRIPT } use the scaler with the script's optimizer instead."""
+        is ignored. Embedding tables' row gradients are divided by the scale too, and an inf or NaN among them skips
+        the step as one in the dense gradients does. With optimizer { kind: SCRIPT } use the scaler with the
+        script's optimizer instead (not with embedding tables: their rows would take the scaled gradients)."""
         if scaler is not None and self.script:
             raise Error("FAILED_PRECONDITION: with optimizer { kind: SCRIPT } the scaler goes with the script's "
                         "optimizer (scaler.unscale_(opt), scaler.step(opt), scaler.update() after the block), not "
-                        "to model.step()")
+                        "to model.step()" + (
+                            "; and with embedding tables a scaled loss cannot be honoured under SCRIPT (the rows' "
+                            "gradients reach the servers' row optimizer before the script's scaler unscales): "
+                            "train with the servers' optimizer (optimizer { kind: ADAM ... }) and "
+                            "model.step(batch_size, scaler=scaler), or use bfloat16 autocast, which needs no scaler"
+                            if self._tables else ""))
         return _Step(self, batch_size, scaler)
 
     @contextlib.contextmanager
@@ -490,28 +496,38 @@ class DistributedModel(torch.nn.Module):
                 "optimizer { clip_global_norm }, or run your own optimizer: kind SCRIPT)" +
                 (" (with overlap=True, the unedited gradients had already left)" if sent else
                  "; nothing of this step was sent"))
+        unscaled = False
         if self._tables:
+            inv, skip = 1.0, False
             if self._scaling is not None:
-                raise Error("UNIMPLEMENTED: a gradient scaler with embedding tables; nothing of this step was sent")
+                # One decision for the rows and the dense gradients, before anything leaves: an inf or NaN in either
+                # skips the whole step (the rows' round too, in SYNC), as GradScaler skips one process's step.
+                inv = float(np.float32(1.0 / float(self._scaling.scaler.get_scale())))
+                rows_bad = any(t._found_inf() for t in self._tables)
+                skip = self._unscale(force_skip=rows_bad)
+                unscaled = True
             for table in self._tables:
-                table._push(batch_size)
+                table._push(batch_size, inv_scale=inv, skip=skip)
         # A parameter this step did not read (an unused branch) may still await the last step's values: they land
         # before its gradient (zeros, or what backward made) leaves, so that this step's values land after them.
         self._need(range(len(self._params)))
-        if self._scaling is not None:
+        if self._scaling is not None and not unscaled:
             self._unscale()
         for i in range(len(self._params)):
             if self._fired[i] and not self._sent[i]:
                 self._send(i)
 
-    def _unscale(self):
+    def _unscale(self, force_skip=False):
         """The servers' path with a scaler: the gradients leave divided by its scale; with an inf or NaN in any of
-        them, zeros leave and the step is skipped (in SYNC by every worker: no server applies its round)."""
+        them (or `force_skip`: in the rows), zeros leave and the step is skipped (in SYNC by every worker: no server
+        applies its round). Returns whether it is skipped."""
         grads = [p.grad for i, (_, p) in enumerate(self._params) if self._fired[i] and p.grad is not None]
-        if self._scaling.unscale(grads):
+        if self._scaling.unscale(grads) or force_skip:
             for g in grads:
                 g.zero_()
             self._current.skip()
+            return True
+        return False
 
     def _update_scaler(self):
         """After a block with a scaler: waits for its values, and updates the scale from whether the step (any
@@ -612,6 +628,8 @@ class DistributedModel(torch.nn.Module):
         clock already: the optimizer's step changes nothing), and the clock is the job's again."""
         (clock, took), self._replay = self._replay, None
         self._current = None
+        for table in self._tables:
+            table._abandon()  # the checkpoint's rows already hold this step's update
         self._install_means_or_none(clock, took)
         self._gate = dict(self._gate, clock=clock)
 
@@ -689,7 +707,10 @@ class DistributedModel(torch.nn.Module):
 
     def _end_local_block(self, batch_size, busy):
         """ASYNC and SSP with SCRIPT: the block's gradients stay here for the script's optimizer; the values it
-        starts from are kept to make its change."""
+        starts from are kept to make its change. The embedding tables' rows leave now (their optimizer is the
+        servers')."""
+        for table in self._tables:
+            table._push(batch_size)
         self._current = None
         self._settle()
         self._script_push = (batch_size, busy, [p.detach().clone() for _, p in self._params])
