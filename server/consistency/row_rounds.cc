@@ -187,6 +187,7 @@ absl::StatusOr<bool> RowRounds::ParkPull(const std::string& table, int64_t clock
   if (it == rounds_.end()) return false;
   Round& round = it->second;
   if (round.open < 0 || round.open >= clock || round.collected.empty()) return false;
+  if (!cancelled_.ok()) return cancelled_;
   if (round.pulls.size() >= kMaxParkedPulls) {
     return absl::UnavailableError(absl::StrCat(round.pulls.size(), " pulls of rows of '", table,
                                                "' wait for round ", round.open, " already"));
@@ -227,6 +228,7 @@ void RowRounds::Drop(const std::function<bool(RowSlot&)>& gone, const absl::Stat
 
 void RowRounds::Cancel(const absl::Status& why, RowsTaken& taken) {
   absl::MutexLock lock(&mu_);
+  cancelled_ = why.ok() ? absl::UnavailableError("the server is shutting down") : why;
   for (auto& [name, round] : rounds_) {
     for (RowWaiter& waiter : round.waiters) taken.now.emplace_back(std::move(waiter.done), why);
     round.waiters.clear();

@@ -121,7 +121,8 @@ class RowRounds {
   // them again, and they are collected again). `forget`: a rollback, the rounds' history goes too.
   void Drop(const std::function<bool(RowSlot&)>& gone, const absl::Status& why, bool forget, RowsTaken& taken)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Answers every waiting push and pull with `why` (shutdown).
+  // Answers every waiting push with `why` and runs every waiting pull again, which then, as every later pull that
+  // would wait, fails with `why` (shutdown).
   void Cancel(const absl::Status& why, RowsTaken& taken) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
@@ -153,6 +154,7 @@ class RowRounds {
   const RoundMembersOf members_of_;
   absl::Mutex mu_;
   std::map<std::string, Round> rounds_ ABSL_GUARDED_BY(mu_);  // by table
+  absl::Status cancelled_ ABSL_GUARDED_BY(mu_);               // after Cancel: why no pull waits any more
 };
 
 // The waiter of `push`: its answer and its ids.
