@@ -204,7 +204,12 @@ TEST_P(EmbeddingSyncTest, EveryRowOptimizerEqualsOneProcessOnTheUnionBatch) {
           for (float g : x.grads) grads.push_back(g / kBatch[w]);  // the gradient of the batch's mean loss
         }
         if (w == late_worker) {
-          for (int m : members) finished[m][step].WaitForNotification();
+          for (int m : members) {
+            if (!finished[m][step].WaitForNotificationWithTimeout(absl::Seconds(60))) {
+              return fail(absl::DeadlineExceededError(
+                  absl::StrCat("the late worker waited 60 s for worker ", m, " to finish step ", step)));
+            }
+          }
         } else {
           // The rows this step reads are the rounds before it.
           std::vector<float> rows(ids.size() * kDim);

@@ -109,15 +109,7 @@ class SparseTableTest : public ::testing::Test {
   absl::StatusOr<tessera::v1::RowPushResponse> Push(std::vector<uint64_t> ids, std::vector<float> grads, uint64_t seq,
                                                     int64_t clock = 0, int worker = 0, int batch = 8,
                                                     ShardStore* store = nullptr) {
-    tessera::v1::RowPushRequest r;
-    r.set_epoch(map_.epoch());
-    r.set_worker_id(worker);
-    r.set_seq(seq);
-    r.set_clock(clock);
-    r.set_batch_size(batch);
-    r.set_table("emb");
-    for (uint64_t id : ids) r.add_ids(id);
-    r.set_grads(std::string(reinterpret_cast<const char*>(grads.data()), grads.size() * sizeof(float)));
+    const tessera::v1::RowPushRequest r = PushRequest(ids, grads, seq, clock, worker, batch);
     absl::Notification answered;
     absl::StatusOr<tessera::v1::RowPushResponse> result;
     (store ? store : &store_)->PushRows(r, "", [&](absl::StatusOr<tessera::v1::RowPushResponse> response) {
