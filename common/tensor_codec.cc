@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/cpu_clones.h"
 
 namespace tessera {
 
@@ -31,22 +32,29 @@ void EncodeFloats(absl::Span<const float> values, std::string* out) {
 
 bool AllFinite(absl::Span<const float> values) { return std::isfinite(MaxAbs(values)); }
 
-float MaxAbs(absl::Span<const float> values) {
-  // |x| as bits orders like |x| for finite floats, and every NaN and infinity is above them all; an unsigned
-  // integer max vectorises where a float max would not.
-  const float* p = values.data();
-  const size_t n = values.size();
-  uint32_t largest = 0;
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, p + i, sizeof(bits));
-    largest = std::max(largest, bits & 0x7fffffffu);
+namespace {
+
+// The largest AbsBits of p[0..n), in sixteen independent lanes, so that the loop is not one chain of dependent
+// maxima.
+TESSERA_CPU_CLONES int32_t LargestAbsBits(const float* p, size_t n) {
+  constexpr size_t kLanes = 16;
+  int32_t lanes[kLanes] = {};
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (size_t k = 0; k < kLanes; ++k) {
+      const int32_t bits = AbsBits(p[i + k]);
+      lanes[k] = lanes[k] > bits ? lanes[k] : bits;
+    }
   }
-  if (largest >= 0x7f800000u) return std::numeric_limits<float>::infinity();
-  float out;
-  std::memcpy(&out, &largest, sizeof(out));
-  return out;
+  int32_t largest = 0;
+  for (; i < n; ++i) largest = std::max(largest, AbsBits(p[i]));
+  for (int32_t lane : lanes) largest = std::max(largest, lane);
+  return largest;
 }
+
+}  // namespace
+
+float MaxAbs(absl::Span<const float> values) { return FromAbsBits(LargestAbsBits(values.data(), values.size())); }
 
 absl::Status CheckFinite(absl::Span<const float> values, std::string_view what) {
   if (AllFinite(values)) return absl::OkStatus();

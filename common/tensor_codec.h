@@ -3,6 +3,8 @@
 #define TESSERA_COMMON_TENSOR_CODEC_H_
 
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,6 +25,22 @@ void EncodeFloats(absl::Span<const float> values, std::string* out);
 
 // True when no value is NaN or infinite (one vectorised pass: MaxAbs).
 bool AllFinite(absl::Span<const float> values);
+
+// |x| as the bits of a float, sign cleared: for finite floats they order as |x| does, and every NaN and infinity
+// lies above them all, so an integer max (which vectorises where a float max does not; a signed one serves)
+// finds the largest |x| and any non-finite value at once. FromAbsBits turns the largest back into a float:
+// infinity for a NaN or an infinity.
+inline int32_t AbsBits(float x) {
+  int32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  return bits & 0x7fffffff;
+}
+inline float FromAbsBits(int32_t bits) {
+  if (bits >= 0x7f800000) return std::numeric_limits<float>::infinity();
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
 
 // The largest |value| (0 for none); infinity when any value is NaN or infinite. One vectorised pass.
 float MaxAbs(absl::Span<const float> values);

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/cpu_clones.h"
+#include "common/tensor_codec.h"
 #include "glog/logging.h"
 
 #if defined(__SSE__)
@@ -108,58 +110,99 @@ double UpdateRule::Bound(double params, double state, double grad, int64_t step,
   return std::max(params + lr * velocity, velocity);
 }
 
-void UpdateRule::Apply(absl::Span<float> params, absl::Span<const float> grad, absl::Span<float> state, int64_t step,
-                       float lr_scale, float grad_scale, bool decay) const {
+namespace {
+
+// The update rules' loops: one pass each, the largest |x| written taken on the way (as bits, see AbsBits).
+// Free functions, so that each is compiled for AVX2 and the baseline (TESSERA_CPU_CLONES).
+using Written = UpdateRule::Written;
+
+TESSERA_CPU_CLONES Written ReplaceLoop(float* __restrict p, const float* __restrict g, size_t n, float scale) {
+  int32_t pmax = 0;
+  for (size_t i = 0; i < n; ++i) {
+    p[i] = g[i] * scale;
+    pmax = std::max(pmax, AbsBits(p[i]));
+  }
+  return {FromAbsBits(pmax), 0.0f};
+}
+
+TESSERA_CPU_CLONES Written AddLoop(float* __restrict p, const float* __restrict g, size_t n, float rate) {
+  int32_t pmax = 0;
+  for (size_t i = 0; i < n; ++i) {
+    p[i] += rate * g[i];
+    pmax = std::max(pmax, AbsBits(p[i]));
+  }
+  return {FromAbsBits(pmax), 0.0f};
+}
+
+// SGD with momentum (0 included): v = mu * v + g * grad_scale + coupled * p; p -= lr * v.
+TESSERA_CPU_CLONES Written MomentumLoop(float* __restrict p, const float* __restrict g, float* __restrict velocity,
+                                        size_t n, float lr, float mu, float grad_scale, float coupled) {
+  int32_t pmax = 0, smax = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const float vi = mu * velocity[i] + g[i] * grad_scale + coupled * p[i];
+    velocity[i] = vi;
+    p[i] -= lr * vi;
+    pmax = std::max(pmax, AbsBits(p[i]));
+    smax = std::max(smax, AbsBits(vi));
+  }
+  return {FromAbsBits(pmax), FromAbsBits(smax)};
+}
+
+struct AdamStep {
+  float b1, b2, eps;
+  float step_size;  // lr / c1
+  float sqrt_c2;    // sqrt(c2)
+  float grad_scale;
+  float coupled;  // L2 decay joined to the gradient (Adam), or 0
+  float keep;     // 1 - lr * wd (AdamW's decoupled decay), or 1
+};
+
+// torch.optim.Adam's arithmetic: p -= (lr / c1) * m / (sqrt(v) / sqrt(c2) + eps).
+TESSERA_CPU_CLONES Written AdamLoop(float* __restrict p, const float* __restrict g, float* __restrict m,
+                                    float* __restrict v, size_t n, const AdamStep s) {
+  const float one_minus_b1 = 1.0f - s.b1, one_minus_b2 = 1.0f - s.b2;
+  int32_t pmax = 0, smax = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const float gi = g[i] * s.grad_scale + s.coupled * p[i];
+    const float mi = s.b1 * m[i] + one_minus_b1 * gi;
+    const float vi = s.b2 * v[i] + one_minus_b2 * gi * gi;
+    const float pi = p[i] * s.keep - s.step_size * (mi / (std::sqrt(vi) / s.sqrt_c2 + s.eps));
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = pi;
+    pmax = std::max(pmax, AbsBits(pi));
+    smax = std::max(smax, std::max(AbsBits(mi), AbsBits(vi)));
+  }
+  return {FromAbsBits(pmax), FromAbsBits(smax)};
+}
+
+}  // namespace
+
+UpdateRule::Written UpdateRule::Apply(absl::Span<float> params, absl::Span<const float> grad,
+                                      absl::Span<float> state, int64_t step, float lr_scale, float grad_scale,
+                                      bool decay) const {
   CHECK_EQ(params.size(), grad.size());
   CHECK_EQ(state.size(), params.size() * static_cast<size_t>(state_slots()));
   FlushDenormalsScope flush;
   const size_t n = params.size();
   const float lr = spec_.learning_rate() * lr_scale;
-  if (spec_.kind() == tessera::v1::OptimizerSpec::ROUND_MEAN) {
-    for (size_t i = 0; i < n; ++i) params[i] = grad[i] * grad_scale;
-    return;
-  }
-  if (spec_.kind() == tessera::v1::OptimizerSpec::SCRIPT) {
-    const float rate = lr * grad_scale;
-    for (size_t i = 0; i < n; ++i) params[i] += rate * grad[i];
-    return;
-  }
+  if (spec_.kind() == tessera::v1::OptimizerSpec::ROUND_MEAN) return ReplaceLoop(params.data(), grad.data(), n, grad_scale);
+  if (spec_.kind() == tessera::v1::OptimizerSpec::SCRIPT) return AddLoop(params.data(), grad.data(), n, lr * grad_scale);
   const float wd = decay ? spec_.weight_decay() : 0.0f;
-  // L2 (SGD, Adam: the decay joins the gradient, as torch.optim's weight_decay) or decoupled (AdamW).
-  const float coupled = spec_.kind() == tessera::v1::OptimizerSpec::ADAMW ? 0.0f : wd;
-  if (wd != 0 && coupled == 0) {
-    const float keep = 1.0f - lr * wd;
-    for (size_t i = 0; i < n; ++i) params[i] *= keep;
-  }
+  // L2 (SGD, Adam: the decay joins the gradient, as torch.optim's weight_decay) or decoupled (AdamW: the values
+  // shrink by 1 - lr * wd before the step, which does not see the decay).
+  const bool decoupled = spec_.kind() == tessera::v1::OptimizerSpec::ADAMW;
+  const float coupled = decoupled ? 0.0f : wd;
   if (adam()) {
-    const float b1 = spec_.beta1(), b2 = spec_.beta2(), eps = spec_.epsilon();
+    // The bias corrections of this step, once per call.
+    const float b1 = spec_.beta1(), b2 = spec_.beta2();
     const float c1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b1), static_cast<double>(step)));
     const float c2 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b2), static_cast<double>(step)));
-    float* m = state.data();
-    float* v = state.data() + n;
-    for (size_t i = 0; i < n; ++i) {
-      const float g = grad[i] * grad_scale + coupled * params[i];
-      m[i] = b1 * m[i] + (1.0f - b1) * g;
-      v[i] = b2 * v[i] + (1.0f - b2) * g * g;
-      params[i] -= lr * (m[i] / c1) / (std::sqrt(v[i] / c2) + eps);
-    }
-    return;
+    const AdamStep s{b1, b2, spec_.epsilon(), lr / c1, std::sqrt(c2), grad_scale, coupled,
+                     decoupled ? 1.0f - lr * wd : 1.0f};
+    return AdamLoop(params.data(), grad.data(), state.data(), state.data() + n, n, s);
   }
-  const float mu = spec_.momentum();
-  float* __restrict velocity = state.data();
-  float* __restrict p = params.data();
-  const float* __restrict g = grad.data();
-  if (coupled != 0) {
-    for (size_t i = 0; i < n; ++i) {
-      velocity[i] = mu * velocity[i] + g[i] * grad_scale + coupled * p[i];
-      p[i] -= lr * velocity[i];
-    }
-    return;
-  }
-  for (size_t i = 0; i < n; ++i) {
-    velocity[i] = mu * velocity[i] + g[i] * grad_scale;
-    p[i] -= lr * velocity[i];
-  }
+  return MomentumLoop(params.data(), grad.data(), state.data(), n, lr, spec_.momentum(), grad_scale, coupled);
 }
 
 }  // namespace tessera

@@ -41,8 +41,16 @@ class UpdateRule {
   // mean without another pass). `decay`: apply the optimizer's weight decay (see Decays). SCRIPT adds
   // lr_scale * grad * grad_scale to the values (an update a worker's optimizer made); ROUND_MEAN replaces the
   // values by grad * grad_scale (the round's mean gradient).
-  void Apply(absl::Span<float> params, absl::Span<const float> grad, absl::Span<float> state, int64_t step,
-             float lr_scale, float grad_scale = 1.0f, bool decay = true) const;
+  //
+  // One pass over the arrays (vectorised, bias corrections once per call). Returns the largest |value| and
+  // |state| it wrote, taken in the same pass, infinity when anything came out non-finite: the server's bounds for
+  // its next update (see Bound) without reading the chunk again.
+  struct Written {
+    float values = 0;  // max |params| after the update
+    float state = 0;   // max |state| after the update
+  };
+  Written Apply(absl::Span<float> params, absl::Span<const float> grad, absl::Span<float> state, int64_t step,
+                float lr_scale, float grad_scale = 1.0f, bool decay = true) const;
 
   // An upper bound on every |value| and |state| after Apply, given bounds before it on |params|, |state| and
   // |grad| (before grad_scale). The server applies in place when this is far below the largest float, and

@@ -30,9 +30,10 @@ bool ApplyUpdateLocked(const UpdateRule& rule, Chunk& chunk, absl::Span<const fl
     std::memcpy(before.data(), chunk.values.data(), n * sizeof(float));
     if (!chunk.state.empty()) std::memcpy(before.data() + n, chunk.state.data(), chunk.state.size() * sizeof(float));
   }
-  rule.Apply(absl::MakeSpan(chunk.values), grad, absl::MakeSpan(chunk.state), step, rate, grad_scale, decay);
-  const float values_bound = MaxAbs(chunk.values);
-  const float state_bound = MaxAbs(chunk.state);
+  const UpdateRule::Written written =
+      rule.Apply(absl::MakeSpan(chunk.values), grad, absl::MakeSpan(chunk.state), step, rate, grad_scale, decay);
+  const float values_bound = written.values;
+  const float state_bound = written.state;
   if (!std::isfinite(values_bound) || !std::isfinite(state_bound)) {
     CHECK(!safe) << "an update the bounds called safe overflowed";
     std::memcpy(chunk.values.data(), before.data(), n * sizeof(float));
