@@ -203,13 +203,18 @@ void ClockTable::Done(int worker) {
   for (auto& [callback, result] : ready) callback(std::move(result));
 }
 
-int64_t ClockTable::Hold() {
+int64_t ClockTable::Hold(int ahead) {
   absl::MutexLock lock(&mu_);
   int64_t newest = 0;
   for (size_t i = 0; i < clocks_.size(); ++i) {
     if (active_[i]) newest = std::max(newest, clocks_[i]);
   }
-  hold_at_ = newest + 1;
+  hold_at_ = newest + std::max(1, ahead);
+  return hold_at_;
+}
+
+int64_t ClockTable::HeldAt() const {
+  absl::MutexLock lock(&mu_);
   return hold_at_;
 }
 

@@ -93,11 +93,15 @@ class ClockTable {
   // it at its start.
   void OnMembership(const MembershipEvent& event);
 
-  // Holds every worker before the step after the newest any worker has started: Advance to a clock >= the
-  // returned one waits (deadlines still apply) until Release(). SYNC checkpoints use it for a consistent cut:
-  // every worker completes exactly the returned number of steps, and no more, while held.
-  int64_t Hold();
+  // Holds every worker `ahead` steps after the newest any worker has started (1: before the step after it):
+  // Advance to a clock >= the returned one waits (deadlines still apply) until Release(). SYNC checkpoints use
+  // it for a consistent cut: every worker completes exactly the returned number of steps, and no more, while
+  // held. With ahead = 2 no worker has been let into the step before the cut yet, so that the answers letting
+  // them in can announce the cut (HeldAt): what the script's optimizer needs to save its values in time.
+  int64_t Hold(int ahead = 1);
   void Release();
+  // The clock every worker is held before (Hold, RollBack), or -1 when none is.
+  int64_t HeldAt() const;
 
   // Rollback number `generation` of the job, to `clock`: every active worker's clock goes back to `clock`, and
   // every gate holds at clock + 1 until Release() (the servers are restored meanwhile). A worker that waits is

@@ -184,8 +184,10 @@ absl::StatusOr<CheckpointInfo> JobCoordinator::TakeCheckpoint(const std::string&
   int64_t clock;
   std::vector<int64_t> worker_clocks = clocks_.Clocks();
   if (sync) {
-    // Everyone completes exactly `clock` steps and waits: every chunk's version is then `clock`.
-    clock = clocks_.Hold();
+    // Everyone completes exactly `clock` steps and waits: every chunk's version is then `clock`. With the
+    // script's optimizer the cut is one step further, announced to the workers as they enter the step before it
+    // (GateAnswer), so that the values keeper saves its values for it then, and only then.
+    clock = clocks_.Hold(job_.optimizer().kind() == tessera::v1::OptimizerSpec::SCRIPT ? 2 : 1);
     if (job_.stop().max_steps() > 0 && clock > job_.stop().max_steps()) {
       clocks_.Release();
       return absl::FailedPreconditionError("the job ends before the next clock");
@@ -434,6 +436,9 @@ tessera::v1::AdvanceClockResponse JobCoordinator::GateAnswer(int worker, int64_t
   }
   response.mutable_joining_clocks()->Add(joining.begin(), joining.end());
   response.set_values_keeper(std::max(keeper, 0));
+  if (const int64_t cut = clocks_.HeldAt(); sync && cut == next + 1 && !gate.rolled_back_to) {
+    response.set_checkpoint_clock(cut);
+  }
   if (balancer_.enabled() && !gate.stop) {
     const BatchSlice slice = balancer_.SliceOf(worker, next);
     response.set_batch_offset(slice.offset);

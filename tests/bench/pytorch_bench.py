@@ -122,7 +122,7 @@ def plain_loop(args, model="mlp", steps=None):
 
 # ---- 2. the tessera.torch worker (run by tessera-launch) ---------------------------------------------------------
 
-def tessera_worker(model_name, state_every=1):
+def tessera_worker(model_name, state_every=None):
     """The worker: the servers' optimizer (no optimizer here) or, in a SCRIPT job, torch.optim.SGD stepping on the
     round's mean gradient."""
     import torch
@@ -280,7 +280,7 @@ def main():
     parser.add_argument("--resnet_steps", type=int, default=60, help="steps of each ResNet-18 run")
     parser.add_argument("--as_worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker_model", default="mlp", help=argparse.SUPPRESS)
-    parser.add_argument("--worker_state_every", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--worker_state_every", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--rpc_role", choices=["server", "worker"], help=argparse.SUPPRESS)
     parser.add_argument("--rpc_port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--rpc_out", help=argparse.SUPPRESS)
@@ -340,12 +340,13 @@ def main():
                          lambda t=t, m=m, w=worker, s=steps: launch(args, f"script-{m}-{t}", w, t, s, script=True)))
             rows.append(key)
             if t == transports[0]:
-                # What sending the optimizer's state (and in SYNC rank 0's values) after every step costs.
-                key = f"script-nostate-{m}-{t}"
-                runs.append((key, f"{name}: as the row above, state_every=0 (the optimizer's state stays on the "
-                                  "worker)",
-                             lambda t=t, m=m, w=worker + ["--worker_state_every=0"], s=steps:
-                             launch(args, f"script-nostate-{m}-{t}", w, t, s, script=True)))
+                # What the keeper's upload of its values and the optimizer's state at every step would cost
+                # (state_every=1); by default it sends them only for a checkpoint's cut or a joiner.
+                key = f"script-everystep-{m}-{t}"
+                runs.append((key, f"{name}: as the row above, state_every=1 (the keeper uploads its values and "
+                                  "the optimizer's state at every step)",
+                             lambda t=t, m=m, w=worker + ["--worker_state_every=1"], s=steps:
+                             launch(args, f"script-everystep-{m}-{t}", w, t, s, script=True)))
                 rows.append(key)
         path_runs.append((m, plain_key, rows))
     samples = {key: [] for key, _, _ in runs}

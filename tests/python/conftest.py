@@ -1,5 +1,6 @@
 """Fixtures for the Python package's tests: real tessera-scheduler and tessera-server processes on loopback."""
 
+import contextlib
 import os
 import pathlib
 import signal
@@ -24,6 +25,19 @@ cluster {{ num_servers: {servers} num_workers: {workers} }}
 chunk_bytes: {chunk_bytes}
 {extra}
 """
+
+
+_SEEDED = threading.Lock()
+
+
+@contextlib.contextmanager
+def seeded(seed):
+    """torch's global generator seeded for the block, one block at a time: the workers of a test are threads of one
+    process, and a model built from the seed must not take draws another thread's model made meanwhile."""
+    import torch
+    with _SEEDED:
+        torch.manual_seed(seed)
+        yield
 
 
 def run_workers(count, body, timeout=240):

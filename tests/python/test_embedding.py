@@ -11,7 +11,7 @@ import torch
 import tessera
 import tessera.torch as tt
 from tessera import ctr
-from conftest import REPO, launch_job
+from conftest import REPO, launch_job, seeded
 
 TABLE = dict(name="emb", dim=3, optimizer="sgd", learning_rate=0.5, init_scale=0.1, seed=4, slots=8)
 
@@ -102,9 +102,9 @@ DIM, VOCAB, BAG, ROW_LR = 4, 50, 3, 0.3
 class CtrNet(torch.nn.Module):
     def __init__(self, bag):
         super().__init__()
-        torch.manual_seed(0)
         self.bag = bag
-        self.mlp = torch.nn.Sequential(torch.nn.Linear(DIM, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+        with seeded(0):
+            self.mlp = torch.nn.Sequential(torch.nn.Linear(DIM, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
 
     def forward(self, ids):
         return self.mlp(self.bag(ids))

@@ -3,7 +3,7 @@ the ways a step block may accumulate gradients; edits the servers' optimizer can
 
 import pytest
 
-from conftest import TRANSPORTS, run_workers
+from conftest import TRANSPORTS, run_workers, seeded
 
 torch = pytest.importorskip("torch", reason="Debian's python3-torch is not installed")
 import tessera  # noqa: E402
@@ -45,10 +45,10 @@ NETS = {"branchy": BranchyNet, "parent_reads_child": ParentReadsChildNet}
 
 
 def make_net(kind=None):
-    torch.manual_seed(0)
-    if kind is not None:
-        return NETS[kind]()
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    with seeded(0):
+        if kind is not None:
+            return NETS[kind]()
+        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
 
 
 def data(steps=STEPS):

@@ -293,6 +293,45 @@ def test_a_worker_rejoining_a_sync_job_takes_the_keepers_values_and_optimizer_st
             assert torch.equal(moments0[k][name], moments1[k][name]), (k, name)
 
 
+def test_the_keeper_uploads_its_values_only_for_a_checkpoints_cut(start_cluster, tmp_path):
+    """SYNC with the script's optimizer and checkpoints every 10 clocks: the keeper sends its values and the
+    optimizer's state at the start of the step before each cut the scheduler announces, not at every step; the
+    other worker never sends them; and each checkpoint holds the keeper's values of the clock before its own."""
+    share = GLOBAL_BATCH // 2
+    checkpoints = tmp_path / "checkpoints"
+    cluster = start_cluster(mode="SYNC", servers=1, workers=2, batch_size=share, optimizer="kind: SCRIPT",
+                            extra=f'checkpoint {{ dir: "{checkpoints}" every_steps: 10 }}')
+    x, y = data(STEPS)
+    saved = {0: [], 1: []}
+
+    def worker(rank):
+        net = make_net()
+        model = tt.DistributedModel(net, tt.init(scheduler=cluster.address, rank=rank))
+        opt = tt.DistributedOptimizer(adamw_recipe(net)[0], model)
+        save = model._optimizer_state.save
+
+        def counted(clock, values=False):
+            saved[rank].append(clock)
+            return save(clock, values)
+
+        model._optimizer_state.save = counted
+        while model.clock < STEPS:
+            s = model.clock
+            opt.zero_grad()
+            with model.step(batch_size=share):
+                one_backward(model, x[s][rank * share:(rank + 1) * share], y[s][rank * share:(rank + 1) * share])
+            opt.step()
+        model.done()
+
+    run_workers(2, worker)
+    taken = len(list(checkpoints.glob("ckpt-*/scheduler.state")))
+    print(f"keeper's uploads at clocks {saved[0]}; {taken} checkpoints")
+    assert taken >= 1
+    assert saved[1] == []
+    assert 1 <= len(saved[0]) <= STEPS // 10 + 1, saved[0]
+    assert len(set(saved[0])) == len(saved[0])
+
+
 def test_a_sync_rollback_replays_the_checkpoints_step_and_ends_as_one_process(start_cluster, tmp_path):
     """SYNC, 2 servers without backups, checkpoints every 10 clocks: at clock 35 (or once a checkpoint is complete)
     a server is killed; the job goes back to the last checkpoint. Each worker's block ends with the checkpoint's values, AdamW moments and rate of

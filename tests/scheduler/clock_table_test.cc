@@ -40,6 +40,29 @@ TEST(ClockTableTest, SyncHoldsTheFastWorkerUntilTheSlowOneCatchesUp) {
   EXPECT_EQ(fast.result->min_clock, 1);
 }
 
+// A checkpoint's hold two steps ahead lets every worker into the step before the cut (whose answers then name the
+// cut: HeldAt) and holds them all before the cut itself, until Release.
+TEST(ClockTableTest, AHoldTwoAheadLetsTheStepBeforeTheCutRunAndHoldsTheCut) {
+  ClockTable table(2, /*bound=*/0);
+  std::vector<Gate> first(2);
+  for (int w = 0; w < 2; ++w) table.Advance(w, 1, Far(), first[w].callback());
+  for (Gate& g : first) ASSERT_TRUE(g.answered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(table.HeldAt(), -1);
+  EXPECT_EQ(table.Hold(/*ahead=*/2), 3);
+  EXPECT_EQ(table.HeldAt(), 3);
+  std::vector<Gate> before(2), cut(2);
+  for (int w = 0; w < 2; ++w) table.Advance(w, 2, Far(), before[w].callback());
+  for (int w = 0; w < 2; ++w) {
+    ASSERT_TRUE(before[w].answered.WaitForNotificationWithTimeout(absl::Seconds(10))) << "worker " << w;
+    EXPECT_TRUE(before[w].result.ok());
+  }
+  for (int w = 0; w < 2; ++w) table.Advance(w, 3, Far(), cut[w].callback());
+  EXPECT_FALSE(cut[0].answered.WaitForNotificationWithTimeout(absl::Milliseconds(100))) << "the cut is held";
+  table.Release();
+  EXPECT_EQ(table.HeldAt(), -1);
+  for (int w = 0; w < 2; ++w) EXPECT_TRUE(cut[w].answered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+}
+
 TEST(ClockTableTest, SspLetsAWorkerRunAtMostBoundClocksAhead) {
   ClockTable table(2, /*bound=*/2);
   for (int64_t c = 1; c <= 2; ++c) {

@@ -375,6 +375,7 @@ ClockResult PsClient::Advanced(const tessera::v1::AdvanceClockResponse& gate) {
   result.late = gate.late();
   result.joining_clocks.assign(gate.joining_clocks().begin(), gate.joining_clocks().end());
   result.values_keeper = gate.values_keeper();
+  result.checkpoint_clock = gate.checkpoint_clock();
   return result;
 }
 

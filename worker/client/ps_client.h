@@ -86,6 +86,7 @@ struct ClockResult {
   bool late = false;         // SYNC with backup workers: the step's round closed without this worker's gradients
   std::vector<int64_t> joining_clocks;  // SYNC: start clocks of live workers that joined after the start
   int values_keeper = 0;  // the worker that sends what rank 0 sends while it is there (AdvanceClockResponse)
+  int64_t checkpoint_clock = 0;  // SYNC, the script's optimizer: a checkpoint is cut at this clock (0: none)
 };
 
 // Not thread-safe: one training loop drives one client (its heartbeat runs on a thread of its own).

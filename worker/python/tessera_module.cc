@@ -154,6 +154,7 @@ py::dict ClockDict(const ClockResult& r) {
   d["late"] = r.late;
   d["joining_clocks"] = r.joining_clocks;
   d["values_keeper"] = r.values_keeper;
+  d["checkpoint_clock"] = r.checkpoint_clock;
   return d;
 }
 

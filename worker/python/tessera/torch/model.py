@@ -399,9 +399,11 @@ class DistributedModel(torch.nn.Module):
         if (self.script and self._sync and self.rank == self._keeper and self._optimizer_state is not None
                 and self._saved_for != self.clock
                 and (self.clock in self._gate.get("joining_clocks", ())
+                     or self._gate.get("checkpoint_clock", 0) == self.clock + 1
                      or (self._state_every > 0 and self.clock % self._state_every == 0))):
-            # Before this step's gradients leave: a worker joining at this clock (the gate names it) waits for
-            # them, and a checkpoint cut at the next clock holds them beside this step's mean gradient.
+            # Before this step's gradients leave, and only when something needs them: a worker joining at this
+            # clock (the gate names it) waits for them, and a checkpoint cut at the next clock (the gate announces
+            # it) holds them beside this step's mean gradient.
             self._optimizer_state.save(self.clock, values=True)
             self._saved_for = self.clock
         if self.script and not self._sync:

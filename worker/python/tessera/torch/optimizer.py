@@ -122,7 +122,7 @@ class _OptimizerState:
                 raise Error(f"UNAVAILABLE: the values and optimizer state of clock {clock} (or of clock {clock - 1} "
                             f"with that step's mean gradient, as a checkpoint holds them) are not on the servers "
                             f"(they hold those of clock {held}; -1: none): the keeper (rank 0, or while it is away "
-                            "the lowest-ranked worker there) sends them every state_every steps and for a joiner")
+                            "the lowest-ranked worker there) sends them for each checkpoint's cut and for a joiner")
             if now - told > 10:
                 told = now
                 print(f"tessera: worker {model.rank}: waiting for the values of clock {clock} (the servers hold "
@@ -167,7 +167,7 @@ def _clock_of(parts):
     return int(parts[0]) + (int(parts[1]) << 20)
 
 
-def DistributedOptimizer(optimizer, model, check_every=100, state_every=1):
+def DistributedOptimizer(optimizer, model, check_every=100, state_every=None):
     """Keeps the script's own torch.optim optimizer (any, with its parameter groups, lr_scheduler, clipping and
     GradScaler) in a job whose servers only combine (optimizer { kind: SCRIPT }). Returns `optimizer` itself,
     its step() extended; the loop is a DDP script's:
@@ -190,17 +190,19 @@ def DistributedOptimizer(optimizer, model, check_every=100, state_every=1):
     with everyone's changes, before the next forward. A step the script skips (GradScaler after inf) sends no
     change.
 
-    The optimizer's state (moments, step counts, momentum) is sent to the servers every `state_every` steps (in
-    ASYNC and SSP by every worker; 0: the state stays in this process): checkpoints hold it, and a worker that
-    restarts takes it here and continues with it. In SYNC, where the values are the workers' own and every
-    worker's state is the same, one worker, the keeper (rank 0, or while it is away the lowest-ranked worker
-    there), sends the values, the state and the groups' learning rates at the start of every `state_every`-th
-    step and of a step a worker joins at. A worker that joins the running job, rank 0 included, waits here for
-    the keeper's values of its start clock. A resumed job, and a job that went back to a checkpoint (a lost server
-    without backups), take the checkpoint's values of the step before its clock and that step's mean gradient: a
-    resumed worker's first block runs on that step's data and ends with that mean in .grad, so the script's
-    optimizer makes the checkpoint's step again (exact with state_every=1; otherwise UNAVAILABLE names the clocks
-    there are). Make the schedule after this call with last_epoch=model.clock - 1, so that a restarted worker's
+    The optimizer's state (moments, step counts, momentum) goes to the servers, so that checkpoints hold it and a
+    worker that restarts takes it here and continues with it. In SYNC, where the values are the workers' own and
+    every worker's state is the same, one worker, the keeper (rank 0, or while it is away the lowest-ranked worker
+    there), sends the values, the state and the groups' learning rates only when something needs them: at the
+    start of the step before a checkpoint's clock (the scheduler announces the cut as the workers enter that
+    step) and of a step a worker joins at; `state_every` > 0 also sends them every so many steps. In ASYNC and
+    SSP every worker sends its state every `state_every` steps (default 1; 0: the state stays in this process).
+    A worker that joins the running job, rank 0 included, waits here for the keeper's values of its start clock.
+    A resumed job, and a job that went back to a checkpoint (a lost server without backups), take the
+    checkpoint's values of the step before its clock and that step's mean gradient: a resumed worker's first
+    block runs on that step's data and ends with that mean in .grad, so the script's optimizer makes the
+    checkpoint's step again, exactly (a checkpoint from a run without the announced cuts may lack them:
+    UNAVAILABLE then names the clocks there are). Make the schedule after this call with last_epoch=model.clock - 1, so that a restarted worker's
     schedule starts where the job is (the base rate is kept as each group's initial_lr); after a rollback the
     schedulers of this optimizer are set back to the checkpoint's clock here.
 
@@ -218,7 +220,7 @@ def DistributedOptimizer(optimizer, model, check_every=100, state_every=1):
                 raise Error("INVALID_ARGUMENT: the optimizer holds a parameter the model does not train (frozen, "
                             "or of another module)")
     model._check_every = int(check_every)
-    model._state_every = int(state_every)
+    model._state_every = int(state_every) if state_every is not None else 0 if model._sync else 1
     for group in optimizer.param_groups:
         group.setdefault("initial_lr", group["lr"])
     if model._state_every > 0 or model._sync:  # SYNC: the keeper also saves for a worker that joins
