@@ -71,6 +71,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/child_process.h"
+#include "common/cpu_clones.h"
 #include "common/command_line.h"
 #include "common/daemon_init.h"
 #include "common/job_spec.h"
@@ -470,6 +471,26 @@ void TlsSection(const Context& ctx, Table& table) {
 // ---------------------------------------------------------------------------------------------------------------
 // c. Update throughput.
 
+// The reference loops: y += a*x, compiled as the update rules are (vectorised, AVX2 where the CPU has it), so
+// that it runs at the speed memory allows.
+TESSERA_CPU_CLONES __attribute__((noinline)) void Axpy(float* __restrict y, const float* __restrict x, int64_t n,
+                                                       float a) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+// The bytes an update rule must read and write per parameter: the gradient and the value read, the value
+// written, and each slot of state read and written (ROUND_MEAN reads no value).
+int TouchedBytes(const UpdateRule& rule) { return 12 + 8 * rule.state_slots(); }
+
+// The limit memory sets for a loop that touches `bytes` per element, from a reference loop over the same arrays
+// that touches `reference_bytes` and ran at `reference_gbs` (GB/s of elements' float32), and the fraction of it
+// reached.
+std::string Roofline(double gbs, double reference_gbs, int reference_bytes, int bytes) {
+  const double limit = reference_gbs * reference_bytes / bytes;
+  return absl::StrFormat("memory's limit for the %d bytes it touches per parameter: %.2f GB/s, %.0f%% reached", bytes,
+                         limit, 100.0 * gbs / limit);
+}
+
 void UpdateSection(Table& table) {
   const int64_t n = static_cast<int64_t>(FLAGS_update_mib * kMiB / sizeof(float));
   const double bytes = n * sizeof(float);
@@ -490,9 +511,7 @@ void UpdateSection(Table& table) {
   // The reference: a plain loop over the same arrays (a read from a flag, so nothing is folded away).
   const float a = -static_cast<float>(FLAGS_update_mib) * 1e-6f;
   const double axpy_s = time_median([&](int) {
-    float* y = params.data();
-    const float* x = grad.data();
-    for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+    Axpy(params.data(), grad.data(), n, a);
   });
   const double axpy_gbs = bytes / axpy_s / kGB;
   const std::string reference = absl::StrFormat("y += a*x: %.2f GB/s", axpy_gbs);
@@ -503,7 +522,7 @@ void UpdateSection(Table& table) {
     float momentum;
     std::string target;
   };
-  for (const Rule& rule : {Rule{"SGD", tessera::v1::OptimizerSpec::SGD, 0.0f, ">= 0.7x"},
+  for (const Rule& rule : {Rule{"SGD", tessera::v1::OptimizerSpec::SGD, 0.0f, ""},
                            Rule{"SGD, momentum 0.9", tessera::v1::OptimizerSpec::SGD, 0.9f, ""},
                            Rule{"Adam", tessera::v1::OptimizerSpec::ADAM, 0.0f, ">= 0.4x"},
                            Rule{"AdamW, weight decay 0.01", tessera::v1::OptimizerSpec::ADAMW, 0.0f, ">= 0.4x"}}) {
@@ -527,14 +546,13 @@ void UpdateSection(Table& table) {
     });
     const double gbs = bytes / s / kGB;
     table.Add({"c", absl::StrCat("update ", FLAGS_update_mib, " MiB, ", rule.label), Gbs(gbs), reference,
-               Ratio(gbs, axpy_gbs), rule.target, "GB/s of parameters updated, one thread"});
+               Ratio(gbs, axpy_gbs), rule.target,
+               absl::StrCat("GB/s of parameters updated, one thread; ", Roofline(gbs, axpy_gbs, 12, TouchedBytes(update)))});
   }
 
   // The servers' work when the script's optimizer steps: summing and adding, against y += x.
   const double add_s = time_median([&](int) {
-    float* y = params.data();
-    const float* x = grad.data();
-    for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+    Axpy(params.data(), grad.data(), n, 1.0f);
   });
   const double add_gbs = bytes / add_s / kGB;
   const std::string add_reference = absl::StrFormat("y += x: %.2f GB/s", add_gbs);
@@ -562,7 +580,8 @@ void UpdateSection(Table& table) {
     });
     const double gbs = bytes / s / kGB;
     table.Add({"c", absl::StrCat("update ", FLAGS_update_mib, " MiB, ", label), Gbs(gbs), add_reference,
-               Ratio(gbs, add_gbs), "", "GB/s of parameters updated, one thread"});
+               Ratio(gbs, add_gbs), "",
+               absl::StrCat("GB/s of parameters updated, one thread; ", Roofline(gbs, add_gbs, 12, TouchedBytes(update)))});
   }
   double checksum = 0;
   for (int64_t i = 0; i < n; i += 4096) checksum += params[i];
