@@ -36,9 +36,15 @@ class Logistic(torch.nn.Module):
 
 
 class Dlrm(torch.nn.Module):
-    def __init__(self, table, factor_learning_rate, dim=8):
+    """A small DLRM: the pairwise dot products of the ids' factor vectors and the dense fields' bottom vector go
+    through a top MLP, beside a table of dim 1. With `fm_sum` the sum of the ids' pairwise dot products also joins
+    the logit directly, as a factorisation machine's does (DeepFM's shape), so that the top MLP need not learn to
+    add 325 products up through its ReLU."""
+
+    def __init__(self, table, factor_learning_rate, dim=8, factor_init=0.05, fm_sum=False):
         super().__init__()
-        self.factors = tt.Embedding("ctr_factors", dim, init_scale=0.05, seed=11,
+        self.fm_sum = fm_sum
+        self.factors = tt.Embedding("ctr_factors", dim, init_scale=factor_init, seed=11,
                                     **dict(table, learning_rate=factor_learning_rate))
         self.weights = tt.EmbeddingBag("ctr_weights", 1, mode="sum", init_scale=0.0, **table)
         self.bottom = torch.nn.Sequential(torch.nn.Linear(ctr.DENSE_FIELDS, dim), torch.nn.ReLU())
@@ -51,7 +57,10 @@ class Dlrm(torch.nn.Module):
         bottom = self.bottom(dense)
         vectors = torch.cat([bottom.unsqueeze(1), self.factors(ids)], dim=1)  # [batch, 27, dim]
         dots = torch.bmm(vectors, vectors.transpose(1, 2))[:, self.pairs[0], self.pairs[1]]
-        return (self.top(torch.cat([bottom, dots], dim=1)) + self.weights(ids)).squeeze(1)
+        logit = self.top(torch.cat([bottom, dots], dim=1)) + self.weights(ids)
+        if self.fm_sum:  # the pairs of ids only: the first CATEGORICAL_FIELDS pairs hold the bottom vector's
+            logit = logit + dots[:, ctr.CATEGORICAL_FIELDS:].sum(dim=1, keepdim=True)
+        return logit.squeeze(1)
 
 
 def score(net, dense, ids, label):
@@ -68,6 +77,9 @@ def main():
     parser.add_argument("--table_optimizer", default="rowwise_adagrad")
     parser.add_argument("--table_learning_rate", type=float, default=0.1)
     parser.add_argument("--factor_learning_rate", type=float, default=0.05, help="dlrm: the factor table's rate")
+    parser.add_argument("--factor_init", type=float, default=0.05, help="dlrm: the factor table's init scale")
+    parser.add_argument("--fm_sum", action="store_true",
+                        help="dlrm: the ids' pairwise dot products also summed into the logit (DeepFM)")
     parser.add_argument("--admit_after", type=int, default=0, help="a row is created at its id's k-th gradient")
     parser.add_argument("--eval_every", type=int, default=200, help="steps between rank 0's scores (0: at the end)")
     parser.add_argument("--out", default="", help="a folder for ctr-rank<r>.json")
@@ -81,7 +93,7 @@ def main():
     if args.model == "logistic":
         net = Logistic(table)
     else:
-        net = Dlrm(table, args.factor_learning_rate)
+        net = Dlrm(table, args.factor_learning_rate, factor_init=args.factor_init, fm_sum=args.fm_sum)
     model = tt.DistributedModel(net, job)
     test = None
     if job.rank == 0:
