@@ -183,11 +183,13 @@ absl::StatusOr<CheckpointInfo> JobCoordinator::TakeCheckpoint(const std::string&
   const bool sync = rules_.consistent_cut;
   int64_t clock;
   std::vector<int64_t> worker_clocks = clocks_.Clocks();
+  // Steps the workers may still have to make before the cut.
+  const int ahead = sync && job_.optimizer().kind() == tessera::v1::OptimizerSpec::SCRIPT ? 2 : 1;
   if (sync) {
     // Everyone completes exactly `clock` steps and waits: every chunk's version is then `clock`. With the
     // script's optimizer the cut is one step further, announced to the workers as they enter the step before it
     // (GateAnswer), so that the values keeper saves its values for it then, and only then.
-    clock = clocks_.Hold(job_.optimizer().kind() == tessera::v1::OptimizerSpec::SCRIPT ? 2 : 1);
+    clock = clocks_.Hold(ahead);
     if (job_.stop().max_steps() > 0 && clock > job_.stop().max_steps()) {
       clocks_.Release();
       return absl::FailedPreconditionError("the job ends before the next clock");
@@ -198,9 +200,9 @@ absl::StatusOr<CheckpointInfo> JobCoordinator::TakeCheckpoint(const std::string&
     clock = active.empty() ? 0 : *std::min_element(active.begin(), active.end());
   }
   // Every worker completes a step within the heartbeat timeout unless something is wrong (then the failure
-  // detector acts, and it must not wait behind this).
-  absl::StatusOr<CheckpointInfo> taken =
-      checkpointer_.Take(*map, clock, sync, worker_clocks, failure_detector_.timeout() + absl::Seconds(2));
+  // detector acts, and it must not wait behind this); the cut may be `ahead` steps away.
+  absl::StatusOr<CheckpointInfo> taken = checkpointer_.Take(*map, clock, sync, worker_clocks,
+                                                            ahead * (failure_detector_.timeout() + absl::Seconds(2)));
   if (sync && (!keep_hold || !taken.ok())) clocks_.Release();
   if (taken.ok()) {
     LOG(INFO) << "checkpoint " << taken->number << " at clock " << clock << " (" << why << ") in "
