@@ -30,18 +30,17 @@ bool ApplyUpdateLocked(const UpdateRule& rule, Chunk& chunk, absl::Span<const fl
     std::memcpy(before.data(), chunk.values.data(), n * sizeof(float));
     if (!chunk.state.empty()) std::memcpy(before.data() + n, chunk.state.data(), chunk.state.size() * sizeof(float));
   }
+  // The result's bounds come from the update's own pass.
   const UpdateRule::Written written =
       rule.Apply(absl::MakeSpan(chunk.values), grad, absl::MakeSpan(chunk.state), step, rate, grad_scale, decay);
-  const float values_bound = written.values;
-  const float state_bound = written.state;
-  if (!std::isfinite(values_bound) || !std::isfinite(state_bound)) {
+  if (!std::isfinite(written.values) || !std::isfinite(written.state)) {
     CHECK(!safe) << "an update the bounds called safe overflowed";
     std::memcpy(chunk.values.data(), before.data(), n * sizeof(float));
     if (!chunk.state.empty()) std::memcpy(chunk.state.data(), before.data() + n, chunk.state.size() * sizeof(float));
     return false;
   }
-  chunk.values_bound = values_bound;
-  chunk.state_bound = state_bound;
+  chunk.values_bound = written.values;
+  chunk.state_bound = written.state;
   chunk.gradient_updates = step;
   ++chunk.version;
   for (int w : workers) chunk.applied_clocks[w] = std::max(chunk.applied_clocks[w], clock + 1);
