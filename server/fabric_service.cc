@@ -183,7 +183,7 @@ ucs_status_t FabricService::OnRequest(const void* header, size_t header_length, 
     Apply(ep, std::move(request), std::move(values), length);
     return UCS_OK;
   }
-  ReceiveActiveMessageData(worker_->worker(), data, values->data(), length,
+  ReceiveActiveMessageData(*worker_, data, values->data(), length,
                            [this, ep, request, values, length](const absl::Status& received) {
                              if (!received.ok()) {
                                LOG(WARNING) << "UCX: a push's values did not arrive: " << received;
@@ -318,7 +318,7 @@ void FabricService::Send(ucp_ep_h ep, const FabricReply& reply, std::shared_ptr<
                          size_t length) {
   const void* data = values != nullptr ? values->data() : nullptr;
   ++sends_in_flight_;
-  SendActiveMessage(ep, kFabricReply, reply.SerializeAsString(), data, data == nullptr ? 0 : length,
+  SendActiveMessage(*worker_, ep, kFabricReply, reply.SerializeAsString(), data, data == nullptr ? 0 : length,
                     std::move(values), [this](const absl::Status&) { --sends_in_flight_; });
 }
 

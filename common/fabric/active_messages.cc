@@ -7,26 +7,14 @@
 namespace tessera {
 namespace {
 
-// What a request in flight holds until UCX is done with it.
-struct InFlight {
-  std::string header;
-  std::shared_ptr<const void> keep;
-  std::function<void(const absl::Status&)> done;
-};
-
-void Finish(InFlight* f, ucs_status_t status, const char* what) {
-  if (f->done) f->done(FromUcsStatus(status, what));
-  delete f;
-}
-
 // What an nbx call returned: done at once (null), failed at once, or in flight (the request, for cancelling).
-void* Track(ucs_status_ptr_t request, InFlight* f, const char* what) {
+void* Track(ucs_status_ptr_t request, UcxRequestState* state, const char* what) {
   if (request == nullptr) {
-    Finish(f, UCS_OK, what);
+    state->owner->Complete(state, UCS_OK, what);
     return nullptr;
   }
   if (UCS_PTR_IS_ERR(request)) {
-    Finish(f, UCS_PTR_STATUS(request), what);
+    state->owner->Complete(state, UCS_PTR_STATUS(request), what);
     return nullptr;
   }
   return request;
@@ -34,32 +22,35 @@ void* Track(ucs_status_ptr_t request, InFlight* f, const char* what) {
 
 }  // namespace
 
-void* SendActiveMessage(ucp_ep_h ep, FabricMessage id, std::string header, const void* data, size_t length,
-                        std::shared_ptr<const void> keep, std::function<void(const absl::Status&)> on_sent) {
-  auto* f = new InFlight{std::move(header), std::move(keep), std::move(on_sent)};
+void* SendActiveMessage(UcxWorker& worker, ucp_ep_h ep, FabricMessage id, std::string header, const void* data,
+                        size_t length, std::shared_ptr<const void> keep,
+                        std::function<void(const absl::Status&)> on_sent) {
+  UcxRequestState* f = worker.Hold(std::move(header), std::move(keep), std::move(on_sent));
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
   param.flags = UCP_AM_SEND_FLAG_REPLY;  // the receiver answers on the endpoint the message came from
   param.user_data = f;
   param.cb.send = [](void* request, ucs_status_t status, void* user_data) {
-    Finish(static_cast<InFlight*>(user_data), status, "UCX send");
+    auto* state = static_cast<UcxRequestState*>(user_data);
+    state->owner->Complete(state, status, "UCX send");
     ucp_request_free(request);
   };
   return Track(ucp_am_send_nbx(ep, id, f->header.data(), f->header.size(), data, data == nullptr ? 0 : length, &param),
                f, "UCX send");
 }
 
-void* ReceiveActiveMessageData(ucp_worker_h worker, void* desc, void* dst, size_t length,
+void* ReceiveActiveMessageData(UcxWorker& worker, void* desc, void* dst, size_t length,
                                std::function<void(const absl::Status&)> on_received) {
-  auto* f = new InFlight{{}, nullptr, std::move(on_received)};
+  UcxRequestState* f = worker.Hold({}, nullptr, std::move(on_received));
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.user_data = f;
   param.cb.recv_am = [](void* request, ucs_status_t status, size_t, void* user_data) {
-    Finish(static_cast<InFlight*>(user_data), status, "UCX receive");
+    auto* state = static_cast<UcxRequestState*>(user_data);
+    state->owner->Complete(state, status, "UCX receive");
     ucp_request_free(request);
   };
-  return Track(ucp_am_recv_data_nbx(worker, desc, dst, length, &param), f, "UCX receive");
+  return Track(ucp_am_recv_data_nbx(worker.worker(), desc, dst, length, &param), f, "UCX receive");
 }
 
 tessera::v1::FabricReply ReplyWithStatus(uint64_t request_id, const absl::Status& status) {

@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "common/fabric/ucx_worker.h"
 #include "proto/ps.pb.h"
 
 namespace tessera {
@@ -23,16 +24,17 @@ enum FabricMessage : unsigned {
   kFabricReply = 13,    // server -> client, to either
 };
 
-// Sends message `id` on `ep`: `header`, and `length` bytes at `data` (none when null), which `keep` keeps alive
+// Sends message `id` on `ep` (an endpoint of `worker`): `header`, and `length` bytes at `data` (none when null), which `keep` keeps alive
 // until the send is done. `on_sent` (may be empty) runs once with the outcome: at once when the send completed
 // or failed immediately, else from progress. Returns the request still in flight (for ucp_request_cancel), or
 // null when on_sent already ran.
-void* SendActiveMessage(ucp_ep_h ep, FabricMessage id, std::string header, const void* data, size_t length,
-                        std::shared_ptr<const void> keep, std::function<void(const absl::Status&)> on_sent);
+void* SendActiveMessage(UcxWorker& worker, ucp_ep_h ep, FabricMessage id, std::string header, const void* data,
+                        size_t length, std::shared_ptr<const void> keep,
+                        std::function<void(const absl::Status&)> on_sent);
 
 // Receives a rendezvous message's data (`desc`, from a handler called with UCP_AM_RECV_ATTR_FLAG_RNDV) into
 // `length` bytes at `dst`. `on_received` runs once, as for SendActiveMessage; the return value is the same.
-void* ReceiveActiveMessageData(ucp_worker_h worker, void* desc, void* dst, size_t length,
+void* ReceiveActiveMessageData(UcxWorker& worker, void* desc, void* dst, size_t length,
                                std::function<void(const absl::Status&)> on_received);
 
 // A reply carrying `status` (its code and message) for request `request_id`.

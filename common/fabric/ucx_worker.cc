@@ -140,8 +140,29 @@ void UcxWorker::Destroy() {
     std::swap(worker, worker_);
   }
   if (worker != nullptr) ucp_worker_destroy(worker);
+  if (!requests_.empty()) {
+    VLOG(1) << name_ << ": " << requests_.size() << " requests UCX never completed (to peers that died), freed";
+  }
+  requests_.clear();
   if (context_ != nullptr) ucp_cleanup(context_);
   context_ = nullptr;
+}
+
+UcxRequestState* UcxWorker::Hold(std::string header, std::shared_ptr<const void> keep,
+                                 std::function<void(const absl::Status&)> done) {
+  auto state = std::make_unique<UcxRequestState>(
+      UcxRequestState{this, std::move(header), std::move(keep), std::move(done)});
+  UcxRequestState* held = state.get();
+  requests_.emplace(held, std::move(state));
+  return held;
+}
+
+void UcxWorker::Complete(UcxRequestState* state, ucs_status_t status, const char* what) {
+  auto it = requests_.find(state);
+  if (it == requests_.end()) return;
+  std::unique_ptr<UcxRequestState> owned = std::move(it->second);
+  requests_.erase(it);
+  if (owned->done) owned->done(FromUcsStatus(status, what));
 }
 
 UcxWorker::~UcxWorker() { Stop(); }

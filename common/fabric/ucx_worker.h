@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -58,6 +59,16 @@ struct FabricOptions {
 // becomes "^tcp", an exclusion list gains tcp, an explicit list loses it. INVALID_ARGUMENT when nothing is
 // left (UCX_TLS=tcp alone).
 [[nodiscard]] absl::StatusOr<std::string> TransportsWithoutTcp(std::string_view tls);
+
+class UcxWorker;
+
+// What a request holds until UCX completes it: its header, what keeps its data alive, its callback.
+struct UcxRequestState {
+  UcxWorker* owner;
+  std::string header;
+  std::shared_ptr<const void> keep;
+  std::function<void(const absl::Status&)> done;
+};
 
 // Thread-safe: Post and SetTick from any thread; worker() only on the progress thread.
 class UcxWorker {
@@ -105,6 +116,16 @@ class UcxWorker {
   // Registers `cb` for active messages of `id` (whole messages; see ucp_am_handler_param_t). Progress thread.
   [[nodiscard]] absl::Status SetHandler(unsigned id, ucp_am_recv_callback_t cb, void* arg);
 
+  // Progress thread: a request's state (the user_data of its UCX callback), held by the worker until Complete.
+  // UCX does not complete every request: a rendezvous send to a peer that died stays pending through the forced
+  // close of its endpoint (peer-failure handling is off, see UcxChunkTransport::EndpointFor), and destroying the
+  // UCX worker frees it without a callback. What is still held then is freed with the worker, its callback not
+  // run: the owner is tearing down.
+  UcxRequestState* Hold(std::string header, std::shared_ptr<const void> keep,
+                        std::function<void(const absl::Status&)> done);
+  // Progress thread: runs the state's callback with `status` (prefixed with `what`) and frees the state.
+  void Complete(UcxRequestState* state, ucs_status_t status, const char* what);
+
  private:
   UcxWorker(std::string name, absl::Duration spin, bool tcp) : name_(std::move(name)), spin_(spin), tcp_(tcp) {}
   // On the progress thread: make and free the context and worker.
@@ -137,6 +158,7 @@ class UcxWorker {
   std::function<void()> on_stop_ ABSL_GUARDED_BY(mu_);
   std::function<bool()> drained_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<absl::Time, ucp_ep_h>> closing_;  // progress thread only
+  absl::flat_hash_map<UcxRequestState*, std::unique_ptr<UcxRequestState>> requests_;  // progress thread only
 };
 
 // Closes `ep` at once (force: in-flight requests fail), from the progress thread but never from inside one of

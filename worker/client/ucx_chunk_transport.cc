@@ -216,7 +216,7 @@ absl::StatusOr<UcxChunkTransport::Endpoint*> UcxChunkTransport::EndpointFor(cons
   hello.set_worker_id(who_.worker_id);
   hello.set_member_key(who_.member_key);
   hellos_[hello_id] = e;
-  SendActiveMessage(e->ep, kFabricHello, hello.SerializeAsString(), nullptr, 0, nullptr,
+  SendActiveMessage(*worker_, e->ep, kFabricHello, hello.SerializeAsString(), nullptr, 0, nullptr,
                     [this, hello_id](const absl::Status& sent) {
                       if (sent.ok()) return;
                       auto it = hellos_.find(hello_id);
@@ -261,7 +261,7 @@ void UcxChunkTransport::SendRequest(ChunkCall* call) {
     length = call->src.size();
   }
   // A send that completes (or fails) at once runs its callback before returning null; the call may be gone then.
-  void* pending = SendActiveMessage(wire.endpoint->ep, kFabricRequest, request.SerializeAsString(), data, length,
+  void* pending = SendActiveMessage(*worker_, wire.endpoint->ep, kFabricRequest, request.SerializeAsString(), data, length,
                                     nullptr, [this, id](const absl::Status& sent) {
                                       ChunkCall* c = Find(id);
                                       if (c == nullptr) return;
@@ -434,7 +434,7 @@ ucs_status_t UcxChunkTransport::OnReply(const void* header, size_t header_length
   }
   const uint64_t id = wire.id;
   // As for a send: a receive done at once has run its callback, and the call may be gone.
-  void* pending = ReceiveActiveMessageData(worker_->worker(), data, call->dst.data(), length,
+  void* pending = ReceiveActiveMessageData(*worker_, data, call->dst.data(), length,
                                            [this, id](const absl::Status& received) {
                                              ChunkCall* c = Find(id);
                                              if (c == nullptr) return;
