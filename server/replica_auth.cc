@@ -52,19 +52,50 @@ std::string ReplicaSigner::Sign(absl::string_view message) const {
   return signature;
 }
 
-std::string ReplicateDigest(const tessera::v1::ReplicateRequest& request) {
-  // Deterministic: the map of sequence numbers in key order, so the backup's serialization of what it parsed is
-  // the primary's.
-  std::string bytes;
+namespace {
+// Adds `request`'s deterministic serialization (the map of sequence numbers in key order, so the backup's
+// serialization of what it parsed is the primary's), after its length, to `sha`.
+void HashUnit(const tessera::v1::ReplicateRequest& request, std::string& scratch, EVP_MD_CTX* sha) {
+  scratch.clear();
   {
-    google::protobuf::io::StringOutputStream stream(&bytes);
+    google::protobuf::io::StringOutputStream stream(&scratch);
     google::protobuf::io::CodedOutputStream coded(&stream);
     coded.SetSerializationDeterministic(true);
     request.SerializeToCodedStream(&coded);
   }
+  unsigned char length[8];
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>((uint64_t{scratch.size()} >> (8 * i)) & 0xff);
+  EVP_DigestUpdate(sha, length, sizeof(length));
+  EVP_DigestUpdate(sha, scratch.data(), scratch.size());
+}
+
+// SHA-256 over what `add` hashes.
+template <typename Add>
+std::string Sha256(Add add) {
   unsigned char digest[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), digest);
-  return std::string(reinterpret_cast<const char*>(digest), sizeof(digest));
+  unsigned int length = 0;
+  EVP_MD_CTX* sha = EVP_MD_CTX_new();
+  const bool ok = sha != nullptr && EVP_DigestInit_ex(sha, EVP_sha256(), nullptr) == 1;
+  if (ok) add(sha);
+  const bool done = ok && EVP_DigestFinal_ex(sha, digest, &length) == 1 && length == sizeof(digest);
+  EVP_MD_CTX_free(sha);
+  // An empty digest matches no signature: the backup refuses the call.
+  return done ? std::string(reinterpret_cast<const char*>(digest), sizeof(digest)) : std::string();
+}
+}  // namespace
+
+std::string ReplicateDigest(const tessera::v1::ReplicateBatch& batch) {
+  return Sha256([&batch](EVP_MD_CTX* sha) {
+    std::string scratch;
+    for (const tessera::v1::ReplicateRequest& unit : batch.units()) HashUnit(unit, scratch, sha);
+  });
+}
+
+std::string ReplicateDigest(const tessera::v1::ReplicateRequest& request) {
+  return Sha256([&request](EVP_MD_CTX* sha) {
+    std::string scratch;
+    HashUnit(request, scratch, sha);
+  });
 }
 
 std::string ReplicateProof(absl::string_view digest, int backup_id, uint64_t backup_incarnation) {

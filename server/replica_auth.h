@@ -5,9 +5,9 @@
 // own view. Nothing a backup receives lets it act as the primary toward anyone (member keys never travel
 // between servers).
 //
-// What is signed (ReplicateProof): a fixed label, the SHA-256 of the request's deterministic serialization
-// (epoch, primary id, state, updates: everything the backup takes), and the backup's id and incarnation, so a
-// call made for one backup is refused by every other.
+// What is signed (ReplicateProof): a fixed label, the SHA-256 of the call's units (ReplicateDigest: epoch, primary
+// id, state, updates of each: everything the backup takes), and the backup's id and incarnation, so a call made
+// for one backup is refused by every other. One signature covers every unit of a call (ReplicateBatch).
 //
 //   ReplicaSigner signer = *ReplicaSigner::Generate();
 //   request.set_...;  // the whole request first
@@ -56,7 +56,9 @@ class ReplicaSigner {
   const std::string public_key_;
 };
 
-// SHA-256 of `request`'s deterministic serialization: computed once per hand-over, signed once per backup.
+// SHA-256 over the batch's units, each as its length (64 bits, little-endian) and its deterministic
+// serialization: computed and signed once per call. The digest of one request is that of a batch holding it alone.
+std::string ReplicateDigest(const tessera::v1::ReplicateBatch& batch);
 std::string ReplicateDigest(const tessera::v1::ReplicateRequest& request);
 // The bytes signed for backup `backup_id` (incarnation `backup_incarnation`) of a request with `digest`.
 std::string ReplicateProof(absl::string_view digest, int backup_id, uint64_t backup_incarnation);

@@ -203,20 +203,29 @@ absl::Status ServerService::CheckControlKey(const grpc::CallbackServerContext& c
 
 grpc::ServerUnaryReactor* ServerService::Replicate(grpc::CallbackServerContext* context,
                                                    const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
-  using tessera::v1::ReplicateRequest;
-  using tessera::v1::ReplicateResponse;
-  return ServeUnary<ReplicateRequest, ReplicateResponse>(
+  using tessera::v1::ReplicateBatch;
+  using tessera::v1::ReplicateBatchResponse;
+  return ServeUnary<ReplicateBatch, ReplicateBatchResponse>(
       context, request, response, *security_,
-      [this, context](std::shared_ptr<const ReplicateRequest> r, UnaryReply<ReplicateResponse> reply) {
+      [this, context](std::shared_ptr<const ReplicateBatch> r, UnaryReply<ReplicateBatchResponse> reply) {
         // Signed by the primary for this server (server/replica_auth.h); no member key travels between servers.
         const absl::string_view signature = ClientMetadata(*context, kReplicaSignatureHeader);
-        absl::StatusOr<int64_t> held = store_->TakeReplica(*r, std::string_view(signature.data(), signature.size()));
+        absl::StatusOr<std::vector<absl::StatusOr<int64_t>>> held =
+            store_->TakeReplicas(*r, std::string_view(signature.data(), signature.size()));
         if (!held.ok()) {
           reply(held.status());
           return;
         }
-        ReplicateResponse answer;
-        answer.set_version(*held);
+        ReplicateBatchResponse answer;
+        for (const absl::StatusOr<int64_t>& unit : *held) {
+          tessera::v1::ReplicateResult& result = *answer.add_results();
+          if (unit.ok()) {
+            result.set_version(*unit);
+          } else {
+            result.set_code(static_cast<int32_t>(unit.status().code()));
+            result.set_message(std::string(unit.status().message().substr(0, kMaxErrorBytes)));
+          }
+        }
         reply(std::move(answer));
       });
 }

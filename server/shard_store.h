@@ -146,6 +146,11 @@ class ShardStore {
   // or with non-finite values.
   [[nodiscard]] absl::StatusOr<int64_t> TakeReplica(const tessera::v1::ReplicateRequest& request,
                                                     std::string_view signature);
+  // The same for a call of many units from one primary, signed once (ReplicateBatch): a number out of bounds in
+  // any unit, two primaries, an epoch newer than this server's view or a signature that does not hold refuse the
+  // whole call and change nothing; otherwise one result per unit, in order, as TakeReplica's.
+  [[nodiscard]] absl::StatusOr<std::vector<absl::StatusOr<int64_t>>> TakeReplicas(
+      const tessera::v1::ReplicateBatch& batch, std::string_view signature);
 
   // Whether `key` is worker `worker`'s member key in this server's view, as every push of that worker is
   // checked (a connection's check, for transports that authenticate once per connection). UNAUTHENTICATED

@@ -1,51 +1,147 @@
 #include "server/replication/replica_sender.h"
 
+#include <map>
+#include <tuple>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
 
 namespace tessera {
 
+namespace {
+size_t HandoverBytes(const tessera::v1::ReplicateRequest& request) {
+  size_t bytes = request.state().values().size() + request.state().optimizer_state().size();
+  for (const auto& u : request.updates()) bytes += u.values().size();
+  return bytes;
+}
+
+// A unit's result as the backup gave it.
+absl::StatusOr<int64_t> FromResult(const tessera::v1::ReplicateResult& result, const std::string& what) {
+  if (result.code() == 0) return result.version();
+  const bool known = result.code() > 0 && result.code() <= static_cast<int>(absl::StatusCode::kUnauthenticated);
+  return absl::Status(known ? static_cast<absl::StatusCode>(result.code()) : absl::StatusCode::kUnknown,
+                      absl::StrCat(what, ": ", result.message()));
+}
+}  // namespace
+
+struct GrpcReplicaSender::Core {
+  struct Queued {
+    std::shared_ptr<const tessera::v1::ReplicateRequest> request;
+    std::function<void(absl::StatusOr<int64_t>)> done;
+  };
+  // The hand-overs for one backup (address, id, incarnation).
+  struct Outbox {
+    bool in_flight = false;
+    std::vector<Queued> queued;
+  };
+  using Key = std::tuple<std::string, int, uint64_t>;
+
+  Core(std::shared_ptr<const Security> security, absl::Duration timeout, std::shared_ptr<const ReplicaSigner> signer,
+       size_t batch_bytes)
+      : timeout(timeout),
+        batch_bytes(batch_bytes),
+        security(security),
+        signer(std::move(signer)),
+        stubs(std::move(security), [](std::shared_ptr<grpc::Channel> channel) {
+          return tessera::v1::ParameterServer::NewStub(std::move(channel));
+        }) {}
+
+  // The next call's hand-overs for `key`, or none (the outbox is then idle and forgotten).
+  std::vector<Queued> TakeNextLocked(const Key& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    auto it = outboxes.find(key);
+    std::vector<Queued> next;
+    if (it == outboxes.end()) return next;
+    Outbox& outbox = it->second;
+    if (outbox.queued.empty()) {
+      outboxes.erase(it);
+      return next;
+    }
+    size_t bytes = 0, taken = 0;
+    while (taken < outbox.queued.size() &&
+           (taken == 0 || bytes + HandoverBytes(*outbox.queued[taken].request) <= batch_bytes)) {
+      bytes += HandoverBytes(*outbox.queued[taken].request);
+      ++taken;
+    }
+    next.assign(std::make_move_iterator(outbox.queued.begin()),
+                std::make_move_iterator(outbox.queued.begin() + static_cast<std::ptrdiff_t>(taken)));
+    outbox.queued.erase(outbox.queued.begin(), outbox.queued.begin() + static_cast<std::ptrdiff_t>(taken));
+    outbox.in_flight = true;
+    return next;
+  }
+
+  // One call with `units` to `backup`; when it ends, each unit's `done` runs and the next call goes.
+  static void Call(std::shared_ptr<Core> core, ReplicaTarget backup, std::vector<Queued> units) {
+    struct InFlight {
+      grpc::ClientContext context;
+      tessera::v1::ReplicateBatch request;
+      tessera::v1::ReplicateBatchResponse response;
+      std::vector<Queued> units;
+    };
+    auto* call = new InFlight;
+    for (const Queued& unit : units) *call->request.add_units() = *unit.request;
+    call->units = std::move(units);
+    SetTimeout(call->context, core->timeout);
+    core->security->Authorize(call->context);
+    // Signed for this backup only: another server cannot take it as its own, and the backup learns no secret.
+    call->context.AddMetadata(
+        kReplicaSignatureHeader,
+        core->signer->Sign(ReplicateProof(ReplicateDigest(call->request), backup.server_id, backup.incarnation)));
+    core->stubs.Get(backup.address)->async()->Replicate(
+        &call->context, &call->request, &call->response, [core, backup, call](grpc::Status status) {
+          const std::string to = absl::StrCat(" to server ", backup.server_id, " at ", backup.address);
+          auto what = [&](int i) {
+            const tessera::v1::ChunkState& state = call->request.units(i).state();
+            return absl::StrCat("Replicate ", state.param(), "/", state.index(), to);
+          };
+          const int n = static_cast<int>(call->units.size());
+          absl::Status answered = FromGrpcStatus(
+              status, call->context, n == 1 ? what(0) : absl::StrCat("Replicate of ", n, " chunks", to));
+          if (answered.ok() && call->response.results_size() != n) {
+            answered = absl::InternalError(absl::StrCat("Replicate of ", n, " chunks", to, ": ",
+                                                        call->response.results_size(), " results"));
+          }
+          for (int i = 0; i < n; ++i) {
+            call->units[i].done(answered.ok() ? FromResult(call->response.results(i), what(i))
+                                              : absl::StatusOr<int64_t>(answered));
+          }
+          // Hand-overs the answers made (the shipper's next ones) join what came meanwhile.
+          std::vector<Queued> next;
+          {
+            absl::MutexLock lock(&core->mu);
+            next = core->TakeNextLocked({backup.address, backup.server_id, backup.incarnation});
+          }
+          delete call;
+          if (!next.empty()) Call(core, backup, std::move(next));
+        });
+  }
+
+  const absl::Duration timeout;
+  const size_t batch_bytes;
+  const std::shared_ptr<const Security> security;
+  const std::shared_ptr<const ReplicaSigner> signer;
+  StubCache<tessera::v1::ParameterServer::Stub> stubs;
+  absl::Mutex mu;
+  std::map<Key, Outbox> outboxes ABSL_GUARDED_BY(mu);
+};
+
 GrpcReplicaSender::GrpcReplicaSender(std::shared_ptr<const Security> security, absl::Duration timeout,
-                                     std::shared_ptr<const ReplicaSigner> signer)
-    : timeout_(timeout),
-      security_(security),
-      signer_(std::move(signer)),
-      stubs_(std::move(security), [](std::shared_ptr<grpc::Channel> channel) {
-        return tessera::v1::ParameterServer::NewStub(std::move(channel));
-      }) {}
+                                     std::shared_ptr<const ReplicaSigner> signer, size_t batch_bytes)
+    : core_(std::make_shared<Core>(std::move(security), timeout, std::move(signer), batch_bytes)) {}
 
 void GrpcReplicaSender::Send(const ReplicaTarget& backup,
                              std::shared_ptr<const tessera::v1::ReplicateRequest> request,
                              std::function<void(absl::StatusOr<int64_t>)> done) {
-  struct Call {
-    grpc::ClientContext context;
-    tessera::v1::ReplicateResponse response;
-    std::shared_ptr<const tessera::v1::ReplicateRequest> request;
-    std::function<void(absl::StatusOr<int64_t>)> done;
-  };
-  auto* call = new Call;
-  call->request = std::move(request);
-  call->done = std::move(done);
-  SetTimeout(call->context, timeout_);
-  security_->Authorize(call->context);
-  // Signed for this backup only: another server cannot take it as its own, and the backup learns no secret.
-  call->context.AddMetadata(
-      kReplicaSignatureHeader,
-      signer_->Sign(ReplicateProof(ReplicateDigest(*call->request), backup.server_id, backup.incarnation)));
-  const std::string what = absl::StrCat("Replicate ", call->request->state().param(), "/",
-                                        call->request->state().index(), " to server ", backup.server_id, " at ",
-                                        backup.address);
-  stubs_.Get(backup.address)
-      ->async()
-      ->Replicate(&call->context, call->request.get(), &call->response, [call, what](grpc::Status status) {
-        absl::Status answered = FromGrpcStatus(status, call->context, what);
-        if (answered.ok()) {
-          call->done(call->response.version());
-        } else {
-          call->done(answered);
-        }
-        delete call;
-      });
+  std::vector<Core::Queued> now;
+  {
+    absl::MutexLock lock(&core_->mu);
+    Core::Outbox& outbox = core_->outboxes[{backup.address, backup.server_id, backup.incarnation}];
+    outbox.queued.push_back({std::move(request), std::move(done)});
+    if (outbox.in_flight) return;  // goes with the next call
+    now = core_->TakeNextLocked({backup.address, backup.server_id, backup.incarnation});
+  }
+  Core::Call(core_, backup, std::move(now));
 }
 
 }  // namespace tessera

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -35,22 +36,26 @@ class ReplicaSender {
                     std::function<void(absl::StatusOr<int64_t>)> done) = 0;
 };
 
-// Thread-safe.
+// Thread-safe. At most one call is in flight to each backup: hand-overs that come while it is on its way go
+// together in the next call (one ReplicateBatch, signed once), up to `batch_bytes` of values a call, so that a
+// push of many chunks costs a backup a few calls rather than one per chunk.
 class GrpcReplicaSender final : public ReplicaSender {
  public:
+  // Values (and optimizer state) carried by one call at most, beside the first hand-over it holds.
+  static constexpr size_t kDefaultBatchBytes = size_t{16} << 20;
+
   // A call that takes longer than `timeout` fails (and the primary tries again). `signer` is this server's
   // replication key (its public half is in the view): every call is signed for its backup with it.
   GrpcReplicaSender(std::shared_ptr<const Security> security, absl::Duration timeout,
-                    std::shared_ptr<const ReplicaSigner> signer);
+                    std::shared_ptr<const ReplicaSigner> signer, size_t batch_bytes = kDefaultBatchBytes);
 
   void Send(const ReplicaTarget& backup, std::shared_ptr<const tessera::v1::ReplicateRequest> request,
             std::function<void(absl::StatusOr<int64_t>)> done) override;
 
  private:
-  const absl::Duration timeout_;
-  const std::shared_ptr<const Security> security_;
-  const std::shared_ptr<const ReplicaSigner> signer_;
-  StubCache<tessera::v1::ParameterServer::Stub> stubs_;
+  // What the calls in flight share with the sender (they may end after it).
+  struct Core;
+  const std::shared_ptr<Core> core_;
 };
 
 }  // namespace tessera

@@ -403,6 +403,13 @@ TEST_F(HostileInputTest, IdleHttpConnectionsDoNotHoldUpHealthz) {
   EXPECT_LT(took, absl::Seconds(2)) << "16 idle connections held /healthz up";
 }
 
+// A Replicate call of one chunk's hand-over.
+tessera::v1::ReplicateBatch Batch(const tessera::v1::ReplicateRequest& unit) {
+  tessera::v1::ReplicateBatch batch;
+  *batch.add_units() = unit;
+  return batch;
+}
+
 // A Replicate from a client of our own: a member key (any token holder gets one) proves nothing between servers.
 // Without the named primary's signature for this server nothing is taken; a future epoch and out-of-bound numbers
 // are refused before anything else.
@@ -418,23 +425,28 @@ TEST_F(HostileInputTest, AReplicateWithoutItsPrimarysSignatureTakesNothing) {
   r.mutable_state()->set_values(std::string(Chunk0Length() * sizeof(float), '\0'));
   r.mutable_state()->set_version(1000);
   Metadata with_key = Credentials(clients_[0].get());
-  EXPECT_THAT(RawUnary(server_, kReplicate, r, with_key), StatusIs(absl::StatusCode::kUnauthenticated, "not signed"));
+  EXPECT_THAT(RawUnary(server_, kReplicate, Batch(r), with_key),
+              StatusIs(absl::StatusCode::kUnauthenticated, "not signed"));
   Metadata forged = with_key;
   forged.emplace_back(kReplicaSignatureHeader, std::string(kReplicaSignatureBytes, 's'));
-  EXPECT_THAT(RawUnary(server_, kReplicate, r, forged), StatusIs(absl::StatusCode::kUnauthenticated, "not signed by"));
+  EXPECT_THAT(RawUnary(server_, kReplicate, Batch(r), forged),
+              StatusIs(absl::StatusCode::kUnauthenticated, "not signed by"));
   tessera::v1::ReplicateRequest future = r;
   future.set_epoch(map.epoch() + 1000);
-  EXPECT_THAT(RawUnary(server_, kReplicate, future, forged), StatusIs(absl::StatusCode::kAborted, "epoch"));
+  EXPECT_THAT(RawUnary(server_, kReplicate, Batch(future), forged), StatusIs(absl::StatusCode::kAborted, "epoch"));
   for (uint64_t epoch : {kMaxEpoch + 1, uint64_t{std::numeric_limits<int64_t>::max()}, ~uint64_t{0}}) {
     future.set_epoch(epoch);
-    EXPECT_THAT(RawUnary(server_, kReplicate, future, forged), StatusIs(absl::StatusCode::kInvalidArgument, "epoch"))
+    EXPECT_THAT(RawUnary(server_, kReplicate, Batch(future), forged),
+                StatusIs(absl::StatusCode::kInvalidArgument, "epoch"))
         << epoch;
   }
   tessera::v1::ReplicateRequest huge = r;
   huge.mutable_state()->set_version(std::numeric_limits<int64_t>::max());
-  EXPECT_THAT(RawUnary(server_, kReplicate, huge, forged), StatusIs(absl::StatusCode::kInvalidArgument, "version"));
+  EXPECT_THAT(RawUnary(server_, kReplicate, Batch(huge), forged),
+              StatusIs(absl::StatusCode::kInvalidArgument, "version"));
   (*r.mutable_state()->mutable_last_seq())[0] = ~uint64_t{0};
-  EXPECT_THAT(RawUnary(server_, kReplicate, r, forged), StatusIs(absl::StatusCode::kInvalidArgument, "sequence"));
+  EXPECT_THAT(RawUnary(server_, kReplicate, Batch(r), forged),
+              StatusIs(absl::StatusCode::kInvalidArgument, "sequence"));
   EXPECT_EQ(Values(), before);
   std::vector<float> grad(100, 1.0f);
   ASSERT_THAT(clients_[0]->Push({"w"}, {absl::MakeConstSpan(grad)}, 1), IsOk());

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <functional>
 #include <deque>
+#include <limits>
 #include <map>
 #include <optional>
 
@@ -401,6 +402,53 @@ TEST_F(ReplicationTest, ABackupPromotedBeforeItWasFilledRefusesToServeInitialVal
   EXPECT_THAT(**refused, StatusIs(absl::StatusCode::kDataLoss, "lost its state"));
   EXPECT_THAT(stores_[2]->Pull(ChunkPull{{map_.epoch(), "w", 0}, -1}), StatusIs(absl::StatusCode::kDataLoss, ""));
   senders_[0]->set_hold(false);
+}
+
+// A primary's hand-overs to one backup go in one call signed once: the signature covers every unit (a unit alone
+// does not carry it); what concerns one chunk is that chunk's result; a number out of bounds in any unit, or units
+// of two primaries, refuse the whole call and take nothing.
+TEST_F(ReplicationTest, OneSignedCallCarriesTheHandOversOfManyChunks) {
+  Start(tessera::v1::ConsistencySpec::ASYNC, 1);
+  tessera::v1::ReplicateRequest held;
+  held.set_epoch(map_.epoch());
+  held.set_server_id(0);
+  *held.mutable_state() = State(0);
+  held.mutable_state()->set_version(5);
+  tessera::v1::ReplicateRequest not_backed_up = held;
+  not_backed_up.mutable_state()->set_index(99);
+  tessera::v1::ReplicateRequest out_of_bounds = not_backed_up;
+  out_of_bounds.mutable_state()->set_version(std::numeric_limits<int64_t>::max());
+  auto signed_for_one = [this](const tessera::v1::ReplicateBatch& batch) {
+    return signers_[0]->Sign(ReplicateProof(ReplicateDigest(batch), 1, 1));
+  };
+
+  tessera::v1::ReplicateBatch refused;
+  *refused.add_units() = held;
+  *refused.add_units() = out_of_bounds;
+  EXPECT_THAT(stores_[1]->TakeReplicas(refused, signed_for_one(refused)),
+              StatusIs(absl::StatusCode::kInvalidArgument, "version"));
+  tessera::v1::ReplicateBatch two_primaries;
+  *two_primaries.add_units() = held;
+  *two_primaries.add_units() = held;
+  two_primaries.mutable_units(1)->set_server_id(2);
+  EXPECT_THAT(stores_[1]->TakeReplicas(two_primaries, signed_for_one(two_primaries)),
+              StatusIs(absl::StatusCode::kInvalidArgument, "from server 2"));
+
+  tessera::v1::ReplicateBatch batch;
+  held.mutable_state()->set_version(3);
+  *batch.add_units() = held;
+  *batch.add_units() = not_backed_up;
+  const std::string signature = signed_for_one(batch);
+  EXPECT_THAT(stores_[1]->TakeReplica(held, signature), StatusIs(absl::StatusCode::kUnauthenticated, ""))
+      << "the call's signature taken for one of its units";
+  absl::StatusOr<std::vector<absl::StatusOr<int64_t>>> results = stores_[1]->TakeReplicas(batch, signature);
+  ASSERT_THAT(results, IsOk());
+  ASSERT_EQ(results->size(), 2u);
+  ASSERT_THAT((*results)[0], IsOk());
+  EXPECT_EQ(*(*results)[0], 3) << "version 5 of the refused call was not taken";
+  EXPECT_THAT((*results)[1], StatusIs(absl::StatusCode::kFailedPrecondition, "does not back up"));
+  EXPECT_THAT(stores_[1]->TakeReplicas(tessera::v1::ReplicateBatch(), ""),
+              StatusIs(absl::StatusCode::kInvalidArgument, "without a chunk"));
 }
 
 // A backup takes a state only with its primary's signature of that very request for this very backup: no
