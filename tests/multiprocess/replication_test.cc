@@ -379,7 +379,7 @@ data { format: SYNTHETIC synthetic_train_examples: 4096 synthetic_features: 64 s
 optimizer { kind: SGD learning_rate: 0.05 momentum: 0.9 }
 batch_size: 16
 consistency { mode: SYNC }
-stop { max_steps: 3000 }
+stop { max_steps: 1200 }
 eval_every_steps: 100
 chunk_bytes: 4096
 cluster { num_servers: 3 num_workers: 2 }
@@ -392,7 +392,7 @@ replication { backups: 1 }
   Subprocess launch({kBin + "/tessera-launch", "--linger_s=0", "--job=" + job, "--run_dir=" + run.string(),
                      "--device=cpu", absl::StrCat("--heartbeat_timeout_ms=", kHeartbeatTimeoutMs),
                      "--restart_servers=1", "--dump_params=" + dump});
-  ASSERT_TRUE(launch.ReadUntilLine("step   1500 |", absl::Seconds(120))) << launch.output();
+  ASSERT_TRUE(launch.ReadUntilLine("step    600 |", absl::Seconds(120))) << launch.output();
   const std::vector<int> servers = ServerProcesses(SchedulerAddress(launch.output()));
   ASSERT_EQ(servers.size(), 3u);
   kill(servers[1], SIGKILL);
@@ -433,7 +433,7 @@ data { format: SYNTHETIC synthetic_train_examples: 4096 synthetic_features: 64 s
 optimizer { kind: SGD learning_rate: 0.05 momentum: 0.9 }
 batch_size: 16
 consistency { mode: SYNC }
-stop { max_steps: 4000 }
+stop { max_steps: 1600 }
 eval_every_steps: 100
 chunk_bytes: 4096
 cluster { num_servers: 3 num_workers: 2 }
@@ -448,7 +448,7 @@ replication { backups: 1 }
   const std::string marker = "dashboard at http://127.0.0.1:";
   ASSERT_TRUE(launch.ReadUntilLine(marker, absl::Seconds(60))) << launch.output();
   const int http_port = std::atoi(launch.output().c_str() + launch.output().find(marker) + marker.size());
-  ASSERT_TRUE(launch.ReadUntilLine("step   1000 |", absl::Seconds(120))) << launch.output();
+  ASSERT_TRUE(launch.ReadUntilLine("step    400 |", absl::Seconds(120))) << launch.output();
   const std::string address = SchedulerAddress(launch.output());
   const std::vector<int> servers = ServerProcesses(address);
   ASSERT_EQ(servers.size(), 3u);
