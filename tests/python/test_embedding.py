@@ -77,6 +77,17 @@ def test_embedding_bag_in_a_step_pushes_the_gradient_of_each_distinct_row(start_
     model.done()
 
 
+@pytest.mark.parametrize("kind", ["logistic", "fm"])
+def test_the_planted_logits_do_not_depend_on_the_block_they_are_computed_in(kind):
+    # The generator computes millions of logits a block at a time; a task of one seed must not depend on it.
+    planted = ctr.Planted(3, kind)
+    dense, ids, _, p = ctr.draw(1000, 5, planted)
+    ranks = np.argsort(ids, axis=0)  # any ranks: the check is of the blocking, not of the draw
+    whole = planted.logits(dense, ids, ranks, block=len(ids))
+    np.testing.assert_array_equal(planted.logits(dense, ids, ranks, block=77), whole)
+    assert np.all(np.isfinite(whole)) and whole.std() > 0.1
+
+
 @pytest.mark.parametrize("mode", ["SYNC", "ASYNC"])
 def test_the_generated_ctr_task_trains_through_tables(tmp_path, mode):
     data = tmp_path / "data"

@@ -64,10 +64,16 @@ class Planted:
         self.dense_weights = rng.normal(0.0, 0.3, DENSE_FIELDS)
         self.bias = -1.2
 
-    def logits(self, dense, ids, ranks):
+    def logits(self, dense, ids, ranks, block=1 << 18):
+        """The planted logit of each example, `block` examples at a time (the factors' temporaries of a whole
+        split of millions would take gigabytes)."""
+        if len(ids) > block:
+            return np.concatenate([self.logits(dense[i:i + block], ids[i:i + block], ranks[i:i + block], block)
+                                   for i in range(0, len(ids), block)])
         # Rare ids matter less: an id's scale falls with its rank in its field.
         fade = 1.0 / np.sqrt(1.0 + ranks / 200.0)
-        out = self.bias + dense.astype(np.float64) @ self.dense_weights
+        # Summed per row, not by BLAS, whose last bits depend on how many rows it is given.
+        out = self.bias + (dense.astype(np.float64) * self.dense_weights).sum(axis=1)
         out += (self.weight_scale * fade * _normal(ids, self.seed * 7919 + 1)).sum(axis=1)
         if self.kind == "fm":
             v = np.stack([self.factor_scale * fade * _normal(ids, self.seed * 7919 + 100 + k)
