@@ -2,6 +2,7 @@
 generated click-through-rate task trained by worker/python/examples/ctr.py in SYNC and ASYNC."""
 
 import json
+import subprocess
 import sys
 
 import numpy as np
@@ -86,6 +87,17 @@ def test_the_planted_logits_do_not_depend_on_the_block_they_are_computed_in(kind
     whole = planted.logits(dense, ids, ranks, block=len(ids))
     np.testing.assert_array_equal(planted.logits(dense, ids, ranks, block=77), whole)
     assert np.all(np.isfinite(whole)) and whole.std() > 0.1
+
+
+def test_the_one_process_ceiling_learns_the_planted_factorisation_machine(tmp_path):
+    # deploy/experiments/ctr_one_process.py: the planted model's own form in one process, for the experiment's page.
+    planted = ctr.generate(str(tmp_path), train=20000, test=4000, seed=2, planted="fm")
+    done = subprocess.run([sys.executable, str(REPO / "deploy" / "experiments" / "ctr_one_process.py"),
+                           f"--data={tmp_path}", "--eval_every=0", "--batch_size=128"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    auc = float(done.stdout.split("AUC ")[1].split()[0])
+    assert 0.70 < auc <= planted["test"]["auc"] + 0.01, done.stdout
 
 
 @pytest.mark.parametrize("mode", ["SYNC", "ASYNC"])
