@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory>
 
+#include <grpc/slice.h>
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
@@ -37,6 +38,16 @@ namespace tessera {
       return;                                        \
     }                                                \
   } while (false)
+
+// A response message as gRPC's reply, serialised once, straight into gRPC's own buffer. A handler whose answer is
+// not a message (values in a pooled buffer) gives ServeUnary an overload of its own for it, found by its type.
+inline void WriteResponse(const google::protobuf::MessageLite& response, grpc::ByteBuffer* out) {
+  const size_t bytes = response.ByteSizeLong();
+  grpc_slice slice = grpc_slice_malloc(bytes);
+  response.SerializeWithCachedSizesToArray(GRPC_SLICE_START_PTR(slice));
+  grpc::Slice owned(slice, grpc::Slice::STEAL_REF);
+  *out = grpc::ByteBuffer(&owned, 1);
+}
 
 // Finishes a call once; safe from any thread.
 template <typename Response>
@@ -61,10 +72,7 @@ grpc::ServerUnaryReactor* ServeUnary(grpc::CallbackServerContext* context, const
   }
   handle(std::shared_ptr<const Request>(std::move(request)),
          UnaryReply<Response>([context, reactor, out](absl::StatusOr<Response> response) {
-           if (response.ok()) {
-             grpc::Slice slice(response->SerializeAsString());
-             *out = grpc::ByteBuffer(&slice, 1);
-           }
+           if (response.ok()) WriteResponse(*response, out);
            reactor->Finish(ToGrpcStatus(response.status(), context));
          }));
   return reactor;

@@ -205,20 +205,17 @@ void TakeRowIds(const FabricRequest& request, const PooledBuffer& data, google::
 }  // namespace
 
 void FabricService::PullRowsOf(ucp_ep_h ep, const FabricRequest& request, const PooledBuffer& data) {
-  tessera::v1::RowPullRequest pull = request.row_pull();
-  TakeRowIds(request, data, pull.mutable_ids());
-  // Answered now, or once the round of rows it waits for is applied.
-  store_->PullRows(pull, [this, ep, id = request.request_id()](absl::StatusOr<tessera::v1::RowPullResponse> rows) {
+  auto pull = std::make_shared<tessera::v1::RowPullRequest>(request.row_pull());
+  TakeRowIds(request, data, pull->mutable_ids());
+  // Answered now, or once the round of rows it waits for is applied; the values leave from the store's buffer.
+  store_->PullRows(std::move(pull), [this, ep, id = request.request_id()](absl::StatusOr<PulledRows> rows) {
     if (!rows.ok()) {
       Reply(ep, ReplyWithStatus(id, rows.status()));
       return;
     }
     FabricReply reply;
     reply.set_request_id(id);
-    const std::string& values = rows->values();
-    std::shared_ptr<PooledBuffer> out = buffers_.Get(std::max<size_t>(values.size(), 1));
-    std::memcpy(out->data(), values.data(), values.size());
-    Reply(ep, std::move(reply), std::move(out), values.size());
+    Reply(ep, std::move(reply), std::move(rows->values), rows->bytes);
   });
 }
 

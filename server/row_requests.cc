@@ -65,34 +65,42 @@ absl::StatusOr<ShardStore::FoundRows> ShardStore::FindRows(uint64_t epoch, int w
   return found;
 }
 
-void ShardStore::PullRows(const tessera::v1::RowPullRequest& request, RowPullDone done) const {
-  const absl::Span<const uint64_t> ids(request.ids().data(), request.ids_size());
-  absl::StatusOr<FoundRows> found = FindRows(request.epoch(), request.worker_id(), request.table(), ids);
+void ShardStore::PullRows(std::shared_ptr<const tessera::v1::RowPullRequest> request, RowPullDone done) const {
+  const absl::Span<const uint64_t> ids(request->ids().data(), request->ids_size());
+  absl::StatusOr<FoundRows> found = FindRows(request->epoch(), request->worker_id(), request->table(), ids);
   if (!found.ok()) return done(found.status());
   // SYNC with backup workers: the rounds before the puller's clock must be applied here first.
   absl::StatusOr<bool> parked = found->config->policy->ParkRowPull(
-      request.table(), request.clock(), [this, request, done] { PullRows(request, done); });
+      request->table(), request->clock(), [this, request, done] { PullRows(request, done); });
   if (!parked.ok()) return done(parked.status());
   if (*parked) return;
   const int64_t dim = found->spec->dim;
-  std::string values(ids.size() * dim * sizeof(float), '\0');
-  float* out = reinterpret_cast<float*>(values.data());
+  // Every float of the buffer is written below; it goes to the wire as it is.
+  PulledRows pulled;
+  pulled.bytes = ids.size() * dim * sizeof(float);
+  std::shared_ptr<PooledBuffer> values = buffers_.Get(std::max<size_t>(pulled.bytes, 1));
+  float* out = reinterpret_cast<float*>(values->data());
   for (auto& [slot, positions] : found->slots) {
     absl::MutexLock slot_lock(&slot->mu);
     // A view adopted since FindRows may have moved the slot away (retired, its rows cleared): ask again there.
     if (slot->replication.primary != found->server_id) return done(MovedAway(found->epoch));
     for (int64_t i : positions) slot->ReadLocked(ids[i], absl::MakeSpan(out + i * dim, dim));
   }
-  tessera::v1::RowPullResponse response;
-  response.set_values(std::move(values));
-  done(std::move(response));
+  pulled.values = std::move(values);
+  done(std::move(pulled));
 }
 
 absl::StatusOr<tessera::v1::RowPullResponse> ShardStore::PullRows(const tessera::v1::RowPullRequest& request) const {
   absl::Notification answered;
   absl::StatusOr<tessera::v1::RowPullResponse> result;
-  PullRows(request, [&](absl::StatusOr<tessera::v1::RowPullResponse> pulled) {
-    result = std::move(pulled);
+  PullRows(std::make_shared<tessera::v1::RowPullRequest>(request), [&](absl::StatusOr<PulledRows> pulled) {
+    if (pulled.ok()) {
+      tessera::v1::RowPullResponse response;
+      response.set_values(reinterpret_cast<const char*>(pulled->values->data()), pulled->bytes);
+      result = std::move(response);
+    } else {
+      result = pulled.status();
+    }
     answered.Notify();
   });
   answered.WaitForNotification();

@@ -304,14 +304,18 @@ grpc::ServerUnaryReactor* ServerService::Checkpoint(grpc::CallbackServerContext*
       });
 }
 
+void WriteResponse(const PulledRows& rows, grpc::ByteBuffer* out) {
+  *out = SerializeWithPayload(tessera::v1::RowPullResponse(), tessera::v1::RowPullResponse::kValuesFieldNumber,
+                              BufferSlice(rows.values, rows.bytes));
+}
+
 grpc::ServerUnaryReactor* ServerService::PullRows(grpc::CallbackServerContext* context,
                                                   const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
   using tessera::v1::RowPullRequest;
-  using tessera::v1::RowPullResponse;
-  return ServeUnary<RowPullRequest, RowPullResponse>(
+  return ServeUnary<RowPullRequest, PulledRows>(
       context, request, response, *security_,
-      [this](std::shared_ptr<const RowPullRequest> r, UnaryReply<RowPullResponse> reply) {
-        store_->PullRows(*r, reply);  // answered now, or once the round it waits for is applied
+      [this](std::shared_ptr<const RowPullRequest> r, UnaryReply<PulledRows> reply) {
+        store_->PullRows(std::move(r), reply);  // answered now, or once the round it waits for is applied
       });
 }
 

@@ -52,6 +52,10 @@ using ParameterServerBase = tessera::v1::ParameterServer::WithRawCallbackMethod_
     tessera::v1::ParameterServer::WithRawCallbackMethod_PushRows<
         tessera::v1::ParameterServer::CallbackService>>>>>>>>>>>;
 
+// A pull of rows as its gRPC reply (found by ServeUnary): a RowPullResponse whose values go from the store's buffer
+// to the wire as they are.
+void WriteResponse(const PulledRows& rows, grpc::ByteBuffer* out);
+
 class ServerService final : public ParameterServerBase {
  public:
   // `store` and `updates` are not owned and must outlive the service. Pushes of at least `inline_update_bytes`

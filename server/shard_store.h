@@ -66,6 +66,12 @@
 
 namespace tessera {
 
+// The answer to a pull of rows: RowPullResponse.values, `bytes` of them in a pooled buffer.
+struct PulledRows {
+  std::shared_ptr<const PooledBuffer> values;
+  size_t bytes = 0;
+};
+
 // Thread-safe. Requests to different chunks run in parallel; requests to one chunk are serialised.
 class ShardStore {
  public:
@@ -176,9 +182,11 @@ class ShardStore {
   // UNAUTHENTICATED and FAILED_PRECONDITION as for Push. A row never written reads its initial values.
   // `done` runs once answered: at once, or, in SYNC with backup workers, once the table's rounds before the pull's
   // clock are applied here (server/consistency/row_rounds.h).
-  using RowPullDone = std::function<void(absl::StatusOr<tessera::v1::RowPullResponse>)>;
-  void PullRows(const tessera::v1::RowPullRequest& request, RowPullDone done) const;
-  // PullRows, waiting for its answer.
+  // The answer is the rows' values (RowPullResponse.values) in a pooled buffer, which the transports send as
+  // they are.
+  using RowPullDone = std::function<void(absl::StatusOr<PulledRows>)>;
+  void PullRows(std::shared_ptr<const tessera::v1::RowPullRequest> request, RowPullDone done) const;
+  // PullRows, waiting for its answer, as the message.
   [[nodiscard]] absl::StatusOr<tessera::v1::RowPullResponse> PullRows(const tessera::v1::RowPullRequest& request) const;
   // Duplicate ids are summed first (tables/row_batch.h). The job's consistency policy decides when the rows apply
   // (server/consistency/row_rounds.h): ASYNC and SSP on arrival; SYNC once per round, the batch-size-weighted mean

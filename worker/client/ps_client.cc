@@ -4,6 +4,7 @@
 #include <optional>
 #include <set>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/fabric/ucx_worker.h"
 #include "common/heartbeater.h"
@@ -432,20 +433,25 @@ std::unique_ptr<StepExchange> PsClient::BeginStep(const std::vector<std::string>
 }
 
 namespace {
-// The distinct ids of `ids`, ascending, and where each of `ids` is among them.
+// The distinct ids of `ids` in the order they first appear, and where each of `ids` is among them; `all_distinct`
+// when no id repeats (the distinct ids are then `ids` themselves, in order).
 struct DistinctIds {
   std::vector<uint64_t> ids;
   std::vector<size_t> of;  // ids[i] is distinct ids[of[i]]
+  bool all_distinct = true;
 };
 DistinctIds Distinct(absl::Span<const uint64_t> ids) {
   DistinctIds d;
-  d.ids.assign(ids.begin(), ids.end());
-  std::sort(d.ids.begin(), d.ids.end());
-  d.ids.erase(std::unique(d.ids.begin(), d.ids.end()), d.ids.end());
+  absl::flat_hash_map<uint64_t, size_t> place;
+  place.reserve(ids.size());
+  d.ids.reserve(ids.size());
   d.of.resize(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
-    d.of[i] = static_cast<size_t>(std::lower_bound(d.ids.begin(), d.ids.end(), ids[i]) - d.ids.begin());
+    auto [it, inserted] = place.try_emplace(ids[i], d.ids.size());
+    if (inserted) d.ids.push_back(ids[i]);
+    d.of[i] = it->second;
   }
+  d.all_distinct = d.ids.size() == ids.size();
   return d;
 }
 }  // namespace
@@ -524,18 +530,22 @@ absl::Status PsClient::PullRows(const std::string& table, absl::Span<const uint6
                                                    " values each) into ", out.size(), " floats"));
   }
   const DistinctIds distinct = Distinct(ids);
-  std::vector<float> rows(distinct.ids.size() * found.dim);
+  // Each distinct row is pulled once: straight into `out` when no id repeats, else into a buffer spread from.
+  const size_t floats = distinct.ids.size() * found.dim;
+  std::unique_ptr<float[]> spread(distinct.all_distinct ? nullptr : new float[floats]);
+  const absl::Span<float> rows = distinct.all_distinct ? out : absl::MakeSpan(spread.get(), floats);
   const RowCaller::Caller who{worker_id_, incarnation_, member_key_};
   TESSERA_RETURN_IF_ERROR(RunRows(table, distinct.ids,
                                   [&](const ShardMapIndex& map, const RowTable& t, const std::vector<RowRoute>& routes) {
-                                    return rows_->Pull(map, t, routes, distinct.ids, clock_, who,
-                                                       absl::MakeSpan(rows));
+                                    return rows_->Pull(map, t, routes, distinct.ids, clock_, who, rows);
                                   }));
-  for (size_t i = 0; i < ids.size(); ++i) {
-    std::copy_n(rows.begin() + distinct.of[i] * found.dim, found.dim, out.begin() + i * found.dim);
+  if (!distinct.all_distinct) {
+    for (size_t i = 0; i < ids.size(); ++i) {
+      std::copy_n(rows.begin() + distinct.of[i] * found.dim, found.dim, out.begin() + i * found.dim);
+    }
   }
   absl::MutexLock lock(&bytes_mu_);
-  bytes_pulled_ += static_cast<int64_t>(rows.size() * sizeof(float));
+  bytes_pulled_ += static_cast<int64_t>(floats * sizeof(float));
   return absl::OkStatus();
 }
 
