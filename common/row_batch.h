@@ -1,7 +1,7 @@
-// A batch of sparse-table row gradients with every id once (the groundwork of sparse tables; not wired to a job
-// yet). The anchors' common complaint is that results change with duplicate ids: here the rows of one id are
-// summed in an order fixed by their values (ascending by their float bit patterns), not by their place in the
-// batch, so a batch in any order gives bit for bit the same sums.
+// A batch of embedding-table row gradients with every id once, as a worker sends it and a server applies it
+// (both sum a batch's duplicates here). The rows of one id are summed in an order fixed by their values
+// (ascending by their float bit patterns), not by their place in the batch, so a batch in any order gives bit for
+// bit the same sums. Linear in the batch (a radix sort of the ids).
 #ifndef TESSERA_COMMON_ROW_BATCH_H_
 #define TESSERA_COMMON_ROW_BATCH_H_
 

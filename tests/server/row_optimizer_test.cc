@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -197,6 +199,48 @@ TEST(RowBatchTest, TheSumsDoNotDependOnTheOrderOfTheBatch) {
     if (first.empty()) first = summed->grads;
     EXPECT_EQ(std::memcmp(summed->grads.data(), first.data(), first.size() * sizeof(float)), 0);
   } while (std::next_permutation(order.begin(), order.end()));
+}
+
+TEST(RowBatchTest, ALargeBatchIsSummedAsTheDefinitionSays) {
+  // Ids that differ in every byte (and share some bytes), many repeated: each id once, ascending, its rows summed
+  // in the order of their bit patterns, against that definition written out with a map.
+  std::mt19937_64 rng(5);
+  const int64_t dim = 3;
+  std::vector<uint64_t> pool;
+  for (int i = 0; i < 3000; ++i) pool.push_back(i % 3 == 0 ? rng() : (rng() & 0xFF00FF) | (uint64_t{7} << 56));
+  std::vector<uint64_t> ids;
+  std::vector<float> grads;
+  for (int i = 0; i < 20000; ++i) {
+    ids.push_back(pool[rng() % pool.size()]);
+    for (int64_t d = 0; d < dim; ++d) grads.push_back(static_cast<float>(static_cast<int>(rng() % 2001) - 1000) / 7.0f);
+  }
+  std::map<uint64_t, std::vector<std::vector<float>>> rows;
+  for (size_t i = 0; i < ids.size(); ++i) rows[ids[i]].emplace_back(grads.begin() + i * dim, grads.begin() + (i + 1) * dim);
+  std::vector<uint64_t> want_ids;
+  std::vector<float> want;
+  for (auto& [id, of_id] : rows) {
+    std::sort(of_id.begin(), of_id.end(), [](const std::vector<float>& a, const std::vector<float>& b) {
+      for (size_t d = 0; d < a.size(); ++d) {
+        uint32_t x, y;
+        std::memcpy(&x, &a[d], 4);
+        std::memcpy(&y, &b[d], 4);
+        if (x != y) return x < y;
+      }
+      return false;
+    });
+    std::vector<float> sum = of_id[0];
+    for (size_t k = 1; k < of_id.size(); ++k) {
+      for (int64_t d = 0; d < dim; ++d) sum[d] += of_id[k][d];
+    }
+    want_ids.push_back(id);
+    want.insert(want.end(), sum.begin(), sum.end());
+  }
+  absl::StatusOr<RowGradients> summed = SumDuplicates(ids, grads, dim);
+  ASSERT_THAT(summed.status(), IsOk());
+  EXPECT_EQ(summed->ids, want_ids);
+  ASSERT_EQ(summed->grads.size(), want.size());
+  EXPECT_EQ(std::memcmp(summed->grads.data(), want.data(), want.size() * sizeof(float)), 0);
+  EXPECT_EQ(summed->duplicates, static_cast<int64_t>(ids.size() - want_ids.size()));
 }
 
 TEST(RowBatchTest, ABatchOfTheWrongShapeIsRefused) {
