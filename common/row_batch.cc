@@ -78,4 +78,15 @@ absl::StatusOr<RowGradients> SumDuplicates(absl::Span<const uint64_t> ids, absl:
   return out;
 }
 
+absl::StatusOr<RowGradients> SumDuplicates(RowGradients batch, int64_t dim) {
+  const bool ascending =
+      std::adjacent_find(batch.ids.begin(), batch.ids.end(), [](uint64_t a, uint64_t b) { return a >= b; }) ==
+      batch.ids.end();
+  if (!ascending || dim < 1 || batch.grads.size() != batch.ids.size() * static_cast<size_t>(dim)) {
+    return SumDuplicates(batch.ids, batch.grads, dim);  // sums, or says what is wrong
+  }
+  batch.duplicates = 0;
+  return batch;
+}
+
 }  // namespace tessera

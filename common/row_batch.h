@@ -22,6 +22,9 @@ struct RowGradients {
 // Sums the rows of `grads` (ids.size() rows of `dim` floats) that share an id. INVALID_ARGUMENT, computing
 // nothing, for dim < 1 or a gradient of another length.
 absl::StatusOr<RowGradients> SumDuplicates(absl::Span<const uint64_t> ids, absl::Span<const float> grads, int64_t dim);
+// The same for a batch it may take over: one whose ids are already strictly ascending (what a worker sends) is
+// returned as it is, without a sort or a copy.
+absl::StatusOr<RowGradients> SumDuplicates(RowGradients batch, int64_t dim);
 
 }  // namespace tessera
 

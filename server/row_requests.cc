@@ -127,12 +127,15 @@ absl::StatusOr<RowPush> ShardStore::CheckRowPush(const tessera::v1::RowPushReque
     return absl::InvalidArgumentError(absl::StrCat(what, ": ", request.grads().size(), " bytes of gradients for ",
                                                    rows, " rows of ", dim, " values"));
   }
-  // Read in place; checked finite before anything is taken.
-  std::vector<float> grads(rows * dim);
-  if (!grads.empty()) std::memcpy(grads.data(), request.grads().data(), request.grads().size());
-  if (!std::all_of(grads.begin(), grads.end(), [](float g) { return std::isfinite(g); })) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": non-finite gradients; nothing was applied"));
+  // Read in place (the bytes need not be aligned for floats); checked finite before anything is taken.
+  const char* grads = request.grads().data();
+  bool finite = true;
+  for (size_t k = 0; k < rows * dim; ++k) {
+    float g;
+    std::memcpy(&g, grads + k * sizeof(float), sizeof(float));
+    finite &= std::isfinite(g);
   }
+  if (!finite) return absl::InvalidArgumentError(absl::StrCat(what, ": non-finite gradients; nothing was applied"));
   RowPush push;
   push.spec = found.spec;
   push.worker = request.worker_id();
@@ -142,16 +145,17 @@ absl::StatusOr<RowPush> ShardStore::CheckRowPush(const tessera::v1::RowPushReque
   push.lr_factor = lr_factor;
   push.skip = request.skip();
   // Each slot's ids with their gradients, duplicates summed in an order fixed by their values.
+  // A worker sends each id once, ascending, so a slot's rows are taken as they come.
+  const size_t row_bytes = dim * sizeof(float);
   for (const auto& [slot, positions] : found.slots) {
-    std::vector<uint64_t> slot_ids;
-    std::vector<float> slot_grads;
-    slot_ids.reserve(positions.size());
-    slot_grads.reserve(positions.size() * dim);
-    for (int64_t i : positions) {
-      slot_ids.push_back(request.ids(static_cast<int>(i)));
-      slot_grads.insert(slot_grads.end(), grads.begin() + i * dim, grads.begin() + (i + 1) * dim);
+    RowGradients batch;
+    batch.ids.reserve(positions.size());
+    batch.grads.resize(positions.size() * dim);
+    for (size_t k = 0; k < positions.size(); ++k) {
+      batch.ids.push_back(request.ids(static_cast<int>(positions[k])));
+      std::memcpy(batch.grads.data() + k * dim, grads + positions[k] * row_bytes, row_bytes);
     }
-    TESSERA_ASSIGN_OR_RETURN(RowGradients summed, SumDuplicates(slot_ids, slot_grads, dim));
+    TESSERA_ASSIGN_OR_RETURN(RowGradients summed, SumDuplicates(std::move(batch), dim));
     push.slots.push_back(SlotRows{slot, std::move(summed)});
   }
   return push;

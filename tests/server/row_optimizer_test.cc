@@ -243,6 +243,35 @@ TEST(RowBatchTest, ALargeBatchIsSummedAsTheDefinitionSays) {
   EXPECT_EQ(summed->duplicates, static_cast<int64_t>(ids.size() - want_ids.size()));
 }
 
+TEST(RowBatchTest, ABatchAlreadySummedIsTakenOverAndAnyOtherIsSummed) {
+  RowGradients ascending;
+  ascending.ids = {3, 7, 1ull << 63};
+  ascending.grads = {1, 2, 3, 4, 5, 6};
+  const float* storage = ascending.grads.data();
+  absl::StatusOr<RowGradients> taken = SumDuplicates(std::move(ascending), 2);
+  ASSERT_THAT(taken.status(), IsOk());
+  EXPECT_EQ(taken->grads.data(), storage) << "copied";
+  EXPECT_EQ(taken->ids, (std::vector<uint64_t>{3, 7, 1ull << 63}));
+  EXPECT_EQ(taken->duplicates, 0);
+  // Not ascending, or an id twice: summed as the other form sums it.
+  for (std::vector<uint64_t> ids : {std::vector<uint64_t>{7, 3, 7}, std::vector<uint64_t>{3, 7, 7}}) {
+    RowGradients batch;
+    batch.ids = ids;
+    batch.grads = {1, 2, 10, 20, 100, 200};
+    absl::StatusOr<RowGradients> summed = SumDuplicates(batch, 2);
+    absl::StatusOr<RowGradients> reference = SumDuplicates(absl::MakeConstSpan(ids), batch.grads, 2);
+    ASSERT_THAT(summed.status(), IsOk());
+    EXPECT_EQ(summed->ids, reference->ids);
+    EXPECT_EQ(summed->grads, reference->grads);
+    EXPECT_EQ(summed->duplicates, 1);
+  }
+  RowGradients short_batch;
+  short_batch.ids = {1, 2};
+  short_batch.grads = {1, 2, 3};
+  EXPECT_THAT(SumDuplicates(std::move(short_batch), 2).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "4 expected"));
+}
+
 TEST(RowBatchTest, ABatchOfTheWrongShapeIsRefused) {
   EXPECT_THAT(SumDuplicates(std::vector<uint64_t>{1, 2}, std::vector<float>{1, 2, 3}, 2).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, "4 expected"));
