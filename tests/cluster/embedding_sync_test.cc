@@ -6,6 +6,7 @@
 // applied. Every pull at a step's start reads the values of
 // the rounds before it.
 #include <cmath>
+#include <iostream>
 #include <map>
 #include <thread>
 #include <vector>
@@ -264,6 +265,7 @@ TEST_P(EmbeddingSyncTest, EveryRowOptimizerEqualsOneProcessOnTheUnionBatch) {
     want.insert(want.end(), v.begin(), v.end());
   }
   EXPECT_LT(RelativeError(after, want), 1e-5);
+  std::cout << "relative error of the rows from one process: " << RelativeError(after, want) << std::endl;
   for (size_t i = 0; i < touched.size(); ++i) {
     std::vector<float> got(after.begin() + i * kDim, after.begin() + (i + 1) * kDim);
     ASSERT_LT(RelativeError(got, reference.Values(touched[i])), 1e-5) << "row " << touched[i];
