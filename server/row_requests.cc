@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/shard_map.h"
 #include "common/status_macros.h"
+#include "common/tensor_codec.h"
 #include "common/wire_limits.h"
 #include "server/shard_store.h"
 #include "common/row_batch.h"
@@ -127,15 +128,6 @@ absl::StatusOr<RowPush> ShardStore::CheckRowPush(const tessera::v1::RowPushReque
     return absl::InvalidArgumentError(absl::StrCat(what, ": ", request.grads().size(), " bytes of gradients for ",
                                                    rows, " rows of ", dim, " values"));
   }
-  // Read in place (the bytes need not be aligned for floats); checked finite before anything is taken.
-  const char* grads = request.grads().data();
-  bool finite = true;
-  for (size_t k = 0; k < rows * dim; ++k) {
-    float g;
-    std::memcpy(&g, grads + k * sizeof(float), sizeof(float));
-    finite &= std::isfinite(g);
-  }
-  if (!finite) return absl::InvalidArgumentError(absl::StrCat(what, ": non-finite gradients; nothing was applied"));
   RowPush push;
   push.spec = found.spec;
   push.worker = request.worker_id();
@@ -144,8 +136,10 @@ absl::StatusOr<RowPush> ShardStore::CheckRowPush(const tessera::v1::RowPushReque
   push.batch_size = request.batch_size();
   push.lr_factor = lr_factor;
   push.skip = request.skip();
-  // Each slot's ids with their gradients, duplicates summed in an order fixed by their values.
-  // A worker sends each id once, ascending, so a slot's rows are taken as they come.
+  // Each slot's ids with their gradients, copied once out of the request (whose bytes need not be aligned for
+  // floats) and checked finite there, before anything is taken; duplicates summed in an order fixed by their
+  // values (a worker sends each id once, ascending, and such a batch is taken as it comes).
+  const char* grads = request.grads().data();
   const size_t row_bytes = dim * sizeof(float);
   for (const auto& [slot, positions] : found.slots) {
     RowGradients batch;
@@ -154,6 +148,9 @@ absl::StatusOr<RowPush> ShardStore::CheckRowPush(const tessera::v1::RowPushReque
     for (size_t k = 0; k < positions.size(); ++k) {
       batch.ids.push_back(request.ids(static_cast<int>(positions[k])));
       std::memcpy(batch.grads.data() + k * dim, grads + positions[k] * row_bytes, row_bytes);
+    }
+    if (!AllFinite(batch.grads)) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": non-finite gradients; nothing was applied"));
     }
     TESSERA_ASSIGN_OR_RETURN(RowGradients summed, SumDuplicates(std::move(batch), dim));
     push.slots.push_back(SlotRows{slot, std::move(summed)});
