@@ -56,11 +56,11 @@ TESSERA_CPU_CLONES int32_t LargestAbsBits(const float* p, size_t n) {
 
 float MaxAbs(absl::Span<const float> values) { return FromAbsBits(LargestAbsBits(values.data(), values.size())); }
 
-absl::Status CheckFinite(absl::Span<const float> values, std::string_view what) {
+absl::Status CheckFinite(absl::Span<const float> values, std::string_view what, size_t first_index) {
   if (AllFinite(values)) return absl::OkStatus();
   for (size_t i = 0; i < values.size(); ++i) {
     if (!std::isfinite(values[i])) {
-      return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": value at index ", i, " is ", values[i],
+      return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": value at index ", first_index + i, " is ", values[i],
                                                      "; gradients must be finite"));
     }
   }

@@ -46,7 +46,8 @@ inline float FromAbsBits(int32_t bits) {
 float MaxAbs(absl::Span<const float> values);
 
 // INVALID_ARGUMENT naming `what` and the first offending index when any value is NaN or infinite.
-[[nodiscard]] absl::Status CheckFinite(absl::Span<const float> values, std::string_view what);
+// `first_index`: the index of values[0] in what the message names (a part of a larger array).
+[[nodiscard]] absl::Status CheckFinite(absl::Span<const float> values, std::string_view what, size_t first_index = 0);
 
 }  // namespace tessera
 

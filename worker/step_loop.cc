@@ -15,25 +15,33 @@ namespace {
 
 // The stand-in for a GPU step: waits `total_ms` split across the layers in proportion to their weights, half
 // as forward (first layer first, after `needed`) and half as backward (last layer first, announcing each
-// layer's gradients). The gradients keep whatever values they hold (their sizes are the model's).
+// layer's gradients, and the blocks of its weight gradient as the model's backward would,
+// Mlp::WeightGradientBlocks). The gradients keep whatever values they hold (their sizes are the model's).
 absl::Status SimulateCompute(const Mlp& model, int total_ms, const Mlp::LayerNeeded& needed,
-                             const Mlp::LayerGradientsReady& ready) {
+                             const Mlp::LayerGradientsReady& ready, const Mlp::GradientPartReady& part) {
   std::vector<double> weight(model.layers());
   double sum = 0;
   for (int l = 0; l < model.layers(); ++l) {
     weight[l] = static_cast<double>(NumElements(model.parameters()[2 * l].shape()));
     sum += weight[l];
   }
-  auto wait = [&](int l) {
+  auto wait = [&](int l, double fraction) {
     // A stand-in for compute time (benchmarks only), not a synchronisation point.
-    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(0.5 * total_ms * weight[l] / sum));
+    std::this_thread::sleep_for(
+        std::chrono::duration<double, std::milli>(0.5 * total_ms * weight[l] / sum * fraction));
   };
   for (int l = 0; l < model.layers(); ++l) {
     TESSERA_RETURN_IF_ERROR(needed(l));
-    wait(l);
+    wait(l, 1.0);
   }
   for (int l = model.layers() - 1; l >= 0; --l) {
-    wait(l);
+    const std::vector<size_t> blocks = model.WeightGradientBlocks(l);
+    size_t done = 0;
+    for (size_t end : blocks) {
+      wait(l, static_cast<double>(end - done) / weight[l]);
+      done = end;
+      if (end < blocks.back()) TESSERA_RETURN_IF_ERROR(part(2 * l, end));
+    }
     TESSERA_RETURN_IF_ERROR(ready(l));
   }
   return absl::OkStatus();
@@ -83,19 +91,27 @@ absl::Status StepLoop::Prepare() {
   TESSERA_ASSIGN_OR_RETURN(model_, Mlp::Create(backend_, layer_sizes, job.seed(),
                                                static_cast<int>(std::max<int64_t>(global_batch, 1000))));
   TESSERA_RETURN_IF_ERROR(source_->Declare(model_->parameters()));
+  // A layer's weight gradient leaves a chunk at a time as backward produces it (where the backend can).
+  model_->set_gradient_block(static_cast<size_t>(std::max<int64_t>(job.chunk_bytes() / sizeof(float), 1)));
   schedule_ = std::make_unique<BatchSchedule>(train_->size(), job.batch_size(), workers, rank_, job.seed());
   stop_clock_ = StopClock(job, schedule_->steps_per_epoch());
   LOG(INFO) << "worker " << rank_ << " of " << workers << " on " << backend_->name() << ": " << train_->size()
             << " training examples, " << schedule_->steps_per_epoch() << " steps per epoch, batch "
             << job.batch_size();
 
-  for (const auto& p : model_->parameters()) {
+  // The model's gradient memory is read in place where it is the host's: backward writes parameter i's again
+  // only after the next forward waited for its exchange (TakeLayer), so no send is still reading it then.
+  host_gradients_ = backend_->host_memory();
+  for (int i = 0; i < model_->num_parameters(); ++i) {
+    const tessera::v1::ParameterSpec& p = model_->parameters()[i];
     names_.push_back(p.name());
     values_.emplace_back(NumElements(p.shape()));
-    grads_.emplace_back(NumElements(p.shape()));
+    if (!host_gradients_) grads_.emplace_back(NumElements(p.shape()));
   }
   for (auto& v : values_) value_spans_.push_back(absl::MakeSpan(v));
-  for (const auto& g : grads_) grad_spans_.push_back(absl::MakeConstSpan(g));
+  for (int i = 0; i < model_->num_parameters(); ++i) {
+    grad_spans_.push_back(host_gradients_ ? model_->HostGradient(i) : absl::MakeConstSpan(grads_[i]));
+  }
   x_.resize(static_cast<size_t>(global_batch) * train_->features);
   y_.resize(global_batch);
   clock_ = source_->start_clock();
@@ -206,11 +222,16 @@ absl::Status StepLoop::Compute(size_t n, LossSums& sums) {
   copying_.clear();
   auto needed = [this](int layer) { return TakeLayer(layer); };
   auto ready = [this](int layer) { return SendLayer(layer); };
+  // Blocks of a weight gradient come only from backends whose memory is the host's (Mlp::set_gradient_block):
+  // they leave as they are, with no copy to wait for.
+  auto part = [this](int index, size_t values) {
+    return host_gradients_ ? step_->SendPart(index, values) : absl::OkStatus();
+  };
   if (options_.simulate_compute_ms > 0) {
-    TESSERA_RETURN_IF_ERROR(SimulateCompute(*model_, options_.simulate_compute_ms, needed, ready));
+    TESSERA_RETURN_IF_ERROR(SimulateCompute(*model_, options_.simulate_compute_ms, needed, ready, part));
   } else {
     TESSERA_ASSIGN_OR_RETURN(sums, model_->ForwardBackward(absl::MakeConstSpan(x_).first(n * train_->features),
-                                                           absl::MakeConstSpan(y_).first(n), ready, needed));
+                                                           absl::MakeConstSpan(y_).first(n), ready, needed, part));
   }
   return SendCopied(/*wait=*/true);
 }
@@ -228,6 +249,10 @@ absl::Status StepLoop::TakeLayer(int layer) {
 }
 
 absl::Status StepLoop::SendLayer(int layer) {
+  if (host_gradients_) {
+    for (int i : {2 * layer, 2 * layer + 1}) TESSERA_RETURN_IF_ERROR(step_->Send(i));
+    return absl::OkStatus();
+  }
   for (int i : {2 * layer, 2 * layer + 1}) {
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<PendingDownload> download,
                              model_->StartGradientDownload(i, absl::MakeSpan(grads_[i])));

@@ -84,10 +84,12 @@ class StepLoop {
   std::unique_ptr<Mlp> model_;
   std::unique_ptr<BatchSchedule> schedule_;
   int64_t stop_clock_ = 0;
-  // Host copies of every parameter and gradient, and the span lists the parameter source takes.
+  // Host copies of every parameter and gradient, and the span lists the parameter source takes. On a backend
+  // whose buffers are host memory the gradients are sent from the model's own (grads_ stays empty).
   std::vector<std::string> names_;
   std::vector<std::vector<float>> values_;
   std::vector<std::vector<float>> grads_;
+  bool host_gradients_ = false;
   std::vector<absl::Span<float>> value_spans_;
   std::vector<absl::Span<const float>> grad_spans_;
   // Room for a whole global batch: a balanced SYNC job may give this worker any part of it.

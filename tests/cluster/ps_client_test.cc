@@ -142,6 +142,59 @@ TEST(PsClientTest, StepExchangeRejectsANonFiniteGradientBeforeSendingIt) {
   for (float v : values) ASSERT_EQ(v, 0.0f) << "nothing of the bad gradient reached a server";
 }
 
+// A gradient announced in parts (backward producing a weight's gradient a block of rows at a time): the chunks
+// wholly within a part leave at once, before the rest is final, and the values end as if it had been sent
+// whole; a non-finite value found in a later part is refused, naming its index in the whole gradient, and none
+// of that part's chunks leaves.
+TEST(PsClientTest, AGradientSentInPartsLeavesChunkByChunkAndRefusesANonFinitePart) {
+  auto cluster = MiniCluster::Start(TestJob(tessera::v1::ConsistencySpec::ASYNC, /*servers=*/2, /*workers=*/1));
+  ASSERT_THAT(cluster, IsOk());
+  auto client = (*cluster)->ConnectClient();
+  ASSERT_THAT(client, IsOk());
+  ASSERT_THAT((*client)->Declare({FloatParam("a", 300)}), IsOk());  // zeros; chunks of at most 64 values
+  // Where the chunks that lie wholly within the first `values` values end.
+  auto chunks_within = [&](size_t values) {
+    size_t end = 0;
+    for (const auto& c : (*client)->shard_map()->chunks()) {
+      const auto chunk_end = static_cast<size_t>(c.offset() + c.length());
+      if (chunk_end <= values) end = std::max(end, chunk_end);
+    }
+    return end;
+  };
+  const size_t first = chunks_within(150);
+  ASSERT_GT(first, 0u);
+  ASSERT_LT(first, 150u);  // the chunk across 150 is not final yet
+  const std::vector<std::string> names = {"a"};
+  std::vector<float> grad(300, 1.0f), out(300), seen(300);
+  auto exchange = (*client)->BeginStep(names, {absl::MakeConstSpan(grad)}, 1, {absl::MakeSpan(out)});
+  ASSERT_THAT(exchange->SendPart(0, 150), IsOk());
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  do {
+    ASSERT_THAT((*client)->Pull(names, {absl::MakeSpan(seen)}), IsOk());
+  } while (std::count(seen.begin(), seen.begin() + first, 0.0f) > 0 && absl::Now() < deadline);
+  for (size_t i = 0; i < first; ++i) ASSERT_FLOAT_EQ(seen[i], -0.1f) << "index " << i;  // TestJob: SGD, lr 0.1
+  for (size_t i = first; i < 300; ++i) ASSERT_EQ(seen[i], 0.0f) << "index " << i << " left before it was final";
+  ASSERT_THAT(exchange->Send(0), IsOk());
+  ASSERT_THAT(exchange->Finish(), IsOk());
+  ASSERT_THAT(exchange->WaitValues(0), IsOk());
+  for (int i = 0; i < 300; ++i) ASSERT_FLOAT_EQ(out[i], -0.1f) << "index " << i;
+
+  // The next step finds an infinity in its second part: that part is refused and none of its chunks leaves.
+  const size_t sent = chunks_within(100);
+  std::fill(grad.begin(), grad.end(), 1.0f);
+  grad[200] = std::numeric_limits<float>::infinity();
+  exchange = (*client)->BeginStep(names, {absl::MakeConstSpan(grad)}, 1, {absl::MakeSpan(out)});
+  ASSERT_THAT(exchange->SendPart(0, 100), IsOk());
+  do {
+    ASSERT_THAT((*client)->Pull(names, {absl::MakeSpan(seen)}), IsOk());
+  } while (std::count(seen.begin(), seen.begin() + sent, -0.1f) > 0 && absl::Now() < deadline);
+  EXPECT_THAT(exchange->SendPart(0, 256), StatusIs(absl::StatusCode::kInvalidArgument, "index 200"));
+  exchange.reset();
+  ASSERT_THAT((*client)->Pull(names, {absl::MakeSpan(seen)}), IsOk());
+  for (size_t i = 0; i < sent; ++i) ASSERT_FLOAT_EQ(seen[i], -0.2f) << "index " << i;
+  for (size_t i = sent; i < 300; ++i) ASSERT_FLOAT_EQ(seen[i], -0.1f) << "index " << i << " changed by a refused part";
+}
+
 // Many exchanges in flight at once from several clients, each into its own memory: every client reads back
 // exactly the values after its own push (ASYNC, one worker id each), so no reply buffer is shared wrongly.
 TEST(PsClientTest, ConcurrentExchangesFromSeveralWorkersNeverMixTheirReplies) {

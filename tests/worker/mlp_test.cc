@@ -1,5 +1,6 @@
 #include "worker/models/mlp.h"
 
+#include <cstring>
 #include <random>
 
 #include "common/status_macros.h"
@@ -104,6 +105,55 @@ TEST(MlpTest, BackwardAnnouncesEachLayersFinalGradientsLastLayerFirst) {
   // An error from the callback stops backward and is returned.
   EXPECT_EQ((*mlp)->ForwardBackward(x, y, [](int) { return absl::AbortedError("stop"); }).status().code(),
             absl::StatusCode::kAborted);
+}
+
+// With gradient blocks, backward computes each weight gradient a block of rows at a time and announces each
+// block but the last before the layer: the gradients are the same bit for bit as the whole layer's, and an
+// announced block does not change afterwards.
+TEST(MlpTest, WeightGradientsInBlocksEqualTheWholeLayersBitForBitAndAreAnnouncedInOrder) {
+  CpuBackend backend;
+  const std::vector<int> sizes = {37, 29, 16, 3};
+  auto whole = Mlp::Create(&backend, sizes, /*seed=*/5, 8);
+  auto blocked = Mlp::Create(&backend, sizes, /*seed=*/5, 8);
+  ASSERT_TRUE(whole.ok() && blocked.ok());
+  (*blocked)->set_gradient_block(100);  // 3 rows of layer 0 (29 columns), 6 of layer 1 (16), all of layer 2
+  EXPECT_EQ((*blocked)->WeightGradientBlocks(0).size(), 13u);  // 37 rows in blocks of 3
+  EXPECT_EQ((*blocked)->WeightGradientBlocks(0).back(), 37u * 29);
+  EXPECT_EQ((*blocked)->WeightGradientBlocks(2), (std::vector<size_t>{16 * 3}));
+  EXPECT_EQ((*whole)->WeightGradientBlocks(0), (std::vector<size_t>{37 * 29}));
+  std::vector<float> x(8 * 37);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = 0.05f * static_cast<float>(i % 11) - 0.2f;
+  std::vector<int32_t> y = {0, 1, 2, 1, 0, 2, 2, 1};
+  std::vector<std::pair<int, size_t>> parts;
+  std::vector<int> layers;
+  std::vector<std::vector<float>> announced;
+  auto part = [&](int index, size_t values) -> absl::Status {
+    if (!layers.empty() && layers.back() == index / 2) return absl::InternalError("a part after its layer");
+    parts.emplace_back(index, values);
+    announced.emplace_back((*blocked)->HostGradient(index).begin(),
+                           (*blocked)->HostGradient(index).begin() + values);
+    return absl::OkStatus();
+  };
+  ASSERT_TRUE((*whole)->ForwardBackward(x, y).ok());
+  ASSERT_TRUE((*blocked)->ForwardBackward(x, y, [&](int l) { layers.push_back(l); return absl::OkStatus(); },
+                                          nullptr, part).ok());
+  EXPECT_EQ(parts.size(), 12u + 4u);  // every block of layers 0 (13) and 1 (5) but their last
+  for (size_t k = 1; k < parts.size(); ++k) {
+    if (parts[k].first == parts[k - 1].first) EXPECT_GT(parts[k].second, parts[k - 1].second);
+  }
+  for (int i = 0; i < (*whole)->num_parameters(); ++i) {
+    std::vector<float> a(NumElements((*whole)->parameters()[i].shape())), b(a.size());
+    ASSERT_TRUE((*whole)->GetGradient(i, absl::MakeSpan(a)).ok());
+    ASSERT_TRUE((*blocked)->GetGradient(i, absl::MakeSpan(b)).ok());
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "parameter " << i;
+    const absl::Span<const float> host = (*blocked)->HostGradient(i);
+    EXPECT_TRUE(std::equal(host.begin(), host.end(), b.begin())) << "the host view is the gradient";
+  }
+  for (size_t k = 0; k < parts.size(); ++k) {
+    const absl::Span<const float> final_grad = (*blocked)->HostGradient(parts[k].first);
+    EXPECT_TRUE(std::equal(announced[k].begin(), announced[k].end(), final_grad.begin()))
+        << "block " << k << " changed after it was announced";
+  }
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "worker/backend/cpu_backend.h"
+
 #if TESSERA_HAVE_CUDA
 #include "worker/backend/cuda_backend.h"
 #endif
@@ -25,6 +26,10 @@ class FinishedDownload final : public PendingDownload {
 absl::StatusOr<std::unique_ptr<PendingDownload>> Backend::StartDownload(const Buffer& src, absl::Span<float> dst) {
   TESSERA_RETURN_IF_ERROR(Download(src, dst));
   return std::unique_ptr<PendingDownload>(std::make_unique<FinishedDownload>());
+}
+
+absl::Status Backend::GemmTransposedRows(int, int, int, const Buffer&, const Buffer&, int, int, Buffer&) {
+  return absl::UnimplementedError(name() + " computes no GEMM a block of rows at a time");
 }
 
 #if TESSERA_HAVE_CUDA

@@ -72,6 +72,17 @@ class Backend {
   [[nodiscard]] virtual absl::StatusOr<std::unique_ptr<PendingDownload>> StartDownload(const Buffer& src,
                                                                                        absl::Span<float> dst);
 
+  // True when a Buffer's data() is host memory this process may read (the CPU backend): the host can then use
+  // a buffer's values in place instead of downloading a copy.
+  virtual bool host_memory() const { return false; }
+  // Rows [row_begin, row_end) of C[m x n] = A^T B, A being [k x m] and B [k x n], written to the same rows of C
+  // and nothing else (a layer's weight gradient a block of rows at a time, so that each block can leave as it is
+  // done). Each row comes out bit for bit as Gemm(true, false, m, n, k, 1, A, B, 0, C) computes it. The
+  // default is UNIMPLEMENTED (supports_gemm_rows() false): the caller computes the whole product with Gemm.
+  virtual bool supports_gemm_rows() const { return false; }
+  [[nodiscard]] virtual absl::Status GemmTransposedRows(int m, int n, int k, const Buffer& a, const Buffer& b,
+                                                        int row_begin, int row_end, Buffer& c);
+
   // C[m x n] = alpha * op(A) * op(B) + beta * C, op(X) = X or X^T; op(A) is m x k, op(B) is k x n.
   [[nodiscard]] virtual absl::Status Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha,
                                           const Buffer& a, const Buffer& b, float beta, Buffer& c) = 0;

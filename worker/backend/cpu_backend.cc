@@ -79,6 +79,22 @@ absl::Status CpuBackend::Gemm(bool transpose_a, bool transpose_b, int m, int n, 
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::GemmTransposedRows(int m, int n, int k, const Buffer& a, const Buffer& b, int row_begin,
+                                            int row_end, Buffer& c) {
+  if (m <= 0 || n <= 0 || k <= 0) return absl::InvalidArgumentError(absl::StrCat("Gemm: bad sizes ", m, "x", n, "x", k));
+  if (row_begin < 0 || row_end > m || row_begin >= row_end) {
+    return absl::InvalidArgumentError(absl::StrCat("GemmTransposedRows: rows [", row_begin, ", ", row_end, ") of ", m));
+  }
+  if (absl::Status s = CheckSize(a, static_cast<size_t>(m) * k, "Gemm A"); !s.ok()) return s;
+  if (absl::Status s = CheckSize(b, static_cast<size_t>(k) * n, "Gemm B"); !s.ok()) return s;
+  if (absl::Status s = CheckSize(c, static_cast<size_t>(m) * n, "Gemm C"); !s.ok()) return s;
+  // Columns [row_begin, row_end) of A (row length m) against all of B: OpenBLAS sums each element over k in the
+  // same order whatever the block, so the rows equal the whole product's.
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, row_end - row_begin, n, k, 1.0f, a.data() + row_begin, m,
+              b.data(), n, 0.0f, c.data() + static_cast<size_t>(row_begin) * n, n);
+  return absl::OkStatus();
+}
+
 absl::Status CpuBackend::BiasActivation(Buffer& z, const Buffer& bias, int rows, int cols, bool relu) {
   if (absl::Status s = CheckShape(rows, cols, "BiasActivation"); !s.ok()) return s;
   if (absl::Status s = CheckSize(z, static_cast<size_t>(rows) * cols, "BiasActivation"); !s.ok()) return s;

@@ -16,6 +16,10 @@ class CpuBackend final : public Backend {
   absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t n) override;
   absl::Status Upload(absl::Span<const float> src, Buffer& dst) override;
   absl::Status Download(const Buffer& src, absl::Span<float> dst) override;
+  bool host_memory() const override { return true; }
+  bool supports_gemm_rows() const override { return true; }
+  absl::Status GemmTransposedRows(int m, int n, int k, const Buffer& a, const Buffer& b, int row_begin, int row_end,
+                                  Buffer& c) override;
   absl::Status Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const Buffer& a,
                     const Buffer& b, float beta, Buffer& c) override;
   absl::Status BiasActivation(Buffer& z, const Buffer& bias, int rows, int cols, bool relu) override;

@@ -59,7 +59,7 @@ void ChunkCaller::EncodeGradientOf(ChunkCall& call, absl::Span<const float> grad
 absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> ChunkCaller::Make(
     ChunkOp op, const std::shared_ptr<const ShardMapIndex>& map, size_t name_index, const std::string& name,
     absl::Span<const float> grad, int batch_size, absl::Span<float> out, Stamp stamp, const CallerIdentity& who,
-    const PulledChunks& pulled, absl::Duration timeout) {
+    const PulledChunks& pulled, absl::Duration timeout, size_t begin, size_t end) {
   if (map == nullptr) return absl::FailedPreconditionError("no parameters declared yet: call Declare first");
   TESSERA_ASSIGN_OR_RETURN(const tessera::v1::ParameterSpec* spec, map->Param(name));
   const size_t expected = static_cast<size_t>(NumElements(spec->shape()));
@@ -75,6 +75,8 @@ absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> ChunkCaller::Make(
   const auto priority = static_cast<uint32_t>(position);
   std::vector<std::unique_ptr<ChunkCall>> calls;
   for (const tessera::v1::ChunkPlacement* placement : chunks) {
+    const auto chunk_begin = static_cast<size_t>(placement->offset());
+    if (chunk_begin < begin || chunk_begin + static_cast<size_t>(placement->length()) > end) continue;
     // A chunk of a server the view no longer has is moving to another one: retry once the view says where.
     if (absl::StatusOr<std::string> server = map->ServerAddress(placement->server_id()); !server.ok()) {
       return absl::UnavailableError(absl::StrCat("chunk ", placement->param(), "/", placement->index(), " is on server ",

@@ -40,11 +40,12 @@ class ChunkCaller {
   // `grad` is sent (push, assign, exchange) and `out` receives (pull, exchange). INVALID_ARGUMENT for a span
   // of another size than the parameter; NOT_FOUND for an undeclared name; UNAVAILABLE for a chunk on a server
   // the view no longer has (it is moving: retry once the view says where). A pull into the memory `pulled`
-  // says it holds names that version.
+  // says it holds names that version. Only the chunks that lie wholly within values [begin, end) of the
+  // parameter get calls (a gradient that leaves a block at a time).
   absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> Make(
       ChunkOp op, const std::shared_ptr<const ShardMapIndex>& map, size_t name_index, const std::string& name,
       absl::Span<const float> grad, int batch_size, absl::Span<float> out, Stamp stamp, const CallerIdentity& who,
-      const PulledChunks& pulled, absl::Duration timeout);
+      const PulledChunks& pulled, absl::Duration timeout, size_t begin = 0, size_t end = SIZE_MAX);
 
   // Forgets every chunk's residual (a SYNC rollback voided the steps it came from).
   void ForgetResiduals() { feedback_.clear(); }

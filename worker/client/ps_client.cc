@@ -189,12 +189,12 @@ int64_t PsClient::bytes_pulled() const {
 
 absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> PsClient::MakeCalls(
     ChunkOp op, size_t name_index, const std::string& name, absl::Span<const float> grad, int batch_size,
-    absl::Span<float> out, Stamp stamp) {
+    absl::Span<float> out, Stamp stamp, size_t begin, size_t end) {
   // An exchange in SYNC is answered when its round closes: it may wait as long as the clock gate.
   const absl::Duration timeout =
       op == kExchange || op == kNorm ? std::max(options_.rpc_timeout, options_.clock_wait_timeout) : options_.rpc_timeout;
   return caller_->Make(op, map_, name_index, name, grad, batch_size, out, stamp,
-                       {worker_id_, incarnation_, member_key_}, pulled_, timeout);
+                       {worker_id_, incarnation_, member_key_}, pulled_, timeout, begin, end);
 }
 
 absl::StatusOr<PsClient::Absorbed> PsClient::Absorb(const std::vector<ChunkCall*>& calls) {

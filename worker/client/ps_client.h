@@ -279,11 +279,13 @@ class PsClient {
                          const std::vector<absl::Span<const float>>& grads, int batch_size,
                          const std::vector<absl::Span<float>>& out, Stamp stamp,
                          std::map<std::pair<std::string, int>, double>* norms = nullptr);
-  // The RPCs, one per chunk, of one parameter for `op` (see ChunkCaller::Make).
+  // The RPCs, one per chunk, of one parameter for `op` (see ChunkCaller::Make), of the chunks within values
+  // [begin, end) of it.
   absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> MakeCalls(ChunkOp op, size_t name_index,
                                                                     const std::string& name,
                                                                     absl::Span<const float> grad, int batch_size,
-                                                                    absl::Span<float> out, Stamp stamp);
+                                                                    absl::Span<float> out, Stamp stamp,
+                                                                    size_t begin = 0, size_t end = SIZE_MAX);
   // The calls of a row request over the routes of the ids still to do, retried as RunChunks retries (a newer
   // view, a server unavailable) until every id's call succeeded; `attempt` makes one call per route and returns
   // their statuses. `every_server` (SYNC pushes): a server of the table that answered none of the calls yet gets
@@ -351,10 +353,14 @@ class StepExchange {
  public:
   virtual ~StepExchange() = default;
   // grads[index] is final: its chunks start now (queued behind earlier parameters at a busy server).
-  // INVALID_ARGUMENT when the gradient is not finite (nothing of it was sent). The caller waits for the previous
-  // step's values of `index` (WaitValues) before sending it, here or through Finish: both steps' replies write
-  // into the same memory, and the later one must land last.
+  // INVALID_ARGUMENT when the gradient is not finite (nothing of it was sent beyond what SendPart sent). The
+  // caller waits for the previous step's values of `index` (WaitValues) before sending it, here or through
+  // Finish: both steps' replies write into the same memory, and the later one must land last.
   [[nodiscard]] virtual absl::Status Send(int index) = 0;
+  // Before Send(index): the first `values` values of grads[index] are final (backward computes the rest): the
+  // chunks that lie wholly within them may start now (INVALID_ARGUMENT, and none of them leaves, when those
+  // values are not finite). The default, for steps whose gradients leave in Finish, does nothing.
+  [[nodiscard]] virtual absl::Status SendPart(int index, size_t values) { return absl::OkStatus(); }
   // Sends what was not sent yet and returns the clock (in SSP after the gate and the pull). In SYNC and ASYNC
   // the values may still be arriving: WaitValues before reading them. When the clock says stop, whatever is
   // still in flight is cancelled.

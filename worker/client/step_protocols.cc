@@ -28,6 +28,8 @@ class ExchangeStep : public StepExchange {
         out_(out),
         stamp_(client->NewStamp()),  // one sequence number for the step's exchanges, reused by their retries
         sent_(names.size(), false),
+        made_upto_(names.size(), 0),
+        checked_upto_(names.size(), 0),
         deferred_(names.size(), false),
         settled_(names.size(), false),
         batch_(client->options_.window_per_server, &client->launcher_) {}
@@ -35,7 +37,7 @@ class ExchangeStep : public StepExchange {
   ~ExchangeStep() override {
     // Values that were not waited for may be partly written: their cached versions no longer describe them.
     for (size_t i = 0; i < names_.size(); ++i) {
-      if (settled_[i] || !sent_[i]) continue;
+      if (settled_[i]) continue;
       for (ChunkCall* c : batch_.CallsOf(i)) client_->pulled_.erase(c->key());
     }
   }
@@ -45,17 +47,14 @@ class ExchangeStep : public StepExchange {
       return absl::InvalidArgumentError(absl::StrCat("Send(", index, "): no such unsent parameter"));
     }
     sent_[index] = true;
-    TESSERA_RETURN_IF_ERROR(CheckFinite(grads_[index], absl::StrCat("gradient of '", names_[index], "'")));
-    absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> calls =
-        client_->MakeCalls(kExchange, index, names_[index], grads_[index], batch_size_, out_[index],
-                           StampOf(stamp_, index));
-    if (absl::IsUnavailable(calls.status())) {
-      deferred_[index] = true;  // sent through the retrying path when its values are waited for
-      return absl::OkStatus();
+    return SendUpTo(index, grads_[index].size());
+  }
+
+  absl::Status SendPart(int index, size_t values) override {
+    if (index < 0 || static_cast<size_t>(index) >= names_.size() || sent_[index]) {
+      return absl::InvalidArgumentError(absl::StrCat("SendPart(", index, "): no such unsent parameter"));
     }
-    if (!calls.ok()) return calls.status();
-    for (auto& c : *calls) batch_.Add(std::move(c));
-    return absl::OkStatus();
+    return SendUpTo(index, std::min(values, grads_[index].size()));
   }
 
   absl::StatusOr<ClockResult> Finish() override {
@@ -115,9 +114,37 @@ class ExchangeStep : public StepExchange {
   const std::vector<absl::Span<float>> out_;
   const Stamp stamp_;
   std::vector<bool> sent_;
+  std::vector<size_t> made_upto_;     // values of each gradient whose chunks are on their way
+  std::vector<size_t> checked_upto_;  // values of each gradient found finite
   std::vector<bool> deferred_;  // sent, but no chunk call could be made (a server left the view)
   std::vector<bool> settled_;   // values in place and absorbed into the client's cache
   bool round_skipped_ = false;  // a reply said its round applied no update (another worker skipped the step)
+
+  // Starts the chunks of parameter `index` that lie within its first `end` values and were not started yet,
+  // once those values are found finite.
+  absl::Status SendUpTo(int index, size_t end) {
+    if (deferred_[index] || end <= made_upto_[index]) return absl::OkStatus();
+    if (end > checked_upto_[index]) {
+      const size_t from = checked_upto_[index];
+      TESSERA_RETURN_IF_ERROR(CheckFinite(grads_[index].subspan(from, end - from),
+                                          absl::StrCat("gradient of '", names_[index], "'"), from));
+      checked_upto_[index] = end;
+    }
+    absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> calls =
+        client_->MakeCalls(kExchange, index, names_[index], grads_[index], batch_size_, out_[index],
+                           StampOf(stamp_, index), made_upto_[index], end);
+    if (absl::IsUnavailable(calls.status())) {
+      deferred_[index] = true;  // sent through the retrying path when its values are waited for
+      return absl::OkStatus();
+    }
+    if (!calls.ok()) return calls.status();
+    for (auto& c : *calls) {
+      made_upto_[index] = std::max(made_upto_[index],
+                                   static_cast<size_t>(c->placement->offset() + c->placement->length()));
+      batch_.Add(std::move(c));
+    }
+    return absl::OkStatus();
+  }
 };
 
 class SyncExchangeStep final : public ExchangeStep {

@@ -84,8 +84,26 @@ absl::StatusOr<std::unique_ptr<PendingDownload>> Mlp::StartGradientDownload(int 
   return backend_->StartDownload(*grads_[index], out);
 }
 
+absl::Span<const float> Mlp::HostGradient(int index) const {
+  if (!backend_->host_memory() || index < 0 || index >= num_parameters()) return {};
+  const Buffer& g = *grads_[index];
+  return {g.data(), g.size()};
+}
+
+std::vector<size_t> Mlp::WeightGradientBlocks(int layer) const {
+  const size_t rows = static_cast<size_t>(sizes_[layer]);
+  const size_t cols = static_cast<size_t>(sizes_[layer + 1]);
+  if (gradient_block_ == 0 || !backend_->supports_gemm_rows()) return {rows * cols};
+  const size_t per_block = std::max<size_t>(1, gradient_block_ / cols);
+  std::vector<size_t> ends;
+  for (size_t r = per_block; r < rows; r += per_block) ends.push_back(r * cols);
+  ends.push_back(rows * cols);
+  return ends;
+}
+
 absl::StatusOr<LossSums> Mlp::Forward(absl::Span<const float> x, absl::Span<const int32_t> labels, bool backward,
-                                      const LayerGradientsReady& ready, const LayerNeeded& needed) {
+                                      const LayerGradientsReady& ready, const LayerNeeded& needed,
+                                      const GradientPartReady& part) {
   const int batch = static_cast<int>(labels.size());
   if (batch <= 0 || batch > max_batch_) {
     return absl::InvalidArgumentError(absl::StrCat("batch of ", batch, " examples; expected 1..", max_batch_));
@@ -109,8 +127,20 @@ absl::StatusOr<LossSums> Mlp::Forward(absl::Span<const float> x, absl::Span<cons
   if (!backward) return sums;
   for (int l = L - 1; l >= 0; --l) {
     // dW = A_l^T dZ, db = column sums of dZ, dA_l = dZ W^T masked by the ReLU.
-    TESSERA_RETURN_IF_ERROR(backend_->Gemm(true, false, sizes_[l], sizes_[l + 1], batch, 1.0f, *activations_[l],
-                                           *deltas_[l + 1], 0.0f, *grads_[2 * l]));
+    const std::vector<size_t> blocks = WeightGradientBlocks(l);
+    if (blocks.size() == 1) {
+      TESSERA_RETURN_IF_ERROR(backend_->Gemm(true, false, sizes_[l], sizes_[l + 1], batch, 1.0f, *activations_[l],
+                                             *deltas_[l + 1], 0.0f, *grads_[2 * l]));
+    } else {
+      int row = 0;
+      for (size_t end : blocks) {
+        const int end_row = static_cast<int>(end / sizes_[l + 1]);
+        TESSERA_RETURN_IF_ERROR(backend_->GemmTransposedRows(sizes_[l], sizes_[l + 1], batch, *activations_[l],
+                                                             *deltas_[l + 1], row, end_row, *grads_[2 * l]));
+        row = end_row;
+        if (part && end < blocks.back()) TESSERA_RETURN_IF_ERROR(part(2 * l, end));
+      }
+    }
     TESSERA_RETURN_IF_ERROR(backend_->ColumnSum(*deltas_[l + 1], batch, sizes_[l + 1], *grads_[2 * l + 1]));
     if (ready) TESSERA_RETURN_IF_ERROR(ready(l));
     if (l == 0) break;
@@ -123,8 +153,9 @@ absl::StatusOr<LossSums> Mlp::Forward(absl::Span<const float> x, absl::Span<cons
 }
 
 absl::StatusOr<LossSums> Mlp::ForwardBackward(absl::Span<const float> x, absl::Span<const int32_t> labels,
-                                              const LayerGradientsReady& ready, const LayerNeeded& needed) {
-  return Forward(x, labels, /*backward=*/true, ready, needed);
+                                              const LayerGradientsReady& ready, const LayerNeeded& needed,
+                                              const GradientPartReady& part) {
+  return Forward(x, labels, /*backward=*/true, ready, needed, part);
 }
 
 absl::StatusOr<LossSums> Mlp::Evaluate(absl::Span<const float> x, absl::Span<const int32_t> labels) {
@@ -133,7 +164,8 @@ absl::StatusOr<LossSums> Mlp::Evaluate(absl::Span<const float> x, absl::Span<con
   for (size_t start = 0; start < n; start += max_batch_) {
     const size_t count = std::min<size_t>(max_batch_, n - start);
     TESSERA_ASSIGN_OR_RETURN(LossSums part, Forward(x.subspan(start * inputs(), count * inputs()),
-                                                    labels.subspan(start, count), /*backward=*/false, nullptr, nullptr));
+                                                    labels.subspan(start, count), /*backward=*/false, nullptr, nullptr,
+                                                    nullptr));
     total.loss += part.loss;
     total.correct += part.correct;
   }

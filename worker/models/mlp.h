@@ -50,31 +50,50 @@ class Mlp {
   [[nodiscard]] absl::StatusOr<std::unique_ptr<PendingDownload>> StartGradientDownload(int index,
                                                                                        absl::Span<float> out);
 
+  // The gradient of parameter `index` in the model's own memory, when that is host memory
+  // (Backend::host_memory): valid after a ForwardBackward announced it, until the next ForwardBackward. Empty
+  // on a device backend (download it).
+  absl::Span<const float> HostGradient(int index) const;
+
+  // Backward computes each weight gradient in blocks of rows of about `values` floats (0: whole layers), where
+  // the backend can (Backend::supports_gemm_rows), announcing each finished block (GradientPartReady) so that it
+  // can leave before the rest of the layer is done. The gradients are the same bit for bit either way.
+  void set_gradient_block(size_t values) { gradient_block_ = values; }
+  // Where layer `layer`'s weight-gradient blocks end, in values of that gradient, ascending; the last is its size.
+  std::vector<size_t> WeightGradientBlocks(int layer) const;
+
   // Called during backward as soon as layer `layer`'s gradients (parameters 2*layer and 2*layer+1) are final,
   // last layer first; an error stops the backward pass and is returned.
   using LayerGradientsReady = std::function<absl::Status(int layer)>;
   // Called before forward uses layer `layer`'s parameters, first layer first: the moment to put them in place
   // (SetParameter) when they arrive layer by layer. An error stops the pass and is returned.
   using LayerNeeded = std::function<absl::Status(int layer)>;
+  // Called during backward when the first `values` values of parameter `index` (a weight) are final, before
+  // the layer is (LayerGradientsReady); an error stops the backward pass and is returned.
+  using GradientPartReady = std::function<absl::Status(int index, size_t values)>;
 
   // Forward and backward over `labels.size()` examples (x is row-major [batch, inputs]); leaves the gradients of
   // the mean loss in the model, announcing each layer's to `ready` (if set) as backward produces it, and asking
-  // `needed` (if set) for each layer's parameters before forward uses them.
-  // INVALID_ARGUMENT for a batch larger than max_batch or mismatched sizes.
+  // `needed` (if set) for each layer's parameters before forward uses them, and each block of a weight
+  // gradient but the last to `part` (if set). INVALID_ARGUMENT for a batch larger than max_batch or mismatched
+  // sizes.
   [[nodiscard]] absl::StatusOr<LossSums> ForwardBackward(absl::Span<const float> x, absl::Span<const int32_t> labels,
                                                          const LayerGradientsReady& ready = nullptr,
-                                                         const LayerNeeded& needed = nullptr);
+                                                         const LayerNeeded& needed = nullptr,
+                                                         const GradientPartReady& part = nullptr);
   // Forward only, in slices of max_batch: summed loss and hits over all examples.
   [[nodiscard]] absl::StatusOr<LossSums> Evaluate(absl::Span<const float> x, absl::Span<const int32_t> labels);
 
  private:
   Mlp(Backend* backend, std::vector<int> sizes, int max_batch) : backend_(backend), sizes_(std::move(sizes)), max_batch_(max_batch) {}
   absl::StatusOr<LossSums> Forward(absl::Span<const float> x, absl::Span<const int32_t> labels, bool backward,
-                                   const LayerGradientsReady& ready, const LayerNeeded& needed);
+                                   const LayerGradientsReady& ready, const LayerNeeded& needed,
+                                   const GradientPartReady& part);
 
   Backend* const backend_;  // not owned
   const std::vector<int> sizes_;
   const int max_batch_;
+  size_t gradient_block_ = 0;  // values per weight-gradient block; 0: whole layers
   std::vector<tessera::v1::ParameterSpec> params_;
   std::vector<std::unique_ptr<Buffer>> values_;       // per parameter
   std::vector<std::unique_ptr<Buffer>> grads_;        // per parameter
