@@ -16,7 +16,9 @@ namespace {
 // The stand-in for a GPU step: waits `total_ms` split across the layers in proportion to their weights, half
 // as forward (first layer first, after `needed`) and half as backward (last layer first, announcing each
 // layer's gradients, and the blocks of its weight gradient as the model's backward would,
-// Mlp::WeightGradientBlocks). The gradients keep whatever values they hold (their sizes are the model's).
+// Mlp::WeightGradientBlocks). Backward's blocks end on one clock, as a device's kernels run back to back while
+// the host sends what they produced: the time the announcements take is not added to the compute's. The
+// gradients keep whatever values they hold (their sizes are the model's).
 absl::Status SimulateCompute(const Mlp& model, int total_ms, const Mlp::LayerNeeded& needed,
                              const Mlp::LayerGradientsReady& ready, const Mlp::GradientPartReady& part) {
   std::vector<double> weight(model.layers());
@@ -25,20 +27,23 @@ absl::Status SimulateCompute(const Mlp& model, int total_ms, const Mlp::LayerNee
     weight[l] = static_cast<double>(NumElements(model.parameters()[2 * l].shape()));
     sum += weight[l];
   }
-  auto wait = [&](int l, double fraction) {
-    // A stand-in for compute time (benchmarks only), not a synchronisation point.
-    std::this_thread::sleep_for(
+  using Clock = std::chrono::steady_clock;
+  auto compute = [&](int l, double fraction) {
+    return std::chrono::duration_cast<Clock::duration>(
         std::chrono::duration<double, std::milli>(0.5 * total_ms * weight[l] / sum * fraction));
   };
+  // A stand-in for compute time (benchmarks only), not a synchronisation point.
   for (int l = 0; l < model.layers(); ++l) {
     TESSERA_RETURN_IF_ERROR(needed(l));
-    wait(l, 1.0);
+    std::this_thread::sleep_for(compute(l, 1.0));
   }
+  Clock::time_point end_of_block = Clock::now();
   for (int l = model.layers() - 1; l >= 0; --l) {
     const std::vector<size_t> blocks = model.WeightGradientBlocks(l);
     size_t done = 0;
     for (size_t end : blocks) {
-      wait(l, static_cast<double>(end - done) / weight[l]);
+      end_of_block += compute(l, static_cast<double>(end - done) / weight[l]);
+      std::this_thread::sleep_until(end_of_block);
       done = end;
       if (end < blocks.back()) TESSERA_RETURN_IF_ERROR(part(2 * l, end));
     }
@@ -99,18 +104,21 @@ absl::Status StepLoop::Prepare() {
             << " training examples, " << schedule_->steps_per_epoch() << " steps per epoch, batch "
             << job.batch_size();
 
-  // The model's gradient memory is read in place where it is the host's: backward writes parameter i's again
-  // only after the next forward waited for its exchange (TakeLayer), so no send is still reading it then.
-  host_gradients_ = backend_->host_memory();
+  // Where the model's memory is the host's, its gradients are read in place (backward writes parameter i's
+  // again only after the next forward waited for its exchange, TakeLayer, so no send still reads it then), and
+  // its parameters too, from the set of values that is not being written.
+  host_memory_ = backend_->host_memory();
   for (int i = 0; i < model_->num_parameters(); ++i) {
     const tessera::v1::ParameterSpec& p = model_->parameters()[i];
     names_.push_back(p.name());
-    values_.emplace_back(NumElements(p.shape()));
-    if (!host_gradients_) grads_.emplace_back(NumElements(p.shape()));
+    for (int set = 0; set < (host_memory_ ? 2 : 1); ++set) value_sets_[set].emplace_back(NumElements(p.shape()));
+    if (!host_memory_) grads_.emplace_back(NumElements(p.shape()));
   }
-  for (auto& v : values_) value_spans_.push_back(absl::MakeSpan(v));
+  for (int set = 0; set < 2; ++set) {
+    for (auto& v : value_sets_[set]) value_spans_[set].push_back(absl::MakeSpan(v));
+  }
   for (int i = 0; i < model_->num_parameters(); ++i) {
-    grad_spans_.push_back(host_gradients_ ? model_->HostGradient(i) : absl::MakeConstSpan(grads_[i]));
+    grad_spans_.push_back(host_memory_ ? model_->HostGradient(i) : absl::MakeConstSpan(grads_[i]));
   }
   x_.resize(static_cast<size_t>(global_batch) * train_->features);
   y_.resize(global_batch);
@@ -141,9 +149,15 @@ absl::StatusOr<TrainerResult> StepLoop::Run() {
 }
 
 absl::Status StepLoop::PullAll() {
-  TESSERA_RETURN_IF_ERROR(source_->Pull(names_, value_spans_));
-  for (int i = 0; i < model_->num_parameters(); ++i) TESSERA_RETURN_IF_ERROR(model_->SetParameter(i, values_[i]));
+  // Nothing is in flight: the pull may write the set the model reads.
+  TESSERA_RETURN_IF_ERROR(source_->Pull(names_, value_spans_[current_]));
+  for (int i = 0; i < model_->num_parameters(); ++i) TESSERA_RETURN_IF_ERROR(UseValues(i, current_));
   return absl::OkStatus();
+}
+
+absl::Status StepLoop::UseValues(int i, int set) {
+  if (host_memory_) return model_->BindParameter(i, value_spans_[set][i]);
+  return model_->SetParameter(i, value_sets_[0][i]);
 }
 
 bool StepLoop::TakeRollback() {
@@ -179,7 +193,10 @@ absl::StatusOr<StepLoop::StepEnd> StepLoop::Step() {
   straggler_.Wait(clock_, last_compute_);
   waited_for_values_ = absl::ZeroDuration();
   const absl::Time compute_start = absl::Now();
-  step_ = source_->BeginStep(names_, grad_spans_, static_cast<int>(n), value_spans_);
+  // The exchange writes the set the model will not read in this step: not the one the last exchange writes
+  // (forward takes its values), nor, without one, the one the model reads now.
+  const int landing = host_memory_ ? 1 - (previous_ ? landing_ : current_) : 0;
+  step_ = source_->BeginStep(names_, grad_spans_, static_cast<int>(n), value_spans_[landing]);
   LossSums sums;
   absl::Status computed = Compute(n, sums);
   last_compute_ = absl::Now() - compute_start - waited_for_values_;
@@ -191,6 +208,7 @@ absl::StatusOr<StepLoop::StepEnd> StepLoop::Step() {
   if (TakeRollback()) return StepEnd::kVoid;
   TESSERA_ASSIGN_OR_RETURN(ClockResult gate, std::move(finished));
   previous_ = std::move(step_);
+  landing_ = landing;
   loss_sum_ += sums.loss / n;
   ++loss_steps_;
   samples_total_ += n;
@@ -225,7 +243,7 @@ absl::Status StepLoop::Compute(size_t n, LossSums& sums) {
   // Blocks of a weight gradient come only from backends whose memory is the host's (Mlp::set_gradient_block):
   // they leave as they are, with no copy to wait for.
   auto part = [this](int index, size_t values) {
-    return host_gradients_ ? step_->SendPart(index, values) : absl::OkStatus();
+    return host_memory_ ? step_->SendPart(index, values) : absl::OkStatus();
   };
   if (options_.simulate_compute_ms > 0) {
     TESSERA_RETURN_IF_ERROR(SimulateCompute(*model_, options_.simulate_compute_ms, needed, ready, part));
@@ -243,13 +261,14 @@ absl::Status StepLoop::TakeLayer(int layer) {
     absl::Status waited = previous_->WaitValues(i, [&] { return (step_ && step_->stopped()) || stop_->set(); });
     waited_for_values_ += absl::Now() - wait_start;
     TESSERA_RETURN_IF_ERROR(waited);
-    TESSERA_RETURN_IF_ERROR(model_->SetParameter(i, values_[i]));
+    TESSERA_RETURN_IF_ERROR(UseValues(i, landing_));
   }
+  current_ = landing_;
   return absl::OkStatus();
 }
 
 absl::Status StepLoop::SendLayer(int layer) {
-  if (host_gradients_) {
+  if (host_memory_) {
     for (int i : {2 * layer, 2 * layer + 1}) TESSERA_RETURN_IF_ERROR(step_->Send(i));
     return absl::OkStatus();
   }
@@ -290,7 +309,7 @@ absl::StatusOr<StepLoop::StepEnd> StepLoop::Evaluate() {
       return StepEnd::kStop;
     }
     TESSERA_RETURN_IF_ERROR(settled);
-    evaluator_->Offer(clock_, values_);
+    evaluator_->Offer(clock_, value_sets_[current_]);
     last_offer_ = absl::Now();
     last_offer_clock_ = clock_;
   }
@@ -355,7 +374,7 @@ absl::StatusOr<TrainerResult> StepLoop::Finish(bool stopped) {
       // that no longer answer (the job is over) leave the last evaluation standing; the job's end is no error.
       absl::Status pulled = stopped ? PullAll() : absl::OkStatus();
       if (pulled.ok()) {
-        TESSERA_ASSIGN_OR_RETURN(EvalResult last, evaluator_->EvaluateNow(clock_, values_));
+        TESSERA_ASSIGN_OR_RETURN(EvalResult last, evaluator_->EvaluateNow(clock_, value_sets_[current_]));
         TESSERA_RETURN_IF_ERROR(Report(&last).status());
       } else {
         LOG(WARNING) << "worker " << rank_ << ": the last values could not be pulled after the job's stop ("
@@ -365,7 +384,7 @@ absl::StatusOr<TrainerResult> StepLoop::Finish(bool stopped) {
     if (!options_.dump_params.empty()) {
       TESSERA_RETURN_IF_ERROR(PullAll());
       NamedTensors tensors;
-      for (size_t i = 0; i < names_.size(); ++i) tensors[names_[i]] = values_[i];
+      for (size_t i = 0; i < names_.size(); ++i) tensors[names_[i]] = value_sets_[current_][i];
       TESSERA_RETURN_IF_ERROR(WriteParamFile(options_.dump_params, tensors));
     }
   }

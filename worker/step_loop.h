@@ -9,6 +9,7 @@
 #ifndef TESSERA_WORKER_STEP_LOOP_H_
 #define TESSERA_WORKER_STEP_LOOP_H_
 
+#include <array>
 #include <deque>
 #include <memory>
 #include <utility>
@@ -61,6 +62,8 @@ class StepLoop {
   // The one rollback check: true when the job went back to a checkpoint since the last look. The step is then
   // void: the loop goes back to the checkpoint's clock, and the next step starts with a pull of every value.
   bool TakeRollback();
+  // Puts set `set`'s values of parameter `i` in place for the model: read in place, or copied into it.
+  absl::Status UseValues(int i, int set);
   // Worker 0: offers the values to the evaluator when an evaluation is due, and reports finished ones.
   absl::StatusOr<StepEnd> Evaluate();
   // Sends a progress report (with an evaluation's result when given); true when the job says stop.
@@ -85,12 +88,17 @@ class StepLoop {
   std::unique_ptr<BatchSchedule> schedule_;
   int64_t stop_clock_ = 0;
   // Host copies of every parameter and gradient, and the span lists the parameter source takes. On a backend
-  // whose buffers are host memory the gradients are sent from the model's own (grads_ stays empty).
+  // whose buffers are host memory (host_memory_) the model reads its parameters from two sets of values in
+  // turn, one while the step's exchange writes the next into the other (no copy into the model), and the
+  // gradients are sent from the model's own memory (grads_ stays empty). Elsewhere set 0 alone is used and
+  // copied into the model.
   std::vector<std::string> names_;
-  std::vector<std::vector<float>> values_;
+  std::array<std::vector<std::vector<float>>, 2> value_sets_;
+  std::array<std::vector<absl::Span<float>>, 2> value_spans_;
   std::vector<std::vector<float>> grads_;
-  bool host_gradients_ = false;
-  std::vector<absl::Span<float>> value_spans_;
+  bool host_memory_ = false;
+  int current_ = 0;  // the set the model reads (all of it, between steps)
+  int landing_ = 0;  // the set previous_'s exchange writes into
   std::vector<absl::Span<const float>> grad_spans_;
   // Room for a whole global batch: a balanced SYNC job may give this worker any part of it.
   std::vector<float> x_;

@@ -156,5 +156,31 @@ TEST(MlpTest, WeightGradientsInBlocksEqualTheWholeLayersBitForBitAndAreAnnounced
   }
 }
 
+// A bound parameter is read where it lies: the model computes with what the memory holds when forward reads
+// it, the same as with those values copied in; a size that does not fit is refused.
+TEST(MlpTest, ABoundParameterIsReadInPlaceAsIfItsValuesWereCopiedIn) {
+  CpuBackend backend;
+  auto copied = Mlp::Create(&backend, {5, 4, 3}, /*seed=*/3, 2);
+  auto bound = Mlp::Create(&backend, {5, 4, 3}, /*seed=*/3, 2);
+  ASSERT_TRUE(copied.ok() && bound.ok());
+  std::vector<float> weight(5 * 4, 0.0f);
+  ASSERT_TRUE((*bound)->BindParameter(0, absl::MakeSpan(weight)).ok());
+  for (size_t i = 0; i < weight.size(); ++i) weight[i] = 0.01f * static_cast<float>(i) - 0.1f;  // after binding
+  ASSERT_TRUE((*copied)->SetParameter(0, weight).ok());
+  const std::vector<float> x = {0.5f, -0.2f, 0.1f, 0.9f, -0.4f, 0.3f, 0.2f, -0.7f, 0.6f, 0.0f};
+  const std::vector<int32_t> y = {2, 0};
+  ASSERT_TRUE((*copied)->ForwardBackward(x, y).ok());
+  ASSERT_TRUE((*bound)->ForwardBackward(x, y).ok());
+  for (int i = 0; i < (*copied)->num_parameters(); ++i) {
+    std::vector<float> a(NumElements((*copied)->parameters()[i].shape())), b(a.size());
+    ASSERT_TRUE((*copied)->GetGradient(i, absl::MakeSpan(a)).ok());
+    ASSERT_TRUE((*bound)->GetGradient(i, absl::MakeSpan(b)).ok());
+    EXPECT_EQ(a, b) << "parameter " << i;
+  }
+  std::vector<float> short_memory(3);
+  EXPECT_EQ((*bound)->BindParameter(0, absl::MakeSpan(short_memory)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*bound)->BindParameter(9, absl::MakeSpan(weight)).code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace tessera

@@ -34,6 +34,19 @@ class Buffer {
   virtual size_t size() const = 0;  // elements
 };
 
+// Host memory the caller owns, seen as a Buffer: for backends whose buffers are host memory
+// (Backend::host_memory) only. The memory must outlive the buffer's use.
+class HostSpanBuffer final : public Buffer {
+ public:
+  explicit HostSpanBuffer(absl::Span<float> memory) : memory_(memory) {}
+  float* data() override { return memory_.data(); }
+  const float* data() const override { return memory_.data(); }
+  size_t size() const override { return memory_.size(); }
+
+ private:
+  const absl::Span<float> memory_;
+};
+
 // Sums over a batch from SoftmaxCrossEntropy.
 struct LossSums {
   double loss = 0;      // sum of per-example cross-entropy

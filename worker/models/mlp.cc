@@ -69,6 +69,20 @@ absl::Status Mlp::SetParameter(int index, absl::Span<const float> values) {
   return backend_->Upload(values, *values_[index]);
 }
 
+absl::Status Mlp::BindParameter(int index, absl::Span<float> memory) {
+  if (index < 0 || index >= num_parameters()) return absl::InvalidArgumentError("parameter index out of range");
+  if (!backend_->host_memory()) {
+    return absl::FailedPreconditionError(absl::StrCat(backend_->name(), " computes in memory of its own: upload the "
+                                                      "values (SetParameter)"));
+  }
+  if (memory.size() != values_[index]->size()) {
+    return absl::InvalidArgumentError(absl::StrCat(params_[index].name(), ": expected ", values_[index]->size(),
+                                                   " values, got ", memory.size()));
+  }
+  values_[index] = std::make_unique<HostSpanBuffer>(memory);
+  return absl::OkStatus();
+}
+
 absl::Status Mlp::GetParameter(int index, absl::Span<float> out) {
   if (index < 0 || index >= num_parameters()) return absl::InvalidArgumentError("parameter index out of range");
   return backend_->Download(*values_[index], out);

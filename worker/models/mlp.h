@@ -42,6 +42,10 @@ class Mlp {
 
   // Copies host values into parameter `index`; INVALID_ARGUMENT on a size mismatch.
   [[nodiscard]] absl::Status SetParameter(int index, absl::Span<const float> values);
+  // Parameter `index` is read from `memory` from now on, without a copy (its values are what `memory` holds
+  // when forward or backward reads them): for backends whose buffers are host memory (Backend::host_memory),
+  // FAILED_PRECONDITION on others. `memory` must outlive its use; INVALID_ARGUMENT on a size mismatch.
+  [[nodiscard]] absl::Status BindParameter(int index, absl::Span<float> memory);
   // Copies parameter `index` (or its gradient from the last ForwardBackward) to the host.
   [[nodiscard]] absl::Status GetParameter(int index, absl::Span<float> out);
   [[nodiscard]] absl::Status GetGradient(int index, absl::Span<float> out);
