@@ -188,7 +188,7 @@ class ShardStore {
   void PullRows(std::shared_ptr<const tessera::v1::RowPullRequest> request, RowPullDone done) const;
   // PullRows, waiting for its answer, as the message.
   [[nodiscard]] absl::StatusOr<tessera::v1::RowPullResponse> PullRows(const tessera::v1::RowPullRequest& request) const;
-  // Duplicate ids are summed first (tables/row_batch.h). The job's consistency policy decides when the rows apply
+  // Duplicate ids are summed first (common/row_batch.h). The job's consistency policy decides when the rows apply
   // (server/consistency/row_rounds.h): ASYNC and SSP on arrival; SYNC once per round, the batch-size-weighted mean
   // of the round's members, with the row's optimizer stepping once. RESOURCE_EXHAUSTED, changing nothing, when the
   // rows it would create do not fit the server's row memory. `done` runs once every backup of the slots holds the

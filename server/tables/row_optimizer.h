@@ -1,4 +1,5 @@
-// The optimizers of a sparse embedding table's rows (the groundwork of sparse tables; not wired to a job yet).
+// The optimizers of an embedding table's rows (ParameterSpec.embedding's optimizer; tables/sparse_table.h applies
+// them).
 // A row is `dim` float values keyed by a 64-bit id; its optimizer keeps StateFloats(dim) floats beside it, zero
 // before its first update, and the table counts each row's own updates (`step`, for lazy Adam's bias correction:
 // a row untouched by a step is not decayed by it, which is what "lazy" means).

@@ -1,9 +1,9 @@
 // The seam between what every kind of parameter a server holds shares and what one kind is.
 //
 // A table is one kind of parameter as a server holds it: tables/dense_table.h holds dense tensors cut into
-// chunks; a sparse embedding table (rows keyed by 64-bit ids) is the next kind. A table is made of units: what
-// the cluster view places on a server, what is replicated to backups and checkpointed as one (a dense
-// parameter's chunk; a sparse table's hash slot). The store (server/shard_store.h) keeps what does not depend
+// chunks, tables/sparse_table.h embedding tables (rows keyed by 64-bit ids) cut into hash slots. A table is made
+// of units: what the cluster view places on a server, what is replicated to backups and checkpointed as one (a
+// dense parameter's chunk; a sparse table's hash slot). The store (server/shard_store.h) keeps what does not depend
 // on the kind: the epoch and member checks, exactly-once pushes, the consistency policy, the exchanges waiting
 // on rounds, snapshots and counters. Adopting a view (server/view_adoption.h) and replication
 // (server/replication/) work on tables and units through this interface only.
