@@ -39,6 +39,14 @@ absl::Status CheckSize(const Buffer& b, size_t need, const char* what) {
   return absl::OkStatus();
 }
 
+// Sizes of a GEMM of op(A) [m x k] and op(B) [k x n] into C [m x n], and buffers that hold them.
+absl::Status CheckGemm(int m, int n, int k, const Buffer& a, const Buffer& b, const Buffer& c) {
+  if (m <= 0 || n <= 0 || k <= 0) return absl::InvalidArgumentError(absl::StrCat("Gemm: bad sizes ", m, "x", n, "x", k));
+  if (absl::Status s = CheckSize(a, static_cast<size_t>(m) * k, "Gemm A"); !s.ok()) return s;
+  if (absl::Status s = CheckSize(b, static_cast<size_t>(k) * n, "Gemm B"); !s.ok()) return s;
+  return CheckSize(c, static_cast<size_t>(m) * n, "Gemm C");
+}
+
 }  // namespace
 
 CpuBackend::CpuBackend(int threads) {
@@ -70,10 +78,7 @@ absl::Status CpuBackend::Download(const Buffer& src, absl::Span<float> dst) {
 
 absl::Status CpuBackend::Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const Buffer& a,
                               const Buffer& b, float beta, Buffer& c) {
-  if (m <= 0 || n <= 0 || k <= 0) return absl::InvalidArgumentError(absl::StrCat("Gemm: bad sizes ", m, "x", n, "x", k));
-  if (absl::Status s = CheckSize(a, static_cast<size_t>(m) * k, "Gemm A"); !s.ok()) return s;
-  if (absl::Status s = CheckSize(b, static_cast<size_t>(k) * n, "Gemm B"); !s.ok()) return s;
-  if (absl::Status s = CheckSize(c, static_cast<size_t>(m) * n, "Gemm C"); !s.ok()) return s;
+  if (absl::Status s = CheckGemm(m, n, k, a, b, c); !s.ok()) return s;
   cblas_sgemm(CblasRowMajor, transpose_a ? CblasTrans : CblasNoTrans, transpose_b ? CblasTrans : CblasNoTrans, m, n,
               k, alpha, a.data(), transpose_a ? m : k, b.data(), transpose_b ? k : n, beta, c.data(), n);
   return absl::OkStatus();
@@ -81,13 +86,10 @@ absl::Status CpuBackend::Gemm(bool transpose_a, bool transpose_b, int m, int n, 
 
 absl::Status CpuBackend::GemmTransposedRows(int m, int n, int k, const Buffer& a, const Buffer& b, int row_begin,
                                             int row_end, Buffer& c) {
-  if (m <= 0 || n <= 0 || k <= 0) return absl::InvalidArgumentError(absl::StrCat("Gemm: bad sizes ", m, "x", n, "x", k));
+  if (absl::Status s = CheckGemm(m, n, k, a, b, c); !s.ok()) return s;
   if (row_begin < 0 || row_end > m || row_begin >= row_end) {
     return absl::InvalidArgumentError(absl::StrCat("GemmTransposedRows: rows [", row_begin, ", ", row_end, ") of ", m));
   }
-  if (absl::Status s = CheckSize(a, static_cast<size_t>(m) * k, "Gemm A"); !s.ok()) return s;
-  if (absl::Status s = CheckSize(b, static_cast<size_t>(k) * n, "Gemm B"); !s.ok()) return s;
-  if (absl::Status s = CheckSize(c, static_cast<size_t>(m) * n, "Gemm C"); !s.ok()) return s;
   // Columns [row_begin, row_end) of A (row length m) against all of B: OpenBLAS sums each element over k in the
   // same order whatever the block, so the rows equal the whole product's.
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, row_end - row_begin, n, k, 1.0f, a.data() + row_begin, m,
