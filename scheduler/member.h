@@ -29,7 +29,7 @@ struct Member {
   std::string key;           // the member key this incarnation was given (common/security.h)
   std::string key_digest;    // its SHA-256, which the view hands to servers
   std::string control_key;   // servers: the key their control calls need
-  // Servers: the Ed25519 public key their backups check their Replicate calls with (server/replica_auth.h).
+  // Servers: the X25519 public key their Replicate calls are authenticated with (server/replica_auth.h).
   std::string replication_key;
   // In the view a restarted scheduler took back, not come back yet: its calls are answered NOT_FOUND (come back
   // first: ClusterView::Return), and it is lost like a silent member when it does not come back.

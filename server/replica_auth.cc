@@ -1,8 +1,10 @@
 #include "server/replica_auth.h"
 
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
-#include <openssl/sha.h>
+#include <openssl/kdf.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -14,19 +16,19 @@
 
 namespace tessera {
 
-struct ReplicaSigner::Key {
+struct ReplicaKey::Key {
   EVP_PKEY* pkey = nullptr;
   ~Key() { EVP_PKEY_free(pkey); }
 };
 
-ReplicaSigner::ReplicaSigner(std::unique_ptr<Key> key, std::string public_key)
+ReplicaKey::ReplicaKey(std::unique_ptr<Key> key, std::string public_key)
     : key_(std::move(key)), public_key_(std::move(public_key)) {}
 
-ReplicaSigner::~ReplicaSigner() = default;
+ReplicaKey::~ReplicaKey() = default;
 
-absl::StatusOr<std::unique_ptr<ReplicaSigner>> ReplicaSigner::Generate() {
+absl::StatusOr<std::unique_ptr<ReplicaKey>> ReplicaKey::Generate() {
   auto key = std::make_unique<Key>();
-  EVP_PKEY_CTX* ctx = EVP_PKEY_CTX_new_id(EVP_PKEY_ED25519, nullptr);
+  EVP_PKEY_CTX* ctx = EVP_PKEY_CTX_new_id(EVP_PKEY_X25519, nullptr);
   const bool made = ctx != nullptr && EVP_PKEY_keygen_init(ctx) == 1 && EVP_PKEY_keygen(ctx, &key->pkey) == 1;
   EVP_PKEY_CTX_free(ctx);
   std::string public_key(kReplicationKeyBytes, '\0');
@@ -34,93 +36,157 @@ absl::StatusOr<std::unique_ptr<ReplicaSigner>> ReplicaSigner::Generate() {
   if (!made || EVP_PKEY_get_raw_public_key(key->pkey, reinterpret_cast<unsigned char*>(public_key.data()),
                                            &length) != 1 ||
       length != kReplicationKeyBytes) {
-    return absl::InternalError("cannot make an Ed25519 key pair (OpenSSL)");
+    return absl::InternalError("cannot make an X25519 key pair (OpenSSL)");
   }
-  return std::unique_ptr<ReplicaSigner>(new ReplicaSigner(std::move(key), std::move(public_key)));
-}
-
-std::string ReplicaSigner::Sign(absl::string_view message) const {
-  std::string signature(kReplicaSignatureBytes, '\0');
-  size_t length = signature.size();
-  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  const bool signed_ok =
-      ctx != nullptr && EVP_DigestSignInit(ctx, nullptr, nullptr, nullptr, key_->pkey) == 1 &&
-      EVP_DigestSign(ctx, reinterpret_cast<unsigned char*>(signature.data()), &length,
-                     reinterpret_cast<const unsigned char*>(message.data()), message.size()) == 1;
-  EVP_MD_CTX_free(ctx);
-  if (!signed_ok || length != kReplicaSignatureBytes) return "";
-  return signature;
+  return std::unique_ptr<ReplicaKey>(new ReplicaKey(std::move(key), std::move(public_key)));
 }
 
 namespace {
-// Adds `request`'s deterministic serialization (the map of sequence numbers in key order, so the backup's
-// serialization of what it parsed is the primary's), after its length, to `sha`.
-void HashUnit(const tessera::v1::ReplicateRequest& request, std::string& scratch, EVP_MD_CTX* sha) {
-  scratch.clear();
-  {
-    google::protobuf::io::StringOutputStream stream(&scratch);
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    coded.SetSerializationDeterministic(true);
-    request.SerializeToCodedStream(&coded);
-  }
-  unsigned char length[8];
-  for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>((uint64_t{scratch.size()} >> (8 * i)) & 0xff);
-  EVP_DigestUpdate(sha, length, sizeof(length));
-  EVP_DigestUpdate(sha, scratch.data(), scratch.size());
+const unsigned char* Bytes(absl::string_view s) { return reinterpret_cast<const unsigned char*>(s.data()); }
+
+void AppendLittleEndian(std::string& out, uint64_t value, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
 }
 
-// SHA-256 over what `add` hashes.
-template <typename Add>
-std::string Sha256(Add add) {
-  unsigned char digest[SHA256_DIGEST_LENGTH];
-  unsigned int length = 0;
-  EVP_MD_CTX* sha = EVP_MD_CTX_new();
-  const bool ok = sha != nullptr && EVP_DigestInit_ex(sha, EVP_sha256(), nullptr) == 1;
-  if (ok) add(sha);
-  const bool done = ok && EVP_DigestFinal_ex(sha, digest, &length) == 1 && length == sizeof(digest);
-  EVP_MD_CTX_free(sha);
-  // An empty digest matches no signature: the backup refuses the call.
-  return done ? std::string(reinterpret_cast<const char*>(digest), sizeof(digest)) : std::string();
+// The X25519 shared secret of `own` and `peer_public`; false for a key of another size, a low-order point (OpenSSL
+// refuses an all-zero secret) or any other failure.
+bool SharedSecret(EVP_PKEY* own, absl::string_view peer_public, unsigned char (&secret)[32]) {
+  if (peer_public.size() != kReplicationKeyBytes) return false;
+  EVP_PKEY* peer = EVP_PKEY_new_raw_public_key(EVP_PKEY_X25519, nullptr, Bytes(peer_public), peer_public.size());
+  if (peer == nullptr) return false;
+  EVP_PKEY_CTX* ctx = EVP_PKEY_CTX_new(own, nullptr);
+  size_t length = sizeof(secret);
+  const bool ok = ctx != nullptr && EVP_PKEY_derive_init(ctx) == 1 && EVP_PKEY_derive_set_peer(ctx, peer) == 1 &&
+                  EVP_PKEY_derive(ctx, secret, &length) == 1 && length == sizeof(secret);
+  EVP_PKEY_CTX_free(ctx);
+  EVP_PKEY_free(peer);
+  return ok;
+}
+
+// HKDF-SHA256 of `secret` with `info`, 32 bytes.
+bool Hkdf(const unsigned char (&secret)[32], const std::string& info, std::array<unsigned char, 32>& out) {
+  static constexpr char kSalt[] = "tessera.v1.Replicate";
+  EVP_PKEY_CTX* ctx = EVP_PKEY_CTX_new_id(EVP_PKEY_HKDF, nullptr);
+  size_t length = out.size();
+  const bool ok = ctx != nullptr && EVP_PKEY_derive_init(ctx) == 1 &&
+                  EVP_PKEY_CTX_set_hkdf_md(ctx, EVP_sha256()) == 1 &&
+                  EVP_PKEY_CTX_set1_hkdf_salt(ctx, reinterpret_cast<const unsigned char*>(kSalt),
+                                              sizeof(kSalt) - 1) == 1 &&
+                  EVP_PKEY_CTX_set1_hkdf_key(ctx, secret, sizeof(secret)) == 1 &&
+                  EVP_PKEY_CTX_add1_hkdf_info(ctx, Bytes(info), static_cast<int>(info.size())) == 1 &&
+                  EVP_PKEY_derive(ctx, out.data(), &length) == 1 && length == out.size();
+  EVP_PKEY_CTX_free(ctx);
+  return ok;
+}
+
+// AES-256-GMAC of the batch's units (each as its length, 64 bits little-endian, and its deterministic
+// serialization: the map of sequence numbers in key order, so the backup's serialization of what it parsed is the
+// primary's) under `key` with the 12-byte `nonce`. Empty when OpenSSL fails.
+std::string Gmac(const std::array<unsigned char, 32>& key, const unsigned char* nonce,
+                 const tessera::v1::ReplicateBatch& batch) {
+  EVP_CIPHER_CTX* ctx = EVP_CIPHER_CTX_new();
+  bool ok = ctx != nullptr && EVP_EncryptInit_ex(ctx, EVP_aes_256_gcm(), nullptr, nullptr, nullptr) == 1 &&
+            EVP_EncryptInit_ex(ctx, nullptr, nullptr, key.data(), nonce) == 1;
+  auto add = [&ok, ctx](const char* data, size_t size) {
+    while (ok && size > 0) {
+      const int piece = static_cast<int>(std::min<size_t>(size, size_t{1} << 30));
+      int written = 0;
+      ok = EVP_EncryptUpdate(ctx, nullptr, &written, reinterpret_cast<const unsigned char*>(data), piece) == 1;
+      data += piece;
+      size -= static_cast<size_t>(piece);
+    }
+  };
+  std::string scratch;
+  for (const tessera::v1::ReplicateRequest& unit : batch.units()) {
+    scratch.clear();
+    {
+      google::protobuf::io::StringOutputStream stream(&scratch);
+      google::protobuf::io::CodedOutputStream coded(&stream);
+      coded.SetSerializationDeterministic(true);
+      unit.SerializeToCodedStream(&coded);
+    }
+    std::string length;
+    AppendLittleEndian(length, scratch.size(), 8);
+    add(length.data(), length.size());
+    add(scratch.data(), scratch.size());
+  }
+  unsigned char tag[16];
+  int written = 0;
+  ok = ok && EVP_EncryptFinal_ex(ctx, tag, &written) == 1 &&
+       EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, sizeof(tag), tag) == 1;
+  EVP_CIPHER_CTX_free(ctx);
+  return ok ? std::string(reinterpret_cast<const char*>(tag), sizeof(tag)) : std::string();
+}
+
+int PrimaryOf(const tessera::v1::ReplicateBatch& batch) {
+  return batch.units_size() == 0 ? -1 : batch.units(0).server_id();
 }
 }  // namespace
 
-std::string ReplicateDigest(const tessera::v1::ReplicateBatch& batch) {
-  return Sha256([&batch](EVP_MD_CTX* sha) {
-    std::string scratch;
-    for (const tessera::v1::ReplicateRequest& unit : batch.units()) HashUnit(unit, scratch, sha);
-  });
+bool ReplicaKey::Pair(absl::string_view peer_public, absl::string_view primary_public,
+                      absl::string_view backup_public, int primary_id, int backup_id, uint64_t backup_incarnation,
+                      PairKey& out) const {
+  const auto cache_key = std::make_tuple(std::string(peer_public), primary_id, backup_id, backup_incarnation);
+  {
+    absl::MutexLock lock(&pairs_mu_);
+    if (auto it = pairs_.find(cache_key); it != pairs_.end()) {
+      out = it->second;
+      return true;
+    }
+  }
+  unsigned char secret[32];
+  if (!SharedSecret(key_->pkey, peer_public, secret)) return false;
+  // The direction and both ends: a key for hand-overs from A to B is not the key from B to A, nor one for
+  // another incarnation of B.
+  std::string info("tessera.v1.Replicate primary ");
+  info.append(primary_public.data(), primary_public.size());
+  AppendLittleEndian(info, static_cast<uint32_t>(primary_id), 4);
+  info.append(" backup ");
+  info.append(backup_public.data(), backup_public.size());
+  AppendLittleEndian(info, static_cast<uint32_t>(backup_id), 4);
+  AppendLittleEndian(info, backup_incarnation, 8);
+  const bool ok = Hkdf(secret, info, out);
+  OPENSSL_cleanse(secret, sizeof(secret));
+  if (!ok) return false;
+  absl::MutexLock lock(&pairs_mu_);
+  if (pairs_.size() >= 4096) pairs_.clear();  // peers of long-gone views; the nonce counter is not per pair
+  pairs_[cache_key] = out;
+  return true;
 }
 
-std::string ReplicateDigest(const tessera::v1::ReplicateRequest& request) {
-  return Sha256([&request](EVP_MD_CTX* sha) {
-    std::string scratch;
-    HashUnit(request, scratch, sha);
-  });
+std::string ReplicaKey::Credential(absl::string_view backup_public_key, int backup_id, uint64_t backup_incarnation,
+                                   const tessera::v1::ReplicateBatch& batch) const {
+  PairKey pair;
+  if (!Pair(backup_public_key, public_key_, backup_public_key, PrimaryOf(batch), backup_id, backup_incarnation,
+            pair)) {
+    return "";
+  }
+  std::string credential;
+  AppendLittleEndian(credential, 0, 4);
+  AppendLittleEndian(credential, next_nonce_.fetch_add(1), 8);
+  const std::string tag = Gmac(pair, Bytes(credential), batch);
+  OPENSSL_cleanse(pair.data(), pair.size());
+  if (tag.empty()) return "";
+  return credential + tag;
 }
 
-std::string ReplicateProof(absl::string_view digest, int backup_id, uint64_t backup_incarnation) {
-  std::string proof("tessera.v1.Replicate\n");
-  proof.append(digest.data(), digest.size());
-  // Little-endian: the backup's id (32 bits), then its incarnation (64 bits).
-  const uint32_t id = static_cast<uint32_t>(backup_id);
-  for (int i = 0; i < 4; ++i) proof.push_back(static_cast<char>((id >> (8 * i)) & 0xff));
-  for (int i = 0; i < 8; ++i) proof.push_back(static_cast<char>((backup_incarnation >> (8 * i)) & 0xff));
-  return proof;
+std::string ReplicaKey::Credential(absl::string_view backup_public_key, int backup_id, uint64_t backup_incarnation,
+                                   const tessera::v1::ReplicateRequest& request) const {
+  tessera::v1::ReplicateBatch batch;
+  *batch.add_units() = request;
+  return Credential(backup_public_key, backup_id, backup_incarnation, batch);
 }
 
-bool VerifyReplicaSignature(absl::string_view public_key, absl::string_view message, absl::string_view signature) {
-  if (public_key.size() != kReplicationKeyBytes || signature.size() != kReplicaSignatureBytes) return false;
-  EVP_PKEY* pkey = EVP_PKEY_new_raw_public_key(EVP_PKEY_ED25519, nullptr,
-                                               reinterpret_cast<const unsigned char*>(public_key.data()),
-                                               public_key.size());
-  if (pkey == nullptr) return false;
-  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  const bool valid = ctx != nullptr && EVP_DigestVerifyInit(ctx, nullptr, nullptr, nullptr, pkey) == 1 &&
-                     EVP_DigestVerify(ctx, reinterpret_cast<const unsigned char*>(signature.data()), signature.size(),
-                                      reinterpret_cast<const unsigned char*>(message.data()), message.size()) == 1;
-  EVP_MD_CTX_free(ctx);
-  EVP_PKEY_free(pkey);
-  return valid;
+bool ReplicaKey::Verify(absl::string_view primary_public_key, int own_id, uint64_t own_incarnation,
+                        const tessera::v1::ReplicateBatch& batch, absl::string_view credential) const {
+  if (credential.size() != kReplicaCredentialBytes) return false;
+  PairKey pair;
+  if (!Pair(primary_public_key, primary_public_key, public_key_, PrimaryOf(batch), own_id, own_incarnation, pair)) {
+    return false;
+  }
+  const std::string tag = Gmac(pair, Bytes(credential), batch);
+  OPENSSL_cleanse(pair.data(), pair.size());
+  return tag.size() == 16 && CRYPTO_memcmp(tag.data(), credential.data() + 12, 16) == 0;
 }
 
 absl::Status CheckReplicateRequest(const tessera::v1::ReplicateRequest& request, int num_servers, int num_workers) {

@@ -123,11 +123,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   TESSERA_RETURN_IF_ERROR(ValidateServerOptions(options));
   std::unique_ptr<Server> server(new Server(options));
   Server* self = server.get();
-  // Signs this server's hand-overs to its backups; the public half goes to the scheduler and into the view.
-  TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<const ReplicaSigner> signer, ReplicaSigner::Generate());
-  server->replicas_ = std::make_unique<GrpcReplicaSender>(options.security, absl::Seconds(5), signer);
+  // Authenticates hand-overs between this server and its peers; the public half goes to the scheduler and into
+  // the view.
+  TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<const ReplicaKey> key, ReplicaKey::Generate());
+  server->replicas_ = std::make_unique<GrpcReplicaSender>(options.security, absl::Seconds(5), key);
   server->store_ = std::make_unique<ShardStore>(64 << 20, server->replicas_.get(),
-                                                static_cast<int64_t>(options.max_row_memory_mb * (1 << 20)));
+                                                static_cast<int64_t>(options.max_row_memory_mb * (1 << 20)), key);
   server->updates_ = std::make_unique<ThreadPool>(options.update_threads);
   // Only the scheduler learns this key (from the registration below): control calls without it are refused.
   const std::string control_key = NewSecret();
@@ -142,7 +143,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
 
   TESSERA_RETURN_IF_ERROR(server->StartEndpoints());
   TESSERA_ASSIGN_OR_RETURN(tessera::v1::RegisterResponse registered,
-                           server->Register(control_key, signer->public_key()));
+                           server->Register(control_key, key->public_key()));
   server->StartHeartbeats(registered);
   return server;
 }

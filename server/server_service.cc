@@ -208,10 +208,10 @@ grpc::ServerUnaryReactor* ServerService::Replicate(grpc::CallbackServerContext* 
   return ServeUnary<ReplicateBatch, ReplicateBatchResponse>(
       context, request, response, *security_,
       [this, context](std::shared_ptr<const ReplicateBatch> r, UnaryReply<ReplicateBatchResponse> reply) {
-        // Signed by the primary for this server (server/replica_auth.h); no member key travels between servers.
-        const absl::string_view signature = ClientMetadata(*context, kReplicaSignatureHeader);
+        // The primary's credential for this server (server/replica_auth.h); no member key travels between servers.
+        const absl::string_view credential = ClientMetadata(*context, kReplicaCredentialHeader);
         absl::StatusOr<std::vector<absl::StatusOr<int64_t>>> held =
-            store_->TakeReplicas(*r, std::string_view(signature.data(), signature.size()));
+            store_->TakeReplicas(*r, std::string_view(credential.data(), credential.size()));
         if (!held.ok()) {
           reply(held.status());
           return;

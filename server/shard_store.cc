@@ -521,16 +521,16 @@ void ShardStore::PushPull(const ChunkPush& request, const FloatPayload& values,
 }
 
 absl::StatusOr<int64_t> ShardStore::TakeReplica(const tessera::v1::ReplicateRequest& request,
-                                                std::string_view signature) {
+                                                std::string_view credential) {
   tessera::v1::ReplicateBatch batch;
   *batch.add_units() = request;
-  TESSERA_ASSIGN_OR_RETURN(std::vector<absl::StatusOr<int64_t>> held, taker_.Take(batch, signature));
+  TESSERA_ASSIGN_OR_RETURN(std::vector<absl::StatusOr<int64_t>> held, taker_.Take(batch, credential));
   return std::move(held.front());
 }
 
 absl::StatusOr<std::vector<absl::StatusOr<int64_t>>> ShardStore::TakeReplicas(
-    const tessera::v1::ReplicateBatch& batch, std::string_view signature) {
-  return taker_.Take(batch, signature);
+    const tessera::v1::ReplicateBatch& batch, std::string_view credential) {
+  return taker_.Take(batch, credential);
 }
 
 void ShardStore::CancelWaiters(const absl::Status& why) {

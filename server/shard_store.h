@@ -78,9 +78,13 @@ class ShardStore {
   // `max_cached_buffer_bytes` bounds the free reply and scratch buffers kept for reuse. `replicas` (not owned;
   // must outlive the store) carries chunk states to backups; a job with backups needs one. `row_memory_cap` bounds
   // the memory of embedding tables' rows (0: no cap).
+  // `replication_key` is this server's (server/replica_auth.h): a store without one takes no hand-over.
   explicit ShardStore(size_t max_cached_buffer_bytes = 64 << 20, ReplicaSender* replicas = nullptr,
-                      int64_t row_memory_cap = 0)
-      : buffers_(max_cached_buffer_bytes), state_(row_memory_cap), shipper_(state_, replicas) {}
+                      int64_t row_memory_cap = 0, std::shared_ptr<const ReplicaKey> replication_key = nullptr)
+      : buffers_(max_cached_buffer_bytes),
+        state_(row_memory_cap),
+        taker_(state_, std::move(replication_key)),
+        shipper_(state_, replicas) {}
   // Waits for hand-overs to backups still on their way.
   ~ShardStore() = default;
 
@@ -141,9 +145,9 @@ class ShardStore {
   [[nodiscard]] absl::StatusOr<PushOutcome> Push(const ChunkPush& request, const FloatPayload& values);
 
   // Replication, on a backup: takes the state of a chunk this server backs up from the server the view names as
-  // its primary. `signature` must be that server's signature of the request for this server (its id and
-  // incarnation), checked with the replication key this server's view holds for it (server/replica_auth.h);
-  // UNAUTHENTICATED otherwise, a view without that key included. A state older than the one held is ignored.
+  // its primary. `credential` must be that server's credential of the request for this server (its id and
+  // incarnation), checked with this server's replication key and the one its view holds for the primary
+  // (server/replica_auth.h); UNAUTHENTICATED otherwise, a view without that key included. A state older than the one held is ignored.
   // Returns the version held (the primary counts a hand-over as held only when it is the version it sent).
   // The epoch is never taken from the request: ABORTED when the request's view is newer than this server's (it
   // is on its way: retry), changing nothing; FAILED_PRECONDITION when this server's view has no such backup or
@@ -151,12 +155,13 @@ class ShardStore {
   // INVALID_ARGUMENT for a number beyond common/wire_limits.h (CheckReplicateRequest), a state of another size
   // or with non-finite values.
   [[nodiscard]] absl::StatusOr<int64_t> TakeReplica(const tessera::v1::ReplicateRequest& request,
-                                                    std::string_view signature);
-  // The same for a call of many units from one primary, signed once (ReplicateBatch): a number out of bounds in
-  // any unit, two primaries, an epoch newer than this server's view or a signature that does not hold refuse the
+                                                    std::string_view credential);
+  // The same for a call of many units from one primary, with one credential (ReplicateBatch): a number out of
+  // bounds in any unit, two primaries, an epoch newer than this server's view or a credential that does not hold
+  // refuse the
   // whole call and change nothing; otherwise one result per unit, in order, as TakeReplica's.
   [[nodiscard]] absl::StatusOr<std::vector<absl::StatusOr<int64_t>>> TakeReplicas(
-      const tessera::v1::ReplicateBatch& batch, std::string_view signature);
+      const tessera::v1::ReplicateBatch& batch, std::string_view credential);
 
   // Whether `key` is worker `worker`'s member key in this server's view, as every push of that worker is
   // checked (a connection's check, for transports that authenticate once per connection). UNAUTHENTICATED
@@ -334,7 +339,7 @@ class ShardStore {
   mutable absl::Mutex counters_mu_;
   Counters counters_ ABSL_GUARDED_BY(counters_mu_);
 
-  ReplicaTaker taker_{state_};
+  ReplicaTaker taker_;
   // Last member: hand-overs still on their way end before the rest goes.
   ReplicaShipper shipper_;
 };

@@ -24,7 +24,7 @@ namespace tessera {
 // A server of the view, as this one reaches and checks it.
 struct Peer {
   std::string address;
-  std::string replication_key;  // Ed25519 public key: checks the server's Replicate calls
+  std::string replication_key;  // X25519 public key: the key its Replicate calls and this server's share
   uint64_t incarnation = 0;
 };
 

@@ -38,12 +38,12 @@ struct GrpcReplicaSender::Core {
   };
   using Key = std::tuple<std::string, int, uint64_t>;
 
-  Core(std::shared_ptr<const Security> security, absl::Duration timeout, std::shared_ptr<const ReplicaSigner> signer,
+  Core(std::shared_ptr<const Security> security, absl::Duration timeout, std::shared_ptr<const ReplicaKey> key,
        size_t batch_bytes)
       : timeout(timeout),
         batch_bytes(batch_bytes),
         security(security),
-        signer(std::move(signer)),
+        key(std::move(key)),
         stubs(std::move(security), [](std::shared_ptr<grpc::Channel> channel) {
           return tessera::v1::ParameterServer::NewStub(std::move(channel));
         }) {}
@@ -84,10 +84,10 @@ struct GrpcReplicaSender::Core {
     call->units = std::move(units);
     SetTimeout(call->context, core->timeout);
     core->security->Authorize(call->context);
-    // Signed for this backup only: another server cannot take it as its own, and the backup learns no secret.
-    call->context.AddMetadata(
-        kReplicaSignatureHeader,
-        core->signer->Sign(ReplicateProof(ReplicateDigest(call->request), backup.server_id, backup.incarnation)));
+    // For this backup only: another server cannot take it as its own, and the backup learns no secret of ours.
+    call->context.AddMetadata(kReplicaCredentialHeader,
+                              core->key->Credential(backup.replication_key, backup.server_id, backup.incarnation,
+                                                    call->request));
     core->stubs.Get(backup.address)->async()->Replicate(
         &call->context, &call->request, &call->response, [core, backup, call](grpc::Status status) {
           const std::string to = absl::StrCat(" to server ", backup.server_id, " at ", backup.address);
@@ -120,15 +120,15 @@ struct GrpcReplicaSender::Core {
   const absl::Duration timeout;
   const size_t batch_bytes;
   const std::shared_ptr<const Security> security;
-  const std::shared_ptr<const ReplicaSigner> signer;
+  const std::shared_ptr<const ReplicaKey> key;
   StubCache<tessera::v1::ParameterServer::Stub> stubs;
   absl::Mutex mu;
   std::map<Key, Outbox> outboxes ABSL_GUARDED_BY(mu);
 };
 
 GrpcReplicaSender::GrpcReplicaSender(std::shared_ptr<const Security> security, absl::Duration timeout,
-                                     std::shared_ptr<const ReplicaSigner> signer, size_t batch_bytes)
-    : core_(std::make_shared<Core>(std::move(security), timeout, std::move(signer), batch_bytes)) {}
+                                     std::shared_ptr<const ReplicaKey> key, size_t batch_bytes)
+    : core_(std::make_shared<Core>(std::move(security), timeout, std::move(key), batch_bytes)) {}
 
 void GrpcReplicaSender::Send(const ReplicaTarget& backup,
                              std::shared_ptr<const tessera::v1::ReplicateRequest> request,

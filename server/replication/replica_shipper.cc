@@ -98,8 +98,9 @@ std::optional<ReplicaShipper::Handover> ReplicaShipper::PrepareLocked(Unit& unit
   for (int b : replication.backups) {
     auto peer = state_.peers.find(b);
     handover.targets.push_back(peer == state_.peers.end()
-                                   ? ReplicaTarget{"", b, 0}
-                                   : ReplicaTarget{peer->second.address, b, peer->second.incarnation});
+                                   ? ReplicaTarget{"", b, 0, ""}
+                                   : ReplicaTarget{peer->second.address, b, peer->second.incarnation,
+                                                   peer->second.replication_key});
   }
   return handover;
 }

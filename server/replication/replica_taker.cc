@@ -3,7 +3,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/wire_limits.h"
-#include "server/replica_auth.h"
 
 namespace tessera {
 
@@ -14,11 +13,11 @@ std::string UnitName(const tessera::v1::ChunkState& state) {
 }  // namespace
 
 absl::StatusOr<std::vector<absl::StatusOr<int64_t>>> ReplicaTaker::Take(const tessera::v1::ReplicateBatch& batch,
-                                                                        std::string_view signature) {
-  // Hashed before any lock: the signature covers every unit, states included.
-  const std::string digest = ReplicateDigest(batch);
+                                                                        std::string_view credential) {
+  // The units are read for their tag outside the lock; the key it used must still be the view's below.
+  const Checked checked = CheckCredential(batch, credential);
   absl::ReaderMutexLock lock(&state_.mu);
-  TESSERA_RETURN_IF_ERROR(CheckCall(batch, digest, signature));
+  TESSERA_RETURN_IF_ERROR(CheckCall(batch, checked, credential));
   std::vector<absl::StatusOr<int64_t>> held;
   held.reserve(batch.units_size());
   size_t bytes = 0;
@@ -32,8 +31,29 @@ absl::StatusOr<std::vector<absl::StatusOr<int64_t>>> ReplicaTaker::Take(const te
   return held;
 }
 
-absl::Status ReplicaTaker::CheckCall(const tessera::v1::ReplicateBatch& batch, const std::string& digest,
-                                     std::string_view signature) const {
+ReplicaTaker::Checked ReplicaTaker::CheckCredential(const tessera::v1::ReplicateBatch& batch,
+                                                    std::string_view credential) const {
+  Checked checked;
+  int own_id = -1;
+  uint64_t own_incarnation = 0;
+  {
+    absl::ReaderMutexLock lock(&state_.mu);
+    if (batch.units_size() == 0) return checked;
+    auto primary = state_.peers.find(batch.units(0).server_id());
+    if (primary == state_.peers.end()) return checked;
+    checked.primary_key = primary->second.replication_key;
+    own_id = state_.server_id;
+    auto own = state_.peers.find(state_.server_id);
+    own_incarnation = own == state_.peers.end() ? 0 : own->second.incarnation;
+  }
+  checked.authentic = key_ != nullptr && !checked.primary_key.empty() && !credential.empty() &&
+                      key_->Verify(checked.primary_key, own_id, own_incarnation, batch,
+                                   absl::string_view(credential.data(), credential.size()));
+  return checked;
+}
+
+absl::Status ReplicaTaker::CheckCall(const tessera::v1::ReplicateBatch& batch, const Checked& checked,
+                                     std::string_view credential) const {
   // A view still on its way is ABORTED (try again), not UNAVAILABLE: this server answers.
   if (state_.config == nullptr) return absl::AbortedError("this server has no cluster view yet");
   if (batch.units_size() == 0) return absl::InvalidArgumentError("a Replicate call without a chunk");
@@ -63,7 +83,12 @@ absl::Status ReplicaTaker::CheckCall(const tessera::v1::ReplicateBatch& batch, c
                                ? absl::StrCat("state of chunk ", UnitName(batch.units(0).state()), " as server ",
                                               primary)
                                : absl::StrCat("states of ", batch.units_size(), " chunks as server ", primary);
-  return CheckSigned(sender->second, digest, signature, what);
+  if (checked.authentic && checked.primary_key == sender->second.replication_key) return absl::OkStatus();
+  return absl::UnauthenticatedError(absl::StrCat(what, ": ",
+                                                 sender->second.replication_key.empty()
+                                                     ? "the view has no replication key for that server"
+                                                 : credential.empty() ? "the call is not signed"
+                                                                      : "not signed by that server for this one"));
 }
 
 absl::StatusOr<int64_t> ReplicaTaker::TakeUnit(const tessera::v1::ReplicateRequest& request) {
@@ -93,22 +118,6 @@ absl::StatusOr<int64_t> ReplicaTaker::TakeUnit(const tessera::v1::ReplicateReque
   unit->replication.taken_epoch = request.epoch();
   unit->replication.filled = true;
   return state.version();
-}
-
-absl::Status ReplicaTaker::CheckSigned(const Peer& primary, const std::string& digest, std::string_view signature,
-                                       const std::string& what) const {
-  auto own = state_.peers.find(state_.server_id);
-  const uint64_t incarnation = own == state_.peers.end() ? 0 : own->second.incarnation;
-  if (!primary.replication_key.empty() && !digest.empty() &&
-      VerifyReplicaSignature(primary.replication_key, ReplicateProof(digest, state_.server_id, incarnation),
-                             absl::string_view(signature.data(), signature.size()))) {
-    return absl::OkStatus();
-  }
-  return absl::UnauthenticatedError(absl::StrCat(what, ": ",
-                                                 primary.replication_key.empty()
-                                                     ? "the view has no replication key for that server"
-                                                 : signature.empty() ? "the call is not signed"
-                                                                     : "not signed by that server for this one"));
 }
 
 }  // namespace tessera

@@ -411,7 +411,7 @@ tessera::v1::ReplicateBatch Batch(const tessera::v1::ReplicateRequest& unit) {
 }
 
 // A Replicate from a client of our own: a member key (any token holder gets one) proves nothing between servers.
-// Without the named primary's signature for this server nothing is taken; a future epoch and out-of-bound numbers
+// Without the named primary's credential for this server nothing is taken; a future epoch and out-of-bound numbers
 // are refused before anything else.
 TEST_F(HostileInputTest, AReplicateWithoutItsPrimarysSignatureTakesNothing) {
   StartCluster(ConsistencySpec::ASYNC, 1);
@@ -428,7 +428,7 @@ TEST_F(HostileInputTest, AReplicateWithoutItsPrimarysSignatureTakesNothing) {
   EXPECT_THAT(RawUnary(server_, kReplicate, Batch(r), with_key),
               StatusIs(absl::StatusCode::kUnauthenticated, "not signed"));
   Metadata forged = with_key;
-  forged.emplace_back(kReplicaSignatureHeader, std::string(kReplicaSignatureBytes, 's'));
+  forged.emplace_back(kReplicaCredentialHeader, std::string(kReplicaCredentialBytes, 's'));
   EXPECT_THAT(RawUnary(server_, kReplicate, Batch(r), forged),
               StatusIs(absl::StatusCode::kUnauthenticated, "not signed by"));
   tessera::v1::ReplicateRequest future = r;

@@ -21,10 +21,10 @@ enum Operation : uint8_t {
   kAssign, kPush, kPushPull, kPull, kDecideRounds, kSnapshot, kReplicate, kPullRows, kPushRows, kOperations
 };
 
-// The primary's signing key (server 0), made once.
-const ReplicaSigner& PrimaryKey() {
-  static const ReplicaSigner* signer = ReplicaSigner::Generate()->release();
-  return *signer;
+// The replication key of every server of the view (the primary, server 0, and the backup, server 1), made once.
+const std::shared_ptr<const ReplicaKey>& PrimaryKey() {
+  static const auto* key = new std::shared_ptr<const ReplicaKey>(ReplicaKey::Generate()->release());
+  return *key;
 }
 
 // The backup store is the primary of nothing; a hand-over it would make reaches nobody.
@@ -39,7 +39,7 @@ class NoPeers final : public ReplicaSender {
 // FuzzView with server 1 backing up every chunk of server 0, whose replication key is PrimaryKey's.
 tessera::v1::ShardMap ReplicatedView() {
   tessera::v1::ShardMap map = FuzzView(1);
-  for (auto& server : *map.mutable_servers()) server.set_replication_key(PrimaryKey().public_key());
+  for (auto& server : *map.mutable_servers()) server.set_replication_key(PrimaryKey()->public_key());
   for (auto& chunk : *map.mutable_chunks()) chunk.add_backup_server_ids(1);
   return map;
 }
@@ -65,7 +65,7 @@ void Run(const uint8_t* data, size_t size) {
   tessera::v1::JobSpec replicated_job = job;
   replicated_job.mutable_replication()->set_backups(1);
   NoPeers no_peers;
-  ShardStore backup(64 << 20, &no_peers);
+  ShardStore backup(64 << 20, &no_peers, 0, PrimaryKey());
   if (absl::Status assigned = backup.Assign(ReplicatedView(), replicated_job, 1); !assigned.ok()) {
     fprintf(stderr, "the backup's view: %s\n", assigned.ToString().c_str());
     __builtin_trap();
@@ -129,10 +129,10 @@ void Run(const uint8_t* data, size_t size) {
       case kReplicate: {
         tessera::v1::ReplicateRequest r;
         if (!r.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) break;
-        // The high bit: signed by the primary for this backup (server 1, incarnation 1).
-        const std::string signature =
-            with_key ? PrimaryKey().Sign(ReplicateProof(ReplicateDigest(r), 1, 1)) : std::string();
-        (void)backup.TakeReplica(r, signature);
+        // The high bit: with the primary's credential for this backup (server 1, incarnation 1).
+        const std::string credential =
+            with_key ? PrimaryKey()->Credential(PrimaryKey()->public_key(), 1, 1, r) : std::string();
+        (void)backup.TakeReplica(r, credential);
         CheckFinite(backup);
         break;
       }

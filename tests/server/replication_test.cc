@@ -28,13 +28,13 @@ using ::tessera::testing::StatusIs;
 
 constexpr int kServers = 3;
 
-// Hands states to the stores by address ("s0", "s1", ...), each signed for its backup with the sending server's
-// replication key, as GrpcReplicaSender does. While `hold` is set, hand-overs wait in a queue until Release().
+// Hands states to the stores by address ("s0", "s1", ...), each with the sending server's credential for its
+// backup, as GrpcReplicaSender does. While `hold` is set, hand-overs wait in a queue until Release().
 // `answer_offset` is added to the version a backup answers with (a backup that says it holds another version).
 class LoopbackSender : public ReplicaSender {
  public:
-  LoopbackSender(std::map<std::string, ShardStore*>* stores, std::shared_ptr<const ReplicaSigner> signer)
-      : stores_(stores), signer_(std::move(signer)) {}
+  LoopbackSender(std::map<std::string, ShardStore*>* stores, std::shared_ptr<const ReplicaKey> key)
+      : stores_(stores), key_(std::move(key)) {}
 
   void Send(const ReplicaTarget& backup, std::shared_ptr<const tessera::v1::ReplicateRequest> request,
             std::function<void(absl::StatusOr<int64_t>)> done) override {
@@ -101,15 +101,15 @@ class LoopbackSender : public ReplicaSender {
       done(absl::UnavailableError(backup.address + " is gone"));
       return;
     }
-    const std::string signature =
-        signer_->Sign(ReplicateProof(ReplicateDigest(request), backup.server_id, backup.incarnation));
-    absl::StatusOr<int64_t> held = it->second->TakeReplica(request, signature);
+    const std::string credential =
+        key_->Credential(backup.replication_key, backup.server_id, backup.incarnation, request);
+    absl::StatusOr<int64_t> held = it->second->TakeReplica(request, credential);
     if (held.ok()) held = *held + offset;
     done(held);
   }
 
   std::map<std::string, ShardStore*>* const stores_;
-  const std::shared_ptr<const ReplicaSigner> signer_;
+  const std::shared_ptr<const ReplicaKey> key_;
   absl::Mutex mu_;
   bool hold_ ABSL_GUARDED_BY(mu_) = false;
   int64_t answer_offset_ ABSL_GUARDED_BY(mu_) = 0;
@@ -125,11 +125,11 @@ class ReplicationTest : public ::testing::Test {
  protected:
   ReplicationTest() {
     for (int i = 0; i < kServers; ++i) {
-      absl::StatusOr<std::unique_ptr<ReplicaSigner>> signer = ReplicaSigner::Generate();
-      EXPECT_THAT(signer, IsOk());
-      signers_.push_back(std::move(*signer));
-      senders_.push_back(std::make_unique<LoopbackSender>(&addresses_, signers_[i]));
-      stores_.push_back(std::make_unique<ShardStore>(64 << 20, senders_[i].get()));
+      absl::StatusOr<std::unique_ptr<ReplicaKey>> key = ReplicaKey::Generate();
+      EXPECT_THAT(key, IsOk());
+      keys_.push_back(std::move(*key));
+      senders_.push_back(std::make_unique<LoopbackSender>(&addresses_, keys_[i]));
+      stores_.push_back(std::make_unique<ShardStore>(64 << 20, senders_[i].get(), 0, keys_[i]));
       addresses_[Address(i)] = stores_[i].get();
     }
   }
@@ -175,7 +175,7 @@ class ReplicationTest : public ::testing::Test {
       s->set_id(id);
       s->set_address(Address(id));
       s->set_incarnation(1);
-      s->set_replication_key(signers_[id]->public_key());
+      s->set_replication_key(keys_[id]->public_key());
     }
     for (int id : alive) ASSERT_THAT(stores_[id]->Assign(map_, job_, id), IsOk()) << "server " << id;
   }
@@ -237,12 +237,12 @@ class ReplicationTest : public ::testing::Test {
 
   tessera::v1::JobSpec job_;
   tessera::v1::ShardMap map_;
-  // `from`'s signature of `request` for server `to` (incarnation 1), as its sender makes it.
+  // `from`'s credential of `request` for server `to` (incarnation 1), as its sender makes it.
   std::string Signed(int from, const tessera::v1::ReplicateRequest& request, int to) {
-    return signers_[from]->Sign(ReplicateProof(ReplicateDigest(request), to, 1));
+    return keys_[from]->Credential(keys_[to]->public_key(), to, 1, request);
   }
 
-  std::vector<std::shared_ptr<const ReplicaSigner>> signers_;
+  std::vector<std::shared_ptr<const ReplicaKey>> keys_;
   std::map<std::string, ShardStore*> addresses_;
   std::vector<std::unique_ptr<LoopbackSender>> senders_;
   std::vector<std::unique_ptr<ShardStore>> stores_;
@@ -404,10 +404,10 @@ TEST_F(ReplicationTest, ABackupPromotedBeforeItWasFilledRefusesToServeInitialVal
   senders_[0]->set_hold(false);
 }
 
-// A primary's hand-overs to one backup go in one call signed once: the signature covers every unit (a unit alone
+// A primary's hand-overs to one backup go in one call with one credential: it covers every unit (a unit alone
 // does not carry it); what concerns one chunk is that chunk's result; a number out of bounds in any unit, or units
 // of two primaries, refuse the whole call and take nothing.
-TEST_F(ReplicationTest, OneSignedCallCarriesTheHandOversOfManyChunks) {
+TEST_F(ReplicationTest, OneAuthenticatedCallCarriesTheHandOversOfManyChunks) {
   Start(tessera::v1::ConsistencySpec::ASYNC, 1);
   tessera::v1::ReplicateRequest held;
   held.set_epoch(map_.epoch());
@@ -419,7 +419,7 @@ TEST_F(ReplicationTest, OneSignedCallCarriesTheHandOversOfManyChunks) {
   tessera::v1::ReplicateRequest out_of_bounds = not_backed_up;
   out_of_bounds.mutable_state()->set_version(std::numeric_limits<int64_t>::max());
   auto signed_for_one = [this](const tessera::v1::ReplicateBatch& batch) {
-    return signers_[0]->Sign(ReplicateProof(ReplicateDigest(batch), 1, 1));
+    return keys_[0]->Credential(keys_[1]->public_key(), 1, 1, batch);
   };
 
   tessera::v1::ReplicateBatch refused;
@@ -438,10 +438,10 @@ TEST_F(ReplicationTest, OneSignedCallCarriesTheHandOversOfManyChunks) {
   held.mutable_state()->set_version(3);
   *batch.add_units() = held;
   *batch.add_units() = not_backed_up;
-  const std::string signature = signed_for_one(batch);
-  EXPECT_THAT(stores_[1]->TakeReplica(held, signature), StatusIs(absl::StatusCode::kUnauthenticated, ""))
-      << "the call's signature taken for one of its units";
-  absl::StatusOr<std::vector<absl::StatusOr<int64_t>>> results = stores_[1]->TakeReplicas(batch, signature);
+  const std::string credential = signed_for_one(batch);
+  EXPECT_THAT(stores_[1]->TakeReplica(held, credential), StatusIs(absl::StatusCode::kUnauthenticated, ""))
+      << "the call's credential taken for one of its units";
+  absl::StatusOr<std::vector<absl::StatusOr<int64_t>>> results = stores_[1]->TakeReplicas(batch, credential);
   ASSERT_THAT(results, IsOk());
   ASSERT_EQ(results->size(), 2u);
   ASSERT_THAT((*results)[0], IsOk());
@@ -451,11 +451,12 @@ TEST_F(ReplicationTest, OneSignedCallCarriesTheHandOversOfManyChunks) {
               StatusIs(absl::StatusCode::kInvalidArgument, "without a chunk"));
 }
 
-// A backup takes a state only with its primary's signature of that very request for this very backup: no
-// signature, one for another backup, one by another server (the backup itself included) or a request changed
-// after signing are UNAUTHENTICATED, and a view without the primary's key checks nothing in. No member key is
-// needed or sent: what a backup receives lets it act as its primary toward nobody.
-TEST_F(ReplicationTest, ABackupTakesAStateOnlyWithItsPrimarysSignatureForItself) {
+// A backup takes a state only with its primary's credential of that very request for this very backup: none,
+// one for another backup, one by another server (the backup itself included), a request changed after it was
+// made, or a credential with a bit of its nonce or tag changed are UNAUTHENTICATED, and a view without the
+// primary's key checks nothing in. No member key is needed or sent: what a backup receives lets it act as its
+// primary toward nobody. Every credential has a fresh nonce.
+TEST_F(ReplicationTest, ABackupTakesAStateOnlyWithItsPrimarysCredentialForItself) {
   Start(tessera::v1::ConsistencySpec::ASYNC, 1);
   tessera::v1::ReplicateRequest request;
   request.set_epoch(map_.epoch());
@@ -470,9 +471,16 @@ TEST_F(ReplicationTest, ABackupTakesAStateOnlyWithItsPrimarysSignatureForItself)
   EXPECT_THAT(stores_[1]->TakeReplica(request, Signed(0, request, 2)), unauthenticated) << "signed for server 2";
   EXPECT_THAT(stores_[1]->TakeReplica(request, Signed(1, request, 1)), unauthenticated) << "signed by the backup";
   EXPECT_THAT(stores_[1]->TakeReplica(request, Signed(2, request, 1)), unauthenticated) << "signed by server 2";
-  EXPECT_THAT(stores_[1]->TakeReplica(request, signers_[0]->Sign(ReplicateProof(ReplicateDigest(request), 1, 2))),
-              unauthenticated) << "signed for another incarnation of server 1";
+  EXPECT_THAT(stores_[1]->TakeReplica(request, keys_[0]->Credential(keys_[1]->public_key(), 1, 2, request)),
+              unauthenticated) << "made for another incarnation of server 1";
   const std::string genuine = Signed(0, request, 1);
+  ASSERT_EQ(genuine.size(), kReplicaCredentialBytes);
+  EXPECT_NE(genuine.substr(0, 12), Signed(0, request, 1).substr(0, 12)) << "a nonce used twice";
+  for (size_t byte : {size_t{0}, size_t{11}, size_t{12}, kReplicaCredentialBytes - 1}) {
+    std::string flipped = genuine;
+    flipped[byte] = static_cast<char>(flipped[byte] ^ 1);
+    EXPECT_THAT(stores_[1]->TakeReplica(request, flipped), unauthenticated) << "byte " << byte << " changed";
+  }
   tessera::v1::ReplicateRequest changed = request;
   changed.mutable_state()->set_version(4);
   EXPECT_THAT(stores_[1]->TakeReplica(changed, genuine), unauthenticated) << "changed after signing";
