@@ -6,13 +6,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/wire_limits.h"
 
 #include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "google/protobuf/io/zero_copy_stream.h"
 
 namespace tessera {
 
@@ -79,6 +80,34 @@ bool Hkdf(const unsigned char (&secret)[32], const std::string& info, std::array
   return ok;
 }
 
+// Feeds what a CodedOutputStream writes to `add` through one small buffer, so that a unit's serialization is
+// authenticated while it is made, from cache, without a copy of the whole unit.
+class StreamingSink final : public google::protobuf::io::ZeroCopyOutputStream {
+ public:
+  explicit StreamingSink(std::function<void(const char*, size_t)> add) : add_(std::move(add)) {}
+  ~StreamingSink() override { Flush(); }
+  bool Next(void** data, int* size) override {
+    Flush();
+    given_ = sizeof(buffer_);
+    *data = buffer_;
+    *size = static_cast<int>(given_);
+    return true;
+  }
+  void BackUp(int count) override { given_ -= static_cast<size_t>(count); }
+  int64_t ByteCount() const override { return static_cast<int64_t>(total_ + given_); }
+  void Flush() {
+    if (given_ > 0) add_(buffer_, given_);
+    total_ += given_;
+    given_ = 0;
+  }
+
+ private:
+  std::function<void(const char*, size_t)> add_;
+  char buffer_[64 << 10];
+  size_t given_ = 0;   // bytes of buffer_ handed out and not backed up
+  size_t total_ = 0;   // bytes flushed
+};
+
 // AES-256-GMAC of the batch's units (each as its length, 64 bits little-endian, and its deterministic
 // serialization: the map of sequence numbers in key order, so the backup's serialization of what it parsed is the
 // primary's) under `key` with the 12-byte `nonce`. Empty when OpenSSL fails.
@@ -96,19 +125,17 @@ std::string Gmac(const std::array<unsigned char, 32>& key, const unsigned char* 
       size -= static_cast<size_t>(piece);
     }
   };
-  std::string scratch;
-  for (const tessera::v1::ReplicateRequest& unit : batch.units()) {
-    scratch.clear();
-    {
-      google::protobuf::io::StringOutputStream stream(&scratch);
-      google::protobuf::io::CodedOutputStream coded(&stream);
+  {
+    auto sink = std::make_unique<StreamingSink>(add);
+    for (const tessera::v1::ReplicateRequest& unit : batch.units()) {
+      google::protobuf::io::CodedOutputStream coded(sink.get());
       coded.SetSerializationDeterministic(true);
-      unit.SerializeToCodedStream(&coded);
+      uint8_t length[8];
+      const uint64_t size = unit.ByteSizeLong();
+      for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>((size >> (8 * i)) & 0xff);
+      coded.WriteRaw(length, sizeof(length));
+      unit.SerializeWithCachedSizes(&coded);
     }
-    std::string length;
-    AppendLittleEndian(length, scratch.size(), 8);
-    add(length.data(), length.size());
-    add(scratch.data(), scratch.size());
   }
   unsigned char tag[16];
   int written = 0;
