@@ -133,15 +133,25 @@ GrpcReplicaSender::GrpcReplicaSender(std::shared_ptr<const Security> security, a
 void GrpcReplicaSender::Send(const ReplicaTarget& backup,
                              std::shared_ptr<const tessera::v1::ReplicateRequest> request,
                              std::function<void(absl::StatusOr<int64_t>)> done) {
-  std::vector<Core::Queued> now;
   {
     absl::MutexLock lock(&core_->mu);
     Core::Outbox& outbox = core_->outboxes[{backup.address, backup.server_id, backup.incarnation}];
     outbox.queued.push_back({std::move(request), std::move(done)});
     if (outbox.in_flight) return;  // goes with the next call
-    now = core_->TakeNextLocked({backup.address, backup.server_id, backup.incarnation});
+    outbox.in_flight = true;       // held for the start below: what comes meanwhile joins it
   }
-  Core::Call(core_, backup, std::move(now));
+  // Started from the sender's own thread, not the caller's: the hand-overs the caller's siblings make meanwhile
+  // (the other chunks of a round that closed, of a push that came in parts) go in this first call, not the next.
+  starts_.Submit([core = core_, backup] {
+    std::vector<Core::Queued> now;
+    {
+      absl::MutexLock lock(&core->mu);
+      const Core::Key key{backup.address, backup.server_id, backup.incarnation};
+      core->outboxes[key].in_flight = false;
+      now = core->TakeNextLocked(key);
+    }
+    if (!now.empty()) Core::Call(core, backup, std::move(now));
+  });
 }
 
 }  // namespace tessera

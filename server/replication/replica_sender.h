@@ -15,6 +15,7 @@
 #include "common/rpc.h"
 #include "absl/status/statusor.h"
 #include "common/security.h"
+#include "common/thread_pool.h"
 #include "proto/ps.grpc.pb.h"
 #include "server/replica_auth.h"
 
@@ -37,8 +38,8 @@ class ReplicaSender {
                     std::function<void(absl::StatusOr<int64_t>)> done) = 0;
 };
 
-// Thread-safe. At most one call is in flight to each backup: hand-overs that come while it is on its way go
-// together in the next call (one ReplicateBatch, one credential), up to `batch_bytes` of values a call, so that a
+// Thread-safe. At most one call is in flight to each backup: hand-overs that come while it is on its way (or
+// while it is being started, on the sender's own thread) go together in the next call (one ReplicateBatch, one credential), up to `batch_bytes` of values a call, so that a
 // push of many chunks costs a backup a few calls rather than one per chunk.
 class GrpcReplicaSender final : public ReplicaSender {
  public:
@@ -57,6 +58,8 @@ class GrpcReplicaSender final : public ReplicaSender {
   // What the calls in flight share with the sender (they may end after it).
   struct Core;
   const std::shared_ptr<Core> core_;
+  // Starts each backup's first call after an idle spell. Last member: what it holds starts before the rest goes.
+  SerialExecutor starts_;
 };
 
 }  // namespace tessera
