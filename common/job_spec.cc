@@ -206,9 +206,10 @@ absl::Status CheckModelSize(const JobSpec& job, int64_t inputs, int64_t classes)
   return absl::OkStatus();
 }
 
-absl::Status ValidateJobSpec(const JobSpec& job) {
-  TESSERA_RETURN_IF_ERROR(CheckKnownEnums(job));
-  TESSERA_RETURN_IF_ERROR(CheckLength("name", job.name(), kMaxNameBytes));
+namespace {
+
+// model.mlp: layer count and widths.
+absl::Status CheckModel(const JobSpec& job) {
   if (job.model().mlp().hidden_sizes_size() > kMaxDimensions * 8) {
     return FieldError("model.mlp.hidden_sizes", absl::StrCat("at most ", kMaxDimensions * 8, " layers"));
   }
@@ -218,6 +219,11 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
                         absl::StrCat("expected a layer width of 1 .. 1048576, got ", job.model().mlp().hidden_sizes(i)));
     }
   }
+  return absl::OkStatus();
+}
+
+// data: synthetic sizes, or IDX files, not both.
+absl::Status CheckData(const JobSpec& job) {
   const DataSpec& data = job.data();
   if (data.format() == DataSpec::SYNTHETIC) {
     if (!data.train_images().empty() || !data.test_images().empty()) {
@@ -241,6 +247,11 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
   } else if (data.synthetic_train_examples() != 0 || data.synthetic_features() != 0) {
     return FieldError("data.synthetic_train_examples", "synthetic sizes contradict format IDX; remove one of them");
   }
+  return absl::OkStatus();
+}
+
+// optimizer and its schedule; SCRIPT takes none of the servers' settings.
+absl::Status CheckOptimizer(const JobSpec& job) {
   const OptimizerSpec& opt = job.optimizer();
   if (opt.kind() == OptimizerSpec::ROUND_MEAN) {
     return FieldError("optimizer.kind", "ROUND_MEAN is what SCRIPT becomes on a SYNC job's servers; write SCRIPT");
@@ -301,15 +312,26 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
         std::isfinite(opt.epsilon()))) {
     return FieldError("optimizer.beta1/beta2/epsilon", "expected betas in [0, 1) and epsilon > 0");
   }
+  return absl::OkStatus();
+}
+
+// batch_size, and the model's size where the data's widths are known.
+absl::Status CheckBatchAndModelSize(const JobSpec& job) {
   if (job.batch_size() <= 0) return FieldError("batch_size", absl::StrCat("expected > 0, got ", job.batch_size()));
   if (int64_t{job.batch_size()} * std::max(1, job.cluster().num_workers()) > kMaxGlobalBatch) {
     return FieldError("batch_size", absl::StrCat(job.batch_size(), " per worker x ", job.cluster().num_workers(),
                                                  " workers exceed a global batch of ", kMaxGlobalBatch));
   }
   // Synthetic data: the widths are known now; IDX: the worker checks again once it has read its files.
+  const DataSpec& data = job.data();
   const bool synthetic = data.format() == DataSpec::SYNTHETIC;
   TESSERA_RETURN_IF_ERROR(CheckModelSize(job, synthetic ? data.synthetic_features() : 0,
                                          synthetic ? data.synthetic_classes() : 0));
+  return absl::OkStatus();
+}
+
+// transport and wire.
+absl::Status CheckDataPlane(const JobSpec& job) {
   if (job.transport() == tessera::v1::UCX && !job.trusted_network()) {
     return FieldError("transport", "UCX does not encrypt: set trusted_network: true for a private fabric, or keep "
                                    "transport GRPC (TLS) on any other network");
@@ -323,6 +345,11 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
     return FieldError("wire.gradient_top_k",
                       absl::StrCat("expected a fraction in (0, 0.5] (0: dense), got ", wire.gradient_top_k()));
   }
+  return absl::OkStatus();
+}
+
+// consistency: staleness, balance, shares, backup workers (and clipping with them).
+absl::Status CheckConsistency(const JobSpec& job) {
   const ConsistencySpec& c = job.consistency();
   if (c.staleness() < 0) return FieldError("consistency.staleness", absl::StrCat("expected >= 0, got ", c.staleness()));
   if (c.mode() != ConsistencySpec::SSP && c.staleness() != 0) {
@@ -361,7 +388,11 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
                       "not with backup workers: clipping's norm round waits for every worker of a round, which "
                       "backup workers exist not to do");
   }
+  return absl::OkStatus();
+}
 
+// stop, eval_every_steps and eval_every_seconds.
+absl::Status CheckStopAndEvaluation(const JobSpec& job) {
   const auto& stop = job.stop();
   if (stop.max_steps() < 0) return FieldError("stop.max_steps", "expected >= 0");
   if (stop.epochs() < 0) return FieldError("stop.epochs", "expected >= 0");
@@ -374,6 +405,11 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
   }
   if (job.eval_every_steps() <= 0) return FieldError("eval_every_steps", "expected > 0");
   if (job.eval_every_seconds() < 0) return FieldError("eval_every_seconds", "expected >= 0");
+  return absl::OkStatus();
+}
+
+// checkpoint.
+absl::Status CheckCheckpoint(const JobSpec& job) {
   const tessera::v1::CheckpointSpec& checkpoint = job.checkpoint();
   if (checkpoint.every_steps() < 0) return FieldError("checkpoint.every_steps", "expected >= 0");
   if (checkpoint.every_seconds() < 0) return FieldError("checkpoint.every_seconds", "expected >= 0");
@@ -384,6 +420,11 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
   if ((checkpoint.every_steps() > 0 || checkpoint.every_seconds() > 0) && checkpoint.dir().empty()) {
     return FieldError("checkpoint.dir", "required with checkpoint.every_steps or every_seconds");
   }
+  return absl::OkStatus();
+}
+
+// chunk_bytes, cluster and replication.
+absl::Status CheckClusterAndChunks(const JobSpec& job) {
   if (job.chunk_bytes() < 4 || job.chunk_bytes() > (64 << 20)) {
     return FieldError("chunk_bytes", absl::StrCat("expected 4 .. 67108864 bytes, got ", job.chunk_bytes()));
   }
@@ -402,6 +443,19 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
     return FieldError("replication.backups",
                       absl::StrCat("expected 0 .. num_servers-1 (", job.cluster().num_servers() - 1,
                                    "): each copy of a chunk needs a server of its own; got ", backups));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateJobSpec(const JobSpec& job) {
+  TESSERA_RETURN_IF_ERROR(CheckKnownEnums(job));
+  TESSERA_RETURN_IF_ERROR(CheckLength("name", job.name(), kMaxNameBytes));
+  for (absl::Status (*check)(const JobSpec&) :
+       {CheckModel, CheckData, CheckOptimizer, CheckBatchAndModelSize, CheckDataPlane, CheckConsistency,
+        CheckStopAndEvaluation, CheckCheckpoint, CheckClusterAndChunks}) {
+    TESSERA_RETURN_IF_ERROR(check(job));
   }
   return absl::OkStatus();
 }

@@ -124,18 +124,12 @@ std::vector<ChunkPlacement> FillBackups(int backups, ShardMap& map) {
   return given;
 }
 
-absl::Status ValidateShardMap(const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job) {
-  TESSERA_RETURN_IF_ERROR(ValidateJobSpec(job));
-  if (map.epoch() > kMaxEpoch) {
-    return absl::InvalidArgumentError(absl::StrCat("shard map epoch ", map.epoch(), " is beyond ", kMaxEpoch));
-  }
-  if (map.params_size() > kMaxParameters || map.chunks_size() > kMaxChunks) {
-    return absl::InvalidArgumentError(absl::StrCat("shard map with ", map.params_size(), " parameters and ",
-                                                   map.chunks_size(), " chunks; at most ", kMaxParameters, " and ",
-                                                   kMaxChunks));
-  }
-  std::map<std::string_view, int64_t> elements;
-  std::map<std::string_view, int> slots;  // embedding tables
+namespace {
+
+// Each parameter's name, kind and shape; its element count into `elements` and, for an embedding table, its slot
+// count into `slots`.
+absl::Status CheckParameters(const tessera::v1::ShardMap& map, std::map<std::string_view, int64_t>& elements,
+                             std::map<std::string_view, int>& slots) {
   for (const auto& p : map.params()) {
     TESSERA_RETURN_IF_ERROR(CheckLength("parameter name", p.name(), kMaxNameBytes));
     TESSERA_RETURN_IF_ERROR(CheckKnownEnums(p));
@@ -148,9 +142,16 @@ absl::Status ValidateShardMap(const tessera::v1::ShardMap& map, const tessera::v
       slots[p.name()] = EmbeddingSlots(p);
     }
   }
+  return absl::OkStatus();
+}
+
+// Each chunk (or embedding slot) within its parameter and the job's chunk size, its copies on distinct servers of
+// the job.
+absl::Status CheckChunks(const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job,
+                         const std::map<std::string_view, int64_t>& elements,
+                         const std::map<std::string_view, int>& slots) {
   const int64_t max_length = std::max<int64_t>(1, job.chunk_bytes() / 4);
   const int num_servers = job.cluster().num_servers();
-  const int num_workers = job.cluster().num_workers();
   for (const auto& c : map.chunks()) {
     auto it = elements.find(c.param());
     if (it == elements.end()) {
@@ -182,6 +183,14 @@ absl::Status ValidateShardMap(const tessera::v1::ShardMap& map, const tessera::v
                                                      " has a copy on a server outside the job's ", num_servers));
     }
   }
+  return absl::OkStatus();
+}
+
+// The servers and workers listed: ids within the job and listed once, keys, incarnations and addresses within
+// bounds.
+absl::Status CheckMembers(const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job) {
+  const int num_servers = job.cluster().num_servers();
+  const int num_workers = job.cluster().num_workers();
   std::set<int> servers, workers;
   for (const auto& s : map.servers()) {
     if (s.id() < 0 || s.id() >= num_servers || !servers.insert(s.id()).second) {
@@ -213,6 +222,26 @@ absl::Status ValidateShardMap(const tessera::v1::ShardMap& map, const tessera::v
                                                      kMaxIncarnation, " and 0 .. ", kMaxClock));
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateShardMap(const tessera::v1::ShardMap& map, const tessera::v1::JobSpec& job) {
+  TESSERA_RETURN_IF_ERROR(ValidateJobSpec(job));
+  if (map.epoch() > kMaxEpoch) {
+    return absl::InvalidArgumentError(absl::StrCat("shard map epoch ", map.epoch(), " is beyond ", kMaxEpoch));
+  }
+  if (map.params_size() > kMaxParameters || map.chunks_size() > kMaxChunks) {
+    return absl::InvalidArgumentError(absl::StrCat("shard map with ", map.params_size(), " parameters and ",
+                                                   map.chunks_size(), " chunks; at most ", kMaxParameters, " and ",
+                                                   kMaxChunks));
+  }
+  std::map<std::string_view, int64_t> elements;
+  std::map<std::string_view, int> slots;  // embedding tables
+  TESSERA_RETURN_IF_ERROR(CheckParameters(map, elements, slots));
+  TESSERA_RETURN_IF_ERROR(CheckChunks(map, job, elements, slots));
+  TESSERA_RETURN_IF_ERROR(CheckMembers(map, job));
   TESSERA_RETURN_IF_ERROR(CheckLength("run id", map.run_id(), kMaxNameBytes));
   // Each rollback advances the epoch, so there are never more of them than epochs.
   if (map.rollback_generation() > kMaxEpoch || map.rollback_clock() < 0 || map.rollback_clock() > kMaxClock) {

@@ -1,4 +1,4 @@
-#include "scheduler/server_pool.h"
+#include "scheduler/grpc_server_control.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"

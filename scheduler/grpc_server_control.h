@@ -1,6 +1,6 @@
 // ServerControl over gRPC: one stub per server address, created on first use.
-#ifndef TESSERA_SCHEDULER_SERVER_POOL_H_
-#define TESSERA_SCHEDULER_SERVER_POOL_H_
+#ifndef TESSERA_SCHEDULER_GRPC_SERVER_CONTROL_H_
+#define TESSERA_SCHEDULER_GRPC_SERVER_CONTROL_H_
 
 #include <map>
 #include <memory>
@@ -52,4 +52,4 @@ class GrpcServerControl final : public ServerControl {
 
 }  // namespace tessera
 
-#endif  // TESSERA_SCHEDULER_SERVER_POOL_H_
+#endif  // TESSERA_SCHEDULER_GRPC_SERVER_CONTROL_H_

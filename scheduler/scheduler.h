@@ -20,7 +20,7 @@
 #include "scheduler/job_coordinator.h"
 #include "scheduler/scheduler_options.h"
 #include "scheduler/scheduler_service.h"
-#include "scheduler/server_pool.h"
+#include "scheduler/grpc_server_control.h"
 
 namespace tessera {
 

@@ -1,5 +1,5 @@
 // How the scheduler's core reaches the servers, without naming a transport: assign shards, collect statistics,
-// end the job. GrpcServerControl (server_pool.h) is the gRPC implementation.
+// end the job. GrpcServerControl (grpc_server_control.h) is the gRPC implementation.
 #ifndef TESSERA_SCHEDULER_SERVER_CONTROL_H_
 #define TESSERA_SCHEDULER_SERVER_CONTROL_H_
 

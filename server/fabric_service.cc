@@ -8,7 +8,7 @@
 #include "common/rpc.h"
 #include "common/wire_limits.h"
 #include "glog/logging.h"
-#include "server/server_service.h"
+#include "server/request_conversions.h"
 
 namespace tessera {
 

@@ -14,28 +14,10 @@
 #include "common/security.h"
 #include "common/thread_pool.h"
 #include "proto/ps.grpc.pb.h"
+#include "server/request_conversions.h"
 #include "server/shard_store.h"
 
 namespace tessera {
-
-// The bytes push `r`'s values take once decoded into float32, from the `wire_bytes` they took on the wire; for
-// top-k entries, whose chunk's length is not known here, SIZE_MAX.
-size_t DecodedBytes(const tessera::v1::PushRequest& r, size_t wire_bytes);
-
-// Runs `apply` (push `r`'s update, whose values took `wire_bytes`) on `updates` when the push carries at least
-// `inline_update_bytes` of float32 values once decoded (top-k pushes always), else on the calling thread (small
-// updates take microseconds). On the pool, pushes of earlier layers (a lower r.priority()) go first: the next forward pass
-// needs them first. Both the gRPC and the UCX adapter apply pushes this way.
-void RunUpdate(ThreadPool* updates, size_t inline_update_bytes, const tessera::v1::PushRequest& r, size_t wire_bytes,
-               std::function<void()> apply);
-
-// The store's view of a push request (its key points into `r`), made with the caller's member key.
-// INVALID_ARGUMENT for a kind that is neither GRADIENT nor ASSIGN.
-[[nodiscard]] absl::StatusOr<ChunkPush> ToChunkPush(const tessera::v1::PushRequest& r, absl::string_view member_key);
-// The store's view of a pull request (its key points into `r`).
-ChunkPull ToChunkPull(const tessera::v1::PullRequest& r);
-// How a push request's values are encoded.
-WireEncoding EncodingOf(const tessera::v1::PushRequest& r);
 
 // Every method takes its request as bytes: the store parses pushes without copying their values, and every
 // method answers a missing token or an unparsable request the same way (common/rpc_handler.h).

@@ -24,7 +24,7 @@
 #include "worker/models/mlp.h"
 #include "worker/parameter_source.h"
 #include "worker/straggler.h"
-#include "worker/trainer.h"
+#include "worker/training_run.h"
 
 namespace tessera {
 

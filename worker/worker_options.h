@@ -6,7 +6,7 @@
 
 #include "absl/status/status.h"
 #include "common/security.h"
-#include "worker/trainer.h"
+#include "worker/training_run.h"
 
 namespace tessera {
 

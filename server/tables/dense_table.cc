@@ -5,7 +5,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/param_init.h"
-#include "server/job_config.h"
 
 namespace tessera {
 
@@ -26,7 +25,7 @@ std::vector<std::string> DenseTable::PrimaryParams() const {
   return names;
 }
 
-absl::StatusOr<Unit*> DenseTable::Create(const JobConfig& config, const tessera::v1::ShardMap& map,
+absl::StatusOr<Unit*> DenseTable::Create(const UnitSettings& settings, const tessera::v1::ShardMap& map,
                                          const UnitPlacement& placement, Role role, bool from_checkpoint) {
   const tessera::v1::ChunkPlacement& where = map.chunks(placement.source);
   auto spec = std::find_if(map.params().begin(), map.params().end(),
@@ -35,13 +34,13 @@ absl::StatusOr<Unit*> DenseTable::Create(const JobConfig& config, const tessera:
     return absl::InvalidArgumentError(absl::StrCat("shard map places chunk ", where.param(), "/", where.index(),
                                                    " but declares no such parameter"));
   }
-  const int workers = config.job.cluster().num_workers();
-  auto chunk = std::make_unique<Chunk>(where.param(), where.index(), where.length(), config.rule.state_slots());
+  const int workers = settings.job_spec().cluster().num_workers();
+  auto chunk = std::make_unique<Chunk>(where.param(), where.index(), where.length(), settings.state_slots());
   chunk->module_state = spec->state();
   {
     absl::MutexLock chunk_lock(&chunk->mu);
     chunk->applied_clocks.assign(workers, 0);
-    config.policy->PrepareChunkLocked(*chunk, workers);
+    settings.PrepareChunkLocked(*chunk, workers);
     chunk->replication.filled = from_checkpoint;  // a backup's copy from a checkpoint is the primary's
     // A new job's backups start as their primaries do (and are filled by them at once); a later backup is filled
     // by its primary.

@@ -20,7 +20,7 @@ class DenseTable final : public Table {
   absl::StatusOr<std::vector<UnitPlacement>> Placements(const tessera::v1::ShardMap& map) const override;
   Unit* Find(const UnitKey& key, Role role) const override { return held_.Find(key, role); }
   std::vector<Unit*> Units(Role role) const override;
-  absl::StatusOr<Unit*> Create(const JobConfig& config, const tessera::v1::ShardMap& map,
+  absl::StatusOr<Unit*> Create(const UnitSettings& settings, const tessera::v1::ShardMap& map,
                                const UnitPlacement& placement, Role role, bool from_checkpoint) override;
   Unit* ChangeRole(const UnitKey& key, Role role) override { return held_.ChangeRole(key, role); }
   void Retire(const UnitKey& key, Role role) override { held_.Retire(key, role); }

@@ -11,7 +11,6 @@
 #include "common/param_init.h"
 #include "common/shard_map.h"
 #include "common/status_macros.h"
-#include "server/job_config.h"
 
 namespace tessera {
 
@@ -527,7 +526,7 @@ const RowTableSpec* SparseTable::Spec(const std::string& name) const {
   return it == specs_.end() ? nullptr : it->second.get();
 }
 
-absl::StatusOr<Unit*> SparseTable::Create(const JobConfig& config, const tessera::v1::ShardMap& map,
+absl::StatusOr<Unit*> SparseTable::Create(const UnitSettings& settings, const tessera::v1::ShardMap& map,
                                           const UnitPlacement& placement, Role role, bool from_checkpoint) {
   std::shared_ptr<const RowTableSpec>& spec = specs_[placement.key.first];
   if (spec == nullptr) {
@@ -539,7 +538,7 @@ absl::StatusOr<Unit*> SparseTable::Create(const JobConfig& config, const tessera
                                                      placement.key.second, " but declares no such table"));
     }
     absl::StatusOr<std::shared_ptr<const RowTableSpec>> made =
-        RowTableFromDeclaration(*declared, config.job.checkpoint().full_every() > 1);
+        RowTableFromDeclaration(*declared, settings.job_spec().checkpoint().full_every() > 1);
     if (!made.ok()) {
       specs_.erase(placement.key.first);
       return made.status();

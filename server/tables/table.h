@@ -29,7 +29,19 @@
 
 namespace tessera {
 
-struct JobConfig;  // server/job_config.h
+struct Chunk;  // server/tables/chunk.h
+
+// What the job fixes for the units a table creates. The server's JobConfig (server/job_config.h) is one: through it
+// the tables reach the job's consistency mode without depending on server/consistency/, which depends on them.
+class UnitSettings {
+ public:
+  virtual ~UnitSettings() = default;
+  virtual const tessera::v1::JobSpec& job_spec() const = 0;
+  // Optimizer state a dense parameter keeps per value (UpdateRule::state_slots).
+  virtual int state_slots() const = 0;
+  // Readies a new chunk for the job's consistency mode (a SYNC round's buffers); the chunk's lock is held.
+  virtual void PrepareChunkLocked(Chunk& chunk, int workers) const = 0;
+};
 
 // A unit's name: its table (a dense parameter's name) and its index in the table.
 using UnitKey = std::pair<std::string, int>;
@@ -122,7 +134,7 @@ class Table {
   virtual std::vector<Unit*> Units(Role role) const = 0;
   // Creates the unit the view places here in `role`, with its initial values unless `from_checkpoint` (the
   // caller restores it). INVALID_ARGUMENT when the view does not describe it.
-  virtual absl::StatusOr<Unit*> Create(const JobConfig& config, const tessera::v1::ShardMap& map,
+  virtual absl::StatusOr<Unit*> Create(const UnitSettings& settings, const tessera::v1::ShardMap& map,
                                        const UnitPlacement& placement, Role role, bool from_checkpoint) = 0;
   // Moves the unit held in the other role to `role` (a backup made primary, a primary made backup).
   virtual Unit* ChangeRole(const UnitKey& key, Role role) = 0;

@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "server/replica_auth.h"
-#include "server/server_service.h"
+#include "server/request_conversions.h"
 #include "server/shard_store.h"
 #include "tests/fuzz/fuzz_input.h"
 #include "tests/fuzz/fuzz_jobs.h"

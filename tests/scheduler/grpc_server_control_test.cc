@@ -1,7 +1,7 @@
 // GrpcServerControl against a server that froze (its AssignShards never answers): once the job has stopped, an
 // Assign waiting on it is cancelled at once instead of holding the job's end for its deadline, and no later
 // Assign is sent.
-#include "scheduler/server_pool.h"
+#include "scheduler/grpc_server_control.h"
 
 #include <optional>
 #include <thread>
