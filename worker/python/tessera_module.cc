@@ -326,26 +326,8 @@ py::tuple LoadJobSplit(PyClient& c, bool train) {
   return DatasetTuple(Take(std::move(data)));
 }
 
-}  // namespace
-}  // namespace tessera
-
-PYBIND11_MODULE(_tessera, m) {
-  using tessera::PsClient;
-  using tessera::PyClient;
-  using tessera::PyStep;
-  m.doc() = "Tessera's client library: join a job, declare parameters, exchange gradients and values.";
-  // As in the daemons and tessera-worker (common/daemon_init.h): large message buffers stay mapped between calls
-  // (otherwise every large push and pull page-faults its memory in again), and Abseil's deadlock detection, a
-  // graph search on every lock, is off.
-  tessera::KeepTransientBuffersMapped();
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  // The library's logs go to stderr, as the daemons' do.
-  if (!google::IsGoogleLoggingInitialized()) {
-    FLAGS_logtostderr = true;
-    google::InitGoogleLogging("tessera-python");
-  }
-  py::register_exception<tessera::StatusError>(m, "Error", PyExc_RuntimeError);
-
+// Module functions: where a worker joins, and reading IDX files.
+void BindFunctions(py::module_& m) {
   m.def(
       "resolve_join",
       [](const std::string& scheduler, int scheduler_port, int rank, int rank_offset) {
@@ -375,7 +357,10 @@ PYBIND11_MODULE(_tessera, m) {
       py::arg("images"), py::arg("labels"),
       "An images file and a labels file in IDX format (gzip'd or not), as tessera-worker reads them: (x float32 "
       "[n, features] in [0, 1], y int64 [n], classes).");
+}
 
+// BatchSchedule: the examples of each worker at each step.
+void BindBatchSchedule(py::module_& m) {
   py::class_<tessera::BatchSchedule>(
       m, "BatchSchedule",
       "Which examples each worker trains on at each step, as the C++ worker decides it: global batches of "
@@ -407,7 +392,10 @@ PYBIND11_MODULE(_tessera, m) {
           py::arg("step"), py::arg("offset"), py::arg("count"),
           "Indices [offset, offset + count) of the global batch of `step`.")
       .def("epochs", &tessera::BatchSchedule::Epochs, py::arg("steps"));
+}
 
+// Step and StepPlan: one step's exchange, and a model's exchange converted once.
+void BindSteps(py::module_& m) {
   py::class_<PyStep>(m, "Step", "One step's exchange (see Client.begin_step).")
       .def("send", &PyStep::Send, py::arg("index"), "grads[index] is final: its chunks leave now.")
       .def("finish", &PyStep::Finish, "Sends what was not sent and returns the clock (a dict).")
@@ -426,8 +414,11 @@ PYBIND11_MODULE(_tessera, m) {
   py::class_<tessera::PyStepPlan>(m, "StepPlan", "A model's step exchange, converted once (Client.step_plan).")
       .def("begin", &tessera::PyStepPlan::Begin, py::arg("set"), py::arg("batch_size"), py::keep_alive<0, 1>(),
            "Starts a step whose gradients are read from gradient set `set`.");
+}
 
-  py::class_<PyClient>(m, "Client", "A worker's connection to a job (PsClient).")
+// Client: Registration and what the job says: the rank, the clock, the parameters, the stop clock.
+void BindClientJob(py::class_<PyClient>& client) {
+  client
       .def_static("connect", &tessera::Connect, py::arg("scheduler"), py::arg("rank") = -1,
                   py::arg("device") = "cpu", py::arg("token_file") = "", py::arg("tls_cert") = "",
                   py::arg("tls_key") = "", py::arg("tls_ca") = "", py::arg("insecure") = false,
@@ -463,7 +454,12 @@ PYBIND11_MODULE(_tessera, m) {
           "stop_clock",
           [](PyClient& c, int64_t steps_per_epoch) { return tessera::StopClock(c.get().job(), steps_per_epoch); },
           py::arg("steps_per_epoch"),
-          "The clock at which the job's stop conditions (max_steps, max_epochs) end training.")
+          "The clock at which the job's stop conditions (max_steps, max_epochs) end training.");
+}
+
+// Client: Declaring parameters, module state and embedding tables.
+void BindClientDeclarations(py::class_<PyClient>& client) {
+  client
       .def(
           "declare",
           [](PyClient& c, const std::vector<std::tuple<std::string, std::vector<int64_t>, float, uint64_t>>& params,
@@ -509,7 +505,12 @@ PYBIND11_MODULE(_tessera, m) {
           },
           py::arg("tables"),
           "Declares embedding tables [{name, dim, optimizer, learning_rate, init_scale, seed, slots, admit_after, "
-          "expire_after_steps, ...}]; waits for the servers.")
+          "expire_after_steps, ...}]; waits for the servers.");
+}
+
+// Client: Embedding tables' rows.
+void BindClientRows(py::class_<PyClient>& client) {
+  client
       .def(
           "pull_rows",
           [](PyClient& c, const std::string& table, const py::buffer& ids, const py::buffer& out) {
@@ -538,7 +539,12 @@ PYBIND11_MODULE(_tessera, m) {
           py::arg("table"), py::arg("ids"), py::arg("grads"), py::arg("batch_size"), py::arg("lr_factor") = 1.0f,
           py::arg("skip") = false,
           "Sends the gradients of the rows of ids (repeated ids summed; none: in SYNC the worker still takes part "
-          "in the round); skip: the worker skips this step. Returns (rows updated, rows refused).")
+          "in the round); skip: the worker skips this step. Returns (rows updated, rows refused).");
+}
+
+// Client: Dense values and gradients: pulls, pushes, assignments, steps and the clock.
+void BindClientExchange(py::class_<PyClient>& client) {
+  client
       .def(
           "pull",
           [](PyClient& c, const std::vector<std::string>& names, const std::vector<py::buffer>& out,
@@ -622,7 +628,12 @@ PYBIND11_MODULE(_tessera, m) {
           "The oldest clock the chunks of `name` held values of as last pulled (in SYNC: the rounds applied; -1: not "
           "pulled).")
       .def("take_rollback",
-           [](PyClient& c) -> std::optional<int64_t> { return c.get().TakeRollback(); })
+           [](PyClient& c) -> std::optional<int64_t> { return c.get().TakeRollback(); });
+}
+
+// Client: Progress, and the end of this worker's part in the job.
+void BindClientEnd(py::class_<PyClient>& client) {
+  client
       .def(
           "report",
           [](PyClient& c, double train_loss, double samples_per_sec, int64_t samples, double epoch,
@@ -670,4 +681,32 @@ PYBIND11_MODULE(_tessera, m) {
           py::arg("why"), py::arg("program_error") = false,
           "This worker leaves the job on `why`; program_error: the script itself raised it (an uncaught "
           "exception), which fails the job unless its cluster.worker_errors is AWAIT_RESTART.");
+}
+
+}  // namespace
+}  // namespace tessera
+
+PYBIND11_MODULE(_tessera, m) {
+  m.doc() = "Tessera's client library: join a job, declare parameters, exchange gradients and values.";
+  // As in the daemons and tessera-worker (common/daemon_init.h): large message buffers stay mapped between calls
+  // (otherwise every large push and pull page-faults its memory in again), and Abseil's deadlock detection, a
+  // graph search on every lock, is off.
+  tessera::KeepTransientBuffersMapped();
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  // The library's logs go to stderr, as the daemons' do.
+  if (!google::IsGoogleLoggingInitialized()) {
+    FLAGS_logtostderr = true;
+    google::InitGoogleLogging("tessera-python");
+  }
+  py::register_exception<tessera::StatusError>(m, "Error", PyExc_RuntimeError);
+
+  tessera::BindFunctions(m);
+  tessera::BindBatchSchedule(m);
+  tessera::BindSteps(m);
+  py::class_<tessera::PyClient> client(m, "Client", "A worker's connection to a job (PsClient).");
+  tessera::BindClientJob(client);
+  tessera::BindClientDeclarations(client);
+  tessera::BindClientRows(client);
+  tessera::BindClientExchange(client);
+  tessera::BindClientEnd(client);
 }
