@@ -252,17 +252,20 @@ absl::Status ValidateShardMap(const tessera::v1::ShardMap& map, const tessera::v
   return absl::OkStatus();
 }
 
-absl::Status PlaceParameters(const std::vector<ParameterSpec>& params, int64_t chunk_bytes, ShardMap& map,
-                             int backups) {
-  if (map.servers_size() == 0) return absl::FailedPreconditionError("cannot place parameters: no servers");
-  if (chunk_bytes < 4) return absl::InvalidArgumentError(absl::StrCat("chunk_bytes must be >= 4, got ", chunk_bytes));
-  if (params.size() + map.params_size() > static_cast<size_t>(kMaxParameters)) {
-    return absl::InvalidArgumentError(absl::StrCat("a job may declare at most ", kMaxParameters, " parameters; ",
-                                                   params.size(), " more asked for"));
-  }
+namespace {
+
+// The parameters of `params` not declared in `map` yet, each checked (name, kind, shape, an embedding table's
+// row within a chunk; one declared again must be declared as before), and the chunks they will take.
+struct Fresh {
+  std::vector<const ParameterSpec*> params;
+  int64_t chunks = 0;
+};
+absl::StatusOr<Fresh> FreshParameters(const std::vector<ParameterSpec>& params, int64_t chunk_bytes,
+                                      const ShardMap& map) {
   const int64_t max_elems = std::max<int64_t>(1, chunk_bytes / 4);
-  std::vector<const ParameterSpec*> fresh;
-  int64_t new_chunks = 0;
+  Fresh out;
+  std::vector<const ParameterSpec*>& fresh = out.params;
+  int64_t& new_chunks = out.chunks;
   for (const ParameterSpec& p : params) {
     if (p.name().empty()) return absl::InvalidArgumentError("parameter with an empty name");
     TESSERA_RETURN_IF_ERROR(CheckLength("parameter name", p.name(), kMaxNameBytes));
@@ -293,7 +296,54 @@ absl::Status PlaceParameters(const std::vector<ParameterSpec>& params, int64_t c
     fresh.push_back(&p);
     new_chunks += p.has_embedding() ? EmbeddingSlots(p) : (n + max_elems - 1) / max_elems;
   }
-  if (fresh.empty()) return absl::OkStatus();
+  return out;
+}
+
+// `p`'s chunks of at most `max_elems` values (their servers not chosen yet) into `chunks`, or, for an embedding
+// table, its slots round the `servers` into `slots`.
+void CutIntoChunks(const ParameterSpec& p, int64_t max_elems, const std::vector<int>& servers,
+                   std::vector<ChunkPlacement>& chunks, std::vector<ChunkPlacement>& slots) {
+  if (p.has_embedding()) {
+    for (int s = 0; s < EmbeddingSlots(p); ++s) {
+      ChunkPlacement c;
+      c.set_param(p.name());
+      c.set_index(s);
+      c.set_offset(0);
+      c.set_length(p.shape(0));
+      c.set_server_id(servers[s % servers.size()]);
+      slots.push_back(std::move(c));
+    }
+    return;
+  }
+  const int64_t n = NumElements(p.shape());
+  const int64_t count = (n + max_elems - 1) / max_elems;
+  int64_t offset = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t length = n / count + (i < n % count ? 1 : 0);
+    ChunkPlacement c;
+    c.set_param(p.name());
+    c.set_index(static_cast<int>(i));
+    c.set_offset(offset);
+    c.set_length(length);
+    chunks.push_back(c);
+    offset += length;
+  }
+}
+
+}  // namespace
+
+absl::Status PlaceParameters(const std::vector<ParameterSpec>& params, int64_t chunk_bytes, ShardMap& map,
+                             int backups) {
+  if (map.servers_size() == 0) return absl::FailedPreconditionError("cannot place parameters: no servers");
+  if (chunk_bytes < 4) return absl::InvalidArgumentError(absl::StrCat("chunk_bytes must be >= 4, got ", chunk_bytes));
+  if (params.size() + map.params_size() > static_cast<size_t>(kMaxParameters)) {
+    return absl::InvalidArgumentError(absl::StrCat("a job may declare at most ", kMaxParameters, " parameters; ",
+                                                   params.size(), " more asked for"));
+  }
+  TESSERA_ASSIGN_OR_RETURN(const Fresh fresh, FreshParameters(params, chunk_bytes, map));
+  const int64_t max_elems = std::max<int64_t>(1, chunk_bytes / 4);
+  const int64_t new_chunks = fresh.chunks;
+  if (fresh.params.empty()) return absl::OkStatus();
   // Counted before any placement is made: a declaration too large for the job allocates nothing.
   if (new_chunks + map.chunks_size() > kMaxChunks) {
     return absl::InvalidArgumentError(absl::StrCat("the declared parameters make ", new_chunks + map.chunks_size(),
@@ -306,33 +356,9 @@ absl::Status PlaceParameters(const std::vector<ParameterSpec>& params, int64_t c
   std::vector<int> servers;
   for (const auto& server : map.servers()) servers.push_back(server.id());
   std::sort(servers.begin(), servers.end());
-  for (const ParameterSpec* p : fresh) {
+  for (const ParameterSpec* p : fresh.params) {
     *map.add_params() = *p;
-    if (p->has_embedding()) {
-      for (int s = 0; s < EmbeddingSlots(*p); ++s) {
-        ChunkPlacement c;
-        c.set_param(p->name());
-        c.set_index(s);
-        c.set_offset(0);
-        c.set_length(p->shape(0));
-        c.set_server_id(servers[s % servers.size()]);
-        slots.push_back(std::move(c));
-      }
-      continue;
-    }
-    const int64_t n = NumElements(p->shape());
-    const int64_t count = (n + max_elems - 1) / max_elems;
-    int64_t offset = 0;
-    for (int64_t i = 0; i < count; ++i) {
-      const int64_t length = n / count + (i < n % count ? 1 : 0);
-      ChunkPlacement c;
-      c.set_param(p->name());
-      c.set_index(static_cast<int>(i));
-      c.set_offset(offset);
-      c.set_length(length);
-      chunks.push_back(c);
-      offset += length;
-    }
+    CutIntoChunks(*p, max_elems, servers, chunks, slots);
   }
   std::vector<ChunkPlacement*> unplaced;
   for (ChunkPlacement& c : chunks) unplaced.push_back(&c);
