@@ -55,7 +55,7 @@
 #include "server/checkpoint_cut.h"
 #include "server/chunk_requests.h"
 #include "server/consistency/policy.h"
-#include "server/exchange_waiter.h"
+#include "server/tables/exchange_waiter.h"
 #include "server/job_config.h"
 #include "server/replication/replica_sender.h"
 #include "server/replication/replica_shipper.h"

@@ -19,7 +19,7 @@
 #include "common/update_rule.h"
 #include "proto/checkpoint.pb.h"
 #include "proto/ps.pb.h"
-#include "server/sync_round.h"
+#include "server/tables/sync_round.h"
 #include "server/tables/table.h"
 
 namespace tessera {

@@ -25,7 +25,7 @@
 #include "proto/checkpoint.pb.h"
 #include "proto/cluster.pb.h"
 #include "proto/ps.pb.h"
-#include "server/exchange_waiter.h"
+#include "server/tables/exchange_waiter.h"
 
 namespace tessera {
 

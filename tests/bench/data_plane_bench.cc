@@ -90,7 +90,7 @@
 #include "common/status_macros.h"
 #include "deploy/local/credentials.h"
 #include "server/replica_auth.h"
-#include "server/sync_round.h"
+#include "server/tables/sync_round.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "nlohmann/json.hpp"

@@ -1,4 +1,4 @@
-#include "server/exchange_waiter.h"
+#include "server/tables/exchange_waiter.h"
 
 #include <utility>
 

@@ -1,4 +1,4 @@
-#include "server/sync_round.h"
+#include "server/tables/sync_round.h"
 
 #include <algorithm>
 

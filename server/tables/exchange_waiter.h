@@ -1,6 +1,6 @@
 // A chunk's values as a pull or an exchange answers them, and one PushPull waiting for its answer.
-#ifndef TESSERA_SERVER_EXCHANGE_WAITER_H_
-#define TESSERA_SERVER_EXCHANGE_WAITER_H_
+#ifndef TESSERA_SERVER_TABLES_EXCHANGE_WAITER_H_
+#define TESSERA_SERVER_TABLES_EXCHANGE_WAITER_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -42,4 +42,4 @@ class ExchangeWaiter {
 
 }  // namespace tessera
 
-#endif  // TESSERA_SERVER_EXCHANGE_WAITER_H_
+#endif  // TESSERA_SERVER_TABLES_EXCHANGE_WAITER_H_

@@ -1,14 +1,14 @@
 // The SYNC round a chunk is collecting: the batch-size-weighted sum of its workers' gradients (or, with backup
 // workers, each worker's gradient kept apart until the scheduler names the round's members), and the
 // exchanges waiting for the round to close. Holds no lock of its own: it lives in a Chunk, under the chunk's.
-#ifndef TESSERA_SERVER_SYNC_ROUND_H_
-#define TESSERA_SERVER_SYNC_ROUND_H_
+#ifndef TESSERA_SERVER_TABLES_SYNC_ROUND_H_
+#define TESSERA_SERVER_TABLES_SYNC_ROUND_H_
 
 #include <memory>
 #include <vector>
 
 #include "absl/types/span.h"
-#include "server/exchange_waiter.h"
+#include "server/tables/exchange_waiter.h"
 
 namespace tessera {
 
@@ -68,4 +68,4 @@ class SyncRound {
 
 }  // namespace tessera
 
-#endif  // TESSERA_SERVER_SYNC_ROUND_H_
+#endif  // TESSERA_SERVER_TABLES_SYNC_ROUND_H_
