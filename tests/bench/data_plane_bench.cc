@@ -12,7 +12,8 @@
 //      loopback, as GB/s of payload and as a ratio to iperf3's single-stream loopback TCP. Each timed pull moves
 //      bytes: an untimed push changes the values first, and pulls alternate between two destination buffers;
 //      bytes_pulled() is checked and a row whose pulls moved fewer bytes says "cache hit". One extra row pulls an
-//      unchanged 16 MiB tensor into the same buffer (the unchanged-chunk cache, labelled as such).
+//      unchanged 16 MiB tensor into the same buffer (the unchanged-chunk cache, labelled as such). Over gRPC the
+//      1 MiB push rows' note has a bare gRPC push of 1 MiB in one call (see b), what one chunk's call costs.
 //   b. round trips per second of a 16-byte tensor (push; pull), 1 server: over gRPC against a bare gRPC echo of
 //      16 bytes between two processes (the limit gRPC sets on this machine, called as Tessera's transport calls;
 //      the note has the same echo with a blocking client), over UCX against the target of 10,000/s.
@@ -209,8 +210,137 @@ absl::StatusOr<Timing> TimeCalls(PsClient& client, int calls, int64_t expect_pul
   return t;
 }
 
+// The limit gRPC itself sets on this machine: a bare service (a generic callback service, another process,
+// loopback, no token, no handler) that echoes 16 bytes, or takes 1 MiB and answers with nothing (kSinkMethod),
+// called the way Tessera's transport calls (GenericStub's callback, the caller waiting) and, for the echo, with
+// a blocking call.
+constexpr char kEchoMethod[] = "/tessera.bench.Bare/Echo";
+constexpr char kSinkMethod[] = "/tessera.bench.Bare/Sink";
+
+class EchoService final : public grpc::CallbackGenericService {
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* context) override {
+    class Reactor final : public grpc::ServerGenericBidiReactor {
+     public:
+      explicit Reactor(bool sink) : sink_(sink) { StartRead(&buffer_); }
+      void OnReadDone(bool ok) override {
+        if (!ok) {
+          Finish(grpc::Status::OK);
+          return;
+        }
+        if (sink_) {  // an empty answer (a cleared ByteBuffer is no message at all)
+          grpc::Slice nothing;
+          buffer_ = grpc::ByteBuffer(&nothing, 1);
+        }
+        StartWriteAndFinish(&buffer_, {}, grpc::Status::OK);
+      }
+      void OnDone() override { delete this; }
+
+     private:
+      const bool sink_;
+      grpc::ByteBuffer buffer_;
+    };
+    return new Reactor(context->method() == kSinkMethod);
+  }
+};
+
+int ServeEcho(int port) {
+  EchoService echo;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(absl::StrCat("127.0.0.1:", port), grpc::InsecureServerCredentials());
+  builder.RegisterCallbackGenericService(&echo);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr) return 1;
+  server->Wait();
+  return 0;
+}
+
+struct EchoRates {
+  double callback = NAN;  // round trips per second
+  double blocking = NAN;
+  double push_1mib_gbs = NAN;  // one unary call carrying 1 MiB, answered with nothing
+};
+
+// Round trips per second against a bare echo process, for FLAGS_roundtrip_seconds each way, and 1 MiB pushes
+// (the median of FLAGS_repeats calls after a warm-up).
+absl::StatusOr<EchoRates> MeasureBareGrpc(const Context& ctx) {
+  const int port = tessera::testing::UnusedLoopbackPort();
+  absl::StatusOr<std::unique_ptr<Process>> server =
+      Process::Start("bare gRPC echo", {ctx.bin_dir + "/tessera-bench", absl::StrCat("--serve_echo_port=", port)},
+                     ctx.work_dir + "/echo.log");
+  if (!server.ok()) return server.status();
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
+  if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10))) {
+    return absl::UnavailableError("the bare gRPC echo did not start within 10 s");
+  }
+  grpc::GenericStub stub(channel);
+  const grpc::internal::RpcMethod method(kEchoMethod, grpc::internal::RpcMethod::NORMAL_RPC);
+  char bytes[16] = {};
+  grpc::Slice slice(bytes, sizeof(bytes));
+  const grpc::ByteBuffer request(&slice, 1);
+  auto call_with_callback = [&](const char* name, const grpc::ByteBuffer& body) {
+    grpc::ClientContext context;
+    grpc::ByteBuffer response;
+    absl::Mutex mu;
+    bool done = false;
+    grpc::Status status;
+    stub.UnaryCall(&context, name, grpc::StubOptions(), &body, &response, [&](grpc::Status s) {
+      absl::MutexLock lock(&mu);
+      status = std::move(s);
+      done = true;
+    });
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(&done));
+    return status;
+  };
+  auto callback_call = [&]() { return call_with_callback(kEchoMethod, request); };
+  auto blocking_call = [&]() {
+    grpc::ClientContext context;
+    grpc::ByteBuffer response;
+    return grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(channel.get(), method, &context,
+                                                                                 request, &response);
+  };
+  auto rate = [](const std::function<grpc::Status()>& call) -> absl::StatusOr<double> {
+    for (int i = 0; i < 20; ++i) {
+      if (grpc::Status s = call(); !s.ok()) return absl::UnavailableError(s.error_message());
+    }
+    const Clock::time_point start = Clock::now();
+    int64_t calls = 0;
+    double seconds = 0;
+    while ((seconds = SecondsSince(start)) < FLAGS_roundtrip_seconds) {
+      if (grpc::Status s = call(); !s.ok()) return absl::UnavailableError(s.error_message());
+      ++calls;
+    }
+    return calls / seconds;
+  };
+  Progress(absl::StrCat("a/b: a bare gRPC service: echoes of 16 bytes for ", 2 * FLAGS_roundtrip_seconds,
+                        " s, pushes of 1 MiB"));
+  EchoRates rates;
+  absl::StatusOr<double> callback = rate(callback_call);
+  if (!callback.ok()) return callback.status();
+  absl::StatusOr<double> blocking = rate(blocking_call);
+  if (!blocking.ok()) return blocking.status();
+  rates.callback = *callback;
+  rates.blocking = *blocking;
+  // The payload is one slice made once, as a push sends the caller's memory as a slice of its own.
+  grpc::Slice mib(std::string(static_cast<size_t>(kMiB), '\x01'));
+  const grpc::ByteBuffer push(&mib, 1);
+  std::vector<double> seconds;
+  for (int i = 0; i < 3 + std::max(1, FLAGS_repeats); ++i) {
+    const Clock::time_point start = Clock::now();
+    if (grpc::Status s = call_with_callback(kSinkMethod, push); !s.ok()) {
+      return absl::UnavailableError(s.error_message());
+    }
+    if (i >= 3) seconds.push_back(SecondsSince(start));
+  }
+  rates.push_1mib_gbs = kMiB / Median(seconds) / kGB;
+  return rates;
+}
+
+// `bare` (over gRPC, when measured): the 1 MiB push rows' notes compare with a bare gRPC push of 1 MiB.
 absl::Status TransferSection(PsClient& client, int servers, const std::vector<int>& sizes_mib, double iperf_gbs,
-                             const std::string& iperf_ref, const std::string& transport, Table& table) {
+                             const std::string& iperf_ref, const std::string& transport,
+                             const std::optional<EchoRates>& bare, Table& table) {
   const std::string target = servers >= 2 ? ">= 0.8x" : "";
   for (int mib : sizes_mib) {
     const std::string name = absl::StrCat("a", mib);
@@ -238,6 +368,10 @@ absl::Status TransferSection(PsClient& client, int servers, const std::vector<in
       if (pulls && !t.moved_bytes) {
         label += " (cache hit)";
         note = absl::StrFormat("pulls moved %.1f of %.1f MiB", t.bytes_pulled / kMiB, bytes * calls / kMiB);
+      }
+      if (op == "push" && mib == 1 && bare.has_value()) {
+        note = absl::StrFormat("one call; a bare gRPC push of 1 MiB in one call: %.2f GB/s (%.2fx of it)",
+                               bare->push_1mib_gbs, gbs / bare->push_1mib_gbs);
       }
       table.Add({"a", label, Gbs(gbs), iperf_ref, Ratio(gbs, iperf_gbs), op == "push-then-pull" ? "" : target,
                  note});
@@ -270,108 +404,6 @@ absl::Status TransferSection(PsClient& client, int servers, const std::vector<in
 
 // ---------------------------------------------------------------------------------------------------------------
 // b. Round trips of a 16-byte tensor.
-
-// The limit gRPC itself sets on this machine: a bare echo of 16 bytes (a generic callback service, another
-// process, loopback, no token, no handler), called the way Tessera's transport calls (GenericStub's callback,
-// the caller waiting) and with a blocking call.
-class EchoService final : public grpc::CallbackGenericService {
-  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext*) override {
-    class Reactor final : public grpc::ServerGenericBidiReactor {
-     public:
-      Reactor() { StartRead(&buffer_); }
-      void OnReadDone(bool ok) override {
-        if (ok) {
-          StartWriteAndFinish(&buffer_, {}, grpc::Status::OK);
-        } else {
-          Finish(grpc::Status::OK);
-        }
-      }
-      void OnDone() override { delete this; }
-
-     private:
-      grpc::ByteBuffer buffer_;
-    };
-    return new Reactor;
-  }
-};
-
-int ServeEcho(int port) {
-  EchoService echo;
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(absl::StrCat("127.0.0.1:", port), grpc::InsecureServerCredentials());
-  builder.RegisterCallbackGenericService(&echo);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr) return 1;
-  server->Wait();
-  return 0;
-}
-
-struct EchoRates {
-  double callback = NAN;  // round trips per second
-  double blocking = NAN;
-};
-
-// Round trips per second against a bare echo process, for FLAGS_roundtrip_seconds each way.
-absl::StatusOr<EchoRates> MeasureBareGrpc(const Context& ctx) {
-  const int port = tessera::testing::UnusedLoopbackPort();
-  absl::StatusOr<std::unique_ptr<Process>> server =
-      Process::Start("bare gRPC echo", {ctx.bin_dir + "/tessera-bench", absl::StrCat("--serve_echo_port=", port)},
-                     ctx.work_dir + "/echo.log");
-  if (!server.ok()) return server.status();
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
-  if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10))) {
-    return absl::UnavailableError("the bare gRPC echo did not start within 10 s");
-  }
-  grpc::GenericStub stub(channel);
-  const grpc::internal::RpcMethod method("/tessera.bench.Echo/Echo", grpc::internal::RpcMethod::NORMAL_RPC);
-  char bytes[16] = {};
-  grpc::Slice slice(bytes, sizeof(bytes));
-  const grpc::ByteBuffer request(&slice, 1);
-  auto callback_call = [&]() {
-    grpc::ClientContext context;
-    grpc::ByteBuffer response;
-    absl::Mutex mu;
-    bool done = false;
-    grpc::Status status;
-    stub.UnaryCall(&context, method.name(), grpc::StubOptions(), &request, &response, [&](grpc::Status s) {
-      absl::MutexLock lock(&mu);
-      status = std::move(s);
-      done = true;
-    });
-    absl::MutexLock lock(&mu);
-    mu.Await(absl::Condition(&done));
-    return status;
-  };
-  auto blocking_call = [&]() {
-    grpc::ClientContext context;
-    grpc::ByteBuffer response;
-    return grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(channel.get(), method, &context,
-                                                                                 request, &response);
-  };
-  auto rate = [](const std::function<grpc::Status()>& call) -> absl::StatusOr<double> {
-    for (int i = 0; i < 20; ++i) {
-      if (grpc::Status s = call(); !s.ok()) return absl::UnavailableError(s.error_message());
-    }
-    const Clock::time_point start = Clock::now();
-    int64_t calls = 0;
-    double seconds = 0;
-    while ((seconds = SecondsSince(start)) < FLAGS_roundtrip_seconds) {
-      if (grpc::Status s = call(); !s.ok()) return absl::UnavailableError(s.error_message());
-      ++calls;
-    }
-    return calls / seconds;
-  };
-  Progress(absl::StrCat("b: a bare gRPC echo of 16 bytes, for ", 2 * FLAGS_roundtrip_seconds, " s"));
-  EchoRates rates;
-  absl::StatusOr<double> callback = rate(callback_call);
-  if (!callback.ok()) return callback.status();
-  absl::StatusOr<double> blocking = rate(blocking_call);
-  if (!blocking.ok()) return blocking.status();
-  rates.callback = *callback;
-  rates.blocking = *blocking;
-  return rates;
-}
 
 // `bare`: gRPC's own limit on this machine (over gRPC; empty otherwise), the reference of those rows.
 absl::Status RoundTripSection(PsClient& client, const std::string& transport, const std::optional<EchoRates>& bare,
@@ -475,8 +507,22 @@ void TransferSections(const Context& ctx, bool run_a, bool run_b, Table& table) 
     table.Failed(run_a ? "a" : "b", "flags", transports.status());
     return;
   }
+  // What gRPC itself does on this machine, measured once: the gRPC rows of b compare with it, a's 1 MiB pushes
+  // say it.
+  std::optional<EchoRates> bare;
+  if (std::find(transports->begin(), transports->end(), tessera::v1::GRPC) != transports->end()) {
+    absl::StatusOr<EchoRates> measured = MeasureBareGrpc(ctx);
+    if (measured.ok()) {
+      bare = *measured;
+    } else {
+      Progress(absl::StrCat("a/b: the bare gRPC service failed (", measured.status().ToString(),
+                            "); b's gRPC rows compare with 10k/s"));
+    }
+  }
   for (tessera::v1::Transport transport : *transports) {
   for (int servers : server_counts) {
+    const std::optional<EchoRates> bare_here =
+        transport == tessera::v1::GRPC ? bare : std::optional<EchoRates>();
     const std::string section = run_a ? "a" : "b";
     const std::string label = TransportLabel(transport);
     Progress(absl::StrCat("a/b: starting a scheduler and ", servers, " server(s), ", label));
@@ -500,21 +546,11 @@ void TransferSections(const Context& ctx, bool run_a, bool run_b, Table& table) 
       continue;
     }
     if (run_a) {
-      status = TransferSection(**client, servers, *sizes, iperf_gbs, iperf_ref, label, table);
+      status = TransferSection(**client, servers, *sizes, iperf_gbs, iperf_ref, label, bare_here, table);
       if (!status.ok()) table.Failed("a", absl::StrCat(servers, " server(s)"), status);
     }
     if (run_b && servers == 1) {
-      std::optional<EchoRates> bare;
-      if (transport == tessera::v1::GRPC) {
-        absl::StatusOr<EchoRates> measured = MeasureBareGrpc(ctx);
-        if (measured.ok()) {
-          bare = *measured;
-        } else {
-          Progress(absl::StrCat("b: the bare gRPC echo failed (", measured.status().ToString(),
-                                "); the rows compare with 10k/s"));
-        }
-      }
-      status = RoundTripSection(**client, label, bare, table);
+      status = RoundTripSection(**client, label, bare_here, table);
       if (!status.ok()) table.Failed("b", "round trips", status);
     }
     (*client)->Done().IgnoreError();  // the job ends; the daemons exit (or are stopped)
