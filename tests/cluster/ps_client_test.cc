@@ -20,6 +20,26 @@
 namespace tessera::testing {
 namespace {
 
+// A call's key names a dense chunk by its parameter and index; a call for an embedding table's rows, which has no
+// chunk placement, by its table and server.
+TEST(PsClientTest, ACallsKeyNamesItsChunkOrItsTableAndServer) {
+  tessera::v1::ChunkPlacement placement;
+  placement.set_param("w");
+  placement.set_index(2);
+  ChunkCall dense;
+  dense.op = kPush;
+  dense.placement = &placement;
+  EXPECT_EQ(dense.key(), std::make_pair(std::string("w"), 2));
+  ChunkCall rows;
+  rows.op = kRowPull;
+  rows.server_id = 3;
+  rows.row_pull.set_table("emb");
+  EXPECT_EQ(rows.key(), std::make_pair(std::string("emb"), 3));
+  rows.op = kRowPush;
+  rows.row_push.set_table("clicks");
+  EXPECT_EQ(rows.key(), std::make_pair(std::string("clicks"), 3));
+}
+
 TEST(PsClientTest, UnchangedChunksArePulledWithoutBytes) {
   auto cluster = MiniCluster::Start(TestJob(tessera::v1::ConsistencySpec::ASYNC, /*servers=*/2, /*workers=*/1));
   ASSERT_THAT(cluster, IsOk());

@@ -61,7 +61,12 @@ struct ChunkCall {
   int64_t bytes = 0;  // value bytes received
   tessera::v1::RowPushResponse rows_pushed;  // kRowPush: the server's answer
 
-  std::pair<std::string, int> key() const { return {placement->param(), placement->index()}; }
+  // What the call is for: a dense chunk (its parameter and index), or, for the rows of an embedding table, which
+  // go to a server rather than to one of its slots, the table and the server.
+  std::pair<std::string, int> key() const {
+    if (placement != nullptr) return {placement->param(), placement->index()};
+    return {op == kRowPush ? row_push.table() : row_pull.table(), server_id};
+  }
   std::string What() const;
 };
 
