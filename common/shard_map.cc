@@ -263,9 +263,7 @@ struct Fresh {
 absl::StatusOr<Fresh> FreshParameters(const std::vector<ParameterSpec>& params, int64_t chunk_bytes,
                                       const ShardMap& map) {
   const int64_t max_elems = std::max<int64_t>(1, chunk_bytes / 4);
-  Fresh out;
-  std::vector<const ParameterSpec*>& fresh = out.params;
-  int64_t& new_chunks = out.chunks;
+  Fresh fresh;
   for (const ParameterSpec& p : params) {
     if (p.name().empty()) return absl::InvalidArgumentError("parameter with an empty name");
     TESSERA_RETURN_IF_ERROR(CheckLength("parameter name", p.name(), kMaxNameBytes));
@@ -283,7 +281,8 @@ absl::StatusOr<Fresh> FreshParameters(const std::vector<ParameterSpec>& params, 
       }
       continue;
     }
-    if (std::any_of(fresh.begin(), fresh.end(), [&](const ParameterSpec* q) { return q->name() == p.name(); })) {
+    if (std::any_of(fresh.params.begin(), fresh.params.end(),
+                    [&](const ParameterSpec* q) { return q->name() == p.name(); })) {
       return absl::InvalidArgumentError(absl::StrCat("parameter '", p.name(), "' declared twice in one call"));
     }
     if (p.has_embedding()) {
@@ -293,10 +292,10 @@ absl::StatusOr<Fresh> FreshParameters(const std::vector<ParameterSpec>& params, 
                                                        " values is more than chunk_bytes (", chunk_bytes, ")"));
       }
     }
-    fresh.push_back(&p);
-    new_chunks += p.has_embedding() ? EmbeddingSlots(p) : (n + max_elems - 1) / max_elems;
+    fresh.params.push_back(&p);
+    fresh.chunks += p.has_embedding() ? EmbeddingSlots(p) : (n + max_elems - 1) / max_elems;
   }
-  return out;
+  return fresh;
 }
 
 // `p`'s chunks of at most `max_elems` values (their servers not chosen yet) into `chunks`, or, for an embedding
@@ -342,11 +341,10 @@ absl::Status PlaceParameters(const std::vector<ParameterSpec>& params, int64_t c
   }
   TESSERA_ASSIGN_OR_RETURN(const Fresh fresh, FreshParameters(params, chunk_bytes, map));
   const int64_t max_elems = std::max<int64_t>(1, chunk_bytes / 4);
-  const int64_t new_chunks = fresh.chunks;
   if (fresh.params.empty()) return absl::OkStatus();
   // Counted before any placement is made: a declaration too large for the job allocates nothing.
-  if (new_chunks + map.chunks_size() > kMaxChunks) {
-    return absl::InvalidArgumentError(absl::StrCat("the declared parameters make ", new_chunks + map.chunks_size(),
+  if (fresh.chunks + map.chunks_size() > kMaxChunks) {
+    return absl::InvalidArgumentError(absl::StrCat("the declared parameters make ", fresh.chunks + map.chunks_size(),
                                                    " chunks of at most ", max_elems * 4, " bytes; a job may have ",
                                                    kMaxChunks));
   }

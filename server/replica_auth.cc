@@ -132,10 +132,9 @@ std::string Gmac(const std::array<unsigned char, 32>& key, const unsigned char* 
     for (const tessera::v1::ReplicateRequest& unit : batch.units()) {
       google::protobuf::io::CodedOutputStream coded(sink.get());
       coded.SetSerializationDeterministic(true);
-      uint8_t length[8];
-      const uint64_t size = unit.ByteSizeLong();
-      for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>((size >> (8 * i)) & 0xff);
-      coded.WriteRaw(length, sizeof(length));
+      std::string length;
+      AppendLittleEndian(length, unit.ByteSizeLong(), 8);
+      coded.WriteRaw(length.data(), static_cast<int>(length.size()));
       unit.SerializeWithCachedSizes(&coded);
     }
   }

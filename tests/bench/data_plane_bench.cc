@@ -210,6 +210,28 @@ absl::StatusOr<Timing> TimeCalls(PsClient& client, int calls, int64_t expect_pul
   return t;
 }
 
+// Round trips: `call` (given the call's number) 20 times untimed, then as many times as fit in
+// --roundtrip_seconds; `before_timed`, when given, runs between the two.
+struct CallRate {
+  int64_t calls = 0;
+  double seconds = 0;
+  double per_second() const { return calls / seconds; }
+};
+absl::StatusOr<CallRate> RunCallsFor(const std::function<absl::Status(int64_t)>& call,
+                                     const std::function<void()>& before_timed = nullptr) {
+  for (int i = 0; i < 20; ++i) {  // warm-up
+    if (absl::Status s = call(i); !s.ok()) return s;
+  }
+  if (before_timed) before_timed();
+  const Clock::time_point start = Clock::now();
+  CallRate rate;
+  while ((rate.seconds = SecondsSince(start)) < FLAGS_roundtrip_seconds) {
+    if (absl::Status s = call(rate.calls); !s.ok()) return s;
+    ++rate.calls;
+  }
+  return rate;
+}
+
 // The limit gRPC itself sets on this machine: a bare service (a generic callback service, another process,
 // loopback, no token, no handler) that echoes 16 bytes, or takes 1 MiB and answers with nothing (kSinkMethod),
 // called the way Tessera's transport calls (GenericStub's callback, the caller waiting) and, for the echo, with
@@ -261,7 +283,7 @@ struct EchoRates {
 };
 
 // Round trips per second against a bare echo process, for FLAGS_roundtrip_seconds each way, and 1 MiB pushes
-// (the median of FLAGS_repeats calls after a warm-up).
+// (the median of at least 30 calls after a warm-up: one call is short, and this VM is noisy).
 absl::StatusOr<EchoRates> MeasureBareGrpc(const Context& ctx) {
   const int port = tessera::testing::UnusedLoopbackPort();
   absl::StatusOr<std::unique_ptr<Process>> server =
@@ -278,8 +300,14 @@ absl::StatusOr<EchoRates> MeasureBareGrpc(const Context& ctx) {
   char bytes[16] = {};
   grpc::Slice slice(bytes, sizeof(bytes));
   const grpc::ByteBuffer request(&slice, 1);
+  // Every call has a deadline: a bare service that hangs fails the measurement instead of the benchmark.
+  auto deadline = [] { return std::chrono::system_clock::now() + std::chrono::seconds(10); };
+  auto as_status = [](const grpc::Status& s) {
+    return s.ok() ? absl::OkStatus() : absl::UnavailableError(absl::StrCat("bare gRPC: ", s.error_message()));
+  };
   auto call_with_callback = [&](const char* name, const grpc::ByteBuffer& body) {
     grpc::ClientContext context;
+    context.set_deadline(deadline());
     grpc::ByteBuffer response;
     absl::Mutex mu;
     bool done = false;
@@ -291,46 +319,32 @@ absl::StatusOr<EchoRates> MeasureBareGrpc(const Context& ctx) {
     });
     absl::MutexLock lock(&mu);
     mu.Await(absl::Condition(&done));
-    return status;
+    return as_status(status);
   };
-  auto callback_call = [&]() { return call_with_callback(kEchoMethod, request); };
-  auto blocking_call = [&]() {
+  auto callback_call = [&](int64_t) { return call_with_callback(kEchoMethod, request); };
+  auto blocking_call = [&](int64_t) {
     grpc::ClientContext context;
+    context.set_deadline(deadline());
     grpc::ByteBuffer response;
-    return grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(channel.get(), method, &context,
-                                                                                 request, &response);
-  };
-  auto rate = [](const std::function<grpc::Status()>& call) -> absl::StatusOr<double> {
-    for (int i = 0; i < 20; ++i) {
-      if (grpc::Status s = call(); !s.ok()) return absl::UnavailableError(s.error_message());
-    }
-    const Clock::time_point start = Clock::now();
-    int64_t calls = 0;
-    double seconds = 0;
-    while ((seconds = SecondsSince(start)) < FLAGS_roundtrip_seconds) {
-      if (grpc::Status s = call(); !s.ok()) return absl::UnavailableError(s.error_message());
-      ++calls;
-    }
-    return calls / seconds;
+    return as_status(grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+        channel.get(), method, &context, request, &response));
   };
   Progress(absl::StrCat("a/b: a bare gRPC service: echoes of 16 bytes for ", 2 * FLAGS_roundtrip_seconds,
                         " s, pushes of 1 MiB"));
   EchoRates rates;
-  absl::StatusOr<double> callback = rate(callback_call);
+  absl::StatusOr<CallRate> callback = RunCallsFor(callback_call);
   if (!callback.ok()) return callback.status();
-  absl::StatusOr<double> blocking = rate(blocking_call);
+  absl::StatusOr<CallRate> blocking = RunCallsFor(blocking_call);
   if (!blocking.ok()) return blocking.status();
-  rates.callback = *callback;
-  rates.blocking = *blocking;
+  rates.callback = callback->per_second();
+  rates.blocking = blocking->per_second();
   // The payload is one slice made once, as a push sends the caller's memory as a slice of its own.
   grpc::Slice mib(std::string(static_cast<size_t>(kMiB), '\x01'));
   const grpc::ByteBuffer push(&mib, 1);
   std::vector<double> seconds;
-  for (int i = 0; i < 3 + std::max(1, FLAGS_repeats); ++i) {
+  for (int i = 0; i < 3 + std::max(30, FLAGS_repeats); ++i) {
     const Clock::time_point start = Clock::now();
-    if (grpc::Status s = call_with_callback(kSinkMethod, push); !s.ok()) {
-      return absl::UnavailableError(s.error_message());
-    }
+    if (absl::Status s = call_with_callback(kSinkMethod, push); !s.ok()) return s;
     if (i >= 3) seconds.push_back(SecondsSince(start));
   }
   rates.push_1mib_gbs = kMiB / Median(seconds) / kGB;
@@ -422,18 +436,11 @@ absl::Status RoundTripSection(PsClient& client, const std::string& transport, co
   auto rate = [&](const std::string& op, const std::function<absl::Status(int64_t)>& call,
                   bool pulls) -> absl::Status {
     Progress(absl::StrCat("b: ", op, " of a 16-byte tensor for ", FLAGS_roundtrip_seconds, " s"));
-    for (int i = 0; i < 20; ++i) {  // warm-up
-      if (absl::Status s = call(i); !s.ok()) return s;
-    }
-    const int64_t pulled = client.bytes_pulled();
-    const Clock::time_point start = Clock::now();
-    int64_t calls = 0;
-    double seconds = 0;
-    while ((seconds = SecondsSince(start)) < FLAGS_roundtrip_seconds) {
-      if (absl::Status s = call(calls); !s.ok()) return s;
-      ++calls;
-    }
-    const double per_second = calls / seconds;
+    int64_t pulled = 0;
+    absl::StatusOr<CallRate> rate = RunCallsFor(call, [&] { pulled = client.bytes_pulled(); });
+    if (!rate.ok()) return rate.status();
+    const int64_t calls = rate->calls;
+    const double seconds = rate->seconds, per_second = rate->per_second();
     const bool hit = pulls && client.bytes_pulled() - pulled < calls * 16;
     table.Add({"b", absl::StrCat(op, " 16 B, 1 server, ", transport, ", round trips/s", hit ? " (cache hit)" : ""),
                absl::StrFormat("%.0f/s", per_second), reference, Ratio(per_second, reference_rate), target,
