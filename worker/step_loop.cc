@@ -238,12 +238,15 @@ absl::Status StepLoop::Compute(size_t n, LossSums& sums) {
   // host starts when backward announces the layer, and the gradient is sent once its copy is in (at once on a
   // CPU; on a GPU the copies run on a stream of their own and are collected as they finish).
   copying_.clear();
+  copy_started_.assign(grads_.size(), 0);
   auto needed = [this](int layer) { return TakeLayer(layer); };
   auto ready = [this](int layer) { return SendLayer(layer); };
-  // Blocks of a weight gradient come only from backends whose memory is the host's (Mlp::set_gradient_block):
-  // they leave as they are, with no copy to wait for.
+  // A finished block of a weight gradient's rows (Mlp::set_gradient_block) leaves as it is from host memory, and
+  // on a GPU once its copy is in.
   auto part = [this](int index, size_t values) {
-    return host_memory_ ? step_->SendPart(index, values) : absl::OkStatus();
+    if (host_memory_) return step_->SendPart(index, values);
+    TESSERA_RETURN_IF_ERROR(StartCopy(index, values));
+    return SendCopied(/*wait=*/false);
   };
   if (options_.simulate_compute_ms > 0) {
     TESSERA_RETURN_IF_ERROR(SimulateCompute(*model_, options_.simulate_compute_ms, needed, ready, part));
@@ -272,18 +275,27 @@ absl::Status StepLoop::SendLayer(int layer) {
     for (int i : {2 * layer, 2 * layer + 1}) TESSERA_RETURN_IF_ERROR(step_->Send(i));
     return absl::OkStatus();
   }
-  for (int i : {2 * layer, 2 * layer + 1}) {
-    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<PendingDownload> download,
-                             model_->StartGradientDownload(i, absl::MakeSpan(grads_[i])));
-    copying_.emplace_back(i, std::move(download));
-  }
+  for (int i : {2 * layer, 2 * layer + 1}) TESSERA_RETURN_IF_ERROR(StartCopy(i, grads_[i].size()));
   return SendCopied(/*wait=*/false);
 }
 
+absl::Status StepLoop::StartCopy(int index, size_t end) {
+  const size_t begin = copy_started_[index];
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<PendingDownload> download,
+                           model_->StartGradientDownload(index, begin, absl::MakeSpan(grads_[index]).subspan(
+                                                                           begin, end - begin)));
+  copy_started_[index] = end;
+  copying_.push_back(GradientCopy{index, end, std::move(download)});
+  return absl::OkStatus();
+}
+
 absl::Status StepLoop::SendCopied(bool wait) {
-  while (!copying_.empty() && (wait || copying_.front().second->Ready())) {
-    TESSERA_RETURN_IF_ERROR(copying_.front().second->Wait());
-    TESSERA_RETURN_IF_ERROR(step_->Send(copying_.front().first));
+  while (!copying_.empty() && (wait || copying_.front().download->Ready())) {
+    const GradientCopy& copy = copying_.front();
+    TESSERA_RETURN_IF_ERROR(copy.download->Wait());
+    // The values up to copy.end are on the host; the whole gradient once its last part is.
+    TESSERA_RETURN_IF_ERROR(copy.end == grads_[copy.index].size() ? step_->Send(copy.index)
+                                                                  : step_->SendPart(copy.index, copy.end));
     copying_.pop_front();
   }
   return absl::OkStatus();

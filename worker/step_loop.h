@@ -55,7 +55,9 @@ class StepLoop {
   absl::Status TakeLayer(int layer);
   // Starts the copies of layer `layer`'s gradients to the host and sends what is copied.
   absl::Status SendLayer(int layer);
-  // Sends the gradients whose copies are in (with `wait`, all of them, waiting).
+  // Starts copying gradient `index`'s values [copy_started_[index], end) to the host (device backends).
+  absl::Status StartCopy(int index, size_t end);
+  // Sends the gradients, and parts, whose copies are in (with `wait`, all of them, waiting).
   absl::Status SendCopied(bool wait);
   // Every value of the last step in place (before an evaluation, a parameter dump or the end).
   absl::Status Settle();
@@ -109,7 +111,15 @@ class StepLoop {
   bool pull_needed_ = true;  // before the first step, and after a rollback
   std::unique_ptr<StepExchange> previous_;  // the last step's exchange, whose values may still be arriving
   std::unique_ptr<StepExchange> step_;      // this step's
-  std::deque<std::pair<int, std::unique_ptr<PendingDownload>>> copying_;  // gradients on their way to the host
+  // Gradients, or blocks of a weight gradient's first rows, on their way to the host (device backends), oldest
+  // first: once values [0, end) of gradient `index` are in, they leave.
+  struct GradientCopy {
+    int index;
+    size_t end;
+    std::unique_ptr<PendingDownload> download;
+  };
+  std::deque<GradientCopy> copying_;
+  std::vector<size_t> copy_started_;  // per gradient: the values whose copy has started in this step
   absl::Duration last_compute_;       // the last step's forward and backward, without waits for values
   absl::Duration waited_for_values_;  // this step's waits for the last step's values
 

@@ -95,12 +95,20 @@ TEST(MlpTest, BackwardAnnouncesEachLayersFinalGradientsLastLayerFirst) {
   }
   // A started download of a gradient holds the same values once waited for (the CPU copies at once).
   std::vector<float> started(announced[0].size());
-  auto download = (*mlp)->StartGradientDownload(0, absl::MakeSpan(started));
+  auto download = (*mlp)->StartGradientDownload(0, 0, absl::MakeSpan(started));
   ASSERT_TRUE(download.ok());
   EXPECT_TRUE((*download)->Ready());
   ASSERT_TRUE((*download)->Wait().ok());
   EXPECT_EQ(started, announced[0]);
-  EXPECT_EQ((*mlp)->StartGradientDownload(99, absl::MakeSpan(started)).status().code(),
+  EXPECT_EQ((*mlp)->StartGradientDownload(99, 0, absl::MakeSpan(started)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // A part of it from an offset (a block of rows on a GPU), and nothing beyond its end.
+  std::vector<float> part(announced[0].size() - 5);
+  auto part_download = (*mlp)->StartGradientDownload(0, 5, absl::MakeSpan(part).first(part.size() - 2));
+  ASSERT_TRUE(part_download.ok() && (*part_download)->Wait().ok());
+  EXPECT_EQ(std::vector<float>(part.begin(), part.end() - 2),
+            std::vector<float>(announced[0].begin() + 5, announced[0].end() - 2));
+  EXPECT_EQ((*mlp)->StartGradientDownload(0, 6, absl::MakeSpan(part)).status().code(),
             absl::StatusCode::kInvalidArgument);
   // An error from the callback stops backward and is returned.
   EXPECT_EQ((*mlp)->ForwardBackward(x, y, [](int) { return absl::AbortedError("stop"); }).status().code(),

@@ -39,6 +39,8 @@ class ScriptedSource final : public ParameterSource {
   void StopAt(int64_t at, std::string why) { stop_ = {at, std::move(why)}; }
 
   const std::vector<int64_t>& pushed_clocks() const { return pushed_clocks_; }
+  // Every gradient pushed, in order.
+  const std::vector<std::vector<float>>& pushed() const { return pushed_; }
   int pulls() const { return pulls_; }
   bool done() const { return done_; }
 
@@ -55,6 +57,7 @@ class ScriptedSource final : public ParameterSource {
   absl::Status Push(const std::vector<std::string>& names, const std::vector<absl::Span<const float>>& grads,
                     int batch_size) override {
     pushed_clocks_.push_back(clock_);
+    for (absl::Span<const float> g : grads) pushed_.emplace_back(g.begin(), g.end());
     return inner_->Push(names, grads, batch_size);
   }
   absl::StatusOr<ClockResult> Clock() override {
@@ -92,6 +95,7 @@ class ScriptedSource final : public ParameterSource {
   std::optional<int64_t> pending_rollback_;
   std::optional<std::pair<int64_t, std::string>> stop_;
   std::vector<int64_t> pushed_clocks_;
+  std::vector<std::vector<float>> pushed_;
   int pulls_ = 0;
   bool done_ = false;
 };
@@ -101,6 +105,49 @@ std::unique_ptr<ScriptedSource> Source(int steps) {
   EXPECT_TRUE(local.ok()) << local.status();
   return std::make_unique<ScriptedSource>(std::move(*local));
 }
+
+// The CPU's arithmetic behind a device's interface: its buffers are not host memory to the step loop, so every
+// gradient reaches the host through StartDownload, a block of rows at a time where backward computes blocks.
+class DeviceLikeBackend final : public Backend {
+ public:
+  std::string name() const override { return "device-like cpu"; }
+  bool host_memory() const override { return false; }
+  absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t n) override { return cpu_.Allocate(n); }
+  absl::Status Upload(absl::Span<const float> src, Buffer& dst) override { return cpu_.Upload(src, dst); }
+  absl::Status Download(const Buffer& src, absl::Span<float> dst) override { return cpu_.Download(src, dst); }
+  absl::StatusOr<std::unique_ptr<PendingDownload>> StartDownload(const Buffer& src, size_t offset,
+                                                                 absl::Span<float> dst) override {
+    if (offset > 0) ++downloads_from_an_offset;
+    return cpu_.StartDownload(src, offset, dst);
+  }
+  bool supports_gemm_rows() const override { return true; }
+  absl::Status GemmTransposedRows(int m, int n, int k, const Buffer& a, const Buffer& b, int row_begin, int row_end,
+                                  Buffer& c) override {
+    return cpu_.GemmTransposedRows(m, n, k, a, b, row_begin, row_end, c);
+  }
+  absl::Status Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const Buffer& a,
+                    const Buffer& b, float beta, Buffer& c) override {
+    return cpu_.Gemm(transpose_a, transpose_b, m, n, k, alpha, a, b, beta, c);
+  }
+  absl::Status BiasActivation(Buffer& z, const Buffer& bias, int rows, int cols, bool relu) override {
+    return cpu_.BiasActivation(z, bias, rows, cols, relu);
+  }
+  absl::Status ReluBackward(Buffer& grad, const Buffer& activation, size_t n) override {
+    return cpu_.ReluBackward(grad, activation, n);
+  }
+  absl::Status ColumnSum(const Buffer& x, int rows, int cols, Buffer& out) override {
+    return cpu_.ColumnSum(x, rows, cols, out);
+  }
+  absl::StatusOr<LossSums> SoftmaxCrossEntropy(const Buffer& logits, absl::Span<const int32_t> labels, int classes,
+                                               float grad_scale, Buffer* grad) override {
+    return cpu_.SoftmaxCrossEntropy(logits, labels, classes, grad_scale, grad);
+  }
+
+  int downloads_from_an_offset = 0;
+
+ private:
+  CpuBackend cpu_;
+};
 
 std::vector<int64_t> Range(int64_t from, int64_t to) {
   std::vector<int64_t> out;
@@ -123,6 +170,24 @@ TEST(TrainerTest, ARunTrainsEveryStepOnceLearnsAndSaysDone) {
   EXPECT_GT(result->test_accuracy, 0.6);
   EXPECT_EQ(trainer.progress().clock, 300);
   EXPECT_TRUE(source->done());
+}
+
+// On a device backend each weight gradient comes to the host a block of rows at a time, each block leaving once
+// its copy is in: the gradients pushed are those of the CPU's own run, bit for bit.
+TEST(TrainerTest, GradientsCopiedFromADeviceInBlocksOfRowsArriveWhole) {
+  auto on_host = Source(20);
+  CpuBackend cpu;
+  ASSERT_TRUE(Trainer(on_host.get(), &cpu, {}).Run().ok());
+  auto on_device = Source(20);
+  DeviceLikeBackend device;
+  absl::StatusOr<TrainerResult> result = Trainer(on_device.get(), &device, {}).Run();
+  ASSERT_TRUE(result.ok()) << result.status();
+  // chunk_bytes 256: blocks of 64 values, so the 32 x 16 first layer comes in 8 blocks.
+  EXPECT_GT(device.downloads_from_an_offset, 0);
+  ASSERT_EQ(on_device->pushed().size(), on_host->pushed().size());
+  for (size_t i = 0; i < on_host->pushed().size(); ++i) {
+    ASSERT_EQ(on_device->pushed()[i], on_host->pushed()[i]) << "push " << i;
+  }
 }
 
 // A job for scripts (no built-in model, or the scripts' own optimizer) is refused before anything is trained.

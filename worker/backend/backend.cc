@@ -1,5 +1,8 @@
 #include "worker/backend/backend.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -23,8 +26,16 @@ class FinishedDownload final : public PendingDownload {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<PendingDownload>> Backend::StartDownload(const Buffer& src, absl::Span<float> dst) {
-  TESSERA_RETURN_IF_ERROR(Download(src, dst));
+absl::StatusOr<std::unique_ptr<PendingDownload>> Backend::StartDownload(const Buffer& src, size_t offset,
+                                                                         absl::Span<float> dst) {
+  if (offset == 0) {
+    TESSERA_RETURN_IF_ERROR(Download(src, dst));
+  } else {
+    // Download copies from the front only.
+    std::vector<float> front(offset + dst.size());
+    TESSERA_RETURN_IF_ERROR(Download(src, absl::MakeSpan(front)));
+    std::copy(front.begin() + offset, front.end(), dst.begin());
+  }
   return std::unique_ptr<PendingDownload>(std::make_unique<FinishedDownload>());
 }
 

@@ -77,12 +77,13 @@ class Backend {
   [[nodiscard]] virtual absl::Status Upload(absl::Span<const float> src, Buffer& dst) = 0;
   // Copies src[0, dst.size()) to the host and waits for it; INVALID_ARGUMENT when src is smaller.
   [[nodiscard]] virtual absl::Status Download(const Buffer& src, absl::Span<float> dst) = 0;
-  // Starts copying src[0, dst.size()) to the host, after the work issued before it, without holding back the
-  // work issued after it; `dst` holds the values once the returned download's Wait() returned OK. `src` must
-  // not be written until then. The default copies at once (Download) and returns a finished download; the
-  // CUDA backend copies on a stream of its own through pinned memory, so a layer's gradient travels while
-  // backward goes on with the layers below.
+  // Starts copying src[offset, offset + dst.size()) to the host, after the work issued before it, without holding
+  // back the work issued after it; `dst` holds the values once the returned download's Wait() returned OK. That
+  // part of `src` must not be written until then. INVALID_ARGUMENT when `src` is smaller. The default copies at
+  // once (Download) and returns a finished download; the CUDA backend copies on a stream of its own through
+  // pinned memory, so a layer's gradient, or a block of its rows, travels while backward goes on.
   [[nodiscard]] virtual absl::StatusOr<std::unique_ptr<PendingDownload>> StartDownload(const Buffer& src,
+                                                                                       size_t offset,
                                                                                        absl::Span<float> dst);
 
   // True when a Buffer's data() is host memory this process may read (the CPU backend): the host can then use
@@ -90,8 +91,9 @@ class Backend {
   virtual bool host_memory() const { return false; }
   // Rows [row_begin, row_end) of C[m x n] = A^T B, A being [k x m] and B [k x n], written to the same rows of C
   // and nothing else (a layer's weight gradient a block of rows at a time, so that each block can leave as it is
-  // done). Each row comes out bit for bit as Gemm(true, false, m, n, k, 1, A, B, 0, C) computes it. The
-  // default is UNIMPLEMENTED (supports_gemm_rows() false): the caller computes the whole product with Gemm.
+  // done). On the CPU each row comes out bit for bit as Gemm(true, false, m, n, k, 1, A, B, 0, C) computes it;
+  // on a GPU it equals it to within the math mode's rounding (cuBLAS may choose another kernel for another
+  // shape). The default is UNIMPLEMENTED (supports_gemm_rows() false): the caller computes the whole product.
   virtual bool supports_gemm_rows() const { return false; }
   [[nodiscard]] virtual absl::Status GemmTransposedRows(int m, int n, int k, const Buffer& a, const Buffer& b,
                                                         int row_begin, int row_end, Buffer& c);

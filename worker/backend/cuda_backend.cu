@@ -370,9 +370,13 @@ class CudaBackend final : public Backend {
   absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t n) override;
   absl::Status Upload(absl::Span<const float> src, Buffer& dst) override;
   absl::Status Download(const Buffer& src, absl::Span<float> dst) override;
-  absl::StatusOr<std::unique_ptr<PendingDownload>> StartDownload(const Buffer& src, absl::Span<float> dst) override;
+  absl::StatusOr<std::unique_ptr<PendingDownload>> StartDownload(const Buffer& src, size_t offset,
+                                                               absl::Span<float> dst) override;
   absl::Status Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const Buffer& a,
                     const Buffer& b, float beta, Buffer& c) override;
+  bool supports_gemm_rows() const override { return true; }
+  absl::Status GemmTransposedRows(int m, int n, int k, const Buffer& a, const Buffer& b, int row_begin, int row_end,
+                                  Buffer& c) override;
   absl::Status BiasActivation(Buffer& z, const Buffer& bias, int rows, int cols, bool relu) override;
   absl::Status ReluBackward(Buffer& grad, const Buffer& activation, size_t n) override;
   absl::Status ColumnSum(const Buffer& x, int rows, int cols, Buffer& out) override;
@@ -403,6 +407,12 @@ class CudaBackend final : public Backend {
   // Pipelined copies through the staging chunks; CopyToHost returns once the bytes are on the host.
   absl::Status CopyToDevice(const void* host, void* device, size_t bytes);
   absl::Status CopyToHost(const void* device, void* host, size_t bytes);
+  // The row-major C = alpha op(A) op(B) + beta C on device memory, C being m x n with rows n apart. op(A) starts
+  // `a_offset` floats into A, whose rows are `lda` apart; A (`size_a` floats) and B (`size_b`, rows `ldb` apart)
+  // are converted whole for the TF32 and BF16 math modes.
+  absl::Status DeviceGemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const float* a,
+                          size_t size_a, size_t a_offset, int lda, const float* b, size_t size_b, int ldb, float beta,
+                          float* c);
   // Converts the first `na` floats of `a` and `nb` of `b` into operands_ as T (TF32-rounded float or bf16).
   template <typename T>
   absl::StatusOr<std::pair<const T*, const T*>> ConvertOperands(const float* a, size_t na, const float* b, size_t nb);
@@ -627,9 +637,10 @@ void CudaBackend::ReturnPinned(PinnedMemory memory, size_t bytes) {
   free_pinned_.emplace(bytes, std::move(memory));
 }
 
-absl::StatusOr<std::unique_ptr<PendingDownload>> CudaBackend::StartDownload(const Buffer& src,
+absl::StatusOr<std::unique_ptr<PendingDownload>> CudaBackend::StartDownload(const Buffer& src, size_t offset,
                                                                             absl::Span<float> dst) {
-  TESSERA_ASSIGN_OR_RETURN(const float* from, DevicePointer(src, dst.size(), "StartDownload"));
+  TESSERA_ASSIGN_OR_RETURN(const float* start, DevicePointer(src, offset + dst.size(), "StartDownload"));
+  const float* from = start + offset;
   ScopedDevice device(ordinal_);
   TESSERA_RETURN_IF_ERROR(device.status());
   const size_t bytes = dst.size() * sizeof(float);
@@ -672,6 +683,30 @@ absl::Status CudaBackend::Gemm(bool transpose_a, bool transpose_b, int m, int n,
   TESSERA_ASSIGN_OR_RETURN(const float* da, DevicePointer(a, size_a, "Gemm A"));
   TESSERA_ASSIGN_OR_RETURN(const float* db, DevicePointer(b, size_b, "Gemm B"));
   TESSERA_ASSIGN_OR_RETURN(float* dc, DevicePointer(c, static_cast<size_t>(m) * n, "Gemm C"));
+  return DeviceGemm(transpose_a, transpose_b, m, n, k, alpha, da, size_a, 0, transpose_a ? m : k, db, size_b,
+                    transpose_b ? k : n, beta, dc);
+}
+
+absl::Status CudaBackend::GemmTransposedRows(int m, int n, int k, const Buffer& a, const Buffer& b, int row_begin,
+                                             int row_end, Buffer& c) {
+  if (m <= 0 || n <= 0 || k <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("GemmTransposedRows: bad sizes ", m, "x", n, "x", k));
+  }
+  if (row_begin < 0 || row_end > m || row_begin >= row_end) {
+    return absl::InvalidArgumentError(absl::StrCat("GemmTransposedRows: rows [", row_begin, ", ", row_end, ") of ", m));
+  }
+  const size_t size_a = static_cast<size_t>(k) * m, size_b = static_cast<size_t>(k) * n;
+  TESSERA_ASSIGN_OR_RETURN(const float* da, DevicePointer(a, size_a, "GemmTransposedRows A"));
+  TESSERA_ASSIGN_OR_RETURN(const float* db, DevicePointer(b, size_b, "GemmTransposedRows B"));
+  TESSERA_ASSIGN_OR_RETURN(float* dc, DevicePointer(c, static_cast<size_t>(m) * n, "GemmTransposedRows C"));
+  // Columns [row_begin, row_end) of A (rows m apart) against all of B, into the same rows of C.
+  return DeviceGemm(true, false, row_end - row_begin, n, k, 1.0f, da, size_a, static_cast<size_t>(row_begin), m, db,
+                    size_b, n, 0.0f, dc + static_cast<size_t>(row_begin) * n);
+}
+
+absl::Status CudaBackend::DeviceGemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha,
+                                     const float* a, size_t size_a, size_t a_offset, int lda, const float* b,
+                                     size_t size_b, int ldb, float beta, float* c) {
   ScopedDevice device(ordinal_);
   TESSERA_RETURN_IF_ERROR(device.status());
 
@@ -680,25 +715,24 @@ absl::Status CudaBackend::Gemm(bool transpose_a, bool transpose_b, int m, int n,
   // transpose flags stay with their operands, and the leading dimensions are the row-major row lengths.
   const cublasOperation_t op_a = transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const int lda = transpose_a ? m : k;
-  const int ldb = transpose_b ? k : n;
   cublasHandle_t handle = cublas_.get();
   switch (options_.math) {
     case CudaBackendOptions::Math::kFp32:
-      TESSERA_CUBLAS_RETURN_IF_ERROR(cublasSgemm(handle, op_b, op_a, n, m, k, &alpha, db, ldb, da, lda, &beta, dc, n));
+      TESSERA_CUBLAS_RETURN_IF_ERROR(
+          cublasSgemm(handle, op_b, op_a, n, m, k, &alpha, b, ldb, a + a_offset, lda, &beta, c, n));
       return absl::OkStatus();
     case CudaBackendOptions::Math::kTf32: {
-      TESSERA_ASSIGN_OR_RETURN(auto operands, ConvertOperands<float>(da, size_a, db, size_b));
+      TESSERA_ASSIGN_OR_RETURN(auto operands, ConvertOperands<float>(a, size_a, b, size_b));
       TESSERA_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(handle, op_b, op_a, n, m, k, &alpha, operands.second, CUDA_R_32F, ldb,
-                                                  operands.first, CUDA_R_32F, lda, &beta, dc, CUDA_R_32F, n,
+                                                  operands.first + a_offset, CUDA_R_32F, lda, &beta, c, CUDA_R_32F, n,
                                                   CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
       return absl::OkStatus();
     }
     case CudaBackendOptions::Math::kBf16: {
-      TESSERA_ASSIGN_OR_RETURN(auto operands, ConvertOperands<__nv_bfloat16>(da, size_a, db, size_b));
+      TESSERA_ASSIGN_OR_RETURN(auto operands, ConvertOperands<__nv_bfloat16>(a, size_a, b, size_b));
       TESSERA_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(handle, op_b, op_a, n, m, k, &alpha, operands.second, CUDA_R_16BF,
-                                                  ldb, operands.first, CUDA_R_16BF, lda, &beta, dc, CUDA_R_32F, n,
-                                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                                  ldb, operands.first + a_offset, CUDA_R_16BF, lda, &beta, c,
+                                                  CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       return absl::OkStatus();
     }
   }

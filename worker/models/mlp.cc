@@ -93,9 +93,10 @@ absl::Status Mlp::GetGradient(int index, absl::Span<float> out) {
   return backend_->Download(*grads_[index], out);
 }
 
-absl::StatusOr<std::unique_ptr<PendingDownload>> Mlp::StartGradientDownload(int index, absl::Span<float> out) {
+absl::StatusOr<std::unique_ptr<PendingDownload>> Mlp::StartGradientDownload(int index, size_t offset,
+                                                                         absl::Span<float> out) {
   if (index < 0 || index >= num_parameters()) return absl::InvalidArgumentError("parameter index out of range");
-  return backend_->StartDownload(*grads_[index], out);
+  return backend_->StartDownload(*grads_[index], offset, out);
 }
 
 absl::Span<const float> Mlp::HostGradient(int index) const {

@@ -49,9 +49,10 @@ class Mlp {
   // Copies parameter `index` (or its gradient from the last ForwardBackward) to the host.
   [[nodiscard]] absl::Status GetParameter(int index, absl::Span<float> out);
   [[nodiscard]] absl::Status GetGradient(int index, absl::Span<float> out);
-  // Starts copying the gradient of parameter `index` to `out` (see Backend::StartDownload): valid once the
-  // returned download's Wait() returned OK, and until the next ForwardBackward.
-  [[nodiscard]] absl::StatusOr<std::unique_ptr<PendingDownload>> StartGradientDownload(int index,
+  // Starts copying values [offset, offset + out.size()) of the gradient of parameter `index` to `out` (see
+  // Backend::StartDownload): valid once the returned download's Wait() returned OK, and until the next
+  // ForwardBackward.
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<PendingDownload>> StartGradientDownload(int index, size_t offset,
                                                                                        absl::Span<float> out);
 
   // The gradient of parameter `index` in the model's own memory, when that is host memory
@@ -61,7 +62,8 @@ class Mlp {
 
   // Backward computes each weight gradient in blocks of rows of about `values` floats (0: whole layers), where
   // the backend can (Backend::supports_gemm_rows), announcing each finished block (GradientPartReady) so that it
-  // can leave before the rest of the layer is done. The gradients are the same bit for bit either way.
+  // can leave before the rest of the layer is done. The gradients are the same bit for bit either way on the
+  // CPU, and to within the GEMM's rounding on a GPU (Backend::GemmTransposedRows).
   void set_gradient_block(size_t values) { gradient_block_ = values; }
   // Where layer `layer`'s weight-gradient blocks end, in values of that gradient, ascending; the last is its size.
   std::vector<size_t> WeightGradientBlocks(int layer) const;

@@ -161,6 +161,32 @@ class CudaBackendTest : public testing::Test {
     }
   }
 
+  // Rows of A^T B a block at a time (GemmTransposedRows) into a C of NaN: every row of the product is written,
+  // close to the CPU's whole product.
+  void CheckGemmRows(Backend& gpu, double bound) {
+    ASSERT_TRUE(gpu.supports_gemm_rows());
+    const int m = 131, n = 263, k = 64;
+    const std::vector<float> a = Uniform(static_cast<size_t>(k) * m, -1, 1);
+    const std::vector<float> b = Uniform(static_cast<size_t>(k) * n, -1, 1);
+    const std::vector<float> nan_c(static_cast<size_t>(m) * n, std::numeric_limits<float>::quiet_NaN());
+    auto by_rows = [&](Backend& backend) -> absl::StatusOr<std::vector<float>> {
+      TESSERA_ASSIGN_OR_RETURN(auto da, Put(backend, a));
+      TESSERA_ASSIGN_OR_RETURN(auto db, Put(backend, b));
+      TESSERA_ASSIGN_OR_RETURN(auto dc, Put(backend, nan_c));
+      for (int row = 0; row < m; row += 17) {
+        TESSERA_RETURN_IF_ERROR(backend.GemmTransposedRows(m, n, k, *da, *db, row, std::min(m, row + 17), *dc));
+      }
+      return Get(backend, *dc);
+    };
+    ExpectSameOnBoth(cpu_, gpu, by_rows, bound, "GemmTransposedRows in blocks of 17 rows");
+    auto whole = gpu.Allocate(static_cast<size_t>(m) * n);
+    ASSERT_TRUE(whole.ok());
+    EXPECT_EQ(gpu.GemmTransposedRows(m, n, k, **whole, **whole, 5, 5, **whole).code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(gpu.GemmTransposedRows(m, n, k, **whole, **whole, 0, m + 1, **whole).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+
   // A forward and backward pass of the MLP {784, 256, 128, 10} on a batch of 64, built once on each backend
   // with the same parameters and inputs: the loss, the hits and every gradient must agree.
   void CheckMlp(Backend& gpu, double bound) {
@@ -312,7 +338,7 @@ TEST_F(CudaBackendTest, StartDownloadCopiesWhatWasComputedBeforeItWhileLaterWork
   ASSERT_TRUE(buffer.ok());
   ASSERT_TRUE(gpu->Upload(values, **buffer).ok());
   std::vector<float> out(n, -1.0f);
-  auto download = gpu->StartDownload(**buffer, absl::MakeSpan(out));
+  auto download = gpu->StartDownload(**buffer, 0, absl::MakeSpan(out));
   ASSERT_TRUE(download.ok()) << download.status();
   // Work issued after the download (on other buffers, as backward's next layers are) runs meanwhile.
   auto other = gpu->Allocate(n);
@@ -329,17 +355,34 @@ TEST_F(CudaBackendTest, StartDownloadCopiesWhatWasComputedBeforeItWhileLaterWork
   EXPECT_EQ(now, std::vector<float>(n, 0.0f)) << "the later work ran";
 }
 
+// A download from an offset (a block of a weight gradient's rows) copies that part only.
+TEST_F(CudaBackendTest, StartDownloadFromAnOffsetCopiesThatPart) {
+  TESSERA_GPU_OR_SKIP(gpu, Math::kFp32);
+  std::vector<float> values(1000);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
+  auto buffer = gpu->Allocate(values.size());
+  ASSERT_TRUE(buffer.ok());
+  ASSERT_TRUE(gpu->Upload(values, **buffer).ok());
+  std::vector<float> out(300, -1.0f);
+  auto download = gpu->StartDownload(**buffer, 700, absl::MakeSpan(out));
+  ASSERT_TRUE(download.ok()) << download.status();
+  ASSERT_TRUE((*download)->Wait().ok());
+  EXPECT_EQ(out, std::vector<float>(values.begin() + 700, values.end()));
+  EXPECT_EQ(gpu->StartDownload(**buffer, 701, absl::MakeSpan(out)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(CudaBackendTest, StartDownloadRejectsForeignAndShortBuffers) {
   TESSERA_GPU_OR_SKIP(gpu, Math::kFp32);
   CpuBackend cpu;
   auto foreign = cpu.Allocate(4);
   ASSERT_TRUE(foreign.ok());
   std::vector<float> out(8);
-  EXPECT_EQ(gpu->StartDownload(**foreign, absl::MakeSpan(out).subspan(0, 4)).status().code(),
+  EXPECT_EQ(gpu->StartDownload(**foreign, 0, absl::MakeSpan(out).subspan(0, 4)).status().code(),
             absl::StatusCode::kInvalidArgument);
   auto small = gpu->Allocate(4);
   ASSERT_TRUE(small.ok());
-  EXPECT_EQ(gpu->StartDownload(**small, absl::MakeSpan(out)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(gpu->StartDownload(**small, 0, absl::MakeSpan(out)).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -358,6 +401,16 @@ TEST_F(CudaBackendTest, GemmMatchesCpuTf32) {
 TEST_F(CudaBackendTest, GemmMatchesCpuBf16) {
   TESSERA_GPU_OR_SKIP(gpu, Math::kBf16);
   CheckGemm(*gpu, Tolerance(Math::kBf16));
+}
+
+TEST_F(CudaBackendTest, GemmRowsMatchCpuFp32) {
+  TESSERA_GPU_OR_SKIP(gpu, Math::kFp32);
+  CheckGemmRows(*gpu, Tolerance(Math::kFp32));
+}
+
+TEST_F(CudaBackendTest, GemmRowsMatchCpuBf16) {
+  TESSERA_GPU_OR_SKIP(gpu, Math::kBf16);
+  CheckGemmRows(*gpu, Tolerance(Math::kBf16));
 }
 
 TEST_F(CudaBackendTest, BiasActivationMatchesCpu) {
