@@ -12,10 +12,7 @@ namespace tessera {
 absl::Status FloatPayload::CopyFloatsTo(absl::Span<float> out, bool check_finite, std::string_view what) const {
   const WireEncoding& e = encoding();
   if (!e.sparse && e.precision == tessera::v1::WireSpec::FP32) {
-    if (size() != out.size() * sizeof(float)) {
-      return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": expected ", out.size() * sizeof(float),
-                                                     " bytes (", out.size(), " float32 values), got ", size()));
-    }
+    TESSERA_RETURN_IF_ERROR(CheckFloat32Length(out.size(), what));
     return CopyFloat32To(out, check_finite, what);
   }
   // Every encoding but top-k is at most as long as the float32 values; top-k longer than that is refused.
@@ -26,6 +23,16 @@ absl::Status FloatPayload::CopyFloatsTo(absl::Span<float> out, bool check_finite
   CopyBytesTo(reinterpret_cast<char*>(out.data()));
   TESSERA_RETURN_IF_ERROR(DecodeInPlace(out, size(), e, what));
   return check_finite ? CheckFinite(out, what) : absl::OkStatus();
+}
+
+absl::Status FloatPayload::CheckFloat32Length(size_t n, std::string_view what) const {
+  if (size() == n * sizeof(float)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": expected ", n * sizeof(float), " bytes (", n,
+                                                 " float32 values), got ", size()));
+}
+
+absl::StatusOr<FloatPieces> FloatPayload::Float32Pieces(size_t, std::string_view, std::vector<float>&) const {
+  return absl::UnimplementedError("this payload's values are decoded into memory of their own (CopyFloatsTo)");
 }
 
 absl::Status FloatPayload::CopyFloat32To(absl::Span<float> out, bool check_finite, std::string_view what) const {

@@ -5,9 +5,12 @@
 
 #include <cstddef>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/float_pieces.h"
 #include "common/wire_format.h"
 
 namespace tessera {
@@ -29,8 +32,20 @@ class FloatPayload {
   // Writable memory, holding the bytes at its front, with room for `n` float32 values; null when the payload
   // has none. Decoding a push there (CopyFloatsTo) saves copying it into a buffer of its own first.
   virtual float* Room(size_t n) const { return nullptr; }
+  // True when the values can be read where they lie (Float32Pieces): dense float32 in memory that holds them
+  // apart (a received byte buffer's fragments).
+  virtual bool reads_in_place() const { return false; }
+  // Where reads_in_place(): exactly n float32 values as pieces of the payload's own memory, checked as
+  // CopyFloatsTo(..., check_finite=true, what) checks them, with their largest |value| recorded. A value split
+  // between two fragments, and a fragment whose bytes are not aligned for floats, are copied into `spill`
+  // (cleared first; the pieces point into it, so it must outlive them and stay unchanged). UNIMPLEMENTED
+  // elsewhere.
+  [[nodiscard]] virtual absl::StatusOr<FloatPieces> Float32Pieces(size_t n, std::string_view what,
+                                                                  std::vector<float>& spill) const;
 
  protected:
+  // INVALID_ARGUMENT naming `what` unless the payload is exactly n float32 values long.
+  [[nodiscard]] absl::Status CheckFloat32Length(size_t n, std::string_view what) const;
   // Copies the size() bytes to `out`.
   virtual void CopyBytesTo(char* out) const = 0;
   // float32, dense: copies exactly out.size() values (the length checked already), checking as CopyFloatsTo.

@@ -182,12 +182,35 @@ UpdateRule::Written UpdateRule::Apply(absl::Span<float> params, absl::Span<const
                                       absl::Span<float> state, int64_t step, float lr_scale, float grad_scale,
                                       bool decay) const {
   CHECK_EQ(params.size(), grad.size());
-  CHECK_EQ(state.size(), params.size() * static_cast<size_t>(state_slots()));
+  return ApplyAt(params, state, grad.data(), 0, grad.size(), step, lr_scale, grad_scale, decay);
+}
+
+UpdateRule::Written UpdateRule::ApplyPieces(absl::Span<float> params, const FloatPieces& grad,
+                                            absl::Span<float> state, int64_t step, float lr_scale, float grad_scale,
+                                            bool decay) const {
+  CHECK_EQ(params.size(), grad.size());
+  Written all;
+  grad.ForEach([&](size_t offset, absl::Span<const float> piece) {
+    const Written w = ApplyAt(params, state, piece.data(), offset, piece.size(), step, lr_scale, grad_scale, decay);
+    all.values = std::max(all.values, w.values);  // infinity wins, as in one pass
+    all.state = std::max(all.state, w.state);
+  });
+  return all;
+}
+
+UpdateRule::Written UpdateRule::ApplyAt(absl::Span<float> all_params, absl::Span<float> all_state, const float* grad,
+                                        size_t offset, size_t n, int64_t step, float lr_scale, float grad_scale,
+                                        bool decay) const {
+  CHECK_EQ(all_state.size(), all_params.size() * static_cast<size_t>(state_slots()));
+  CHECK_LE(offset + n, all_params.size());
   FlushDenormalsScope flush;
-  const size_t n = params.size();
+  // The values [offset, offset + n), and the same range of each state slot (slot k at k * all_params.size()).
+  float* const params = all_params.data() + offset;
+  float* const state = all_state.empty() ? nullptr : all_state.data() + offset;
+  const size_t slot = all_params.size();
   const float lr = spec_.learning_rate() * lr_scale;
-  if (spec_.kind() == tessera::v1::OptimizerSpec::ROUND_MEAN) return ReplaceLoop(params.data(), grad.data(), n, grad_scale);
-  if (spec_.kind() == tessera::v1::OptimizerSpec::SCRIPT) return AddLoop(params.data(), grad.data(), n, lr * grad_scale);
+  if (spec_.kind() == tessera::v1::OptimizerSpec::ROUND_MEAN) return ReplaceLoop(params, grad, n, grad_scale);
+  if (spec_.kind() == tessera::v1::OptimizerSpec::SCRIPT) return AddLoop(params, grad, n, lr * grad_scale);
   const float wd = decay ? spec_.weight_decay() : 0.0f;
   // L2 (SGD, Adam: the decay joins the gradient, as torch.optim's weight_decay) or decoupled (AdamW: the values
   // shrink by 1 - lr * wd before the step, which does not see the decay).
@@ -200,9 +223,9 @@ UpdateRule::Written UpdateRule::Apply(absl::Span<float> params, absl::Span<const
     const float c2 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b2), static_cast<double>(step)));
     const AdamStep s{b1, b2, spec_.epsilon(), lr / c1, std::sqrt(c2), grad_scale, coupled,
                      decoupled ? 1.0f - lr * wd : 1.0f};
-    return AdamLoop(params.data(), grad.data(), state.data(), state.data() + n, n, s);
+    return AdamLoop(params, grad, state, state + slot, n, s);
   }
-  return MomentumLoop(params.data(), grad.data(), state.data(), n, lr, spec_.momentum(), grad_scale, coupled);
+  return MomentumLoop(params, grad, state, n, lr, spec_.momentum(), grad_scale, coupled);
 }
 
 }  // namespace tessera

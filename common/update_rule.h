@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "absl/types/span.h"
+#include "common/float_pieces.h"
 #include "proto/job.pb.h"
 
 namespace tessera {
@@ -51,6 +52,10 @@ class UpdateRule {
   };
   Written Apply(absl::Span<float> params, absl::Span<const float> grad, absl::Span<float> state, int64_t step,
                 float lr_scale, float grad_scale = 1.0f, bool decay = true) const;
+  // The same with the gradient in pieces (a push read where it was received): each piece updates the values and
+  // state at its offset, with the same arithmetic as one call over the whole.
+  Written ApplyPieces(absl::Span<float> params, const FloatPieces& grad, absl::Span<float> state, int64_t step,
+                      float lr_scale, float grad_scale = 1.0f, bool decay = true) const;
 
   // An upper bound on every |value| and |state| after Apply, given bounds before it on |params|, |state| and
   // |grad| (before grad_scale). The server applies in place when this is far below the largest float, and
@@ -59,6 +64,9 @@ class UpdateRule {
                bool decay = true) const;
 
  private:
+  // Apply over values [offset, offset + n) of `params` (and of each state slot) with the n values at `grad`.
+  Written ApplyAt(absl::Span<float> params, absl::Span<float> state, const float* grad, size_t offset, size_t n,
+                  int64_t step, float lr_scale, float grad_scale, bool decay) const;
   bool combines_only() const {
     return spec_.kind() == tessera::v1::OptimizerSpec::SCRIPT || spec_.kind() == tessera::v1::OptimizerSpec::ROUND_MEAN;
   }

@@ -1,9 +1,13 @@
 #include "common/wire_payload.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "common/tensor_codec.h"
 
 namespace tessera {
@@ -150,6 +154,74 @@ absl::Status ParseWithPayload(const grpc::ByteBuffer& buffer, int field_number,
   }
   if (!header->ParseFromString(rest)) return malformed();
   return absl::OkStatus();
+}
+
+bool ReceivedPayload::reads_in_place() const {
+  return !encoding().sparse && encoding().precision == tessera::v1::WireSpec::FP32;
+}
+
+absl::StatusOr<FloatPieces> ReceivedPayload::Float32Pieces(size_t n, std::string_view what,
+                                                           std::vector<float>& spill) const {
+  if (!reads_in_place()) return FloatPayload::Float32Pieces(n, what, spill);
+  TESSERA_RETURN_IF_ERROR(CheckFloat32Length(n, what));
+  // First where each run of values lies: in a fragment (aligned for floats), or in `spill` (a value split
+  // between fragments, or a fragment that is not aligned), by index, since `spill` grows meanwhile.
+  struct Run {
+    const float* in_place;  // null: spill[spilled, spilled + count)
+    size_t spilled;
+    size_t count;
+  };
+  std::vector<Run> runs;
+  spill.clear();
+  char split[sizeof(float)];
+  size_t split_bytes = 0;  // of a value begun in the last fragment
+  auto to_spill = [&](const char* bytes, size_t count) {
+    if (!runs.empty() && runs.back().in_place == nullptr) {
+      runs.back().count += count;
+    } else {
+      runs.push_back(Run{nullptr, spill.size(), count});
+    }
+    const size_t at = spill.size();
+    spill.resize(at + count);
+    std::memcpy(spill.data() + at, bytes, count * sizeof(float));
+  };
+  for (std::string_view fragment : fragments_) {
+    const char* p = fragment.data();
+    size_t left = fragment.size();
+    if (split_bytes > 0) {
+      const size_t take = std::min(left, sizeof(float) - split_bytes);
+      std::memcpy(split + split_bytes, p, take);
+      split_bytes += take;
+      p += take;
+      left -= take;
+      if (split_bytes < sizeof(float)) continue;
+      to_spill(split, 1);
+      split_bytes = 0;
+    }
+    const size_t whole = left / sizeof(float);
+    if (whole > 0) {
+      if (reinterpret_cast<uintptr_t>(p) % alignof(float) == 0) {
+        runs.push_back(Run{reinterpret_cast<const float*>(p), 0, whole});
+      } else {
+        to_spill(p, whole);
+      }
+    }
+    split_bytes = left - whole * sizeof(float);
+    std::memcpy(split, p + whole * sizeof(float), split_bytes);
+  }
+  // Then the pieces, each checked while it is still in cache: nothing non-finite is applied.
+  FloatPieces pieces;
+  float largest = 0.0f;
+  for (const Run& run : runs) {
+    const absl::Span<const float> values(run.in_place != nullptr ? run.in_place : spill.data() + run.spilled,
+                                         run.count);
+    const float m = MaxAbs(values);
+    if (!std::isfinite(m)) return CheckFinite(values, what, pieces.size());  // names the first bad index
+    largest = std::max(largest, m);
+    pieces.Append(values);
+  }
+  pieces.set_max_abs(largest);
+  return pieces;
 }
 
 void ReceivedPayload::CopyBytesTo(char* out) const {

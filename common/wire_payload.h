@@ -45,6 +45,9 @@ class ReceivedPayload final : public FloatPayload {
  public:
   size_t size() const override { return size_; }
   bool empty() const { return size_ == 0; }
+  bool reads_in_place() const override;
+  [[nodiscard]] absl::StatusOr<FloatPieces> Float32Pieces(size_t n, std::string_view what,
+                                                          std::vector<float>& spill) const override;
 
  protected:
   void CopyBytesTo(char* out) const override;

@@ -314,7 +314,8 @@ absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& re
   TESSERA_RETURN_IF_ERROR(CheckPush(request, payload, found, what));
   // Decoded (and checked) outside the chunk lock; nothing has changed if this fails.
   std::shared_ptr<PooledBuffer> scratch;
-  TESSERA_ASSIGN_OR_RETURN(absl::Span<float> values, DecodePush(*found.chunk, payload, scratch, what));
+  std::vector<float> spill;
+  TESSERA_ASSIGN_OR_RETURN(FloatPieces values, DecodePush(*found.chunk, payload, scratch, spill, what));
   Applied applied;
   applied.chunk = found.chunk;
   {
@@ -380,16 +381,18 @@ absl::Status ShardStore::CheckPusher(const Roster& roster, int worker, uint64_t 
   return absl::OkStatus();
 }
 
-absl::StatusOr<absl::Span<float>> ShardStore::DecodePush(Chunk& chunk, const FloatPayload& payload,
-                                                         std::shared_ptr<PooledBuffer>& scratch,
-                                                         const std::string& what) const {
+absl::StatusOr<FloatPieces> ShardStore::DecodePush(Chunk& chunk, const FloatPayload& payload,
+                                                   std::shared_ptr<PooledBuffer>& scratch, std::vector<float>& spill,
+                                                   const std::string& what) const {
   // A chunk's length never changes once created.
   size_t length;
   {
     absl::ReaderMutexLock lock(&chunk.mu);
     length = chunk.values.size();
   }
-  // Decoded where the payload lies when it has room, else into a buffer of its own.
+  // Read where it was received when it can be (float32 in a byte buffer's fragments); else decoded where the
+  // payload lies when it has room, else into a buffer of its own.
+  if (payload.reads_in_place()) return payload.Float32Pieces(length, what, spill);
   float* room = payload.Room(length);
   if (room == nullptr) {
     scratch = buffers_.Get(length * sizeof(float));
@@ -398,10 +401,10 @@ absl::StatusOr<absl::Span<float>> ShardStore::DecodePush(Chunk& chunk, const Flo
   absl::Span<float> values(room, length);
   // Nothing non-finite enters the values, gradient or assignment.
   TESSERA_RETURN_IF_ERROR(payload.CopyFloatsTo(values, /*check_finite=*/true, what));
-  return values;
+  return FloatPieces(values);
 }
 
-absl::Status ShardStore::ApplyLocked(const ChunkPush& request, absl::Span<const float> values, Chunk& chunk,
+absl::Status ShardStore::ApplyLocked(const ChunkPush& request, const FloatPieces& values, Chunk& chunk,
                                      const Found& found, const std::shared_ptr<ExchangeWaiter>* waiter,
                                      const std::string& what, Applied& applied) {
   ConsistencyPolicy& policy = *found.config->policy;
@@ -430,7 +433,7 @@ absl::Status ShardStore::ApplyLocked(const ChunkPush& request, absl::Span<const 
     // A retried exchange of a round that is still open waits for it like the original.
     admission.round_open = !request.assign && policy.DuplicateWaitsLocked(request, chunk);
   } else if (request.assign) {
-    std::copy(values.begin(), values.end(), chunk.values.begin());
+    values.CopyTo(absl::MakeSpan(chunk.values));
     ++chunk.version;
     ++chunk.assignments;
     chunk.last_seq[worker] = request.seq;

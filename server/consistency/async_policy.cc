@@ -6,7 +6,7 @@
 
 namespace tessera {
 
-absl::StatusOr<Admission> AsyncPolicy::AdmitLocked(const ChunkPush& push, absl::Span<const float> grad, Chunk& chunk,
+absl::StatusOr<Admission> AsyncPolicy::AdmitLocked(const ChunkPush& push, const FloatPieces& grad, Chunk& chunk,
                                                    const Roster& roster, const std::string& what) {
   Admission admission;
   admission.staleness = std::max<int64_t>(0, push.clock - push.read_clock_version);

@@ -10,7 +10,7 @@ class AsyncPolicy final : public ConsistencyPolicy {
  public:
   AsyncPolicy(const UpdateRule& rule, bool staleness_aware_lr) : rule_(rule), staleness_aware_lr_(staleness_aware_lr) {}
 
-  absl::StatusOr<Admission> AdmitLocked(const ChunkPush& push, absl::Span<const float> grad, Chunk& chunk,
+  absl::StatusOr<Admission> AdmitLocked(const ChunkPush& push, const FloatPieces& grad, Chunk& chunk,
                                         const Roster& roster, const std::string& what) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   void AdmitRows(RowPush push, RowAnswer done, const Roster& roster, const RowApplier& apply,

@@ -63,7 +63,7 @@ class ConsistencyPolicy {
   // Takes one checked gradient `grad` of `push` (not a duplicate, not an assignment). An error leaves the chunk
   // unchanged: UNAVAILABLE for a round not open yet, ABORTED for a second, different push of one worker in one
   // round, INVALID_ARGUMENT for an update that would make values non-finite. `what` names the push in errors.
-  virtual absl::StatusOr<Admission> AdmitLocked(const ChunkPush& push, absl::Span<const float> grad, Chunk& chunk,
+  virtual absl::StatusOr<Admission> AdmitLocked(const ChunkPush& push, const FloatPieces& grad, Chunk& chunk,
                                                 const Roster& roster, const std::string& what) = 0;
 
   // SYNC clipping (PushRequest.norm_only): takes one checked gradient `grad` into the chunk's norm round of
@@ -71,7 +71,7 @@ class ConsistencyPolicy {
   // with its squared norm and the exchanges that waited for it; `round_open` while it waits for other workers.
   // UNAVAILABLE for a round not open yet, ABORTED for a round whose update was applied already,
   // FAILED_PRECONDITION where the mode has no norm rounds.
-  virtual absl::StatusOr<Admission> AdmitNormLocked(const ChunkPush& push, absl::Span<const float> grad, Chunk& chunk,
+  virtual absl::StatusOr<Admission> AdmitNormLocked(const ChunkPush& push, const FloatPieces& grad, Chunk& chunk,
                                                     const Roster& roster, const std::string& what) {
     return absl::FailedPreconditionError(absl::StrCat(what, ": a norm-only push is for SYNC jobs that clip"));
   }

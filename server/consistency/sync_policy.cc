@@ -11,7 +11,7 @@ void SyncPolicy::PrepareChunkLocked(Chunk& chunk, int workers) const {
   chunk.round.Prepare(chunk.values.size(), workers, keeps_apart());
 }
 
-absl::StatusOr<Admission> SyncPolicy::AdmitLocked(const ChunkPush& push, absl::Span<const float> grad, Chunk& chunk,
+absl::StatusOr<Admission> SyncPolicy::AdmitLocked(const ChunkPush& push, const FloatPieces& grad, Chunk& chunk,
                                                   const Roster& roster, const std::string& what) {
   Admission admission;
   const int64_t round = RoundLocked(chunk);
@@ -47,7 +47,7 @@ bool SyncPolicy::CloseIfCompleteLocked(Chunk& chunk, const Roster& roster, int64
   return true;
 }
 
-void SyncPolicy::CollectLocked(const ChunkPush& push, absl::Span<const float> grad, Chunk& chunk, Admission&) {
+void SyncPolicy::CollectLocked(const ChunkPush& push, const FloatPieces& grad, Chunk& chunk, Admission&) {
   chunk.round.Add(push.worker_id, grad, push.batch_size, {push.lr_factor, push.skip});
 }
 
@@ -67,7 +67,7 @@ bool SyncPolicy::RoundCompleteLocked(const Chunk& chunk, const Roster& roster) c
   return EveryoneInLocked(chunk.round, RoundLocked(chunk), roster);
 }
 
-absl::StatusOr<Admission> SyncPolicy::AdmitNormLocked(const ChunkPush& push, absl::Span<const float> grad,
+absl::StatusOr<Admission> SyncPolicy::AdmitNormLocked(const ChunkPush& push, const FloatPieces& grad,
                                                       Chunk& chunk, const Roster& roster, const std::string& what) {
   Admission admission;
   const int64_t round = RoundLocked(chunk);
@@ -158,7 +158,7 @@ std::shared_ptr<const std::vector<int>> BackupSyncPolicy::MembersOf(int64_t roun
   return it == decided_.end() ? nullptr : it->second;
 }
 
-void BackupSyncPolicy::CollectLocked(const ChunkPush& push, absl::Span<const float> grad, Chunk& chunk,
+void BackupSyncPolicy::CollectLocked(const ChunkPush& push, const FloatPieces& grad, Chunk& chunk,
                                      Admission& admission) {
   chunk.round.Keep(push.worker_id, grad, push.batch_size, {push.lr_factor, push.skip});
   std::shared_ptr<const std::vector<int>> members = MembersOf(RoundLocked(chunk));

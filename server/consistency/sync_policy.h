@@ -17,7 +17,7 @@ class SyncPolicy : public ConsistencyPolicy {
       : rule_(rule), rows_(decided, [this](int64_t round) { return RowMembers(round); }) {}
 
   void PrepareChunkLocked(Chunk& chunk, int workers) const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
-  absl::StatusOr<Admission> AdmitLocked(const ChunkPush& push, absl::Span<const float> grad, Chunk& chunk,
+  absl::StatusOr<Admission> AdmitLocked(const ChunkPush& push, const FloatPieces& grad, Chunk& chunk,
                                         const Roster& roster, const std::string& what) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   bool DuplicateWaitsLocked(const ChunkPush& push, const Chunk& chunk) const override
@@ -27,7 +27,7 @@ class SyncPolicy : public ConsistencyPolicy {
   bool CloseIfCompleteLocked(Chunk& chunk, const Roster& roster, int64_t& dropped,
                              std::vector<std::shared_ptr<ExchangeWaiter>>& closed) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
-  absl::StatusOr<Admission> AdmitNormLocked(const ChunkPush& push, absl::Span<const float> grad, Chunk& chunk,
+  absl::StatusOr<Admission> AdmitNormLocked(const ChunkPush& push, const FloatPieces& grad, Chunk& chunk,
                                             const Roster& roster, const std::string& what) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   bool CloseNormIfCompleteLocked(Chunk& chunk, const Roster& roster, double& sq_norm,
@@ -55,7 +55,7 @@ class SyncPolicy : public ConsistencyPolicy {
   // The members of a decided round (backup workers), or null.
   virtual std::shared_ptr<const std::vector<int>> RowMembers(int64_t round) const { return nullptr; }
   // Puts a checked gradient of the open round into it; sets `late` when it will not count.
-  virtual void CollectLocked(const ChunkPush& push, absl::Span<const float> grad, Chunk& chunk, Admission& admission)
+  virtual void CollectLocked(const ChunkPush& push, const FloatPieces& grad, Chunk& chunk, Admission& admission)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   // Has every worker the round waits for contributed?
   virtual bool RoundCompleteLocked(const Chunk& chunk, const Roster& roster) const
@@ -82,7 +82,7 @@ class BackupSyncPolicy final : public SyncPolicy {
 
  protected:
   bool keeps_apart() const override { return true; }
-  void CollectLocked(const ChunkPush& push, absl::Span<const float> grad, Chunk& chunk, Admission& admission) override
+  void CollectLocked(const ChunkPush& push, const FloatPieces& grad, Chunk& chunk, Admission& admission) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   bool RoundCompleteLocked(const Chunk& chunk, const Roster& roster) const override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);

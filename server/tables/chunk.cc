@@ -11,7 +11,7 @@
 
 namespace tessera {
 
-bool ApplyUpdateLocked(const UpdateRule& rule, Chunk& chunk, absl::Span<const float> grad, float lr_scale,
+bool ApplyUpdateLocked(const UpdateRule& rule, Chunk& chunk, const FloatPieces& grad, float lr_scale,
                        float grad_scale, const std::vector<int>& workers, int64_t clock) {
   const int64_t step = chunk.gradient_updates + 1;
   // The schedule's factor comes from the clock here, not from the caller: a backup replaying the update log
@@ -22,7 +22,7 @@ bool ApplyUpdateLocked(const UpdateRule& rule, Chunk& chunk, absl::Span<const fl
   // otherwise on a kept copy's watch, undone when anything came out non-finite.
   constexpr double kSafe = 1e36;
   const bool safe =
-      rule.Bound(chunk.values_bound, chunk.state_bound, MaxAbs(grad), step, rate, grad_scale, decay) < kSafe;
+      rule.Bound(chunk.values_bound, chunk.state_bound, grad.MaxAbs(), step, rate, grad_scale, decay) < kSafe;
   thread_local std::vector<float> before;  // per thread, reused
   const size_t n = chunk.values.size();
   if (!safe) {
@@ -32,7 +32,7 @@ bool ApplyUpdateLocked(const UpdateRule& rule, Chunk& chunk, absl::Span<const fl
   }
   // The result's bounds come from the update's own pass.
   const UpdateRule::Written written =
-      rule.Apply(absl::MakeSpan(chunk.values), grad, absl::MakeSpan(chunk.state), step, rate, grad_scale, decay);
+      rule.ApplyPieces(absl::MakeSpan(chunk.values), grad, absl::MakeSpan(chunk.state), step, rate, grad_scale, decay);
   if (!std::isfinite(written.values) || !std::isfinite(written.state)) {
     CHECK(!safe) << "an update the bounds called safe overflowed";
     std::memcpy(chunk.values.data(), before.data(), n * sizeof(float));
@@ -60,7 +60,7 @@ void SkipUpdateLocked(Chunk& chunk, const std::vector<int>& workers, int64_t clo
   chunk.replication.log_bytes += sizeof(tessera::v1::ChunkUpdate);  // bounded with the rest of the log
 }
 
-void LogUpdateLocked(Chunk& chunk, bool assign, absl::Span<const float> values, float lr_scale, float grad_scale,
+void LogUpdateLocked(Chunk& chunk, bool assign, const FloatPieces& values, float lr_scale, float grad_scale,
                      const std::vector<int>& workers, int64_t clock) {
   UnitReplication& r = chunk.replication;
   if (r.log_base < 0) return;  // the next hand-over is the whole state anyway
@@ -75,7 +75,9 @@ void LogUpdateLocked(Chunk& chunk, bool assign, absl::Span<const float> values, 
   tessera::v1::ChunkUpdate& u = r.log.emplace_back();
   u.set_version(chunk.version);
   u.set_assign(assign);
-  u.set_values(std::string(reinterpret_cast<const char*>(values.data()), bytes));
+  std::string& copy = *u.mutable_values();
+  copy.resize(bytes);
+  values.CopyTo(absl::MakeSpan(reinterpret_cast<float*>(copy.data()), values.size()));
   u.set_lr_scale(lr_scale);
   u.set_grad_scale(grad_scale);
   for (int w : workers) u.add_workers(w);

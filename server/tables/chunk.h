@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "common/float_pieces.h"
 #include "common/update_rule.h"
 #include "proto/checkpoint.pb.h"
 #include "proto/ps.pb.h"
@@ -78,7 +79,7 @@ inline int64_t RoundLocked(const Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chu
 // Applies `grad` (already validated) to `chunk` with `rule`, advancing its version and the clocks of `workers`
 // to `clock` + 1. An update that would leave a value or optimizer state non-finite (finite gradients can still
 // overflow: a huge one, or a diverging job) is undone: false, and the chunk is as it was.
-[[nodiscard]] bool ApplyUpdateLocked(const UpdateRule& rule, Chunk& chunk, absl::Span<const float> grad,
+[[nodiscard]] bool ApplyUpdateLocked(const UpdateRule& rule, Chunk& chunk, const FloatPieces& grad,
                                      float lr_scale, float grad_scale, const std::vector<int>& workers, int64_t clock)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
 
@@ -96,7 +97,7 @@ tessera::v1::ChunkState ChunkStateLocked(const Chunk& chunk) ABSL_EXCLUSIVE_LOCK
 
 // Notes an update just applied to a chunk that has backups, for the next hand-over (`values`: the gradient the
 // rule took, or the values assigned).
-void LogUpdateLocked(Chunk& chunk, bool assign, absl::Span<const float> values, float lr_scale, float grad_scale,
+void LogUpdateLocked(Chunk& chunk, bool assign, const FloatPieces& values, float lr_scale, float grad_scale,
                      const std::vector<int>& workers, int64_t clock) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
 
 }  // namespace tessera

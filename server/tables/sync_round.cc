@@ -28,8 +28,10 @@ void SyncRound::Prepare(size_t length, int workers, bool keep_apart) {
   }
 }
 
-void SyncRound::Add(int worker, absl::Span<const float> grad, int batch_size, RoundTerms terms) {
-  Scaled(sum_.data(), grad.data(), grad.size(), static_cast<float>(batch_size), workers_.empty());
+void SyncRound::Add(int worker, const FloatPieces& grad, int batch_size, RoundTerms terms) {
+  grad.ForEach([&](size_t offset, absl::Span<const float> piece) {
+    Scaled(sum_.data() + offset, piece.data(), piece.size(), static_cast<float>(batch_size), workers_.empty());
+  });
   if (workers_.empty()) {
     lr_factor_ = terms.lr_factor;
     skip_ = terms.skip;
@@ -41,8 +43,9 @@ void SyncRound::Add(int worker, absl::Span<const float> grad, int batch_size, Ro
   workers_.push_back(worker);
 }
 
-void SyncRound::Keep(int worker, absl::Span<const float> grad, int batch_size, RoundTerms terms) {
-  kept_[worker].assign(grad.begin(), grad.end());
+void SyncRound::Keep(int worker, const FloatPieces& grad, int batch_size, RoundTerms terms) {
+  kept_[worker].resize(grad.size());
+  grad.CopyTo(absl::MakeSpan(kept_[worker]));
   kept_batch_[worker] = batch_size;
   kept_terms_[worker] = terms;
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "common/float_pieces.h"
 #include "server/tables/exchange_waiter.h"
 
 namespace tessera {
@@ -26,9 +27,9 @@ class SyncRound {
 
   // Adds `batch_size` * `grad` of `worker` to the round's sum (the first gradient starts it, so nothing needs
   // clearing between rounds).
-  void Add(int worker, absl::Span<const float> grad, int batch_size, RoundTerms terms = {});
+  void Add(int worker, const FloatPieces& grad, int batch_size, RoundTerms terms = {});
   // Backup workers: keeps `worker`'s gradient apart until Sum.
-  void Keep(int worker, absl::Span<const float> grad, int batch_size, RoundTerms terms = {});
+  void Keep(int worker, const FloatPieces& grad, int batch_size, RoundTerms terms = {});
   // Backup workers: sums the kept gradients of `members` (ascending ids) as Add would and forgets every kept
   // one; returns how many of them were left out (not members).
   int64_t Sum(const std::vector<int>* members);

@@ -132,6 +132,49 @@ TEST(UpdateRuleTest, AdamwDecaysTheValuesApartFromTheGradient) {
   EXPECT_NEAR(w[0], 4.0f * (1.0f - 0.1f * 0.5f) - 0.1f, 1e-5);
 }
 
+// A gradient in pieces (a push read where gRPC received it) updates the values and every state slot exactly as
+// the same gradient in one array, for every rule; the bounds it returns are the whole pass's.
+TEST(UpdateRuleTest, AGradientInPiecesUpdatesExactlyAsInOneArray) {
+  const size_t n = 1000;
+  std::vector<float> grad(n), start(n);
+  for (size_t i = 0; i < n; ++i) {
+    grad[i] = std::sin(static_cast<float>(i)) * 0.25f;
+    start[i] = std::cos(static_cast<float>(i) * 0.3f);
+  }
+  FloatPieces pieces;
+  const std::vector<size_t> ends = {1, 17, 18, 500, 999, 1000};  // pieces of 1, 16, 1, 482, 499 and 1 values
+  for (size_t i = 0; i < ends.size(); ++i) {
+    const size_t begin = i == 0 ? 0 : ends[i - 1];
+    pieces.Append(absl::MakeConstSpan(grad).subspan(begin, ends[i] - begin));
+  }
+  ASSERT_EQ(pieces.size(), n);
+  ASSERT_EQ(pieces.pieces().size(), 6u);
+  using Kind = tessera::v1::OptimizerSpec;
+  for (auto kind : {Kind::SGD, Kind::ADAM, Kind::ADAMW, Kind::ROUND_MEAN, Kind::SCRIPT}) {
+    tessera::v1::OptimizerSpec spec;
+    spec.set_kind(kind);
+    spec.set_learning_rate(0.05f);
+    spec.set_momentum(0.9f);
+    spec.set_beta1(0.9f);
+    spec.set_beta2(0.999f);
+    spec.set_epsilon(1e-8f);
+    spec.set_weight_decay(0.01f);
+    const UpdateRule rule(spec);
+    std::vector<float> whole = start, pieced = start;
+    std::vector<float> whole_state(n * rule.state_slots(), 0.1f), pieced_state = whole_state;
+    for (int step = 1; step <= 3; ++step) {
+      const UpdateRule::Written a =
+          rule.Apply(absl::MakeSpan(whole), grad, absl::MakeSpan(whole_state), step, 0.5f, 0.75f);
+      const UpdateRule::Written b =
+          rule.ApplyPieces(absl::MakeSpan(pieced), pieces, absl::MakeSpan(pieced_state), step, 0.5f, 0.75f);
+      EXPECT_EQ(a.values, b.values) << spec.ShortDebugString();
+      EXPECT_EQ(a.state, b.state) << spec.ShortDebugString();
+    }
+    EXPECT_EQ(whole, pieced) << spec.ShortDebugString();
+    EXPECT_EQ(whole_state, pieced_state) << spec.ShortDebugString();
+  }
+}
+
 // The schedule: a linear warmup to the full rate, then each decay reaches its floor at total_steps and stays.
 TEST(UpdateRuleTest, ScheduleFactorsWarmUpThenDecay) {
   tessera::v1::OptimizerSpec spec;

@@ -121,6 +121,61 @@ TEST(WirePayloadTest, WrongLengthAndNonFiniteValuesAreInvalidArguments) {
   EXPECT_THAT(payload.CopyFloatsTo(absl::MakeSpan(four), false, "assign"), IsOk());
 }
 
+// Float32 values are read where they were received: every cut gives the values, in pieces whose largest |value|
+// is recorded; fragments holding whole aligned floats are used in place (nothing spilled), and a value split
+// between fragments, or a fragment not aligned for floats, is copied into the spill.
+TEST(WirePayloadTest, Float32PiecesAreTheValuesReadWhereTheyLie) {
+  std::vector<float> values(1000);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) * (i % 2 ? -0.5f : 0.5f);
+  PushRequest full = Header();
+  full.set_data(std::string(BytesOf(values)));
+  const std::string bytes = full.SerializeAsString();
+  for (size_t piece : {1, 3, 7, 100, 4096, 100000}) {
+    PushRequest header;
+    ReceivedPayload payload;
+    ASSERT_THAT(ParseWithPayload(Recut(bytes, piece), PushRequest::kDataFieldNumber, &header, &payload), IsOk());
+    ASSERT_TRUE(payload.reads_in_place());
+    std::vector<float> spill;
+    absl::StatusOr<FloatPieces> pieces = payload.Float32Pieces(values.size(), "w", spill);
+    ASSERT_THAT(pieces.status(), IsOk()) << piece;
+    std::vector<float> out(values.size());
+    pieces->CopyTo(absl::MakeSpan(out));
+    EXPECT_EQ(out, values) << piece;
+    EXPECT_EQ(pieces->MaxAbs(), 499.5f) << piece;
+    EXPECT_THAT(payload.Float32Pieces(values.size() - 1, "push to w/0", spill).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument, "expected 3996 bytes (999 float32 values), got 4000"));
+  }
+  // The payload's own slice (as SerializeWithPayload sends it, and as most fragments arrive): read in place.
+  grpc::ByteBuffer wire =
+      SerializeWithPayload(Header(), PushRequest::kDataFieldNumber, BorrowedBytesSlice(BytesOf(values)));
+  PushRequest header;
+  ReceivedPayload payload;
+  ASSERT_THAT(ParseWithPayload(wire, PushRequest::kDataFieldNumber, &header, &payload), IsOk());
+  std::vector<float> spill = {1.0f};
+  absl::StatusOr<FloatPieces> pieces = payload.Float32Pieces(values.size(), "w", spill);
+  ASSERT_THAT(pieces.status(), IsOk());
+  EXPECT_TRUE(spill.empty());
+  ASSERT_EQ(pieces->pieces().size(), 1u);
+  EXPECT_EQ(pieces->pieces()[0].values.data(), values.data()) << "not copied";
+  // A non-finite value anywhere is refused, naming its index, whether it lies in place or was spilled.
+  values[777] = std::numeric_limits<float>::infinity();
+  full.set_data(std::string(BytesOf(values)));
+  for (size_t piece : {5, 4096}) {
+    ReceivedPayload bad;
+    ASSERT_THAT(ParseWithPayload(Recut(full.SerializeAsString(), piece), PushRequest::kDataFieldNumber, &header,
+                                 &bad),
+                IsOk());
+    EXPECT_THAT(bad.Float32Pieces(values.size(), "push to w/0", spill).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument, "index 777"));
+  }
+  // Other encodings are decoded into memory of their own.
+  WireEncoding bf16;
+  bf16.precision = tessera::v1::WireSpec::BF16;
+  payload.set_encoding(bf16);
+  EXPECT_FALSE(payload.reads_in_place());
+  EXPECT_THAT(payload.Float32Pieces(values.size(), "w", spill).status(), StatusIs(absl::StatusCode::kUnimplemented, "CopyFloatsTo"));
+}
+
 TEST(WirePayloadTest, MalformedBytesAreInvalidArguments) {
   const std::string good = Header().SerializeAsString();
   for (const std::string& bad : {std::string("\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", 11),
