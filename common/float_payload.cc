@@ -31,7 +31,7 @@ absl::Status FloatPayload::CheckFloat32Length(size_t n, std::string_view what) c
                                                  " float32 values), got ", size()));
 }
 
-absl::StatusOr<FloatPieces> FloatPayload::Float32Pieces(size_t, std::string_view, std::vector<float>&) const {
+absl::StatusOr<FloatPieces> FloatPayload::Float32Pieces(size_t, std::string_view, absl::Span<float>) const {
   return absl::UnimplementedError("this payload's values are decoded into memory of their own (CopyFloatsTo)");
 }
 

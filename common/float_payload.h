@@ -37,11 +37,11 @@ class FloatPayload {
   virtual bool reads_in_place() const { return false; }
   // Where reads_in_place(): exactly n float32 values as pieces of the payload's own memory, checked as
   // CopyFloatsTo(..., check_finite=true, what) checks them, with their largest |value| recorded. A value split
-  // between two fragments, and a fragment whose bytes are not aligned for floats, are copied into `spill`
-  // (cleared first; the pieces point into it, so it must outlive them and stay unchanged). UNIMPLEMENTED
-  // elsewhere.
+  // between two fragments, and a fragment whose bytes are not aligned for floats, are copied to the same offset
+  // of `spill` (at least n floats; the pieces may point into it, so it must outlive them unchanged).
+  // UNIMPLEMENTED elsewhere.
   [[nodiscard]] virtual absl::StatusOr<FloatPieces> Float32Pieces(size_t n, std::string_view what,
-                                                                  std::vector<float>& spill) const;
+                                                                  absl::Span<float> spill) const;
 
  protected:
   // INVALID_ARGUMENT naming `what` unless the payload is exactly n float32 values long.

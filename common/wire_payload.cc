@@ -4,11 +4,13 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
+#include "glog/logging.h"
 
 namespace tessera {
 namespace {
@@ -161,65 +163,63 @@ bool ReceivedPayload::reads_in_place() const {
 }
 
 absl::StatusOr<FloatPieces> ReceivedPayload::Float32Pieces(size_t n, std::string_view what,
-                                                           std::vector<float>& spill) const {
+                                                           absl::Span<float> spill) const {
   if (!reads_in_place()) return FloatPayload::Float32Pieces(n, what, spill);
   TESSERA_RETURN_IF_ERROR(CheckFloat32Length(n, what));
-  // First where each run of values lies: in a fragment (aligned for floats), or in `spill` (a value split
-  // between fragments, or a fragment that is not aligned), by index, since `spill` grows meanwhile.
-  struct Run {
-    const float* in_place;  // null: spill[spilled, spilled + count)
-    size_t spilled;
-    size_t count;
-  };
-  std::vector<Run> runs;
-  spill.clear();
-  char split[sizeof(float)];
-  size_t split_bytes = 0;  // of a value begun in the last fragment
-  auto to_spill = [&](const char* bytes, size_t count) {
-    if (!runs.empty() && runs.back().in_place == nullptr) {
-      runs.back().count += count;
-    } else {
-      runs.push_back(Run{nullptr, spill.size(), count});
+  CHECK_GE(spill.size(), n);
+  FloatPieces pieces;
+  float largest = 0.0f;
+  // Each run of values is checked while it is still in cache, and taken only once all are: nothing non-finite
+  // is applied.
+  absl::Status bad;
+  auto take = [&](absl::Span<const float> values) {
+    if (!bad.ok() || values.empty()) return;
+    const float m = MaxAbs(values);
+    if (!std::isfinite(m)) {
+      bad = CheckFinite(values, what, pieces.size());  // names the first bad index
+      return;
     }
-    const size_t at = spill.size();
-    spill.resize(at + count);
-    std::memcpy(spill.data() + at, bytes, count * sizeof(float));
+    largest = std::max(largest, m);
+    pieces.Append(values);
+  };
+  // The values lie in place where a fragment holds whole floats at an address aligned for them; the rest (a
+  // value split between two fragments, a fragment that is not aligned) is copied to the same offset of `spill`,
+  // and consecutive spilled values form one run there.
+  char* const spilled = reinterpret_cast<char*>(spill.data());
+  size_t done = 0;  // bytes of the values seen
+  std::optional<size_t> spill_begin;  // bytes: the spilled run not taken yet is [*spill_begin, done)
+  auto take_spilled = [&] {
+    if (!spill_begin) return;
+    take(absl::MakeConstSpan(spill.data() + *spill_begin / sizeof(float), (done - *spill_begin) / sizeof(float)));
+    spill_begin.reset();
   };
   for (std::string_view fragment : fragments_) {
     const char* p = fragment.data();
     size_t left = fragment.size();
-    if (split_bytes > 0) {
-      const size_t take = std::min(left, sizeof(float) - split_bytes);
-      std::memcpy(split + split_bytes, p, take);
-      split_bytes += take;
-      p += take;
-      left -= take;
-      if (split_bytes < sizeof(float)) continue;
-      to_spill(split, 1);
-      split_bytes = 0;
+    if (const size_t split = done % sizeof(float); split > 0) {
+      // The rest of a value whose first bytes ended the last fragment (and so are spilled already).
+      const size_t rest = std::min(left, sizeof(float) - split);
+      std::memcpy(spilled + done, p, rest);
+      p += rest;
+      left -= rest;
+      done += rest;
     }
     const size_t whole = left / sizeof(float);
-    if (whole > 0) {
-      if (reinterpret_cast<uintptr_t>(p) % alignof(float) == 0) {
-        runs.push_back(Run{reinterpret_cast<const float*>(p), 0, whole});
-      } else {
-        to_spill(p, whole);
-      }
+    if (whole > 0 && reinterpret_cast<uintptr_t>(p) % alignof(float) == 0) {
+      take_spilled();
+      take(absl::MakeConstSpan(reinterpret_cast<const float*>(p), whole));
+      p += whole * sizeof(float);
+      left -= whole * sizeof(float);
+      done += whole * sizeof(float);
     }
-    split_bytes = left - whole * sizeof(float);
-    std::memcpy(split, p + whole * sizeof(float), split_bytes);
+    if (left > 0) {
+      if (!spill_begin) spill_begin = done;  // a float boundary: a split value's first bytes start a run
+      std::memcpy(spilled + done, p, left);
+      done += left;
+    }
   }
-  // Then the pieces, each checked while it is still in cache: nothing non-finite is applied.
-  FloatPieces pieces;
-  float largest = 0.0f;
-  for (const Run& run : runs) {
-    const absl::Span<const float> values(run.in_place != nullptr ? run.in_place : spill.data() + run.spilled,
-                                         run.count);
-    const float m = MaxAbs(values);
-    if (!std::isfinite(m)) return CheckFinite(values, what, pieces.size());  // names the first bad index
-    largest = std::max(largest, m);
-    pieces.Append(values);
-  }
+  take_spilled();
+  TESSERA_RETURN_IF_ERROR(bad);
   pieces.set_max_abs(largest);
   return pieces;
 }

@@ -47,7 +47,7 @@ class ReceivedPayload final : public FloatPayload {
   bool empty() const { return size_ == 0; }
   bool reads_in_place() const override;
   [[nodiscard]] absl::StatusOr<FloatPieces> Float32Pieces(size_t n, std::string_view what,
-                                                          std::vector<float>& spill) const override;
+                                                          absl::Span<float> spill) const override;
 
  protected:
   void CopyBytesTo(char* out) const override;

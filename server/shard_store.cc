@@ -314,8 +314,7 @@ absl::StatusOr<ShardStore::Applied> ShardStore::PushInternal(const ChunkPush& re
   TESSERA_RETURN_IF_ERROR(CheckPush(request, payload, found, what));
   // Decoded (and checked) outside the chunk lock; nothing has changed if this fails.
   std::shared_ptr<PooledBuffer> scratch;
-  std::vector<float> spill;
-  TESSERA_ASSIGN_OR_RETURN(FloatPieces values, DecodePush(*found.chunk, payload, scratch, spill, what));
+  TESSERA_ASSIGN_OR_RETURN(FloatPieces values, DecodePush(*found.chunk, payload, scratch, what));
   Applied applied;
   applied.chunk = found.chunk;
   {
@@ -382,7 +381,7 @@ absl::Status ShardStore::CheckPusher(const Roster& roster, int worker, uint64_t 
 }
 
 absl::StatusOr<FloatPieces> ShardStore::DecodePush(Chunk& chunk, const FloatPayload& payload,
-                                                   std::shared_ptr<PooledBuffer>& scratch, std::vector<float>& spill,
+                                                   std::shared_ptr<PooledBuffer>& scratch,
                                                    const std::string& what) const {
   // A chunk's length never changes once created.
   size_t length;
@@ -390,9 +389,13 @@ absl::StatusOr<FloatPieces> ShardStore::DecodePush(Chunk& chunk, const FloatPayl
     absl::ReaderMutexLock lock(&chunk.mu);
     length = chunk.values.size();
   }
-  // Read where it was received when it can be (float32 in a byte buffer's fragments); else decoded where the
-  // payload lies when it has room, else into a buffer of its own.
-  if (payload.reads_in_place()) return payload.Float32Pieces(length, what, spill);
+  // Read where it was received when it can be (float32 in a byte buffer's fragments, what is not aligned for
+  // floats spilled into a buffer of its own); else decoded where the payload lies when it has room, else into a
+  // buffer of its own.
+  if (payload.reads_in_place()) {
+    scratch = buffers_.Get(length * sizeof(float));
+    return payload.Float32Pieces(length, what, absl::MakeSpan(reinterpret_cast<float*>(scratch->data()), length));
+  }
   float* room = payload.Room(length);
   if (room == nullptr) {
     scratch = buffers_.Get(length * sizeof(float));

@@ -303,11 +303,10 @@ class ShardStore {
   // The checks of a push that need no chunk lock: its worker, member key, sequence number and numbers.
   absl::Status CheckPush(const ChunkPush& request, const FloatPayload& payload, const Found& found,
                          const std::string& what) const;
-  // The push's values, checked finite: read where they were received (pieces, with split values in `spill`),
-  // or decoded where the payload lies or into `scratch`.
+  // The push's values, checked finite: read where they were received (pieces, with what is not aligned for
+  // floats in `scratch`), or decoded where the payload lies or into `scratch`.
   absl::StatusOr<FloatPieces> DecodePush(Chunk& chunk, const FloatPayload& payload,
-                                         std::shared_ptr<PooledBuffer>& scratch, std::vector<float>& spill,
-                                         const std::string& what) const;
+                                         std::shared_ptr<PooledBuffer>& scratch, const std::string& what) const;
   // Applies a validated push to `chunk` (found.chunk) under its lock (exactly once per worker and sequence number).
   absl::Status ApplyLocked(const ChunkPush& request, const FloatPieces& values, Chunk& chunk, const Found& found,
                            const std::shared_ptr<ExchangeWaiter>* waiter, const std::string& what, Applied& applied)

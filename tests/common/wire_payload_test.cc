@@ -135,14 +135,14 @@ TEST(WirePayloadTest, Float32PiecesAreTheValuesReadWhereTheyLie) {
     ReceivedPayload payload;
     ASSERT_THAT(ParseWithPayload(Recut(bytes, piece), PushRequest::kDataFieldNumber, &header, &payload), IsOk());
     ASSERT_TRUE(payload.reads_in_place());
-    std::vector<float> spill;
-    absl::StatusOr<FloatPieces> pieces = payload.Float32Pieces(values.size(), "w", spill);
+    std::vector<float> spill(values.size());
+    absl::StatusOr<FloatPieces> pieces = payload.Float32Pieces(values.size(), "w", absl::MakeSpan(spill));
     ASSERT_THAT(pieces.status(), IsOk()) << piece;
     std::vector<float> out(values.size());
     pieces->CopyTo(absl::MakeSpan(out));
     EXPECT_EQ(out, values) << piece;
     EXPECT_EQ(pieces->MaxAbs(), 499.5f) << piece;
-    EXPECT_THAT(payload.Float32Pieces(values.size() - 1, "push to w/0", spill).status(),
+    EXPECT_THAT(payload.Float32Pieces(values.size() - 1, "push to w/0", absl::MakeSpan(spill)).status(),
                 StatusIs(absl::StatusCode::kInvalidArgument, "expected 3996 bytes (999 float32 values), got 4000"));
   }
   // The payload's own slice (as SerializeWithPayload sends it, and as most fragments arrive): read in place.
@@ -151,10 +151,10 @@ TEST(WirePayloadTest, Float32PiecesAreTheValuesReadWhereTheyLie) {
   PushRequest header;
   ReceivedPayload payload;
   ASSERT_THAT(ParseWithPayload(wire, PushRequest::kDataFieldNumber, &header, &payload), IsOk());
-  std::vector<float> spill = {1.0f};
-  absl::StatusOr<FloatPieces> pieces = payload.Float32Pieces(values.size(), "w", spill);
+  std::vector<float> spill(values.size(), -1.0f);
+  absl::StatusOr<FloatPieces> pieces = payload.Float32Pieces(values.size(), "w", absl::MakeSpan(spill));
   ASSERT_THAT(pieces.status(), IsOk());
-  EXPECT_TRUE(spill.empty());
+  EXPECT_EQ(spill, std::vector<float>(values.size(), -1.0f)) << "nothing spilled";
   ASSERT_EQ(pieces->pieces().size(), 1u);
   EXPECT_EQ(pieces->pieces()[0].values.data(), values.data()) << "not copied";
   // A non-finite value anywhere is refused, naming its index, whether it lies in place or was spilled.
@@ -165,7 +165,7 @@ TEST(WirePayloadTest, Float32PiecesAreTheValuesReadWhereTheyLie) {
     ASSERT_THAT(ParseWithPayload(Recut(full.SerializeAsString(), piece), PushRequest::kDataFieldNumber, &header,
                                  &bad),
                 IsOk());
-    EXPECT_THAT(bad.Float32Pieces(values.size(), "push to w/0", spill).status(),
+    EXPECT_THAT(bad.Float32Pieces(values.size(), "push to w/0", absl::MakeSpan(spill)).status(),
                 StatusIs(absl::StatusCode::kInvalidArgument, "index 777"));
   }
   // Other encodings are decoded into memory of their own.
@@ -173,7 +173,7 @@ TEST(WirePayloadTest, Float32PiecesAreTheValuesReadWhereTheyLie) {
   bf16.precision = tessera::v1::WireSpec::BF16;
   payload.set_encoding(bf16);
   EXPECT_FALSE(payload.reads_in_place());
-  EXPECT_THAT(payload.Float32Pieces(values.size(), "w", spill).status(), StatusIs(absl::StatusCode::kUnimplemented, "CopyFloatsTo"));
+  EXPECT_THAT(payload.Float32Pieces(values.size(), "w", absl::MakeSpan(spill)).status(), StatusIs(absl::StatusCode::kUnimplemented, "CopyFloatsTo"));
 }
 
 TEST(WirePayloadTest, MalformedBytesAreInvalidArguments) {
