@@ -1,5 +1,5 @@
-// The store's requests for rows of embedding tables (ShardStore::PullRows, PushRows): what the dense path's
-// Pull and Push are for chunks, for the hash slots of tables/sparse_table.h.
+#include "server/row_requests.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -10,20 +10,20 @@
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
 #include "common/wire_limits.h"
-#include "server/shard_store.h"
+#include "server/request_checks.h"
 #include "common/row_batch.h"
 #include "absl/synchronization/notification.h"
 
 namespace tessera {
 
-absl::StatusOr<ShardStore::FoundRows> ShardStore::FindRows(uint64_t epoch, int worker, const std::string& table,
+absl::StatusOr<RowRequests::FoundRows> RowRequests::FindRows(uint64_t epoch, int worker, const std::string& table,
                                                             absl::Span<const uint64_t> ids) const {
   if (static_cast<int64_t>(ids.size()) > kMaxRowsPerRequest) {
     return absl::InvalidArgumentError(absl::StrCat(ids.size(), " ids in one request for rows of '",
                                                    table.substr(0, kMaxNameBytes), "'; at most ", kMaxRowsPerRequest));
   }
   absl::ReaderMutexLock lock(&state_.mu);
-  TESSERA_RETURN_IF_ERROR(CheckEpochLocked(epoch));
+  TESSERA_RETURN_IF_ERROR(CheckEpochLocked(state_, epoch));
   FoundRows found;
   found.spec = state_.sparse.Spec(table);
   if (found.spec == nullptr || state_.config == nullptr) {
@@ -66,13 +66,13 @@ absl::StatusOr<ShardStore::FoundRows> ShardStore::FindRows(uint64_t epoch, int w
   return found;
 }
 
-void ShardStore::PullRows(std::shared_ptr<const tessera::v1::RowPullRequest> request, RowPullDone done) const {
+void RowRequests::Pull(std::shared_ptr<const tessera::v1::RowPullRequest> request, PullDone done) const {
   const absl::Span<const uint64_t> ids(request->ids().data(), request->ids_size());
   absl::StatusOr<FoundRows> found = FindRows(request->epoch(), request->worker_id(), request->table(), ids);
   if (!found.ok()) return done(found.status());
   // SYNC with backup workers: the rounds before the puller's clock must be applied here first.
   absl::StatusOr<bool> parked = found->config->policy->ParkRowPull(
-      request->table(), request->clock(), [this, request, done] { PullRows(request, done); });
+      request->table(), request->clock(), [this, request, done] { Pull(request, done); });
   if (!parked.ok()) return done(parked.status());
   if (*parked) return;
   const int64_t dim = found->spec->dim;
@@ -91,10 +91,10 @@ void ShardStore::PullRows(std::shared_ptr<const tessera::v1::RowPullRequest> req
   done(std::move(pulled));
 }
 
-absl::StatusOr<tessera::v1::RowPullResponse> ShardStore::PullRows(const tessera::v1::RowPullRequest& request) const {
+absl::StatusOr<tessera::v1::RowPullResponse> RowRequests::Pull(const tessera::v1::RowPullRequest& request) const {
   absl::Notification answered;
   absl::StatusOr<tessera::v1::RowPullResponse> result;
-  PullRows(std::make_shared<tessera::v1::RowPullRequest>(request), [&](absl::StatusOr<PulledRows> pulled) {
+  Pull(std::make_shared<tessera::v1::RowPullRequest>(request), [&](absl::StatusOr<PulledRows> pulled) {
     if (pulled.ok()) {
       tessera::v1::RowPullResponse response;
       response.set_values(reinterpret_cast<const char*>(pulled->values->data()), pulled->bytes);
@@ -108,9 +108,9 @@ absl::StatusOr<tessera::v1::RowPullResponse> ShardStore::PullRows(const tessera:
   return result;
 }
 
-absl::StatusOr<RowPush> ShardStore::CheckRowPush(const tessera::v1::RowPushRequest& request,
-                                                 std::string_view member_key, const FoundRows& found,
-                                                 const std::string& what) const {
+absl::StatusOr<RowPush> RowRequests::CheckPush(const tessera::v1::RowPushRequest& request,
+                                                std::string_view member_key, const FoundRows& found,
+                                                const std::string& what) const {
   const int64_t dim = found.spec->dim;
   TESSERA_RETURN_IF_ERROR(CheckPushStamp(
       *found.roster, found.config->job.cluster().num_workers(),
@@ -158,27 +158,26 @@ absl::StatusOr<RowPush> ShardStore::CheckRowPush(const tessera::v1::RowPushReque
   return push;
 }
 
-void ShardStore::PushRows(const tessera::v1::RowPushRequest& request, std::string_view member_key, RowPushDone done) {
+void RowRequests::Push(const tessera::v1::RowPushRequest& request, std::string_view member_key, PushDone done) {
   const absl::Span<const uint64_t> ids(request.ids().data(), request.ids_size());
   absl::StatusOr<FoundRows> found = FindRows(request.epoch(), request.worker_id(), request.table(), ids);
   if (!found.ok()) return done(found.status());
   const std::string what = absl::StrCat("push to rows of '", request.table(), "'");
-  absl::StatusOr<RowPush> push = CheckRowPush(request, member_key, *found, what);
+  absl::StatusOr<RowPush> push = CheckPush(request, member_key, *found, what);
   if (!push.ok()) return done(push.status());
-  {
-    absl::MutexLock lock(&counters_mu_);
-    ++counters_.pushes;
-    counters_.push_bytes += static_cast<int64_t>(request.grads().size() + request.ids().size() * sizeof(uint64_t));
-  }
+  StoreCounters::Push counted;
+  counted.bytes = request.grads().size() + request.ids().size() * sizeof(uint64_t);
+  counted.worker = request.worker_id();
+  counters_.CountPush(counted);
   // The policy decides when the rows apply: now, or when their round closes.
   RowsTaken taken;
   found->config->policy->AdmitRows(*std::move(push), std::move(done), *found->roster,
-                                   RowApplierFor(found->server_id, found->epoch), taken);
-  FinishRows(taken);
+                                   ApplierFor(found->server_id, found->epoch), taken);
+  Finish(taken);
 }
 
-RowApplier ShardStore::RowApplierFor(int server_id, uint64_t epoch) {
-  return [this, server_id, epoch](const RowUpdate& update) { return ApplyRowUpdate(update, server_id, epoch); };
+RowApplier RowRequests::ApplierFor(int server_id, uint64_t epoch) {
+  return [this, server_id, epoch](const RowUpdate& update) { return Apply(update, server_id, epoch); };
 }
 
 namespace {
@@ -192,7 +191,7 @@ bool AppliedBefore(const RowSlot& slot, const RowUpdate& update) ABSL_EXCLUSIVE_
 }
 }  // namespace
 
-RowUpdateResult ShardStore::ApplyRowUpdate(const RowUpdate& update, int server_id, uint64_t epoch) {
+RowUpdateResult RowRequests::Apply(const RowUpdate& update, int server_id, uint64_t epoch) {
   RowUpdateResult result;
   const RowTableSpec& spec = *update.spec;
   // The memory of the rows it creates is taken first, for the whole update: one that does not fit changes
@@ -256,17 +255,11 @@ RowUpdateResult ShardStore::ApplyRowUpdate(const RowUpdate& update, int server_i
   return result;
 }
 
-void ShardStore::FinishRows(RowsTaken& taken) {
-  if (taken.late > 0) {
-    absl::MutexLock lock(&counters_mu_);
-    counters_.late_pushes += taken.late;
-  }
+void RowRequests::Finish(RowsTaken& taken) {
+  counters_.CountLate(taken.late);
   for (auto& [done, answer] : taken.now) done(std::move(answer));
   for (auto& [update, result] : taken.applied) {
-    if (result.duplicate && update.pushes.size() == 1) {
-      absl::MutexLock lock(&counters_mu_);
-      ++counters_.duplicate_pushes;
-    }
+    if (result.duplicate && update.pushes.size() == 1) counters_.CountDuplicate();
     // Answered once every slot's backups hold the update.
     auto pending = std::make_shared<std::atomic<int>>(1);
     auto held = std::make_shared<absl::Status>(result.status);

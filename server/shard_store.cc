@@ -11,6 +11,7 @@
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
 #include "common/wire_limits.h"
+#include "server/request_checks.h"
 
 namespace tessera {
 
@@ -49,7 +50,7 @@ absl::Status ShardStore::Assign(const tessera::v1::ShardMap& map, const tessera:
   RowsTaken rows;
   absl::Status status = AdoptView(adoption, server_id, restore_all, closed, rows);
   AnswerClosedRounds(closed);
-  FinishRows(rows);
+  rows_.Finish(rows);
   ViewAdoption::Results& results = adoption.results();
   for (auto& w : results.dropped) w->Complete(MovedAway(map.epoch()));
   for (auto& [done, why] : results.released) done(why);
@@ -157,11 +158,8 @@ void ShardStore::CloseCompleteRounds(const JobConfig& config, const Roster& rost
     closed.push_back(
         ClosedRound{chunk, std::move(waiters), ValuesLocked(*chunk, roster, config.job.wire().values())});
   }
-  if (dropped > 0) {
-    absl::MutexLock counters_lock(&counters_mu_);
-    counters_.late_pushes += dropped;
-  }
-  config.policy->CloseRowRounds(roster, RowApplierFor(state_.server_id, state_.epoch), rows);
+  counters_.CountLate(dropped);
+  config.policy->CloseRowRounds(roster, rows_.ApplierFor(state_.server_id, state_.epoch), rows);
 }
 
 absl::Status ShardStore::DecideRounds(const tessera::v1::DecideRoundsRequest& request) {
@@ -198,31 +196,14 @@ absl::Status ShardStore::DecideRounds(const tessera::v1::DecideRoundsRequest& re
     CloseCompleteRounds(*state_.config, *state_.roster, closed, rows);
   }
   AnswerClosedRounds(closed);
-  FinishRows(rows);
+  rows_.Finish(rows);
   return absl::OkStatus();
 }
 
-absl::Status ShardStore::CheckEpochLocked(uint64_t epoch) const {
-  if (epoch < state_.epoch) {
-    absl::Status status = absl::FailedPreconditionError(absl::StrCat(
-        "stale shard map: request has epoch ", epoch, ", server ", state_.server_id, " is at epoch ", state_.epoch));
-    SetCurrentEpoch(status, state_.epoch);
-    return status;
-  }
-  if (epoch > state_.epoch) {
-    // With the server's epoch: the caller sees this server answered (it is not to be reported as unreachable).
-    absl::Status status = absl::UnavailableError(absl::StrCat("server ", state_.server_id, " is at shard map epoch ",
-                                                              state_.epoch, ", request has ", epoch,
-                                                              "; its assignment is on the way"));
-    SetCurrentEpoch(status, state_.epoch);
-    return status;
-  }
-  return absl::OkStatus();
-}
 
 absl::StatusOr<ShardStore::Found> ShardStore::Find(const ChunkAddress& address) const {
   absl::ReaderMutexLock lock(&state_.mu);
-  TESSERA_RETURN_IF_ERROR(CheckEpochLocked(address.epoch));
+  TESSERA_RETURN_IF_ERROR(CheckEpochLocked(state_, address.epoch));
   Chunk* chunk = state_.dense.FindChunk({std::string(address.param), address.index});
   if (chunk == nullptr) {
     return absl::NotFoundError(absl::StrCat("unknown parameter chunk '", KeyName(address), "' on server ",
@@ -342,43 +323,7 @@ absl::Status ShardStore::CheckPush(const ChunkPush& request, const FloatPayload&
   return absl::OkStatus();
 }
 
-absl::Status ShardStore::CheckPushStamp(const Roster& roster, int workers, const PushStamp& stamp,
-                                        const std::string& what) {
-  if (stamp.worker < 0 || stamp.worker >= workers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("worker id ", stamp.worker, " out of range: the job has ", workers, " workers"));
-  }
-  TESSERA_RETURN_IF_ERROR(CheckPusher(roster, stamp.worker, stamp.incarnation, stamp.member_key));
-  if (stamp.seq == 0 || stamp.seq > static_cast<uint64_t>(kMaxUpdateCount)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": seq ", stamp.seq, " is not within 1 .. ", kMaxUpdateCount));
-  }
-  if (stamp.clock < 0 || stamp.clock > kMaxClock || stamp.read_clock < 0 || stamp.read_clock > kMaxClock) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": clock ", stamp.clock, " and read clock ", stamp.read_clock,
-                                                   " must be within 0 .. ", kMaxClock));
-  }
-  return absl::OkStatus();
-}
 
-absl::Status ShardStore::CheckPusher(const Roster& roster, int worker, uint64_t incarnation,
-                                     std::string_view member_key) {
-  if (!roster.key_digest[worker].empty() &&
-      !SecretsEqual(KeyDigest(absl::string_view(member_key.data(), member_key.size())), roster.key_digest[worker])) {
-    return absl::UnauthenticatedError(absl::StrCat("push as worker ", worker, ": ",
-                                                   member_key.empty() ? "the call carried no member key"
-                                                                      : "wrong member key"));
-  }
-  if (!roster.active[worker]) {
-    return absl::FailedPreconditionError(absl::StrCat("worker ", worker,
-                                                      " is not in the job's cluster view (it was declared lost); "
-                                                      "register again to rejoin"));
-  }
-  if (roster.incarnation[worker] != 0 && incarnation != roster.incarnation[worker]) {
-    return absl::FailedPreconditionError(absl::StrCat("worker ", worker, " incarnation ", incarnation,
-                                                      " is not in the job: the rank is held by incarnation ",
-                                                      roster.incarnation[worker]));
-  }
-  return absl::OkStatus();
-}
 
 absl::StatusOr<FloatPieces> ShardStore::DecodePush(Chunk& chunk, const FloatPayload& payload,
                                                    std::shared_ptr<PooledBuffer>& scratch,
@@ -461,20 +406,11 @@ absl::Status ShardStore::ApplyLocked(const ChunkPush& request, const FloatPieces
 
 void ShardStore::CountPush(const ChunkPush& request, const FloatPayload& payload, const Applied& applied) {
   const Admission& admission = applied.admission;
-  const int worker = request.worker_id;
-  absl::MutexLock lock(&counters_mu_);
-  ++counters_.pushes;
-  counters_.push_bytes += static_cast<int64_t>(payload.size());
-  if (applied.outcome.duplicate) ++counters_.duplicate_pushes;
   // A push for a round that had closed is counted here; one left out of a round (backup workers), as the
   // round closes.
-  if (admission.after_close) ++counters_.late_pushes;
-  counters_.late_pushes += admission.dropped;
-  if (admission.staleness >= 0) {
-    counters_.staleness.Add(admission.staleness);
-    if (counters_.worker_staleness.size() <= static_cast<size_t>(worker)) counters_.worker_staleness.resize(worker + 1);
-    counters_.worker_staleness[worker].Add(admission.staleness);
-  }
+  counters_.CountPush({payload.size(), applied.outcome.duplicate, admission.after_close, admission.staleness,
+                       request.worker_id});
+  counters_.CountLate(admission.dropped);
 }
 
 void ShardStore::Push(const ChunkPush& request, const FloatPayload& values, PushDone done) {
@@ -561,7 +497,7 @@ void ShardStore::CancelWaiters(const absl::Status& why) {
   for (auto& w : waiting) w->Complete(why);
   for (auto& done : held) done(why);
   // Pulls that waited for a round read what is there now.
-  FinishRows(rows);
+  rows_.Finish(rows);
 }
 
 tessera::v1::ShardMap ShardStore::view() const {
@@ -586,13 +522,7 @@ tessera::v1::ServerStats ShardStore::Stats() const {
     stats.set_server_id(state_.server_id);
     for (const Table* table : state_.tables()) table->AddStats(stats);
   }
-  absl::MutexLock lock(&counters_mu_);
-  stats.set_pushes(counters_.pushes);
-  stats.set_duplicate_pushes(counters_.duplicate_pushes);
-  stats.set_late_pushes(counters_.late_pushes);
-  *stats.mutable_staleness() = counters_.staleness.ToProto();
-  for (const StalenessHistogram& h : counters_.worker_staleness) *stats.add_worker_staleness() = h.ToProto();
-  stats.set_push_bytes(counters_.push_bytes);
+  counters_.AddTo(stats);
   stats.set_replica_bytes_sent(shipper_.bytes_sent());
   stats.set_replica_bytes_received(taker_.bytes_received());
   return stats;

@@ -2,11 +2,13 @@
 // Transport-free: requests arrive as domain structs (from ServerService over gRPC, FabricService over UCX),
 // values as a FloatPayload, and values leave as pooled buffers.
 //
-// The store keeps what every kind of parameter shares: the epoch and member checks, exactly-once pushes, the
-// job's consistency policy, the exchanges waiting on rounds, snapshots and counters. The parameters themselves
-// are tables of units (server/tables/table.h; the dense kind: DenseTable of Chunks). Adopting a new view is
-// ViewAdoption's (server/view_adoption.h); replication is ReplicaShipper's on a primary and ReplicaTaker's on a
-// backup (server/replication/).
+// The store serves the dense path (chunks: pull, push, exchange) and owns what the kinds share: the views
+// adopted (server/store_state.h), the job's consistency policy, the exchanges waiting on rounds, snapshots and
+// the counters (server/store_counters.h). The parameters themselves are tables of units (server/tables/table.h;
+// the dense kind: DenseTable of Chunks); embedding tables' rows have a path of their own (server/row_requests.h),
+// and every request takes the checks of server/request_checks.h first. Adopting a new view is ViewAdoption's
+// (server/view_adoption.h); replication is ReplicaShipper's on a primary and ReplicaTaker's on a backup
+// (server/replication/).
 //
 // Every request carries the shard-map epoch its sender holds. A request for an older epoch fails with
 // FAILED_PRECONDITION carrying the store's epoch (see GetCurrentEpoch in common/status_macros.h); one for a newer
@@ -60,17 +62,13 @@
 #include "server/replication/replica_sender.h"
 #include "server/replication/replica_shipper.h"
 #include "server/replication/replica_taker.h"
+#include "server/row_requests.h"
+#include "server/store_counters.h"
 #include "server/store_state.h"
 #include "server/tables/chunk.h"
 #include "server/view_adoption.h"
 
 namespace tessera {
-
-// The answer to a pull of rows: RowPullResponse.values, `bytes` of them in a pooled buffer.
-struct PulledRows {
-  std::shared_ptr<const PooledBuffer> values;
-  size_t bytes = 0;
-};
 
 // Thread-safe. Requests to different chunks run in parallel; requests to one chunk are serialised.
 class ShardStore {
@@ -180,26 +178,18 @@ class ShardStore {
   // INVALID_ARGUMENT, changing nothing, for more rounds than are kept or a worker id outside the job.
   [[nodiscard]] absl::Status DecideRounds(const tessera::v1::DecideRoundsRequest& request);
 
-  // Embedding tables (ParameterSpec.embedding; the rows' own path, server/row_requests.cc). Every id must be in a
-  // hash slot this server is primary of: NOT_FOUND otherwise, as for an unknown table; the epoch is checked as
-  // for chunks. INVALID_ARGUMENT, changing nothing, for more than kMaxRowsPerRequest ids, a worker id outside the
-  // job, or (pushes) values of another length, non-finite values, or a bad seq, clock or batch size;
-  // UNAUTHENTICATED and FAILED_PRECONDITION as for Push. A row never written reads its initial values.
-  // `done` runs once answered: at once, or, in SYNC with backup workers, once the table's rounds before the pull's
-  // clock are applied here (server/consistency/row_rounds.h).
-  // The answer is the rows' values (RowPullResponse.values) in a pooled buffer, which the transports send as
-  // they are.
-  using RowPullDone = std::function<void(absl::StatusOr<PulledRows>)>;
-  void PullRows(std::shared_ptr<const tessera::v1::RowPullRequest> request, RowPullDone done) const;
-  // PullRows, waiting for its answer, as the message.
-  [[nodiscard]] absl::StatusOr<tessera::v1::RowPullResponse> PullRows(const tessera::v1::RowPullRequest& request) const;
-  // Duplicate ids are summed first (common/row_batch.h). The job's consistency policy decides when the rows apply
-  // (server/consistency/row_rounds.h): ASYNC and SSP on arrival; SYNC once per round, the batch-size-weighted mean
-  // of the round's members, with the row's optimizer stepping once. RESOURCE_EXHAUSTED, changing nothing, when the
-  // rows it would create do not fit the server's row memory. `done` runs once every backup of the slots holds the
-  // update (SYNC with backup workers: once the push is collected in its round).
-  using RowPushDone = std::function<void(absl::StatusOr<tessera::v1::RowPushResponse>)>;
-  void PushRows(const tessera::v1::RowPushRequest& request, std::string_view member_key, RowPushDone done);
+  // Embedding tables' rows (server/row_requests.h: RowRequests::Pull and Push).
+  using RowPullDone = RowRequests::PullDone;
+  using RowPushDone = RowRequests::PushDone;
+  void PullRows(std::shared_ptr<const tessera::v1::RowPullRequest> request, RowPullDone done) const {
+    rows_.Pull(std::move(request), std::move(done));
+  }
+  [[nodiscard]] absl::StatusOr<tessera::v1::RowPullResponse> PullRows(const tessera::v1::RowPullRequest& request) const {
+    return rows_.Pull(request);
+  }
+  void PushRows(const tessera::v1::RowPushRequest& request, std::string_view member_key, RowPushDone done) {
+    rows_.Push(request, member_key, std::move(done));
+  }
 
   // Completes every waiting PushPull and push with `why` (shutdown).
   void CancelWaiters(const absl::Status& why);
@@ -213,57 +203,6 @@ class ShardStore {
   std::string job_name() const;
 
  private:
-  struct Counters {
-    int64_t updates_applied = 0;
-    int64_t pushes = 0;
-    int64_t duplicate_pushes = 0;
-    int64_t late_pushes = 0;
-    StalenessHistogram staleness;
-    std::vector<StalenessHistogram> worker_staleness;  // by worker id
-    int64_t push_bytes = 0;
-  };
-
-  // The slots of a row request, each with the positions of its ids in the request.
-  struct FoundRows {
-    const RowTableSpec* spec = nullptr;
-    const JobConfig* config = nullptr;
-    std::shared_ptr<const Roster> roster;
-    std::vector<std::pair<RowSlot*, std::vector<int64_t>>> slots;
-    int server_id = -1;  // this server, and the view the slots were found in
-    uint64_t epoch = 0;
-  };
-  // The slots of `ids` in `table` after checking the epoch and the worker id, or the error to answer with.
-  absl::StatusOr<FoundRows> FindRows(uint64_t epoch, int worker, const std::string& table,
-                                     absl::Span<const uint64_t> ids) const ABSL_LOCKS_EXCLUDED(state_.mu);
-  // The epoch check of every data-plane request.
-  absl::Status CheckEpochLocked(uint64_t epoch) const ABSL_SHARED_LOCKS_REQUIRED(state_.mu);
-  // The checks of a push that do not depend on its kind: the worker's member key, incarnation and membership.
-  static absl::Status CheckPusher(const Roster& roster, int worker, uint64_t incarnation, std::string_view member_key);
-  // What every push carries: who sends it (as CheckPusher checks it), its sequence number and clocks.
-  struct PushStamp {
-    int worker = 0;
-    uint64_t incarnation = 0;
-    std::string_view member_key;
-    uint64_t seq = 0;
-    int64_t clock = 0;
-    int64_t read_clock = 0;
-  };
-  // The checks every push takes, of a chunk or of rows: the worker id among the job's `workers`, CheckPusher,
-  // the seq and the clocks within the wire's limits. INVALID_ARGUMENT naming `what`, or CheckPusher's error.
-  static absl::Status CheckPushStamp(const Roster& roster, int workers, const PushStamp& stamp,
-                                     const std::string& what);
-  // A row push's checks, its gradients checked finite and cut by slot, duplicates summed; the error to answer
-  // with otherwise.
-  absl::StatusOr<RowPush> CheckRowPush(const tessera::v1::RowPushRequest& request, std::string_view member_key,
-                                       const FoundRows& found, const std::string& what) const;
-  // The applier the consistency policy hands row updates to, for requests found in view `epoch` on `server_id`.
-  RowApplier RowApplierFor(int server_id, uint64_t epoch);
-  // Applies one update of rows (memory, eviction, the table's optimizer) to the slots `server_id` is primary of.
-  RowUpdateResult ApplyRowUpdate(const RowUpdate& update, int server_id, uint64_t epoch);
-  // Answers what admitting rows or closing their rounds left: pushes (once the backups hold their update),
-  // counters, and pulls that waited.
-  void FinishRows(RowsTaken& taken) ABSL_LOCKS_EXCLUDED(counters_mu_);
-
   struct Found {
     Chunk* chunk;
     const JobConfig* config;
@@ -312,8 +251,7 @@ class ShardStore {
                            const std::shared_ptr<ExchangeWaiter>* waiter, const std::string& what, Applied& applied)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   // Counts a push that was taken.
-  void CountPush(const ChunkPush& request, const FloatPayload& payload, const Applied& applied)
-      ABSL_LOCKS_EXCLUDED(counters_mu_);
+  void CountPush(const ChunkPush& request, const FloatPayload& payload, const Applied& applied);
 
   // The answer to a norm-only push: the squared norm of its closed norm round, no values.
   ChunkValues NormLocked(const Chunk& chunk, const Roster& roster, double sq_norm) const
@@ -325,7 +263,7 @@ class ShardStore {
   // After a new view or a round decision: closes every chunk's round that is complete now, into `closed`, and
   // counts the late gradients the rounds left out; applies the rounds of rows complete now, into `rows`.
   void CloseCompleteRounds(const JobConfig& config, const Roster& roster, ClosedRounds& closed, RowsTaken& rows)
-      ABSL_SHARED_LOCKS_REQUIRED(state_.mu) ABSL_LOCKS_EXCLUDED(counters_mu_);
+      ABSL_SHARED_LOCKS_REQUIRED(state_.mu);
 
   mutable BufferPool buffers_;  // reply and scratch buffers
   StoreState state_;            // the views adopted and the tables
@@ -337,8 +275,8 @@ class ShardStore {
   std::string last_full_path_ ABSL_GUARDED_BY(full_mu_);
   std::map<UnitKey, int64_t> last_full_versions_ ABSL_GUARDED_BY(full_mu_);
 
-  mutable absl::Mutex counters_mu_;
-  Counters counters_ ABSL_GUARDED_BY(counters_mu_);
+  StoreCounters counters_;
+  RowRequests rows_{state_, buffers_, counters_, shipper_};  // the rows' path
 
   ReplicaTaker taker_;
   // Last member: hand-overs still on their way end before the rest goes.
