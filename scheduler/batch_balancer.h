@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "common/batch_slice.h"
+#include "common/base/batch_slice.h"
 #include "nlohmann/json.hpp"
 #include "proto/job.pb.h"
 #include "scheduler/membership_events.h"

@@ -11,8 +11,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/checkpoint_file.h"
-#include "common/status_macros.h"
+#include "common/model/checkpoint_file.h"
+#include "common/base/status_macros.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "glog/logging.h"
 

@@ -4,7 +4,7 @@
 // A checkpoint is a folder DIR/ckpt-NNNNNN holding one file per server (server-ID.shard: its chunks, with
 // values, optimizer state, versions, clocks and the exactly-once sequence table) and the scheduler's file
 // (scheduler.state: the cluster view, every worker's clock and data position), each with a checked header
-// (common/checkpoint_file.h). The scheduler's file is written last, once every server's is in: a folder
+// (common/model/checkpoint_file.h). The scheduler's file is written last, once every server's is in: a folder
 // without it is incomplete and never used.
 #ifndef TESSERA_SCHEDULER_CHECKPOINTER_H_
 #define TESSERA_SCHEDULER_CHECKPOINTER_H_

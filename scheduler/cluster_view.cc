@@ -6,16 +6,16 @@
 #include <map>
 #include <set>
 
-#include "common/security.h"
-#include "common/shard_map.h"
-#include "common/status_macros.h"
-#include "common/wire_limits.h"
+#include "common/rpc/security.h"
+#include "common/model/shard_map.h"
+#include "common/base/status_macros.h"
+#include "common/model/wire_limits.h"
 
 namespace tessera {
 
 namespace {
 // What every registration (a first one, or a member coming back) must hold: a known role, the lengths
-// common/wire_limits.h allows, and for a server its address and the key of its control calls.
+// common/model/wire_limits.h allows, and for a server its address and the key of its control calls.
 absl::Status CheckRegistration(const tessera::v1::RegisterRequest& request) {
   const bool server = request.role() == tessera::v1::SERVER;
   if (!server && request.role() != tessera::v1::WORKER) {

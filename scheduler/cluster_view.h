@@ -15,7 +15,7 @@
 //     worker's state and joined clock, and the servers apply the rule (ShardStore's Roster::InRound); the clock
 //     table gates the clocks (clock_table.h) and, with backup workers, decides each round's members;
 //   - chunks are placed, largest first, on the server holding the fewest bytes, and a lost server's chunks move
-//     the same way to the survivors: common/shard_map.h cuts and places them (this class calls it); a
+//     the same way to the survivors: common/model/shard_map.h cuts and places them (this class calls it); a
 //     replacement's share is chosen here (ShareMoves), moved in two phases (BeginMoves, FinishMoves).
 // The members' half is implemented in cluster_view.cc, the placement's (chunks, moves, rollback) in
 // cluster_view_placement.cc.
@@ -30,7 +30,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/shard_map.h"
+#include "common/model/shard_map.h"
 #include "proto/cluster.pb.h"
 #include "scheduler/member.h"
 #include "scheduler/membership_events.h"
@@ -52,7 +52,7 @@ class ClusterView {
   // the old incarnation is replaced. `start_clock(slot)`, called with the slot as it was, says at which clock
   // a worker taking it starts. Advances the epoch. RESOURCE_EXHAUSTED when every slot of the role is taken;
   // INVALID_ARGUMENT for a server without an address, a requested id out of range, an unknown role or a string
-  // longer than common/wire_limits.h allows, or a server of a job with backups without its replication key;
+  // longer than common/model/wire_limits.h allows, or a server of a job with backups without its replication key;
   // RESOURCE_EXHAUSTED for a slot that had kMaxIncarnation incarnations (they never wrap). Each incarnation gets
   // a fresh member key.
   struct Joined {
@@ -84,7 +84,7 @@ class ClusterView {
   // incarnation it names); a slot the view holds no key for (vacant, or lost) to a caller with an incarnation at
   // least its own. FAILED_PRECONDITION when a newer incarnation holds the slot (it was replaced) or the slot was
   // taken afresh; UNAUTHENTICATED for a missing or wrong key; INVALID_ARGUMENT as for Join, and for an
-  // incarnation outside 1 .. kMaxIncarnation or a clock outside 0 .. kMaxClock (common/wire_limits.h).
+  // incarnation outside 1 .. kMaxIncarnation or a clock outside 0 .. kMaxClock (common/model/wire_limits.h).
   [[nodiscard]] absl::StatusOr<Member> Return(const tessera::v1::RegisterRequest& request, std::string_view key,
                                               absl::Time now);
   // Advances the epoch past `seen` and the current one (a view taken back is handed out anew under an epoch no
@@ -147,7 +147,7 @@ class ClusterView {
 
   // The lost `server` leaves: a backup on an alive server takes over each chunk it was primary of, chunks
   // without one move to the alive servers (least-loaded bytes first), it leaves every chunk's backups, and chunks
-  // short of backups get new ones on the alive servers (common/shard_map.h). Advances the epoch. Returns what
+  // short of backups get new ones on the alive servers (common/model/shard_map.h). Advances the epoch. Returns what
   // became of its chunks. FAILED_PRECONDITION when a chunk has to move and no server is alive.
   [[nodiscard]] absl::StatusOr<ChunkMoves> MoveChunksOf(int server);
 

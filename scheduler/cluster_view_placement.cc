@@ -7,9 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/security.h"
-#include "common/shard_map.h"
-#include "common/status_macros.h"
+#include "common/rpc/security.h"
+#include "common/model/shard_map.h"
+#include "common/base/status_macros.h"
 #include "scheduler/cluster_view.h"
 
 namespace tessera {

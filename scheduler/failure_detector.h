@@ -8,7 +8,7 @@
 #include <memory>
 
 #include "absl/time/time.h"
-#include "common/heartbeater.h"
+#include "common/base/heartbeater.h"
 #include "scheduler/cluster_view.h"
 
 namespace tessera {

@@ -2,8 +2,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "common/grpc_status.h"
-#include "common/rpc.h"
+#include "common/rpc/grpc_status.h"
+#include "common/rpc/rpc.h"
 
 namespace tessera {
 namespace {

@@ -8,8 +8,8 @@
 #include <string>
 
 #include "absl/synchronization/mutex.h"
-#include "common/rpc.h"
-#include "common/security.h"
+#include "common/rpc/rpc.h"
+#include "common/rpc/security.h"
 #include "proto/ps.grpc.pb.h"
 #include "scheduler/server_control.h"
 

@@ -8,12 +8,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
-#include "common/http_endpoint.h"
-#include "common/job_spec.h"
-#include "common/metrics_page.h"
-#include "common/shard_map.h"
-#include "common/status_macros.h"
-#include "common/wire_limits.h"
+#include "common/daemon/http_endpoint.h"
+#include "common/model/job_spec.h"
+#include "common/daemon/metrics_page.h"
+#include "common/model/shard_map.h"
+#include "common/base/status_macros.h"
+#include "common/model/wire_limits.h"
 #include "glog/logging.h"
 
 namespace tessera {

@@ -39,7 +39,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/thread_pool.h"
+#include "common/base/thread_pool.h"
 #include "nlohmann/json.hpp"
 #include "proto/cluster.pb.h"
 #include "scheduler/batch_balancer.h"

@@ -5,8 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/status_macros.h"
-#include "common/wire_limits.h"
+#include "common/base/status_macros.h"
+#include "common/model/wire_limits.h"
 #include "glog/logging.h"
 #include "scheduler/job_coordinator.h"
 

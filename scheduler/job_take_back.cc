@@ -6,10 +6,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/security.h"
-#include "common/shard_map.h"
-#include "common/status_macros.h"
-#include "common/wire_limits.h"
+#include "common/rpc/security.h"
+#include "common/model/shard_map.h"
+#include "common/base/status_macros.h"
+#include "common/model/wire_limits.h"
 #include "glog/logging.h"
 
 namespace tessera {

@@ -26,7 +26,7 @@ struct Member {
   std::string device;
   absl::Time last_seen;
   int64_t joined_clock = 0;  // workers: the clock this incarnation started at
-  std::string key;           // the member key this incarnation was given (common/security.h)
+  std::string key;           // the member key this incarnation was given (common/rpc/security.h)
   std::string key_digest;    // its SHA-256, which the view hands to servers
   std::string control_key;   // servers: the key their control calls need
   // Servers: the X25519 public key their Replicate calls are authenticated with (server/replica_auth.h).

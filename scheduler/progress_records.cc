@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "common/http_endpoint.h"
-#include "common/job_spec.h"
+#include "common/daemon/http_endpoint.h"
+#include "common/model/job_spec.h"
 #include "glog/logging.h"
 
 namespace tessera {

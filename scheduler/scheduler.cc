@@ -4,9 +4,9 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "common/job_spec.h"
-#include "common/rpc.h"
-#include "common/status_macros.h"
+#include "common/model/job_spec.h"
+#include "common/rpc/rpc.h"
+#include "common/base/status_macros.h"
 #include "scheduler/dashboard_page.h"
 #include "glog/logging.h"
 

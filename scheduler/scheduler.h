@@ -14,9 +14,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/heartbeater.h"
-#include "common/http_endpoint.h"
-#include "common/rpc.h"
+#include "common/base/heartbeater.h"
+#include "common/daemon/http_endpoint.h"
+#include "common/rpc/rpc.h"
 #include "scheduler/job_coordinator.h"
 #include "scheduler/scheduler_options.h"
 #include "scheduler/scheduler_service.h"

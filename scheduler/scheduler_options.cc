@@ -1,10 +1,10 @@
 #include "scheduler/scheduler_options.h"
 
 #include "absl/strings/str_cat.h"
-#include "common/job_spec.h"
-#include "common/command_line.h"
-#include "common/rpc.h"
-#include "common/status_macros.h"
+#include "common/model/job_spec.h"
+#include "common/daemon/command_line.h"
+#include "common/rpc/rpc.h"
+#include "common/base/status_macros.h"
 #include "scheduler/checkpointer.h"
 
 namespace tessera {

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "common/security.h"
+#include "common/rpc/security.h"
 #include "proto/job.pb.h"
 
 namespace tessera {
@@ -26,7 +26,7 @@ struct SchedulerOptions {
   bool interrupted_run = false;
   int linger_s = 0;                      // after the job ends, keep serving /status, the dashboard and /metrics
   int stop_grace_ms = 10000;             // on Stop(), how long workers get to finish their step and report
-  std::shared_ptr<const Security> security = Security::Plaintext();  // TLS and the job token (common/security.h)
+  std::shared_ptr<const Security> security = Security::Plaintext();  // TLS and the job token (common/rpc/security.h)
 };
 
 // INVALID_ARGUMENT naming the flag at fault (ports, intervals, the grace periods).

@@ -1,6 +1,6 @@
 #include "scheduler/scheduler_service.h"
 
-#include "common/rpc_handler.h"
+#include "common/rpc/rpc_handler.h"
 
 namespace tessera {
 

@@ -1,4 +1,4 @@
-// The scheduler's gRPC face: authenticates and parses each call (common/rpc_handler.h), checks that a member
+// The scheduler's gRPC face: authenticates and parses each call (common/rpc/rpc_handler.h), checks that a member
 // acts only for itself, and hands the request to the JobCoordinator.
 //
 // Who may call what: Register and GetShardMap need the job token only; Heartbeat, Declare, AdvanceClock, Report,
@@ -9,7 +9,7 @@
 
 #include <memory>
 
-#include "common/security.h"
+#include "common/rpc/security.h"
 #include "proto/cluster.grpc.pb.h"
 #include "scheduler/job_coordinator.h"
 

@@ -8,7 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/staleness_histogram.h"
+#include "common/model/staleness_histogram.h"
 #include "proto/cluster.pb.h"
 #include "proto/ps.pb.h"
 

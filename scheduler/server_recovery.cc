@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
 #include "glog/logging.h"
 
 namespace tessera {

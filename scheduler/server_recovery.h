@@ -20,7 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/thread_pool.h"
+#include "common/base/thread_pool.h"
 #include "proto/job.pb.h"
 #include "scheduler/checkpointer.h"
 #include "scheduler/clock_table.h"

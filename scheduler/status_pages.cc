@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "common/job_spec.h"
-#include "common/metrics_page.h"
+#include "common/model/job_spec.h"
+#include "common/daemon/metrics_page.h"
 
 namespace tessera {
 

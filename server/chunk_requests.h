@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-#include "common/wire_format.h"
+#include "common/model/wire_format.h"
 
 namespace tessera {
 

@@ -4,9 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/fabric/active_messages.h"
-#include "common/float_payload.h"
-#include "common/rpc.h"
-#include "common/wire_limits.h"
+#include "common/model/float_payload.h"
+#include "common/rpc/rpc.h"
+#include "common/model/wire_limits.h"
 #include "glog/logging.h"
 #include "server/request_conversions.h"
 

@@ -23,10 +23,10 @@
 #include <unordered_map>
 
 #include "absl/status/statusor.h"
-#include "common/buffer_pool.h"
+#include "common/rpc/buffer_pool.h"
 #include "common/fabric/ucx_worker.h"
-#include "common/security.h"
-#include "common/thread_pool.h"
+#include "common/rpc/security.h"
+#include "common/base/thread_pool.h"
 #include "proto/ps.pb.h"
 #include "server/shard_store.h"
 

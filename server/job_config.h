@@ -4,7 +4,7 @@
 
 #include <memory>
 
-#include "common/update_rule.h"
+#include "common/model/update_rule.h"
 #include "proto/job.pb.h"
 #include "server/consistency/policy.h"
 #include "server/tables/table.h"

@@ -9,8 +9,8 @@
 #include <functional>
 
 #include "absl/strings/str_cat.h"
-#include "common/status_macros.h"
-#include "common/wire_limits.h"
+#include "common/base/status_macros.h"
+#include "common/model/wire_limits.h"
 
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream.h"

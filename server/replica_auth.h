@@ -80,7 +80,7 @@ class ReplicaKey {
   mutable std::map<std::tuple<std::string, int, int, uint64_t>, PairKey> pairs_ ABSL_GUARDED_BY(pairs_mu_);
 };
 
-// Every number of a Replicate call within common/wire_limits.h, checked before anything is taken from it: the
+// Every number of a Replicate call within common/model/wire_limits.h, checked before anything is taken from it: the
 // epoch (kMaxEpoch), the primary's id (within `num_servers`), the state's version, update and assignment counts
 // (0 .. kMaxUpdateCount, the counts not above the version), its clocks (0 .. kMaxClock, one per worker at most),
 // its sequence table (workers within `num_workers`, numbers 1 .. kMaxUpdateCount), and the updates (versions

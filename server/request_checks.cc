@@ -1,9 +1,9 @@
 #include "server/request_checks.h"
 
 #include "absl/strings/str_cat.h"
-#include "common/security.h"
-#include "common/status_macros.h"
-#include "common/wire_limits.h"
+#include "common/rpc/security.h"
+#include "common/base/status_macros.h"
+#include "common/model/wire_limits.h"
 
 namespace tessera {
 

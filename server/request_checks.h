@@ -15,7 +15,7 @@
 namespace tessera {
 
 // A request made in view `epoch`: FAILED_PRECONDITION for an older one than the server's (carrying the server's
-// epoch: GetCurrentEpoch in common/status_macros.h), UNAVAILABLE for a newer one (its assignment is on the way).
+// epoch: GetCurrentEpoch in common/base/status_macros.h), UNAVAILABLE for a newer one (its assignment is on the way).
 [[nodiscard]] absl::Status CheckEpochLocked(const StoreState& state, uint64_t epoch)
     ABSL_SHARED_LOCKS_REQUIRED(state.mu);
 

@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/wire_limits.h"
+#include "common/model/wire_limits.h"
 
 namespace tessera {
 

@@ -8,8 +8,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "common/thread_pool.h"
-#include "common/wire_format.h"
+#include "common/base/thread_pool.h"
+#include "common/model/wire_format.h"
 #include "proto/ps.pb.h"
 #include "server/chunk_requests.h"
 

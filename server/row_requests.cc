@@ -6,12 +6,12 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "common/shard_map.h"
-#include "common/status_macros.h"
-#include "common/tensor_codec.h"
-#include "common/wire_limits.h"
+#include "common/model/shard_map.h"
+#include "common/base/status_macros.h"
+#include "common/base/tensor_codec.h"
+#include "common/model/wire_limits.h"
 #include "server/request_checks.h"
-#include "common/row_batch.h"
+#include "common/base/row_batch.h"
 #include "absl/synchronization/notification.h"
 
 namespace tessera {

@@ -20,7 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "common/buffer_pool.h"
+#include "common/rpc/buffer_pool.h"
 #include "proto/ps.pb.h"
 #include "server/consistency/row_rounds.h"
 #include "server/replication/replica_shipper.h"
@@ -49,7 +49,7 @@ class RowRequests {
   // Pull, waiting for its answer, as the message.
   [[nodiscard]] absl::StatusOr<tessera::v1::RowPullResponse> Pull(const tessera::v1::RowPullRequest& request) const;
 
-  // Duplicate ids are summed first (common/row_batch.h). The job's consistency policy decides when the rows apply
+  // Duplicate ids are summed first (common/base/row_batch.h). The job's consistency policy decides when the rows apply
   // (server/consistency/row_rounds.h): ASYNC and SSP on arrival; SYNC once per round, the batch-size-weighted mean
   // of the round's members, with the row's optimizer stepping once. RESOURCE_EXHAUSTED, changing nothing, when the
   // rows it would create do not fit the server's row memory. `done` runs once every backup of the slots holds the

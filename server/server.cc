@@ -1,9 +1,9 @@
 #include "server/server.h"
 
 #include "absl/strings/str_cat.h"
-#include "common/metrics_page.h"
-#include "common/rpc.h"
-#include "common/status_macros.h"
+#include "common/daemon/metrics_page.h"
+#include "common/rpc/rpc.h"
+#include "common/base/status_macros.h"
 #include "glog/logging.h"
 
 namespace tessera {

@@ -1,9 +1,9 @@
 #include "server/server_options.h"
 
 #include "absl/strings/str_cat.h"
-#include "common/command_line.h"
+#include "common/daemon/command_line.h"
 #include "common/fabric/ucx_worker.h"
-#include "common/rpc.h"
+#include "common/rpc/rpc.h"
 
 namespace tessera {
 

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "common/security.h"
+#include "common/rpc/security.h"
 
 namespace tessera {
 
@@ -29,7 +29,7 @@ struct ServerOptions {
   // The memory the rows of embedding tables may take on this server (values, optimizer state, index); a push
   // that would create rows beyond it is refused (RESOURCE_EXHAUSTED). 0: no cap.
   double max_row_memory_mb = 0;
-  std::shared_ptr<const Security> security = Security::Plaintext();  // TLS and the job token (common/security.h)
+  std::shared_ptr<const Security> security = Security::Plaintext();  // TLS and the job token (common/rpc/security.h)
 };
 
 // INVALID_ARGUMENT naming the flag at fault.

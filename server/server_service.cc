@@ -3,13 +3,13 @@
 #include <cmath>
 #include <memory>
 
-#include "common/checkpoint_file.h"
-#include "common/grpc_status.h"
+#include "common/model/checkpoint_file.h"
+#include "common/rpc/grpc_status.h"
 #include "absl/strings/str_cat.h"
-#include "common/rpc_handler.h"
-#include "common/status_macros.h"
-#include "common/wire_limits.h"
-#include "common/wire_payload.h"
+#include "common/rpc/rpc_handler.h"
+#include "common/base/status_macros.h"
+#include "common/model/wire_limits.h"
+#include "common/rpc/wire_payload.h"
 #include "server/replica_auth.h"
 
 namespace tessera {

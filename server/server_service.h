@@ -1,7 +1,7 @@
 // The gRPC adapter of a parameter server: converts messages and statuses, and nothing else.
 //
 // The data plane (Pull, Push, PushPull) is served on gRPC's callback API with raw byte buffers: a request's
-// values are copied once, from gRPC's slices into the store (see common/wire_payload.h), and a reply's values
+// values are copied once, from gRPC's slices into the store (see common/rpc/wire_payload.h), and a reply's values
 // go from a pooled buffer to the socket. Large pushes are applied on an update pool, so the gRPC thread goes
 // back to reading the network while the update rule runs. A PushPull of an open SYNC round holds its reply until the round
 // closes, without holding a thread. Checkpoint files are written, and read for a restore, on a thread of
@@ -11,8 +11,8 @@
 
 #include <functional>
 
-#include "common/security.h"
-#include "common/thread_pool.h"
+#include "common/rpc/security.h"
+#include "common/base/thread_pool.h"
 #include "proto/ps.grpc.pb.h"
 #include "server/request_conversions.h"
 #include "server/shard_store.h"
@@ -20,7 +20,7 @@
 namespace tessera {
 
 // Every method takes its request as bytes: the store parses pushes without copying their values, and every
-// method answers a missing token or an unparsable request the same way (common/rpc_handler.h).
+// method answers a missing token or an unparsable request the same way (common/rpc/rpc_handler.h).
 using ParameterServerBase = tessera::v1::ParameterServer::WithRawCallbackMethod_Pull<
     tessera::v1::ParameterServer::WithRawCallbackMethod_Push<
     tessera::v1::ParameterServer::WithRawCallbackMethod_PushPull<

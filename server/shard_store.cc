@@ -5,12 +5,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
-#include "common/job_spec.h"
-#include "common/security.h"
-#include "common/shard_map.h"
-#include "common/status_macros.h"
-#include "common/tensor_codec.h"
-#include "common/wire_limits.h"
+#include "common/model/job_spec.h"
+#include "common/rpc/security.h"
+#include "common/model/shard_map.h"
+#include "common/base/status_macros.h"
+#include "common/base/tensor_codec.h"
+#include "common/model/wire_limits.h"
 #include "server/request_checks.h"
 
 namespace tessera {

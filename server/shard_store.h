@@ -11,7 +11,7 @@
 // (server/replication/).
 //
 // Every request carries the shard-map epoch its sender holds. A request for an older epoch fails with
-// FAILED_PRECONDITION carrying the store's epoch (see GetCurrentEpoch in common/status_macros.h); one for a newer
+// FAILED_PRECONDITION carrying the store's epoch (see GetCurrentEpoch in common/base/status_macros.h); one for a newer
 // epoch fails with UNAVAILABLE (the assignment is still on its way: retry).
 //
 // Consistency is the job's: the store holds the policy object of its mode (server/consistency/policy.h), which
@@ -46,11 +46,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/buffer_pool.h"
-#include "common/float_payload.h"
-#include "common/staleness_histogram.h"
-#include "common/thread_pool.h"
-#include "common/update_rule.h"
+#include "common/rpc/buffer_pool.h"
+#include "common/model/float_payload.h"
+#include "common/model/staleness_histogram.h"
+#include "common/base/thread_pool.h"
+#include "common/model/update_rule.h"
 #include "proto/checkpoint.pb.h"
 #include "proto/cluster.pb.h"
 #include "proto/ps.pb.h"
@@ -150,7 +150,7 @@ class ShardStore {
   // The epoch is never taken from the request: ABORTED when the request's view is newer than this server's (it
   // is on its way: retry), changing nothing; FAILED_PRECONDITION when this server's view has no such backup or
   // another primary, or updates that do not follow the version held (the primary then sends the whole state);
-  // INVALID_ARGUMENT for a number beyond common/wire_limits.h (CheckReplicateRequest), a state of another size
+  // INVALID_ARGUMENT for a number beyond common/model/wire_limits.h (CheckReplicateRequest), a state of another size
   // or with non-finite values.
   [[nodiscard]] absl::StatusOr<int64_t> TakeReplica(const tessera::v1::ReplicateRequest& request,
                                                     std::string_view credential);

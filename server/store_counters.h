@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "common/staleness_histogram.h"
+#include "common/model/staleness_histogram.h"
 #include "proto/ps.pb.h"
 
 namespace tessera {

@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
 #include "glog/logging.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "server/tables/sparse_table.h"

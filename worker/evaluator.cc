@@ -1,6 +1,6 @@
 #include "worker/evaluator.h"
 
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
 
 namespace tessera {
 

@@ -2,10 +2,10 @@
 
 
 #include "absl/strings/str_cat.h"
-#include "common/job_spec.h"
-#include "common/param_init.h"
-#include "common/status_macros.h"
-#include "common/tensor_codec.h"
+#include "common/model/job_spec.h"
+#include "common/model/param_init.h"
+#include "common/base/status_macros.h"
+#include "common/base/tensor_codec.h"
 
 namespace tessera {
 namespace {

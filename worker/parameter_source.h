@@ -13,9 +13,9 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "common/run_recorder.h"
+#include "common/daemon/run_recorder.h"
 #include "proto/cluster.pb.h"
-#include "common/update_rule.h"
+#include "common/model/update_rule.h"
 #include "worker/client/ps_client.h"
 
 namespace tessera {

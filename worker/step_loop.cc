@@ -4,9 +4,9 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "common/job_spec.h"
-#include "common/status_macros.h"
-#include "common/tensor_codec.h"
+#include "common/model/job_spec.h"
+#include "common/base/status_macros.h"
+#include "common/base/tensor_codec.h"
 #include "glog/logging.h"
 #include "worker/param_file.h"
 

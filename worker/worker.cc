@@ -1,9 +1,9 @@
 #include "worker/worker.h"
 
 #include "absl/strings/str_cat.h"
-#include "common/metrics_page.h"
-#include "common/job_spec.h"
-#include "common/status_macros.h"
+#include "common/daemon/metrics_page.h"
+#include "common/model/job_spec.h"
+#include "common/base/status_macros.h"
 #include "glog/logging.h"
 
 namespace tessera {

@@ -13,7 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
-#include "common/http_endpoint.h"
+#include "common/daemon/http_endpoint.h"
 #include "worker/backend/backend.h"
 #include "worker/parameter_source.h"
 #include "worker/trainer.h"

@@ -3,11 +3,11 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
-#include "common/cluster_environment.h"
-#include "common/daemon_init.h"
-#include "common/run_recorder.h"
-#include "common/security_flags.h"
-#include "common/signals.h"
+#include "common/daemon/cluster_environment.h"
+#include "common/daemon/daemon_init.h"
+#include "common/daemon/run_recorder.h"
+#include "common/rpc/security_flags.h"
+#include "common/daemon/signals.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "worker/worker.h"

@@ -1,10 +1,10 @@
 #include "worker/worker_options.h"
 
 #include "absl/strings/str_cat.h"
-#include "common/command_line.h"
+#include "common/daemon/command_line.h"
 #include "common/fabric/ucx_worker.h"
-#include "common/rpc.h"
-#include "common/status_macros.h"
+#include "common/rpc/rpc.h"
+#include "common/base/status_macros.h"
 #include "worker/backend/backend.h"
 
 namespace tessera {

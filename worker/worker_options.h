@@ -5,7 +5,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "common/security.h"
+#include "common/rpc/security.h"
 #include "worker/training_run.h"
 
 namespace tessera {
@@ -21,7 +21,7 @@ struct WorkerOptions {
   int local_device_index = 0;     // --device=auto: which of the visible GPUs (SLURM_LOCALID)
   std::string listen_host = "127.0.0.1";  // where /healthz and /metrics listen
   int http_port = 0;              // 0: a free port; -1: off
-  SecurityOptions security;       // TLS files and the job token (common/security.h)
+  SecurityOptions security;       // TLS files and the job token (common/rpc/security.h)
   int connect_timeout_s = 120;    // how long to wait for the scheduler at start-up
   int clock_wait_timeout_ms = 300000;
   std::string transport;          // the chunk calls' transport: "" the job's, or "grpc" / "ucx" to override it

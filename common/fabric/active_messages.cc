@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/fabric/ucx_worker.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
 
 namespace tessera {
 namespace {

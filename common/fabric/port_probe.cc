@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "common/rpc.h"
+#include "common/rpc/rpc.h"
 
 namespace tessera {
 

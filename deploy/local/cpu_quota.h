@@ -4,7 +4,7 @@
 //
 //   absl::StatusOr<std::unique_ptr<CpuQuotaGroup>> group = CpuQuotaGroup::Create("worker-1");
 //   (*group)->SetCpus(0.25);                        // a quarter of one CPU, from now on
-//   child.join_cgroup_procs = (*group)->procs_file();  // the child joins before it execs (common/child_process.h)
+//   child.join_cgroup_procs = (*group)->procs_file();  // the child joins before it execs (common/base/child_process.h)
 //
 // The group is made below this process's own, in cgroup v2 (cpu.max) where the unified hierarchy delegates the
 // cpu controller to it, else in cgroup v1's cpu hierarchy (cpu.cfs_quota_us over cpu.cfs_period_us); it is named

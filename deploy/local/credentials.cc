@@ -12,7 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/child_process.h"
+#include "common/base/child_process.h"
 
 namespace tessera {
 namespace {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/security.h"
+#include "common/rpc/security.h"
 
 namespace tessera {
 

@@ -13,12 +13,12 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "common/command_line.h"
-#include "common/daemon_init.h"
-#include "common/run_recorder.h"
-#include "common/signals.h"
-#include "common/security_flags.h"
-#include "common/job_spec.h"
+#include "common/daemon/command_line.h"
+#include "common/daemon/daemon_init.h"
+#include "common/daemon/run_recorder.h"
+#include "common/daemon/signals.h"
+#include "common/rpc/security_flags.h"
+#include "common/model/job_spec.h"
 #include "deploy/default_job.h"
 #include "deploy/local/launcher.h"
 #include "absl/synchronization/mutex.h"
@@ -93,7 +93,7 @@ DEFINE_bool(tls, false,
 TESSERA_DEFINE_SECURITY_FLAGS()
 
 int main(int argc, char** argv) {
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);  // see common/daemon_init.h
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);  // see common/daemon/daemon_init.h
   // Everything after "--" is the workers' command (in the manner of torchrun), not the launcher's arguments.
   std::vector<std::string> worker_command;
   for (int i = 1; i < argc; ++i) {

@@ -28,9 +28,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "common/child_process.h"
-#include "common/signals.h"
-#include "common/status_macros.h"
+#include "common/base/child_process.h"
+#include "common/daemon/signals.h"
+#include "common/base/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "deploy/local/credentials.h"
 

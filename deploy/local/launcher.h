@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "common/security.h"
+#include "common/rpc/security.h"
 #include "deploy/local/cpu_quota.h"
 #include "worker/straggler.h"
 

@@ -27,7 +27,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "common/update_rule.h"
+#include "common/model/update_rule.h"
 #include "proto/job.pb.h"
 #include "server/tables/chunk.h"
 #include "server/chunk_requests.h"

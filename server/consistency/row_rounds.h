@@ -32,7 +32,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/row_batch.h"
+#include "common/base/row_batch.h"
 #include "proto/ps.pb.h"
 #include "server/tables/chunk.h"
 #include "server/tables/sparse_table.h"

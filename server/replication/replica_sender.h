@@ -12,10 +12,10 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "common/rpc.h"
+#include "common/rpc/rpc.h"
 #include "absl/status/statusor.h"
-#include "common/security.h"
-#include "common/thread_pool.h"
+#include "common/rpc/security.h"
+#include "common/base/thread_pool.h"
 #include "proto/ps.grpc.pb.h"
 #include "server/replica_auth.h"
 

@@ -19,7 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/thread_pool.h"
+#include "common/base/thread_pool.h"
 #include "server/replication/replica_sender.h"
 #include "server/store_state.h"
 

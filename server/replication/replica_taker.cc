@@ -1,8 +1,8 @@
 #include "server/replication/replica_taker.h"
 
 #include "absl/strings/str_cat.h"
-#include "common/status_macros.h"
-#include "common/wire_limits.h"
+#include "common/base/status_macros.h"
+#include "common/model/wire_limits.h"
 
 namespace tessera {
 

@@ -5,8 +5,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "common/status_macros.h"
-#include "common/tensor_codec.h"
+#include "common/base/status_macros.h"
+#include "common/base/tensor_codec.h"
 #include "glog/logging.h"
 
 namespace tessera {

@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/param_init.h"
+#include "common/model/param_init.h"
 
 namespace tessera {
 

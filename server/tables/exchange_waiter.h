@@ -9,8 +9,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/buffer_pool.h"
-#include "common/wire_format.h"
+#include "common/rpc/buffer_pool.h"
+#include "common/model/wire_format.h"
 
 namespace tessera {
 

@@ -8,9 +8,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/param_init.h"
-#include "common/shard_map.h"
-#include "common/status_macros.h"
+#include "common/model/param_init.h"
+#include "common/model/shard_map.h"
+#include "common/base/status_macros.h"
 
 namespace tessera {
 

@@ -1,5 +1,5 @@
 // The sparse kind of table: embedding tables (ParameterSpec.embedding), rows of `dim` floats keyed by 64-bit
-// ids. A table is cut into hash slots (common/shard_map.h EmbeddingSlot); a slot is the unit the view places,
+// ids. A table is cut into hash slots (common/model/shard_map.h EmbeddingSlot); a slot is the unit the view places,
 // replicates, checkpoints and moves, and holds its rows in a hash map from id to a row of a block of rows.
 //
 // A row is created by the first gradient that reaches it (or, with EmbeddingSpec.admit_after = k, by the k-th
@@ -28,7 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "common/staleness_histogram.h"
+#include "common/model/staleness_histogram.h"
 #include "proto/tensor.pb.h"
 #include "server/tables/held_units.h"
 #include "server/tables/row_optimizer.h"
@@ -61,7 +61,7 @@ struct RowTableSpec {
 
 // The rows' optimizer spec from a declaration, defaults filled in; INVALID_ARGUMENT naming the field.
 absl::StatusOr<RowOptimizerSpec> RowOptimizerFromProto(const tessera::v1::RowOptimizerSpec& spec);
-// The table's spec from a checked declaration (common/shard_map.h CheckEmbeddingSpec); `delta_checkpoints`: the
+// The table's spec from a checked declaration (common/model/shard_map.h CheckEmbeddingSpec); `delta_checkpoints`: the
 // job writes delta checkpoints, so rows keep their versions.
 absl::StatusOr<std::shared_ptr<const RowTableSpec>> RowTableFromDeclaration(const tessera::v1::ParameterSpec& param,
                                                                             bool delta_checkpoints);

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
-#include "common/float_pieces.h"
+#include "common/base/float_pieces.h"
 #include "server/tables/exchange_waiter.h"
 
 namespace tessera {

@@ -21,7 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/update_rule.h"
+#include "common/model/update_rule.h"
 #include "proto/checkpoint.pb.h"
 #include "proto/cluster.pb.h"
 #include "proto/ps.pb.h"

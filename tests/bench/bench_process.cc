@@ -18,7 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "common/child_process.h"
+#include "common/base/child_process.h"
 
 namespace tessera::bench {
 namespace {

@@ -80,22 +80,22 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "common/child_process.h"
-#include "common/cpu_clones.h"
-#include "common/command_line.h"
-#include "common/daemon_init.h"
-#include "common/job_spec.h"
-#include "common/wire_format.h"
-#include "common/security.h"
-#include "common/signals.h"
-#include "common/status_macros.h"
+#include "common/base/child_process.h"
+#include "common/base/cpu_clones.h"
+#include "common/daemon/command_line.h"
+#include "common/daemon/daemon_init.h"
+#include "common/model/job_spec.h"
+#include "common/model/wire_format.h"
+#include "common/rpc/security.h"
+#include "common/daemon/signals.h"
+#include "common/base/status_macros.h"
 #include "deploy/local/credentials.h"
 #include "server/replica_auth.h"
 #include "server/tables/sync_round.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "nlohmann/json.hpp"
-#include "common/update_rule.h"
+#include "common/model/update_rule.h"
 #include "tests/bench/bench_cluster.h"
 #include "tests/bench/bench_process.h"
 #include "tests/bench/row_bench.h"
@@ -1177,7 +1177,7 @@ int Main(int argc, char** argv) {
       "Run from the repository root (the job files of section d are relative paths), or use deploy/bench/data_plane.sh.",
       "data_plane_bench", &argc, &argv);
   tessera::KeepTransientBuffersMapped();  // the bench's client is a worker: same malloc settings
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);  // see common/daemon_init.h
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);  // see common/daemon/daemon_init.h
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
   FLAGS_minloglevel = 1;  // warnings and errors only: the progress lines are ours

@@ -31,7 +31,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
 #include "worker/backend/backend.h"
 #include "worker/backend/cuda_backend.h"
 

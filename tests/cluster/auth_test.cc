@@ -9,10 +9,10 @@
 #include <httplib.h>
 
 #include "absl/strings/str_cat.h"
-#include "common/http_endpoint.h"
-#include "common/rpc.h"
-#include "common/security.h"
-#include "common/tensor_codec.h"
+#include "common/daemon/http_endpoint.h"
+#include "common/rpc/rpc.h"
+#include "common/rpc/security.h"
+#include "common/base/tensor_codec.h"
 #include "deploy/local/credentials.h"
 #include "gtest/gtest.h"
 #include "tests/cluster/mini_cluster.h"

@@ -1,10 +1,10 @@
 // Bad input over real gRPC: a clear error, and nothing changed.
 #include <limits>
 
-#include "common/grpc_status.h"
-#include "common/rpc.h"
-#include "common/status_macros.h"
-#include "common/tensor_codec.h"
+#include "common/rpc/grpc_status.h"
+#include "common/rpc/rpc.h"
+#include "common/base/status_macros.h"
+#include "common/base/tensor_codec.h"
 #include "gtest/gtest.h"
 #include "tests/cluster/mini_cluster.h"
 #include "tests/testing/ports.h"

@@ -4,11 +4,11 @@
 #include <filesystem>
 #include <thread>
 
-#include "common/grpc_status.h"
-#include "common/job_spec.h"
-#include "common/param_init.h"
-#include "common/rpc.h"
-#include "common/tensor_codec.h"
+#include "common/rpc/grpc_status.h"
+#include "common/model/job_spec.h"
+#include "common/model/param_init.h"
+#include "common/rpc/rpc.h"
+#include "common/base/tensor_codec.h"
 #include "gtest/gtest.h"
 #include "tests/cluster/mini_cluster.h"
 #include "tests/testing/status_matchers.h"

@@ -5,7 +5,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/shard_map.h"
+#include "common/model/shard_map.h"
 #include "gtest/gtest.h"
 #include "server/tables/sparse_table.h"
 #include "tests/cluster/mini_cluster.h"

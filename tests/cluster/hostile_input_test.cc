@@ -15,9 +15,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "common/security.h"
-#include "common/tensor_codec.h"
-#include "common/wire_limits.h"
+#include "common/rpc/security.h"
+#include "common/base/tensor_codec.h"
+#include "common/model/wire_limits.h"
 #include "server/replica_auth.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"

@@ -2,8 +2,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/job_spec.h"
-#include "common/status_macros.h"
+#include "common/model/job_spec.h"
+#include "common/base/status_macros.h"
 
 namespace tessera::testing {
 

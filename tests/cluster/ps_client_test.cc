@@ -5,9 +5,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "common/security.h"
-#include "common/thread_pool.h"
-#include "common/wire_format.h"
+#include "common/rpc/security.h"
+#include "common/base/thread_pool.h"
+#include "common/model/wire_format.h"
 #include "worker/client/chunk_calls.h"
 #include "worker/client/grpc_chunk_transport.h"
 #include "worker/client/ucx_chunk_transport.h"

@@ -1,4 +1,4 @@
-#include "common/buffer_pool.h"
+#include "common/rpc/buffer_pool.h"
 
 #include <thread>
 #include <vector>

@@ -1,4 +1,4 @@
-#include "common/checkpoint_file.h"
+#include "common/model/checkpoint_file.h"
 
 #include <signal.h>
 #include <sys/resource.h>
@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "common/crc32c.h"
+#include "common/base/crc32c.h"
 #include "gtest/gtest.h"
 #include "proto/checkpoint.pb.h"
 #include "tests/testing/status_matchers.h"

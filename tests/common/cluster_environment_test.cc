@@ -1,4 +1,4 @@
-#include "common/cluster_environment.h"
+#include "common/daemon/cluster_environment.h"
 
 #include <map>
 

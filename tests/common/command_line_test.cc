@@ -1,4 +1,4 @@
-#include "common/command_line.h"
+#include "common/daemon/command_line.h"
 
 #include "gflags/gflags.h"
 #include "gtest/gtest.h"

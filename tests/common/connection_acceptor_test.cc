@@ -1,4 +1,4 @@
-#include "common/connection_acceptor.h"
+#include "common/rpc/connection_acceptor.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>

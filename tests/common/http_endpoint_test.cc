@@ -1,6 +1,6 @@
 // HttpEndpoint under clients that send slowly: a request's headers have a deadline as a whole (not per line),
 // slow clients hold no thread, and /healthz answers at once however many of them send.
-#include "common/http_endpoint.h"
+#include "common/daemon/http_endpoint.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

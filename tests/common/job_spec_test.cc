@@ -1,4 +1,4 @@
-#include "common/job_spec.h"
+#include "common/model/job_spec.h"
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"

@@ -1,4 +1,4 @@
-#include "common/metrics_page.h"
+#include "common/daemon/metrics_page.h"
 
 #include "gtest/gtest.h"
 

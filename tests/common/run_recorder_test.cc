@@ -1,4 +1,4 @@
-#include "common/run_recorder.h"
+#include "common/daemon/run_recorder.h"
 
 #include <filesystem>
 #include <memory>

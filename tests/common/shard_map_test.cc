@@ -1,9 +1,9 @@
-#include "common/shard_map.h"
+#include "common/model/shard_map.h"
 
 #include <algorithm>
 #include <set>
 
-#include "common/param_init.h"
+#include "common/model/param_init.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 

@@ -1,4 +1,4 @@
-#include "common/update_rule.h"
+#include "common/model/update_rule.h"
 
 #include <cmath>
 #include <vector>

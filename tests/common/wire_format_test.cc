@@ -1,4 +1,4 @@
-#include "common/wire_format.h"
+#include "common/model/wire_format.h"
 
 #include <cmath>
 #include <cstring>

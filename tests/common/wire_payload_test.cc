@@ -1,4 +1,4 @@
-#include "common/wire_payload.h"
+#include "common/rpc/wire_payload.h"
 
 #include <cstring>
 
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "common/tensor_codec.h"
+#include "common/base/tensor_codec.h"
 #include "proto/ps.pb.h"
 #include "tests/testing/status_matchers.h"
 

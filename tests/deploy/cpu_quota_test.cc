@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "absl/time/clock.h"
-#include "common/child_process.h"
+#include "common/base/child_process.h"
 #include "gtest/gtest.h"
 
 namespace tessera {

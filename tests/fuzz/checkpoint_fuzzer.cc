@@ -1,7 +1,7 @@
 // Fuzzes the checkpoint reader: bytes as a checkpoint file (first input byte odd), or as the payload of a file
 // with a correct header and CRCs (even), so that mutations reach the message parser and the restore past the
 // checksums. A ShardCheckpoint that parses is restored into a ShardStore. Nothing may crash.
-#include "common/checkpoint_file.h"
+#include "common/model/checkpoint_file.h"
 #include "proto/checkpoint.pb.h"
 #include "server/shard_store.h"
 #include "tests/fuzz/fuzz_jobs.h"

@@ -7,8 +7,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "common/job_spec.h"
-#include "common/security.h"
+#include "common/model/job_spec.h"
+#include "common/rpc/security.h"
 #include "proto/cluster.pb.h"
 
 namespace tessera::fuzz {

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "common/job_spec.h"
+#include "common/model/job_spec.h"
 #include "google/protobuf/util/message_differencer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -5,9 +5,9 @@
 #include <fstream>
 #include <iostream>
 
-#include "common/checkpoint_file.h"
-#include "common/job_spec.h"
-#include "common/tensor_codec.h"
+#include "common/model/checkpoint_file.h"
+#include "common/model/job_spec.h"
+#include "common/base/tensor_codec.h"
 #include "proto/checkpoint.pb.h"
 #include "proto/ps.pb.h"
 #include "tests/fuzz/fuzz_input.h"

@@ -1,7 +1,7 @@
 // Fuzzes the scheduler's request handling: a JobCoordinator (with fake servers that accept everything) takes a
 // sequence of requests from the wire (tests/fuzz/fuzz_input.h): Register, Heartbeat, Declare, GetShardMap,
 // AdvanceClock, Report, Done, member-key checks and failure detection passes. Nothing may crash or hang.
-#include "common/wire_limits.h"
+#include "common/model/wire_limits.h"
 #include "scheduler/job_coordinator.h"
 #include "tests/fuzz/fuzz_input.h"
 #include "tests/fuzz/fuzz_jobs.h"

@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "common/shard_map.h"
+#include "common/model/shard_map.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/daemon_test.h"

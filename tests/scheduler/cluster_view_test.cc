@@ -4,8 +4,8 @@
 
 
 #include "absl/strings/str_cat.h"
-#include "common/security.h"
-#include "common/wire_limits.h"
+#include "common/rpc/security.h"
+#include "common/model/wire_limits.h"
 #include "gtest/gtest.h"
 #include "tests/testing/param_spec.h"
 #include "tests/testing/registrations.h"

@@ -8,9 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "common/job_spec.h"
-#include "common/run_recorder.h"
-#include "common/wire_limits.h"
+#include "common/model/job_spec.h"
+#include "common/daemon/run_recorder.h"
+#include "common/model/wire_limits.h"
 #include "gtest/gtest.h"
 #include "tests/testing/fake_server_control.h"
 #include "tests/testing/param_spec.h"

@@ -1,8 +1,8 @@
 // The dense kind of table through the Table interface that view adoption and replication use.
 #include "server/tables/dense_table.h"
 
-#include "common/job_spec.h"
-#include "common/param_init.h"
+#include "common/model/job_spec.h"
+#include "common/model/param_init.h"
 #include "gtest/gtest.h"
 #include "server/job_config.h"
 #include "tests/testing/status_matchers.h"

@@ -12,9 +12,9 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "common/job_spec.h"
-#include "common/security.h"
-#include "common/wire_limits.h"
+#include "common/model/job_spec.h"
+#include "common/rpc/security.h"
+#include "common/model/wire_limits.h"
 #include "gtest/gtest.h"
 #include "server/replica_auth.h"
 #include "server/shard_store.h"
@@ -529,7 +529,7 @@ TEST_F(ReplicationTest, AStateFromAFutureEpochIsNeverTakenAndAcknowledgedUpdates
   EXPECT_EQ(after.values(), before.values());
 }
 
-// Every number a Replicate carries is bounded (common/wire_limits.h) before anything is taken, even with a valid
+// Every number a Replicate carries is bounded (common/model/wire_limits.h) before anything is taken, even with a valid
 // signature: each field at 0, the bound, past it, 2^63-1 and 2^64-1 (or their signed counterparts).
 TEST_F(ReplicationTest, EveryNumberOfAReplicateIsBounded) {
   Start(tessera::v1::ConsistencySpec::ASYNC, 2);

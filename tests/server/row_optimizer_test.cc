@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "common/row_batch.h"
+#include "common/base/row_batch.h"
 #include "server/tables/row_optimizer.h"
 #include "tests/testing/status_matchers.h"
 

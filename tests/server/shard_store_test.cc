@@ -7,10 +7,10 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "common/job_spec.h"
-#include "common/security.h"
-#include "common/status_macros.h"
-#include "common/tensor_codec.h"
+#include "common/model/job_spec.h"
+#include "common/rpc/security.h"
+#include "common/base/status_macros.h"
+#include "common/base/tensor_codec.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 

@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
-#include "common/job_spec.h"
-#include "common/shard_map.h"
-#include "common/wire_limits.h"
+#include "common/model/job_spec.h"
+#include "common/model/shard_map.h"
+#include "common/model/wire_limits.h"
 #include "gtest/gtest.h"
 #include "server/shard_store.h"
 #include "server/tables/sparse_table.h"

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/job_spec.h"
+#include "common/model/job_spec.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/subprocess.h"

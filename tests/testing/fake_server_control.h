@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "common/checkpoint_file.h"
+#include "common/model/checkpoint_file.h"
 #include "proto/checkpoint.pb.h"
 #include "scheduler/server_control.h"
 

@@ -16,8 +16,8 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
-#include "common/grpc_status.h"
-#include "common/rpc.h"
+#include "common/rpc/grpc_status.h"
+#include "common/rpc/rpc.h"
 #include "google/protobuf/message.h"
 
 namespace tessera::testing {

@@ -21,7 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "common/child_process.h"
+#include "common/base/child_process.h"
 
 namespace tessera::testing {
 

@@ -1,7 +1,7 @@
 #include <algorithm>
 #include <set>
 
-#include "common/job_spec.h"
+#include "common/model/job_spec.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 #include "worker/data/batch_schedule.h"

@@ -1,7 +1,7 @@
 #include "worker/evaluator.h"
 
 #include "absl/time/clock.h"
-#include "common/tensor_codec.h"
+#include "common/base/tensor_codec.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 

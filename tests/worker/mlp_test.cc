@@ -3,8 +3,8 @@
 #include <cstring>
 #include <random>
 
-#include "common/status_macros.h"
-#include "common/tensor_codec.h"
+#include "common/base/status_macros.h"
+#include "common/base/tensor_codec.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 #include "worker/backend/cpu_backend.h"

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "common/job_spec.h"
+#include "common/model/job_spec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/cluster/mini_cluster.h"

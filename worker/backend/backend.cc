@@ -6,7 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
 #include "glog/logging.h"
 #include "worker/backend/cpu_backend.h"
 

@@ -17,7 +17,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
 
 namespace tessera {
 namespace {

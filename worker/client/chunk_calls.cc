@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "common/status_macros.h"
-#include "common/tensor_codec.h"
+#include "common/base/status_macros.h"
+#include "common/base/tensor_codec.h"
 
 namespace tessera {
 

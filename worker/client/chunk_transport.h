@@ -14,8 +14,8 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "common/buffer_pool.h"
-#include "common/shard_map.h"
+#include "common/rpc/buffer_pool.h"
+#include "common/model/shard_map.h"
 #include "proto/ps.pb.h"
 #include "worker/client/chunk_types.h"
 

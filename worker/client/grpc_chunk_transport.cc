@@ -4,9 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 
-#include "common/grpc_status.h"
-#include "common/status_macros.h"
-#include "common/wire_payload.h"
+#include "common/rpc/grpc_status.h"
+#include "common/base/status_macros.h"
+#include "common/rpc/wire_payload.h"
 
 namespace tessera {
 

@@ -1,7 +1,7 @@
 // Chunk calls over gRPC: the default transport, the only one for an untrusted network (TLS and the job token
 // when the job has them). One unary call per chunk over gRPC's callback API with raw byte buffers: a push's
 // values go from the caller's memory to the socket as a slice of their own, and a reply's values are decoded
-// on gRPC's threads straight into the destination (common/wire_payload.h).
+// on gRPC's threads straight into the destination (common/rpc/wire_payload.h).
 #ifndef TESSERA_WORKER_CLIENT_GRPC_CHUNK_TRANSPORT_H_
 #define TESSERA_WORKER_CLIENT_GRPC_CHUNK_TRANSPORT_H_
 
@@ -9,8 +9,8 @@
 
 #include <memory>
 
-#include "common/rpc.h"
-#include "common/security.h"
+#include "common/rpc/rpc.h"
+#include "common/rpc/security.h"
 #include "worker/client/chunk_transport.h"
 
 namespace tessera {

@@ -57,10 +57,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "common/batch_slice.h"
-#include "common/security_options.h"
-#include "common/shard_map.h"
-#include "common/thread_pool.h"
+#include "common/base/batch_slice.h"
+#include "common/rpc/security_options.h"
+#include "common/model/shard_map.h"
+#include "common/base/thread_pool.h"
 #include "proto/cluster.pb.h"
 #include "worker/client/chunk_types.h"
 
@@ -116,7 +116,7 @@ class PsClient {
     // on no TCP port (common/fabric/ucx_worker.h FabricOptions::tcp).
     bool fabric_tcp = false;
     bool heartbeat = true;
-    SecurityOptions security;                        // TLS files and the job token (common/security.h)
+    SecurityOptions security;                        // TLS files and the job token (common/rpc/security.h)
     // Called once (on the heartbeat thread) when the scheduler has not answered for its heartbeat timeout, or
     // refuses this worker's heartbeats (declared lost, or replaced by a newer incarnation).
     std::function<void(const absl::Status&)> on_scheduler_lost;
@@ -177,7 +177,7 @@ class PsClient {
   [[nodiscard]] absl::Status Assign(const std::vector<std::string>& names,
                                     const std::vector<absl::Span<const float>>& values);
 
-  // Embedding tables (ParameterSpec.embedding, declared like dense parameters; common/shard_map.h). Fills `out`
+  // Embedding tables (ParameterSpec.embedding, declared like dense parameters; common/model/shard_map.h). Fills `out`
   // (ids.size() rows of the table's dim) with the rows of `ids`; an id repeated in `ids` travels once. A row no
   // gradient reached reads its initial values (zeros while it waits for admission). NOT_FOUND for an undeclared
   // table; INVALID_ARGUMENT for a dense parameter or an `out` of another size.

@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/blocking_counter.h"
-#include "common/grpc_status.h"
-#include "common/status_macros.h"
+#include "common/rpc/grpc_status.h"
+#include "common/base/status_macros.h"
 
 namespace tessera {
 

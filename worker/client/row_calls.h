@@ -1,5 +1,5 @@
 // The calls for rows of embedding tables (ParameterSpec.embedding) behind PsClient::PullRows and PushRows: the
-// ids routed to the servers that are primary of their hash slots (common/shard_map.h EmbeddingSlot), one call
+// ids routed to the servers that are primary of their hash slots (common/model/shard_map.h EmbeddingSlot), one call
 // per server, all in flight at once: over gRPC, or over the job's fabric transport (UCX) when it has one.
 #ifndef TESSERA_WORKER_CLIENT_ROW_CALLS_H_
 #define TESSERA_WORKER_CLIENT_ROW_CALLS_H_
@@ -13,9 +13,9 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "common/rpc.h"
-#include "common/security.h"
-#include "common/shard_map.h"
+#include "common/rpc/rpc.h"
+#include "common/rpc/security.h"
+#include "common/model/shard_map.h"
 #include "proto/ps.grpc.pb.h"
 #include "worker/client/chunk_transport.h"
 #include "worker/client/chunk_types.h"

@@ -7,9 +7,9 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "common/scheduler_client.h"
-#include "common/status_macros.h"
-#include "common/tensor_codec.h"
+#include "common/rpc/scheduler_client.h"
+#include "common/base/status_macros.h"
+#include "common/base/tensor_codec.h"
 #include "worker/client/chunk_calls.h"
 
 namespace tessera {

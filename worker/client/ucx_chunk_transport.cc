@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/fabric/active_messages.h"
-#include "common/wire_format.h"
+#include "common/model/wire_format.h"
 #include "glog/logging.h"
 
 namespace tessera {

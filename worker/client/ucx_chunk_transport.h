@@ -21,7 +21,7 @@
 
 #include "common/fabric/port_probe.h"
 #include "common/fabric/ucx_worker.h"
-#include "common/security.h"
+#include "common/rpc/security.h"
 #include "worker/client/chunk_transport.h"
 
 namespace tessera {

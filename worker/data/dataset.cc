@@ -7,8 +7,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/job_spec.h"
-#include "common/status_macros.h"
+#include "common/model/job_spec.h"
+#include "common/base/status_macros.h"
 
 namespace tessera {
 namespace {

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "common/command_line.h"
-#include "common/security_flags.h"
+#include "common/daemon/command_line.h"
+#include "common/rpc/security_flags.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "worker/client/ps_client.h"
@@ -24,7 +24,7 @@ DEFINE_int32(batch_size, 32, "samples per step");
 TESSERA_DEFINE_SECURITY_FLAGS()
 
 int main(int argc, char** argv) {
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);  // see common/daemon_init.h
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);  // see common/daemon/daemon_init.h
   tessera::ParseProgramFlags("tessera-example-linear-regression --scheduler=HOST:PORT [--token_file=FILE]",
                              "linear_regression.cc", &argc, &argv);
   tessera::CheckFlags({tessera::PositiveFlag("features"), tessera::PositiveFlag("batch_size")});

@@ -3,9 +3,9 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "common/param_init.h"
-#include "common/status_macros.h"
-#include "common/tensor_codec.h"
+#include "common/model/param_init.h"
+#include "common/base/status_macros.h"
+#include "common/base/tensor_codec.h"
 
 namespace tessera {
 

@@ -17,9 +17,9 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "common/cluster_environment.h"
-#include "common/daemon_init.h"
-#include "common/job_spec.h"
+#include "common/daemon/cluster_environment.h"
+#include "common/daemon/daemon_init.h"
+#include "common/model/job_spec.h"
 #include "glog/logging.h"
 #include "google/protobuf/util/json_util.h"
 #include "worker/client/ps_client.h"
@@ -688,7 +688,7 @@ void BindClientEnd(py::class_<PyClient>& client) {
 
 PYBIND11_MODULE(_tessera, m) {
   m.doc() = "Tessera's client library: join a job, declare parameters, exchange gradients and values.";
-  // As in the daemons and tessera-worker (common/daemon_init.h): large message buffers stay mapped between calls
+  // As in the daemons and tessera-worker (common/daemon/daemon_init.h): large message buffers stay mapped between calls
   // (otherwise every large push and pull page-faults its memory in again), and Abseil's deadlock detection, a
   // graph search on every lock, is off.
   tessera::KeepTransientBuffersMapped();

@@ -19,7 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
 #include "worker/backend/cpu_backend.h"
 #include "worker/models/mlp.h"
 
