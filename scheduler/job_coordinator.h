@@ -1,18 +1,20 @@
 // The scheduler's logic, transport-free: it runs one job with the help of
-//   ClusterView      (cluster_view.h)      members, incarnations, chunk placement, sync round membership, epoch
-//   FailureDetector  (failure_detector.h)  heartbeats and lost members
-//   ClockTable       (clock_table.h)       every worker's clock and the consistency gate
-//   BatchBalancer    (batch_balancer.h)    SYNC: each worker's slice of a round's global batch
-//   ProgressRecords  (progress_records.h)  reports, evaluations, server statistics, summary.json
-//   Checkpointer     (checkpointer.h)      checkpoints: cadence, taking one, pruning, the latest to restore
-//   ServerRecovery   (server_recovery.h)   a lost server's chunks taken over by backups or restored elsewhere
-//   ServerMoves      (server_moves.h)      two-phase moves: a replacement's share, a drained server's chunks
-//   JobTakeBack      (job_take_back.h)     a restarted scheduler taking its running job back from the members
+//   ClusterView      (membership/cluster_view.h)       members, incarnations, chunk placement, sync round membership,
+//                                                        epoch
+//   FailureDetector  (membership/failure_detector.h)   heartbeats and lost members
+//   ClockTable       (gate/clock_table.h)              every worker's clock and the consistency gate
+//   BatchBalancer    (gate/batch_balancer.h)           SYNC: each worker's slice of a round's global batch
+//   ProgressRecords  (records/progress_records.h)      reports, evaluations, server statistics, summary.json
+//   StatusPages      (records/status_pages.h)          /status and /metrics, read from the parts above
+//   Checkpointer     (recovery/checkpointer.h)         checkpoints: cadence, taking one, pruning, the latest to restore
+//   ServerRecovery   (recovery/server_recovery.h)      a lost server's chunks taken over by backups or restored
+//                                                        elsewhere
+//   ServerMoves      (recovery/server_moves.h)         two-phase moves: a replacement's share, a drained server's chunks
+//   JobTakeBack      (recovery/job_take_back.h)        a restarted scheduler taking its running job back from the members
 // The coordinator's own code is in two files: job_coordinator.cc (members, clocks, placement, checkpoints) and
-// job_coordinator_end.cc (workers done or lost, the job failing or stopping, its verdict and summary).
-//   StatusPages      (status_pages.h)      /status and /metrics, read from the parts above
-// and hands every new view to the servers. A change of members reaches the parts that care as an event the view
-// publishes (membership_events.h). The gRPC service (scheduler_service.h) only converts to and from it.
+// job_coordinator_end.cc (workers done or lost, the job failing or stopping, its verdict and summary). It
+// hands every new view to the servers. A change of members reaches the parts that care as an event the view
+// publishes (membership/membership_events.h). The gRPC service (scheduler_service.h) only converts to and from it.
 //
 // A job's life: servers and workers Register (a slot, an incarnation and the JobSpec handed out) -> workers
 // Declare their parameters (placed once every server is in; servers get the view before the map is returned)
@@ -42,18 +44,18 @@
 #include "common/base/thread_pool.h"
 #include "nlohmann/json.hpp"
 #include "proto/cluster.pb.h"
-#include "scheduler/batch_balancer.h"
-#include "scheduler/checkpointer.h"
-#include "scheduler/clock_table.h"
-#include "scheduler/cluster_view.h"
-#include "scheduler/failure_detector.h"
-#include "scheduler/job_take_back.h"
-#include "scheduler/mode_rules.h"
-#include "scheduler/progress_records.h"
+#include "scheduler/gate/batch_balancer.h"
+#include "scheduler/recovery/checkpointer.h"
+#include "scheduler/gate/clock_table.h"
+#include "scheduler/membership/cluster_view.h"
+#include "scheduler/membership/failure_detector.h"
+#include "scheduler/recovery/job_take_back.h"
+#include "scheduler/gate/mode_rules.h"
+#include "scheduler/records/progress_records.h"
 #include "scheduler/server_control.h"
-#include "scheduler/server_moves.h"
-#include "scheduler/server_recovery.h"
-#include "scheduler/status_pages.h"
+#include "scheduler/recovery/server_moves.h"
+#include "scheduler/recovery/server_recovery.h"
+#include "scheduler/records/status_pages.h"
 
 namespace tessera {
 
@@ -83,7 +85,7 @@ class JobCoordinator {
   // running job is in the view the servers hold before `done` runs.
   //
   // A restarted scheduler takes its running job back from the members (`request.rejoin()`, `member_key` the
-  // key the call carries): see JobTakeBack (job_take_back.h). Until the job is taken back, returning workers and
+  // key the call carries): see JobTakeBack (recovery/job_take_back.h). Until the job is taken back, returning workers and
   // new registrations are answered UNAVAILABLE (they retry). A member coming back to a scheduler that started its
   // job afresh, or runs another job, gets FAILED_PRECONDITION; one with neither role, INVALID_ARGUMENT.
   void Register(const tessera::v1::RegisterRequest& request,

@@ -5,7 +5,7 @@
 #include "common/daemon/command_line.h"
 #include "common/rpc/rpc.h"
 #include "common/base/status_macros.h"
-#include "scheduler/checkpointer.h"
+#include "scheduler/recovery/checkpointer.h"
 
 namespace tessera {
 

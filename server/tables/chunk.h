@@ -32,7 +32,7 @@ struct Roster {
   std::vector<int64_t> joined_clock;
   std::vector<std::string> key_digest;  // SHA-256 of each worker's member key; empty: not checked
   // The round rule: does sync round `round` wait for `worker`? (The scheduler's clock gate asks the same of
-  // the view it publishes; see scheduler/cluster_view.h.)
+  // the view it publishes; see scheduler/membership/cluster_view.h.)
   bool InRound(int worker, int64_t round) const { return active[worker] && joined_clock[worker] <= round; }
 };
 

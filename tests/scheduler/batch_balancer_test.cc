@@ -1,4 +1,4 @@
-#include "scheduler/batch_balancer.h"
+#include "scheduler/gate/batch_balancer.h"
 
 #include <numeric>
 #include <random>

@@ -1,4 +1,4 @@
-#include "scheduler/checkpointer.h"
+#include "scheduler/recovery/checkpointer.h"
 
 #include <filesystem>
 #include <fstream>

@@ -1,4 +1,4 @@
-#include "scheduler/failure_detector.h"
+#include "scheduler/membership/failure_detector.h"
 
 #include <vector>
 

@@ -10,7 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "proto/cluster.pb.h"
-#include "scheduler/cluster_view.h"
+#include "scheduler/membership/cluster_view.h"
 
 namespace tessera::testing {
 

@@ -7,8 +7,8 @@
 //   SSP(s)     s            as each chunk is; only the lost server's        its last clock, or the slowest
 //                           chunks go back                                   active worker's when ahead
 //   ASYNC      -1 (none)    as SSP                                           its last clock
-#ifndef TESSERA_SCHEDULER_MODE_RULES_H_
-#define TESSERA_SCHEDULER_MODE_RULES_H_
+#ifndef TESSERA_SCHEDULER_GATE_MODE_RULES_H_
+#define TESSERA_SCHEDULER_GATE_MODE_RULES_H_
 
 #include <cstdint>
 #include <vector>
@@ -38,4 +38,4 @@ struct ModeRules {
 
 }  // namespace tessera
 
-#endif  // TESSERA_SCHEDULER_MODE_RULES_H_
+#endif  // TESSERA_SCHEDULER_GATE_MODE_RULES_H_

@@ -14,8 +14,8 @@
 // member coming back later is refused (FAILED_PRECONDITION: register anew).
 //
 // It has no membership event to follow: it is driven by the members' registrations, before the view has any.
-#ifndef TESSERA_SCHEDULER_JOB_TAKE_BACK_H_
-#define TESSERA_SCHEDULER_JOB_TAKE_BACK_H_
+#ifndef TESSERA_SCHEDULER_RECOVERY_JOB_TAKE_BACK_H_
+#define TESSERA_SCHEDULER_RECOVERY_JOB_TAKE_BACK_H_
 
 #include <functional>
 #include <map>
@@ -27,10 +27,10 @@
 #include "absl/time/time.h"
 #include "proto/cluster.pb.h"
 #include "proto/job.pb.h"
-#include "scheduler/checkpointer.h"
-#include "scheduler/clock_table.h"
-#include "scheduler/cluster_view.h"
-#include "scheduler/progress_records.h"
+#include "scheduler/recovery/checkpointer.h"
+#include "scheduler/gate/clock_table.h"
+#include "scheduler/membership/cluster_view.h"
+#include "scheduler/records/progress_records.h"
 #include "scheduler/server_control.h"
 
 namespace tessera {
@@ -111,4 +111,4 @@ class JobTakeBack {
 
 }  // namespace tessera
 
-#endif  // TESSERA_SCHEDULER_JOB_TAKE_BACK_H_
+#endif  // TESSERA_SCHEDULER_RECOVERY_JOB_TAKE_BACK_H_

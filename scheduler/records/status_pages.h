@@ -1,19 +1,19 @@
 // The scheduler's /status page (JSON) and /metrics page (Prometheus text), and the parts of the summary they
 // share, read from the parts of a job's coordinator (the view, the clock table, the balancer, the progress
 // records, the checkpointer). Holds nothing of its own. Thread-safe, as each part is.
-#ifndef TESSERA_SCHEDULER_STATUS_PAGES_H_
-#define TESSERA_SCHEDULER_STATUS_PAGES_H_
+#ifndef TESSERA_SCHEDULER_RECORDS_STATUS_PAGES_H_
+#define TESSERA_SCHEDULER_RECORDS_STATUS_PAGES_H_
 
 #include <string>
 
 #include "absl/time/time.h"
 #include "nlohmann/json.hpp"
 #include "proto/job.pb.h"
-#include "scheduler/batch_balancer.h"
-#include "scheduler/checkpointer.h"
-#include "scheduler/clock_table.h"
-#include "scheduler/cluster_view.h"
-#include "scheduler/progress_records.h"
+#include "scheduler/gate/batch_balancer.h"
+#include "scheduler/recovery/checkpointer.h"
+#include "scheduler/gate/clock_table.h"
+#include "scheduler/membership/cluster_view.h"
+#include "scheduler/records/progress_records.h"
 
 namespace tessera {
 
@@ -46,4 +46,4 @@ class StatusPages {
 
 }  // namespace tessera
 
-#endif  // TESSERA_SCHEDULER_STATUS_PAGES_H_
+#endif  // TESSERA_SCHEDULER_RECORDS_STATUS_PAGES_H_

@@ -6,15 +6,15 @@
 //   ProgressRecords  the run's event log (lost, failed, rejoined, replaced)
 //   ServerRecovery   a lost server's chunks move and are restored; a replacement takes a share
 //   JobCoordinator   hands the new view to the servers, and ends the job once no worker is left
-#ifndef TESSERA_SCHEDULER_MEMBERSHIP_EVENTS_H_
-#define TESSERA_SCHEDULER_MEMBERSHIP_EVENTS_H_
+#ifndef TESSERA_SCHEDULER_MEMBERSHIP_MEMBERSHIP_EVENTS_H_
+#define TESSERA_SCHEDULER_MEMBERSHIP_MEMBERSHIP_EVENTS_H_
 
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "proto/cluster.pb.h"
-#include "scheduler/member.h"
+#include "scheduler/membership/member.h"
 
 namespace tessera {
 
@@ -49,4 +49,4 @@ using MembershipListener = std::function<void(const MembershipEvent&)>;
 
 }  // namespace tessera
 
-#endif  // TESSERA_SCHEDULER_MEMBERSHIP_EVENTS_H_
+#endif  // TESSERA_SCHEDULER_MEMBERSHIP_MEMBERSHIP_EVENTS_H_

@@ -1,4 +1,4 @@
-#include "scheduler/progress_records.h"
+#include "scheduler/records/progress_records.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "scheduler/membership_events.h"
+#include "scheduler/membership/membership_events.h"
 
 namespace tessera {
 

@@ -1,4 +1,4 @@
-#include "scheduler/server_recovery.h"
+#include "scheduler/recovery/server_recovery.h"
 
 #include <algorithm>
 #include <vector>

@@ -19,8 +19,8 @@
 //     replacement's share is chosen here (ShareMoves), moved in two phases (BeginMoves, FinishMoves).
 // The members' half is implemented in cluster_view.cc, the placement's (chunks, moves, rollback) in
 // cluster_view_placement.cc.
-#ifndef TESSERA_SCHEDULER_CLUSTER_VIEW_H_
-#define TESSERA_SCHEDULER_CLUSTER_VIEW_H_
+#ifndef TESSERA_SCHEDULER_MEMBERSHIP_CLUSTER_VIEW_H_
+#define TESSERA_SCHEDULER_MEMBERSHIP_CLUSTER_VIEW_H_
 
 #include <functional>
 #include <optional>
@@ -32,8 +32,8 @@
 #include "absl/time/time.h"
 #include "common/model/shard_map.h"
 #include "proto/cluster.pb.h"
-#include "scheduler/member.h"
-#include "scheduler/membership_events.h"
+#include "scheduler/membership/member.h"
+#include "scheduler/membership/membership_events.h"
 
 namespace tessera {
 
@@ -236,4 +236,4 @@ class ClusterView {
 
 }  // namespace tessera
 
-#endif  // TESSERA_SCHEDULER_CLUSTER_VIEW_H_
+#endif  // TESSERA_SCHEDULER_MEMBERSHIP_CLUSTER_VIEW_H_

@@ -1,4 +1,4 @@
-#include "scheduler/mode_rules.h"
+#include "scheduler/gate/mode_rules.h"
 
 #include <algorithm>
 

@@ -6,16 +6,16 @@
 // A move's first phase adds the new copy as a backup, which its primary fills while training goes on; once every
 // new copy is filled the second phase switches the roles (ClusterView::BeginMoves, FinishMoves). Moves run on the
 // coordinator's executor, one at a time, like recoveries.
-#ifndef TESSERA_SCHEDULER_SERVER_MOVES_H_
-#define TESSERA_SCHEDULER_SERVER_MOVES_H_
+#ifndef TESSERA_SCHEDULER_RECOVERY_SERVER_MOVES_H_
+#define TESSERA_SCHEDULER_RECOVERY_SERVER_MOVES_H_
 
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "scheduler/cluster_view.h"
-#include "scheduler/membership_events.h"
-#include "scheduler/server_recovery.h"
+#include "scheduler/membership/cluster_view.h"
+#include "scheduler/membership/membership_events.h"
+#include "scheduler/recovery/server_recovery.h"
 
 namespace tessera {
 
@@ -47,4 +47,4 @@ class ServerMoves {
 
 }  // namespace tessera
 
-#endif  // TESSERA_SCHEDULER_SERVER_MOVES_H_
+#endif  // TESSERA_SCHEDULER_RECOVERY_SERVER_MOVES_H_

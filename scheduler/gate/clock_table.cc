@@ -1,4 +1,4 @@
-#include "scheduler/clock_table.h"
+#include "scheduler/gate/clock_table.h"
 
 #include <algorithm>
 

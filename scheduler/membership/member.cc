@@ -1,4 +1,4 @@
-#include "scheduler/member.h"
+#include "scheduler/membership/member.h"
 
 #include "absl/strings/str_cat.h"
 

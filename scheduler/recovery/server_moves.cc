@@ -1,4 +1,4 @@
-#include "scheduler/server_moves.h"
+#include "scheduler/recovery/server_moves.h"
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"

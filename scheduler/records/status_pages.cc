@@ -1,4 +1,4 @@
-#include "scheduler/status_pages.h"
+#include "scheduler/records/status_pages.h"
 
 #include <algorithm>
 

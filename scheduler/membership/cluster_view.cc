@@ -1,4 +1,4 @@
-#include "scheduler/cluster_view.h"
+#include "scheduler/membership/cluster_view.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"

@@ -1,15 +1,15 @@
 // Failure detection: every member heartbeats the scheduler; one silent for `timeout` is lost. Checked every
 // `interval` on a thread of its own. Until every slot of the job is filled it also says, every
 // kWaitingReportInterval, whom the job waits for and who was lost (ClusterView::WaitingSummary).
-#ifndef TESSERA_SCHEDULER_FAILURE_DETECTOR_H_
-#define TESSERA_SCHEDULER_FAILURE_DETECTOR_H_
+#ifndef TESSERA_SCHEDULER_MEMBERSHIP_FAILURE_DETECTOR_H_
+#define TESSERA_SCHEDULER_MEMBERSHIP_FAILURE_DETECTOR_H_
 
 #include <functional>
 #include <memory>
 
 #include "absl/time/time.h"
 #include "common/base/heartbeater.h"
-#include "scheduler/cluster_view.h"
+#include "scheduler/membership/cluster_view.h"
 
 namespace tessera {
 
@@ -43,4 +43,4 @@ class FailureDetector {
 
 }  // namespace tessera
 
-#endif  // TESSERA_SCHEDULER_FAILURE_DETECTOR_H_
+#endif  // TESSERA_SCHEDULER_MEMBERSHIP_FAILURE_DETECTOR_H_

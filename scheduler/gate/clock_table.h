@@ -17,8 +17,8 @@
 // the clock it pushed every round from (its start, its last late answer, the last rollback, or what it says when
 // it rejoins), so that a table that decides rounds again (a restarted scheduler's) leaves out the rounds a late
 // answer made it skip.
-#ifndef TESSERA_SCHEDULER_CLOCK_TABLE_H_
-#define TESSERA_SCHEDULER_CLOCK_TABLE_H_
+#ifndef TESSERA_SCHEDULER_GATE_CLOCK_TABLE_H_
+#define TESSERA_SCHEDULER_GATE_CLOCK_TABLE_H_
 
 #include <cstdint>
 #include <deque>
@@ -32,7 +32,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "scheduler/membership_events.h"
+#include "scheduler/membership/membership_events.h"
 
 namespace tessera {
 
@@ -172,4 +172,4 @@ class ClockTable {
 
 }  // namespace tessera
 
-#endif  // TESSERA_SCHEDULER_CLOCK_TABLE_H_
+#endif  // TESSERA_SCHEDULER_GATE_CLOCK_TABLE_H_

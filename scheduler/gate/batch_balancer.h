@@ -19,8 +19,8 @@
 // costs per step weigh more on a small share), so measurements under an earlier split would mislead; and noise
 // must beat the hysteresis with a whole window, not a few steps. So shares do not flap, and a device that slows
 // down is followed within about a window of its compute.
-#ifndef TESSERA_SCHEDULER_BATCH_BALANCER_H_
-#define TESSERA_SCHEDULER_BATCH_BALANCER_H_
+#ifndef TESSERA_SCHEDULER_GATE_BATCH_BALANCER_H_
+#define TESSERA_SCHEDULER_GATE_BATCH_BALANCER_H_
 
 #include <cstdint>
 #include <deque>
@@ -32,7 +32,7 @@
 #include "common/base/batch_slice.h"
 #include "nlohmann/json.hpp"
 #include "proto/job.pb.h"
-#include "scheduler/membership_events.h"
+#include "scheduler/membership/membership_events.h"
 
 namespace tessera {
 
@@ -112,4 +112,4 @@ class BatchBalancer {
 
 }  // namespace tessera
 
-#endif  // TESSERA_SCHEDULER_BATCH_BALANCER_H_
+#endif  // TESSERA_SCHEDULER_GATE_BATCH_BALANCER_H_

@@ -6,8 +6,8 @@
 // (scheduler.state: the cluster view, every worker's clock and data position), each with a checked header
 // (common/model/checkpoint_file.h). The scheduler's file is written last, once every server's is in: a folder
 // without it is incomplete and never used.
-#ifndef TESSERA_SCHEDULER_CHECKPOINTER_H_
-#define TESSERA_SCHEDULER_CHECKPOINTER_H_
+#ifndef TESSERA_SCHEDULER_RECOVERY_CHECKPOINTER_H_
+#define TESSERA_SCHEDULER_RECOVERY_CHECKPOINTER_H_
 
 #include <optional>
 #include <string>
@@ -112,4 +112,4 @@ class Checkpointer {
 
 }  // namespace tessera
 
-#endif  // TESSERA_SCHEDULER_CHECKPOINTER_H_
+#endif  // TESSERA_SCHEDULER_RECOVERY_CHECKPOINTER_H_

@@ -11,8 +11,8 @@
 //   - a replacement (a server id registered again) whose old self was still thought alive: that one is lost
 //     first (its share of the chunks then comes from ServerMoves, server_moves.h).
 // A server lost before the parameters are placed leaves its slot to a replacement; nothing moves.
-#ifndef TESSERA_SCHEDULER_SERVER_RECOVERY_H_
-#define TESSERA_SCHEDULER_SERVER_RECOVERY_H_
+#ifndef TESSERA_SCHEDULER_RECOVERY_SERVER_RECOVERY_H_
+#define TESSERA_SCHEDULER_RECOVERY_SERVER_RECOVERY_H_
 
 #include <functional>
 #include <optional>
@@ -22,12 +22,12 @@
 #include "absl/time/time.h"
 #include "common/base/thread_pool.h"
 #include "proto/job.pb.h"
-#include "scheduler/checkpointer.h"
-#include "scheduler/clock_table.h"
-#include "scheduler/cluster_view.h"
-#include "scheduler/membership_events.h"
-#include "scheduler/mode_rules.h"
-#include "scheduler/progress_records.h"
+#include "scheduler/recovery/checkpointer.h"
+#include "scheduler/gate/clock_table.h"
+#include "scheduler/membership/cluster_view.h"
+#include "scheduler/membership/membership_events.h"
+#include "scheduler/gate/mode_rules.h"
+#include "scheduler/records/progress_records.h"
 #include "scheduler/server_control.h"
 
 namespace tessera {
@@ -76,4 +76,4 @@ class ServerRecovery {
 
 }  // namespace tessera
 
-#endif  // TESSERA_SCHEDULER_SERVER_RECOVERY_H_
+#endif  // TESSERA_SCHEDULER_RECOVERY_SERVER_RECOVERY_H_

@@ -10,7 +10,7 @@
 #include "common/rpc/security.h"
 #include "common/model/shard_map.h"
 #include "common/base/status_macros.h"
-#include "scheduler/cluster_view.h"
+#include "scheduler/membership/cluster_view.h"
 
 namespace tessera {
 

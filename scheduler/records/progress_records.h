@@ -1,8 +1,8 @@
 // The job's records as the scheduler keeps them: each worker's last report, the evaluations, the progress
 // history for /status, the servers' last statistics (kept when a server is lost, so counters survive it), and
 // the summary written at the end.
-#ifndef TESSERA_SCHEDULER_PROGRESS_RECORDS_H_
-#define TESSERA_SCHEDULER_PROGRESS_RECORDS_H_
+#ifndef TESSERA_SCHEDULER_RECORDS_PROGRESS_RECORDS_H_
+#define TESSERA_SCHEDULER_RECORDS_PROGRESS_RECORDS_H_
 
 #include <deque>
 #include <map>
@@ -19,7 +19,7 @@
 #include "nlohmann/json.hpp"
 #include "proto/cluster.pb.h"
 #include "proto/ps.pb.h"
-#include "scheduler/membership_events.h"
+#include "scheduler/membership/membership_events.h"
 #include "scheduler/server_control.h"
 
 namespace tessera {
@@ -125,4 +125,4 @@ class ProgressRecords {
 
 }  // namespace tessera
 
-#endif  // TESSERA_SCHEDULER_PROGRESS_RECORDS_H_
+#endif  // TESSERA_SCHEDULER_RECORDS_PROGRESS_RECORDS_H_

@@ -1,4 +1,4 @@
-#include "scheduler/job_take_back.h"
+#include "scheduler/recovery/job_take_back.h"
 
 #include <algorithm>
 #include <utility>

@@ -1,6 +1,6 @@
 // A slot of a job (a server id or a worker rank) and the member holding it, as the cluster view records them.
-#ifndef TESSERA_SCHEDULER_MEMBER_H_
-#define TESSERA_SCHEDULER_MEMBER_H_
+#ifndef TESSERA_SCHEDULER_MEMBERSHIP_MEMBER_H_
+#define TESSERA_SCHEDULER_MEMBERSHIP_MEMBER_H_
 
 #include <cstdint>
 #include <string>
@@ -44,4 +44,4 @@ struct Member {
 
 }  // namespace tessera
 
-#endif  // TESSERA_SCHEDULER_MEMBER_H_
+#endif  // TESSERA_SCHEDULER_MEMBERSHIP_MEMBER_H_
