@@ -166,7 +166,7 @@ void ProgressRecords::OnMembership(const MembershipEvent& event, int64_t worker_
       break;
     }
     case MembershipEvent::kWorkerJoined:
-      // tessera-launch learns from this line that the rank joined (deploy/local/launcher.cc: a rank whose command
+      // tessera-launch learns from this line that the rank joined (deploy/launcher/launcher.cc: a rank whose command
       // exits before it joined can never join, and the launcher ends the run).
       recorder_->PrintLine(absl::StrCat("worker ", m.id, " joined the job"));
       break;

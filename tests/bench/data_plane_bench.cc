@@ -89,7 +89,7 @@
 #include "common/rpc/security.h"
 #include "common/daemon/signals.h"
 #include "common/base/status_macros.h"
-#include "deploy/local/credentials.h"
+#include "deploy/launcher/credentials.h"
 #include "server/replica_auth.h"
 #include "server/tables/sync_round.h"
 #include "gflags/gflags.h"

@@ -13,7 +13,7 @@
 #include "common/rpc/rpc.h"
 #include "common/rpc/security.h"
 #include "common/base/tensor_codec.h"
-#include "deploy/local/credentials.h"
+#include "deploy/launcher/credentials.h"
 #include "gtest/gtest.h"
 #include "tests/cluster/mini_cluster.h"
 #include "tests/testing/raw_rpc.h"

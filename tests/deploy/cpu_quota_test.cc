@@ -1,6 +1,6 @@
-// CPU quotas for the launcher's workers (deploy/local/cpu_quota.h): the flags' parsing, and a real control group
+// CPU quotas for the launcher's workers (deploy/launcher/cpu_quota.h): the flags' parsing, and a real control group
 // capping a busy process (skipped, with the reason, where no CPU controller is writable).
-#include "deploy/local/cpu_quota.h"
+#include "deploy/launcher/cpu_quota.h"
 
 #include <signal.h>
 #include <sys/resource.h>

@@ -3,7 +3,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
-#include "deploy/local/cpu_quota.h"
+#include "deploy/launcher/cpu_quota.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/daemon_test.h"

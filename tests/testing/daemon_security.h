@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "deploy/local/credentials.h"
+#include "deploy/launcher/credentials.h"
 
 namespace tessera::testing {
 

@@ -12,15 +12,15 @@
 // Every run ends with a summary.json with a stop_reason: the scheduler's, or the launcher's when the scheduler
 // could not write one.
 // Children also die with the launcher (PR_SET_PDEATHSIG), so no daemon outlives it and no port stays bound.
-#ifndef TESSERA_DEPLOY_LOCAL_LAUNCHER_H_
-#define TESSERA_DEPLOY_LOCAL_LAUNCHER_H_
+#ifndef TESSERA_DEPLOY_LAUNCHER_LAUNCHER_H_
+#define TESSERA_DEPLOY_LAUNCHER_LAUNCHER_H_
 
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "common/rpc/security.h"
-#include "deploy/local/cpu_quota.h"
+#include "deploy/launcher/cpu_quota.h"
 #include "worker/straggler.h"
 
 namespace tessera {
@@ -34,7 +34,7 @@ struct LaunchOptions {
   std::string device = "auto";
   std::vector<std::string> worker_devices;  // when set, worker i gets worker_devices[i] (a mixed-device job)
   // When set, worker i runs under a CPU quota of worker_cpu_quota[i % size] CPUs (0: none) from the moment it
-  // finished its first step, in a control group of its own (deploy/local/cpu_quota.h): a slower device made real. Each
+  // finished its first step, in a control group of its own (deploy/launcher/cpu_quota.h): a slower device made real. Each
   // change sets the quotas anew, that many seconds after the workers started; RUN_DIR/cpu_quotas.jsonl records
   // every quota set.
   std::vector<double> worker_cpu_quota;
@@ -69,4 +69,4 @@ struct LaunchOptions {
 
 }  // namespace tessera
 
-#endif  // TESSERA_DEPLOY_LOCAL_LAUNCHER_H_
+#endif  // TESSERA_DEPLOY_LAUNCHER_LAUNCHER_H_

@@ -1,4 +1,4 @@
-#include "deploy/local/launcher.h"
+#include "deploy/launcher/launcher.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -32,7 +32,7 @@
 #include "common/daemon/signals.h"
 #include "common/base/status_macros.h"
 #include "nlohmann/json.hpp"
-#include "deploy/local/credentials.h"
+#include "deploy/launcher/credentials.h"
 
 extern char** environ;
 

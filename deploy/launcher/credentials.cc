@@ -1,4 +1,4 @@
-#include "deploy/local/credentials.h"
+#include "deploy/launcher/credentials.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

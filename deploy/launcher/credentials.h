@@ -3,8 +3,8 @@
 //
 //   TESSERA_ASSIGN_OR_RETURN(SecurityOptions security, MakeRunCredentials(run_dir + "/secrets", /*tls=*/true));
 //   // security.token_file, .tls_cert, .tls_key, .tls_ca: hand them to every daemon as --token_file=... etc.
-#ifndef TESSERA_DEPLOY_LOCAL_CREDENTIALS_H_
-#define TESSERA_DEPLOY_LOCAL_CREDENTIALS_H_
+#ifndef TESSERA_DEPLOY_LAUNCHER_CREDENTIALS_H_
+#define TESSERA_DEPLOY_LAUNCHER_CREDENTIALS_H_
 
 #include <string>
 #include <vector>
@@ -36,4 +36,4 @@ struct CertificatePaths {
 
 }  // namespace tessera
 
-#endif  // TESSERA_DEPLOY_LOCAL_CREDENTIALS_H_
+#endif  // TESSERA_DEPLOY_LAUNCHER_CREDENTIALS_H_

@@ -1,4 +1,4 @@
-#include "deploy/local/cpu_quota.h"
+#include "deploy/launcher/cpu_quota.h"
 
 #include <signal.h>
 #include <sys/stat.h>

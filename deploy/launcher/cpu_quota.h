@@ -10,8 +10,8 @@
 // cpu controller to it, else in cgroup v1's cpu hierarchy (cpu.cfs_quota_us over cpu.cfs_period_us); it is named
 // tessera-<pid of this process>-<name> and removed when the CpuQuotaGroup is destroyed (once its processes are
 // gone). The quota may change while the processes run.
-#ifndef TESSERA_DEPLOY_LOCAL_CPU_QUOTA_H_
-#define TESSERA_DEPLOY_LOCAL_CPU_QUOTA_H_
+#ifndef TESSERA_DEPLOY_LAUNCHER_CPU_QUOTA_H_
+#define TESSERA_DEPLOY_LAUNCHER_CPU_QUOTA_H_
 
 #include <memory>
 #include <string>
@@ -77,4 +77,4 @@ struct CpuQuotaChange {
 
 }  // namespace tessera
 
-#endif  // TESSERA_DEPLOY_LOCAL_CPU_QUOTA_H_
+#endif  // TESSERA_DEPLOY_LAUNCHER_CPU_QUOTA_H_

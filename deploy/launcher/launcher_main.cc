@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/daemon/command_line.h"
@@ -19,8 +20,9 @@
 #include "common/daemon/signals.h"
 #include "common/rpc/security_flags.h"
 #include "common/model/job_spec.h"
+#include "common/base/status_macros.h"
 #include "deploy/default_job.h"
-#include "deploy/local/launcher.h"
+#include "deploy/launcher/launcher.h"
 #include "absl/synchronization/mutex.h"
 #include "gflags/gflags.h"
 
@@ -92,26 +94,27 @@ DEFINE_bool(tls, false,
             "daemon use mutual TLS; --tls_cert/--tls_key/--tls_ca give your own instead");
 TESSERA_DEFINE_SECURITY_FLAGS()
 
-int main(int argc, char** argv) {
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);  // see common/daemon/daemon_init.h
-  // Everything after "--" is the workers' command (in the manner of torchrun), not the launcher's arguments.
-  std::vector<std::string> worker_command;
+namespace {
+
+// A mistake in how the launcher was called: the message is printed after "tessera-launch: ", and it exits 2.
+absl::Status UsageError(absl::string_view message) { return absl::InvalidArgumentError(message); }
+
+// Everything after "--" is the workers' command (in the manner of torchrun), not the launcher's arguments: it is
+// taken off `argc`.
+absl::StatusOr<std::vector<std::string>> TakeWorkerCommand(int& argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (std::string_view(argv[i]) != "--") continue;
-    worker_command.assign(argv + i + 1, argv + argc);
+    std::vector<std::string> command(argv + i + 1, argv + argc);
     argc = i;
-    if (worker_command.empty()) {
-      std::cerr << "tessera-launch: nothing after \"--\": give the workers' command there, e.g. -- python3 train.py"
-                << std::endl;
-      return 2;
+    if (command.empty()) {
+      return UsageError("nothing after \"--\": give the workers' command there, e.g. -- python3 train.py");
     }
-    break;
+    return command;
   }
-  tessera::ParseProgramFlags(
-      "tessera-launch [--job=FILE] [--servers=N --workers=M --run_dir=DIR] [-- COMMAND ARGS...]\n"
-      "  With -- COMMAND, each worker is that command (e.g. -- python3 train.py --lr=0.1), run once per worker with\n"
-      "  TESSERA_SCHEDULER, TESSERA_RANK, TESSERA_DEVICE and the run's credentials in its environment.",
-      "_main.cc", &argc, &argv);
+  return std::vector<std::string>();
+}
+
+void CheckLauncherFlags() {
   tessera::CheckFlags({tessera::NonNegativeFlag("servers"), tessera::NonNegativeFlag("workers"),
                        tessera::NonNegativeFlag("timeout_s"), tessera::NonNegativeFlag("linger_s"),
                        tessera::AtLeastFlag("slow_worker", -1, "must be a worker rank, or -1 (none)"),
@@ -120,87 +123,101 @@ int main(int argc, char** argv) {
                        tessera::NonNegativeFlag("checkpoint_every_s"), tessera::NonNegativeFlag("heartbeat_timeout_ms"),
                        tessera::NonNegativeFlag("restart_servers"), tessera::NonNegativeFlag("restart_workers"),
                        tessera::NonNegativeFlag("restart_scheduler"), tessera::NonNegativeFlag("server_row_memory_mb")});
+}
+
+// The job: the embedded default, --job's file or that of the run --resume continues; --job_override merged over
+// it, the defaults applied and the flags that set its fields.
+absl::StatusOr<tessera::v1::JobSpec> LoadJob(std::string& origin) {
   std::string job_text = tessera::kDefaultJobText;
-  std::string origin = "the embedded default job";
+  origin = "the embedded default job";
   const std::string job_file = FLAGS_resume.empty() ? FLAGS_job : FLAGS_resume + "/job.pbtxt";
   if (!FLAGS_resume.empty() && !FLAGS_job.empty()) {
-    std::cerr << "tessera-launch: --resume continues the job of that run; --job cannot be given with it" << std::endl;
-    return 2;
+    return UsageError("--resume continues the job of that run; --job cannot be given with it");
   }
   if (!job_file.empty()) {
     std::ifstream in(job_file);
-    if (!in) {
-      std::cerr << "tessera-launch: cannot read job file " << job_file << std::endl;
-      return 2;
-    }
+    if (!in) return UsageError(absl::StrCat("cannot read job file ", job_file));
     job_text.assign(std::istreambuf_iterator<char>(in), {});
     origin = job_file;
   }
   absl::StatusOr<tessera::v1::JobSpec> job = tessera::ParseJobSpec(job_text, origin);
-  if (job.ok() && !FLAGS_job_override.empty()) {
+  if (!job.ok()) return UsageError(absl::StrCat(origin, ": ", job.status().message()));
+  if (!FLAGS_job_override.empty()) {
     if (absl::Status merged = tessera::MergeJobOverrides(FLAGS_job_override, *job); !merged.ok()) {
-      std::cerr << "tessera-launch: --job_override: " << merged.message() << std::endl;
-      return 2;
+      return UsageError(absl::StrCat("--job_override: ", merged.message()));
     }
   }
-  if (job.ok()) {
-    tessera::ApplyJobDefaults(*job);
-    if (FLAGS_servers > 0) job->mutable_cluster()->set_num_servers(FLAGS_servers);
-    if (FLAGS_workers > 0) job->mutable_cluster()->set_num_workers(FLAGS_workers);
-    if (FLAGS_checkpoint_every_steps > 0) job->mutable_checkpoint()->set_every_steps(FLAGS_checkpoint_every_steps);
-    if (FLAGS_checkpoint_every_s > 0) job->mutable_checkpoint()->set_every_seconds(FLAGS_checkpoint_every_s);
-    if (!FLAGS_checkpoint_dir.empty()) job->mutable_checkpoint()->set_dir(FLAGS_checkpoint_dir);
-    // A worker that will be started again is awaited, whatever stopped it.
-    if (FLAGS_restart_workers > 0) job->mutable_cluster()->set_worker_errors(tessera::v1::ClusterSpec::AWAIT_RESTART);
-  }
-  if (!job.ok()) {
-    std::cerr << "tessera-launch: " << origin << ": " << job.status().message() << std::endl;
-    return 2;
-  }
+  tessera::ApplyJobDefaults(*job);
+  if (FLAGS_servers > 0) job->mutable_cluster()->set_num_servers(FLAGS_servers);
+  if (FLAGS_workers > 0) job->mutable_cluster()->set_num_workers(FLAGS_workers);
+  if (FLAGS_checkpoint_every_steps > 0) job->mutable_checkpoint()->set_every_steps(FLAGS_checkpoint_every_steps);
+  if (FLAGS_checkpoint_every_s > 0) job->mutable_checkpoint()->set_every_seconds(FLAGS_checkpoint_every_s);
+  if (!FLAGS_checkpoint_dir.empty()) job->mutable_checkpoint()->set_dir(FLAGS_checkpoint_dir);
+  // A worker that will be started again is awaited, whatever stopped it.
+  if (FLAGS_restart_workers > 0) job->mutable_cluster()->set_worker_errors(tessera::v1::ClusterSpec::AWAIT_RESTART);
+  return job;
+}
 
+// Where the run goes and how its cluster starts; checkpoints default into the run directory, and the job is
+// validated as it will run.
+absl::StatusOr<tessera::LaunchOptions> RunOptions(tessera::v1::JobSpec& job, const std::string& origin) {
   tessera::LaunchOptions options;
   std::error_code error;
   options.bin_dir = std::filesystem::read_symlink("/proc/self/exe", error).parent_path().string();
   options.run_dir = !FLAGS_resume.empty() ? FLAGS_resume
                     : FLAGS_run_dir.empty()
-                        ? absl::StrCat("runs/", job->name().empty() ? "job" : job->name(), "-",
+                        ? absl::StrCat("runs/", job.name().empty() ? "job" : job.name(), "-",
                                        absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::LocalTimeZone()))
                         : FLAGS_run_dir;
-  if (job->checkpoint().dir().empty() && (job->checkpoint().every_steps() > 0 || job->checkpoint().every_seconds() > 0)) {
-    job->mutable_checkpoint()->set_dir(options.run_dir + "/checkpoints");
+  if (job.checkpoint().dir().empty() && (job.checkpoint().every_steps() > 0 || job.checkpoint().every_seconds() > 0)) {
+    job.mutable_checkpoint()->set_dir(options.run_dir + "/checkpoints");
   }
-  if (absl::Status valid = tessera::ValidateJobSpec(*job); !valid.ok()) {
-    std::cerr << "tessera-launch: " << origin << ": " << valid.message() << std::endl;
-    return 2;
+  if (absl::Status valid = tessera::ValidateJobSpec(job); !valid.ok()) {
+    return UsageError(absl::StrCat(origin, ": ", valid.message()));
   }
   if (!FLAGS_resume.empty()) {
-    if (job->checkpoint().dir().empty()) {
-      std::cerr << "tessera-launch: the job of " << FLAGS_resume << " took no checkpoints; nothing to resume" << std::endl;
-      return 2;
+    if (job.checkpoint().dir().empty()) {
+      return UsageError(absl::StrCat("the job of ", FLAGS_resume, " took no checkpoints; nothing to resume"));
     }
-    options.resume_dir = job->checkpoint().dir();
+    options.resume_dir = job.checkpoint().dir();
   }
-  options.servers = job->cluster().num_servers();
-  options.workers = job->cluster().num_workers();
+  options.servers = job.cluster().num_servers();
+  options.workers = job.cluster().num_workers();
   options.device = FLAGS_device;
   if (!FLAGS_worker_devices.empty()) {
     options.worker_devices = absl::StrSplit(FLAGS_worker_devices, ',', absl::SkipEmpty());
   }
+  options.simulate_compute_ms = FLAGS_simulate_compute_ms;
+  options.dump_params = FLAGS_dump_params;
+  options.timeout_s = FLAGS_timeout_s;
+  options.linger_s = FLAGS_linger_s;
+  options.tls = FLAGS_tls;
+  // Given credentials are used as they are; otherwise the launcher makes a fresh token (and with --tls, a CA).
+  const tessera::SecurityOptions given = SecurityFlags();
+  if (!given.token_file.empty() || !given.tls_cert.empty()) {
+    if (given.token_file.empty()) return UsageError("with your own --tls_cert, give the job's --token_file too");
+    options.security = given;
+  }
+  options.restart_workers = FLAGS_restart_workers;
+  options.restart_servers = FLAGS_restart_servers;
+  options.restart_scheduler = FLAGS_restart_scheduler;
+  options.heartbeat_timeout_ms = FLAGS_heartbeat_timeout_ms;
+  options.server_row_memory_mb = FLAGS_server_row_memory_mb;
+  return options;
+}
+
+// The experiments' unequal workers: CPU quotas (and their changes during the run), stragglers and stalls.
+absl::Status SetUnequalWorkers(tessera::LaunchOptions& options) {
   if (!FLAGS_worker_cpu_quota_at.empty() && FLAGS_worker_cpu_quota.empty()) {
-    std::cerr << "tessera-launch: --worker_cpu_quota_at changes the quotas of --worker_cpu_quota; give that too (0 "
-                 "for no quota at the start)" << std::endl;
-    return 2;
+    return UsageError("--worker_cpu_quota_at changes the quotas of --worker_cpu_quota; give that too (0 for no "
+                      "quota at the start)");
   }
   if (!FLAGS_worker_cpu_quota.empty()) {
     absl::StatusOr<std::vector<double>> quotas = tessera::ParseCpuQuotas(FLAGS_worker_cpu_quota);
+    if (!quotas.ok()) return UsageError(quotas.status().message());
     absl::StatusOr<std::vector<tessera::CpuQuotaChange>> changes =
         tessera::ParseCpuQuotaChanges(FLAGS_worker_cpu_quota_at);
-    for (const absl::Status& s : {quotas.status(), changes.status()}) {
-      if (!s.ok()) {
-        std::cerr << "tessera-launch: " << s.message() << std::endl;
-        return 2;
-      }
-    }
+    if (!changes.ok()) return UsageError(changes.status().message());
     options.worker_cpu_quota = *quotas;
     options.worker_cpu_quota_changes = *changes;
   }
@@ -212,63 +229,70 @@ int main(int argc, char** argv) {
   options.stalls.stall_ms = FLAGS_stall_ms;
   options.stalls.stall_seed = FLAGS_stall_seed;
   for (const tessera::StragglerOptions* s : {&options.slow, &options.stalls}) {
-    if (absl::Status valid = s->Validate(); !valid.ok()) {
-      std::cerr << "tessera-launch: " << valid.message() << std::endl;
-      return 2;
-    }
+    if (absl::Status valid = s->Validate(); !valid.ok()) return UsageError(valid.message());
   }
-  options.simulate_compute_ms = FLAGS_simulate_compute_ms;
-  options.dump_params = FLAGS_dump_params;
-  options.worker_command = worker_command;
-  options.timeout_s = FLAGS_timeout_s;
-  options.linger_s = FLAGS_linger_s;
-  options.tls = FLAGS_tls;
-  // Given credentials are used as they are; otherwise the launcher makes a fresh token (and with --tls, a CA).
-  const tessera::SecurityOptions given = SecurityFlags();
-  if (!given.token_file.empty() || !given.tls_cert.empty()) {
-    if (given.token_file.empty()) {
-      std::cerr << "tessera-launch: with your own --tls_cert, give the job's --token_file too" << std::endl;
-      return 2;
-    }
-    options.security = given;
-  }
-  options.restart_workers = FLAGS_restart_workers;
-  options.restart_servers = FLAGS_restart_servers;
-  options.restart_scheduler = FLAGS_restart_scheduler;
-  options.heartbeat_timeout_ms = FLAGS_heartbeat_timeout_ms;
-  options.server_row_memory_mb = FLAGS_server_row_memory_mb;
+  return absl::OkStatus();
+}
 
-  // One run per run directory (a resumed run goes on in its own).
+// One run per run directory (a resumed run goes on in its own), which keeps the exact job that ran.
+absl::Status PrepareRunDirectory(tessera::LaunchOptions& options, const tessera::v1::JobSpec& job) {
   if (FLAGS_resume.empty()) {
     if (absl::Status s = tessera::ClaimRunDirectory(options.run_dir, FLAGS_overwrite,
                                                     {"job.pbtxt", "logs", "secrets", "checkpoints", "cpu_quotas.jsonl"});
         !s.ok()) {
-      std::cerr << "tessera-launch: " << s.message() << std::endl;
-      return 2;
+      return UsageError(s.message());
     }
   }
-  // The run directory keeps the exact job that ran.
+  std::error_code error;
   std::filesystem::create_directories(options.run_dir, error);
   options.job_path = options.run_dir + "/job.pbtxt";
-  {
-    std::ofstream out(options.job_path);
-    out << tessera::JobSpecToText(*job);
-    if (!out) {
-      std::cerr << "tessera-launch: cannot write " << options.job_path << std::endl;
-      return 2;
-    }
-  }
-  std::cout << "tessera-launch: job '" << job->name() << "' (" << tessera::ModeName(job->consistency()) << "), "
+  std::ofstream out(options.job_path);
+  out << tessera::JobSpecToText(job);
+  if (!out) return UsageError(absl::StrCat("cannot write ", options.job_path));
+  return absl::OkStatus();
+}
+
+// The options of this run, from the flags and the workers' command; a usage error otherwise.
+absl::StatusOr<tessera::LaunchOptions> Prepare(std::vector<std::string> worker_command) {
+  std::string origin;
+  TESSERA_ASSIGN_OR_RETURN(tessera::v1::JobSpec job, LoadJob(origin));
+  TESSERA_ASSIGN_OR_RETURN(tessera::LaunchOptions options, RunOptions(job, origin));
+  TESSERA_RETURN_IF_ERROR(SetUnequalWorkers(options));
+  options.worker_command = std::move(worker_command);
+  TESSERA_RETURN_IF_ERROR(PrepareRunDirectory(options, job));
+  std::cout << "tessera-launch: job '" << job.name() << "' (" << tessera::ModeName(job.consistency()) << "), "
             << options.servers << " servers, " << options.workers << " workers; run directory " << options.run_dir
             << std::endl;
+  return options;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);  // see common/daemon/daemon_init.h
+  absl::StatusOr<std::vector<std::string>> worker_command = TakeWorkerCommand(argc, argv);
+  if (worker_command.ok()) {
+    tessera::ParseProgramFlags(
+        "tessera-launch [--job=FILE] [--servers=N --workers=M --run_dir=DIR] [-- COMMAND ARGS...]\n"
+        "  With -- COMMAND, each worker is that command (e.g. -- python3 train.py --lr=0.1), run once per worker with\n"
+        "  TESSERA_SCHEDULER, TESSERA_RANK, TESSERA_DEVICE and the run's credentials in its environment.",
+        "_main.cc", &argc, &argv);
+    CheckLauncherFlags();
+  }
+  absl::StatusOr<tessera::LaunchOptions> options =
+      worker_command.ok() ? Prepare(*std::move(worker_command)) : worker_command.status();
+  if (!options.ok()) {
+    std::cerr << "tessera-launch: " << options.status().message() << std::endl;
+    return 2;
+  }
   int signal = 0;
-  absl::Status status = tessera::RunLocalCluster(options, &signal);
+  absl::Status status = tessera::RunLocalCluster(*options, &signal);
   if (!status.ok()) {
     std::cerr << "tessera-launch: " << status.message() << std::endl;
     if (status.code() == absl::StatusCode::kCancelled && signal != 0) return tessera::ExitStatusAfterSignal(signal);
     return status.code() == absl::StatusCode::kCancelled ? 130 : 1;
   }
-  std::cout << "tessera-launch: done; metrics in " << options.run_dir << "/metrics.jsonl, summary in "
-            << options.run_dir << "/summary.json" << std::endl;
+  std::cout << "tessera-launch: done; metrics in " << options->run_dir << "/metrics.jsonl, summary in "
+            << options->run_dir << "/summary.json" << std::endl;
   return 0;
 }
