@@ -1,5 +1,5 @@
 // What a request from the wire may carry. Every size, count and string a daemon receives is checked against
-// these before anything is allocated from it; deploy/SECURITY.md lists them.
+// these before anything is allocated from it; SECURITY.md lists them.
 #ifndef TESSERA_COMMON_MODEL_WIRE_LIMITS_H_
 #define TESSERA_COMMON_MODEL_WIRE_LIMITS_H_
 

@@ -4,7 +4,7 @@
 // on, crash, stall and exhaust nothing: training goes on, both health checks answer, and the server's
 // descriptors come back to where they were. With --fabric_tcp, UCX's own TCP ports exist; random first bytes
 // thrown at them crash nothing either (what UCX's protocol code does with a peer that speaks it is UCX's; see
-// deploy/SECURITY.md).
+// SECURITY.md).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
