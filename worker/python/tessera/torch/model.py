@@ -2,7 +2,6 @@
 hooks, buffers and rollbacks (the step block itself is in step.py)."""
 
 import contextlib
-import gc
 import signal
 import time
 
@@ -16,6 +15,9 @@ from .embedding import Embedding
 from .optimizer import _DIGEST, _FOUND_INF, _KEPT
 from .runtime import _some, match_blas_threads
 from .sampler import Sampler
+from .exchange import _ServersOptimizerExchange
+from .script_local import _ScriptLocalExchange
+from .script_sync import _ScriptSyncExchange
 from .step import _LOCAL_BLOCK, _REPLAY_BLOCK, _Scaling, _Step
 
 
@@ -69,6 +71,13 @@ class DistributedModel(torch.nn.Module):
         # change to the values and brings the servers' values.
         self.script = job.spec["optimizer"]["kind"] == "SCRIPT"
         self._sync = job.mode == "SYNC"
+        # How a step block exchanges, chosen once (exchange.py).
+        if not self.script:
+            self._exchange = _ServersOptimizerExchange(self)
+        elif self._sync:
+            self._exchange = _ScriptSyncExchange(self)
+        else:
+            self._exchange = _ScriptLocalExchange(self)
         self._script_push = None  # ASYNC and SSP with SCRIPT: (batch size, values before the optimizer's step)
         self._digests = {}  # SYNC with SCRIPT: this worker's digest of its values, by clock
         self._check_every = 100
@@ -76,7 +85,7 @@ class DistributedModel(torch.nn.Module):
         self._optimizer_state = None
         self._joining = False  # SYNC with SCRIPT, joined after the start: the values come with DistributedOptimizer
         # SYNC with SCRIPT: (clock, clock of the values taken) when the next block replays a checkpoint's step
-        # (_end_replay), else None.
+        # (_ScriptSyncExchange.end_replay), else None.
         self._replay = None
         self._pending_rollback = None  # a rollback heard of by the optimizer's step: taken as the next block begins
         self._saved_for = -1  # SYNC with SCRIPT: the clock of the last values known to be on the servers
@@ -299,8 +308,7 @@ class DistributedModel(torch.nn.Module):
     def done(self):
         """Waits for the last step's values, then tells the scheduler this worker is finished, or, after SIGTERM
         or Ctrl-C, that it stopped (and exits with status 130 after Ctrl-C)."""
-        if self._script_push is not None and not self._gate["stop"]:
-            self._push_script_update()
+        self._exchange.before_done()
         self._settle()
         if self._buffers and self.rank == self._keeper:
             try:
@@ -384,33 +392,11 @@ class DistributedModel(torch.nn.Module):
             raise Error(f"ABORTED: the job went back to the checkpoint of clock {self._pending_rollback}")
         # Checked before the step changes anything (a refused block leaves none open).
         factors = self._server_optimizer.factors() if self._server_optimizer is not None else None
-        if self._joining:
-            raise Error(f"FAILED_PRECONDITION: this worker joined the SYNC job at clock {self.clock}, whose values "
-                        "are the workers' own: wrap the optimizer in tt.DistributedOptimizer before the first step, "
-                        "so that it takes the keeper's values and optimizer state")
-        if self._replay is not None:
-            for _, p in self._params:
-                p.grad = None  # backward's gradients go to memory of their own, and are not used
-            self._current = _REPLAY_BLOCK
-            self._waited = 0.0
+        if self._exchange.open_own_block():
             return
         if self._buffers and self.rank != self._keeper and self._steps % self._buffer_every == 0:
             self._take_buffers()
-        if (self.script and self._sync and self.rank == self._keeper and self._optimizer_state is not None
-                and self._saved_for != self.clock
-                and (self.clock in self._gate.get("joining_clocks", ())
-                     or self._gate.get("checkpoint_clock", 0) == self.clock + 1
-                     or (self._state_every > 0 and self.clock % self._state_every == 0))):
-            # Before this step's gradients leave, and only when something needs them: a worker joining at this
-            # clock (the gate names it) waits for them, and a checkpoint cut at the next clock (the gate announces
-            # it) holds them beside this step's mean gradient.
-            self._optimizer_state.save(self.clock, values=True)
-            self._saved_for = self.clock
-        if self.script and not self._sync:
-            if self._script_push is not None:
-                self._push_script_update()  # the last block's optimizer step was skipped (GradScaler): no change
-            self._current = _LOCAL_BLOCK
-            self._waited = 0.0
+        if self._exchange.open_block(batch_size):
             return
         # The set of two steps ago: that step's exchange has settled (_finish), so its bytes have left.
         self._set = self._steps % 2
@@ -563,182 +549,6 @@ class DistributedModel(torch.nn.Module):
                 self._grads[len(self._params)][0] = 1.0
         step.send(i)
 
-    # optimizer { kind: SCRIPT } (see DistributedOptimizer).
-    def _install_mean_gradients(self):
-        """SYNC: once the round's mean gradient is in, it becomes each parameter's .grad (the script's optimizer
-        steps on it); then the keeper's digest of the values two blocks back is compared with this worker's."""
-        n = len(self._params)
-        if self._previous is not None:
-            try:
-                for i in range(n + 1):  # the parameters' means and the round's flag
-                    self._previous.wait_values(i)
-            except Error:
-                if not self._previous.stopped:
-                    raise
-                self._after(None)
-                for _, p in self._params:
-                    p.grad = None  # the optimizer makes no step on a mean that did not arrive
-                print(f"tessera: worker {self.rank}: the job stopped before the round's mean gradient arrived; the "
-                      "optimizer's last step is skipped", flush=True)
-                return
-        self._after(None)
-        self._install_means()
-        self._compare_digest()
-
-    def _install_means(self):
-        """The round's mean gradient, in the exchange's buffers, becomes each parameter's .grad (NaN when a
-        worker's gradient was not finite: so is the round's, on every worker)."""
-        if self._values[-1][0] > 0:
-            for mean in self._values[:-1]:
-                mean.fill(np.nan)
-        for (_, p), mean in zip(self._params, self._values):
-            p.grad = torch.from_numpy(mean).to(p.device) if self._mirror is not None else torch.from_numpy(mean)
-
-    def _pull_means(self, clock):
-        """Pulls the chunks' mean gradient of step clock - 1 into the exchange's buffers (a checkpoint's, cut at
-        `clock`). False when the chunks do not all hold that step's (their round is not `clock`)."""
-        for _, p in self._params:
-            p.grad = None  # the last round's mean, over these buffers: no backward may add into them now
-        self._client.pull([_FOUND_INF], [self._values[-1]])
-        if self._client.pulled_clock(_FOUND_INF) != clock:
-            return False
-        names = self.names + [_FOUND_INF]
-        self._client.pull(names, self._values)
-        return all(self._client.pulled_clock(n) == clock for n in names)
-
-    def _take_kept_values(self):
-        """SYNC with SCRIPT, a worker that started where the job is (joined, rejoined, resumed): takes the
-        keeper's values, optimizer state and rates; with a checkpoint's, of the clock before, its first block
-        replays that step (_end_replay)."""
-        clock = self.clock
-        took = self._optimizer_state.take_values(clock)
-        self._joining = False
-        self._saved_for = took
-        if took == clock:
-            print(f"tessera: worker {self.rank}: joined at clock {clock} with the keeper's values and optimizer "
-                  "state", flush=True)
-            return
-        self._replay = (clock, took)
-        self._gate = dict(self._gate, clock=took)
-        print(f"tessera: worker {self.rank}: took the checkpoint's values of clock {took}: its first step ends with "
-              f"that step's mean gradient, so that the optimizer makes it again, then it goes on at {clock}",
-              flush=True)
-
-    def _end_replay(self):
-        """The end of a replayed block: the gradients backward made stay unused; .grad holds the checkpoint's mean
-        gradient of this step (pulled when the values were taken; None when the values taken were of the job's
-        clock already: the optimizer's step changes nothing), and the clock is the job's again."""
-        (clock, took), self._replay = self._replay, None
-        self._current = None
-        for table in self._tables:
-            table._abandon()  # the checkpoint's rows already hold this step's update
-        self._install_means_or_none(clock, took)
-        self._gate = dict(self._gate, clock=clock)
-
-    def _install_means_or_none(self, clock, took):
-        if took == clock - 1:
-            self._install_means()
-        else:
-            for _, p in self._params:
-                p.grad = None
-
-    def _values_digest(self):
-        """The mean, the root mean square and the mean of every 7th of all the parameters' values: equal on every
-        worker of a SYNC job with SCRIPT (the same mean gradient, the same optimizer); means, so that a 16-bit
-        wire carries them unclamped."""
-        total, squares, strided, count, strided_count = 0.0, 0.0, 0.0, 0, 0
-        with torch.no_grad():
-            for _, p in self._params:
-                flat = p.detach().reshape(-1).double()
-                total += flat.sum().item()
-                squares += flat.dot(flat).item()
-                strided += flat[::7].sum().item()
-                count += flat.numel()
-                strided_count += flat[::7].numel()
-        return np.array([total / count, (squares / count) ** 0.5, strided / strided_count], np.float64)
-
-    def _note_script_step(self):
-        """After the script's optimizer stepped. SYNC: every check_every clocks, this worker's digest of its values
-        is kept, and the keeper sends its own to the servers. ASYNC and SSP: the change leaves."""
-        if not self._sync:
-            self._push_script_update()
-            if (self._optimizer_state is not None and self._state_every > 0
-                    and self.clock % self._state_every == 0):
-                self._optimizer_state.save(self.clock)
-            return
-        clock = self.clock
-        if self._gate["stop"]:
-            return  # the job is over: its servers may be leaving
-        if self._check_every <= 0 or clock % self._check_every:
-            return
-        digest = self._values_digest()
-        if self.rank == self._keeper:
-            try:
-                self._client.assign([_DIGEST], [np.array([clock, *digest], np.float32)])
-            except Error:
-                self._pending_rollback = self._client.take_rollback()
-                if self._pending_rollback is None:
-                    raise
-        else:
-            self._digests = {clock: digest}
-
-    def _compare_digest(self):
-        """A round after a digest clock c (the keeper sent its digest of c before it pushed this round): a worker
-        whose values differ from the keeper's fails the job naming itself."""
-        if self.rank == self._keeper or not self._digests:
-            return
-        (clock, mine), = self._digests.items()
-        if self.clock <= clock:
-            return
-        self._digests = {}
-        theirs = np.zeros(4, np.float32)
-        self._client.pull([_DIGEST], [theirs])
-        if int(theirs[0]) != clock:
-            return  # the keeper changed, stopped or restarted in between: nothing to compare
-        mine32 = mine.astype(np.float32)
-        # The digest travels at the wire's precision for values: 8 bits of mantissa in BF16, 11 in FP16.
-        rtol = {"BF16": 2.0 ** -7, "FP16": 2.0 ** -10}.get(self.job.spec.get("wire", {}).get("values"), 1e-5)
-        if np.allclose(mine32, theirs[1:], rtol=rtol, atol=1e-6):
-            return
-        why = (f"worker {self.rank}'s parameters differ from worker {self._keeper}'s at clock {clock} (digest "
-               f"{mine32.tolist()} against {theirs[1:].tolist()}): with optimizer {{ kind: SCRIPT }} in SYNC every worker's optimizer "
-               "must make the same step from the same mean gradient (the same optimizer, settings and schedule, "
-               "and no change to the values outside it)")
-        self._client.fail(why, program_error=True)
-        raise Error("FAILED_PRECONDITION: " + why)
-
-    def _end_local_block(self, batch_size, busy):
-        """ASYNC and SSP with SCRIPT: the block's gradients stay here for the script's optimizer; the values it
-        starts from are kept to make its change. The embedding tables' rows leave now (their optimizer is the
-        servers')."""
-        for table in self._tables:
-            table._push(batch_size)
-        self._current = None
-        self._settle()
-        self._script_push = (batch_size, busy, [p.detach().clone() for _, p in self._params])
-
-    def _push_script_update(self):
-        """Sends the change the optimizer made since the block ended (the servers add it) and takes the clock."""
-        if self._script_push is None:
-            raise Error("FAILED_PRECONDITION: optimizer.step() without a step block before it")
-        batch_size, busy, before = self._script_push
-        self._script_push = None
-        self._set = self._steps % 2
-        self._grads = self._grad_sets[self._set]
-        self._steps += 1
-        with torch.no_grad():
-            for (_, p), b, g in zip(self._params, before, self._grads):
-                torch.sub(p.detach(), b, out=b)
-                torch.from_numpy(g).copy_(b)
-        self._current = self._plan.begin(self._set, batch_size)
-        for i in range(len(self._params)):
-            self._current.send(i)
-        try:
-            self._finish(batch_size, busy)
-        except Error:
-            self._abandon()
-            raise
-
     def _after(self, step):
         """The step whose values the next step waits for (None: nothing to wait for)."""
         self._previous = step
@@ -807,7 +617,7 @@ class DistributedModel(torch.nn.Module):
 
     def _take_rollback(self, in_block=True):
         """After a SYNC rollback (the job went back to a checkpoint): drops the open exchanges, takes the
-        checkpoint's values (with SCRIPT: _roll_script_back) and goes on from its clock. False when there was
+        checkpoint's values (with SCRIPT in SYNC: _ScriptSyncExchange.roll_back) and goes on from its clock. False when there was
         none."""
         to, self._pending_rollback = self._pending_rollback, None
         if to is None:
@@ -818,8 +628,7 @@ class DistributedModel(torch.nn.Module):
               "from there", flush=True)
         self._current = None
         self._after(None)
-        if self._values is not self._weights:
-            self._roll_script_back(to, in_block)
+        if self._exchange.roll_back(to, in_block):
             return True
         self._client.pull(self.names, self._values)
         if self._mirror is not None:
@@ -827,32 +636,6 @@ class DistributedModel(torch.nn.Module):
         self._take_buffers()
         self._gate = {"clock": to, "stop": False, "stop_reason": "", "rolled_back": True}
         return True
-
-    def _roll_script_back(self, to, in_block):
-        """SYNC with SCRIPT: the checkpoint holds the keeper's values, optimizer state and rates of clock to - 1
-        and that step's mean gradient: they become the parameters, the optimizer's state and .grad, so that the
-        script's clipping and optimizer step after this block (`in_block`; else after the block that begins now,
-        a replay) make the checkpoint's step again, and the schedulers of the optimizer go back to it. (Values of
-        `to` itself, which the keeper saved after the cut: .grad is None, the step changes nothing.)"""
-        if self._optimizer_state is None:
-            raise Error(f"FAILED_PRECONDITION: the job went back to the checkpoint of clock {to}; with optimizer "
-                        "{ kind: SCRIPT } in SYNC the values are the workers' own, and only tt.DistributedOptimizer "
-                        "takes them back")
-        self._digests = {}
-        took = self._optimizer_state.take_values(to, timeout_s=60.0)
-        self._saved_for = took
-        self._take_buffers()
-        self._gate = {"clock": to, "stop": False, "stop_reason": "", "rolled_back": True}
-        if in_block:
-            self._install_means_or_none(to, took)
-        else:
-            self._replay = (to, took)
-            self._gate["clock"] = took
-        optimizer = self._optimizer_state.optimizer
-        scheduler = getattr(torch.optim.lr_scheduler, "LRScheduler", None) or torch.optim.lr_scheduler._LRScheduler
-        for o in gc.get_objects():  # rare (a rollback) and found without the script's help
-            if isinstance(o, scheduler) and o.optimizer is optimizer:
-                o.last_epoch = to - 1  # its next step() makes the rate of step `to`
 
     def _abandon(self):
         for table in self._tables:

@@ -110,7 +110,7 @@ class _OptimizerState:
         started = told = time.time()
         while True:
             held = self.saved_clock()
-            if held == clock or (held == clock - 1 and model._pull_means(clock)):
+            if held == clock or (held == clock - 1 and model._exchange.pull_means(clock)):
                 client.pull(self.value_names, self.value_host)
                 client.pull(self.names, self.host)
                 if self.saved_clock() == held:
@@ -227,7 +227,7 @@ def DistributedOptimizer(optimizer, model, check_every=100, state_every=None):
         model._optimizer_state = _OptimizerState(optimizer, model, "all" if model._sync else f"rank{model.rank}",
                                                  values=model._sync)
         if model._joining:
-            model._take_kept_values()
+            model._exchange.take_kept_values()
         elif model.clock > 0 and model._optimizer_state.restore():
             print(f"tessera: worker {model.rank}: the optimizer's state continues from the servers' copy at clock "
                   f"{model.clock}", flush=True)
@@ -238,7 +238,7 @@ def DistributedOptimizer(optimizer, model, check_every=100, state_every=None):
             raise Error("FAILED_PRECONDITION: optimizer.step() inside a step block: call it after the block, once "
                         "the block's gradients are complete")
         result = step(*args, **kwargs)
-        model._note_script_step()
+        model._exchange.after_optimizer_step()
         return result
 
     if getattr(step, "_with_counter", False):

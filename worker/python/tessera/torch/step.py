@@ -44,39 +44,8 @@ class _Step:
             # A SYNC job that went back to a checkpoint (a server was lost) voids this step: the loop goes on from
             # the checkpoint's clock, as tessera-worker does.
             return issubclass(kind, Error) and model._take_rollback()
-        if model._current is _REPLAY_BLOCK:
-            model._end_replay()
-            self.gate = model._gate
-            return False
         busy = time.perf_counter() - self._started - model._waited
-        if model.script and not model._sync:
-            model._end_local_block(self.batch_size, busy)
-            self.gate = model._gate
-            return False
-        try:
-            model._send_the_rest(self.batch_size)
-        except Error:
-            model._abandon()
-            raise
-        try:
-            self.gate = model._finish(self.batch_size, busy)
-        except Error:
-            if not model._take_rollback():
-                raise
-            self.gate = model._gate
-            return False
-        if model._take_rollback():
-            self.gate = model._gate
-        elif model.script:
-            try:
-                model._install_mean_gradients()
-            except Error:
-                if not model._take_rollback():  # the job went back to a checkpoint while the mean was awaited
-                    raise
-                self.gate = model._gate
-        elif model._scaling is not None:
-            self.skipped = model._update_scaler()
-        return False
+        return model._exchange.end(self, busy)
 
 
 class _Scaling:
