@@ -22,8 +22,8 @@ from .step import _LOCAL_BLOCK, _REPLAY_BLOCK, _Scaling, _Step
 
 
 _STEP_STATE = frozenset({
-    "_replay", "_saved_for", "_pending_rollback", "_current", "_scaling", "_previous", "_ready", "_outside",
-    "_hooked", "_script_push", "_digests", "_gate", "_waited", "_sent", "_set", "_grads", "_steps", "_samples",
+    "_pending_rollback", "_current", "_scaling", "_previous", "_ready", "_outside",
+    "_hooked", "_gate", "_waited", "_sent", "_set", "_grads", "_steps", "_samples",
     "_reported", "_seen", "_fired", "_no_sync", "_resent"})
 
 
@@ -78,17 +78,11 @@ class DistributedModel(torch.nn.Module):
             self._exchange = _ScriptSyncExchange(self)
         else:
             self._exchange = _ScriptLocalExchange(self)
-        self._script_push = None  # ASYNC and SSP with SCRIPT: (batch size, values before the optimizer's step)
-        self._digests = {}  # SYNC with SCRIPT: this worker's digest of its values, by clock
         self._check_every = 100
         self._state_every = 0
         self._optimizer_state = None
         self._joining = False  # SYNC with SCRIPT, joined after the start: the values come with DistributedOptimizer
-        # SYNC with SCRIPT: (clock, clock of the values taken) when the next block replays a checkpoint's step
-        # (_ScriptSyncExchange.end_replay), else None.
-        self._replay = None
         self._pending_rollback = None  # a rollback heard of by the optimizer's step: taken as the next block begins
-        self._saved_for = -1  # SYNC with SCRIPT: the clock of the last values known to be on the servers
         self._server_optimizer = None  # ServerOptimizer: the script's schedule drives the servers' learning rate
         self._scaling = None  # the open step's gradient scaler (_Scaling), in the servers' path
         self._scalings = {}  # by id(scaler): each scaler's count of steps since it last changed

@@ -13,9 +13,13 @@ from .step import _LOCAL_BLOCK
 class _ScriptLocalExchange(_ServersOptimizerExchange):
     """ASYNC and SSP with the script's optimizer (see the module's comment)."""
 
+    def __init__(self, model):
+        super().__init__(model)
+        self.pending = None  # (batch size, busy seconds, values before the optimizer's step) of the last block
+
     def open_block(self, batch_size):
         m = self.model
-        if m._script_push is not None:
+        if self.pending is not None:
             self.push_update()  # the last block's optimizer step was skipped (GradScaler): no change
         m._current = _LOCAL_BLOCK
         m._waited = 0.0
@@ -35,7 +39,7 @@ class _ScriptLocalExchange(_ServersOptimizerExchange):
 
     def before_done(self):
         m = self.model
-        if m._script_push is not None and not m._gate["stop"]:
+        if self.pending is not None and not m._gate["stop"]:
             self.push_update()
 
     def end_local_block(self, batch_size, busy):
@@ -47,15 +51,15 @@ class _ScriptLocalExchange(_ServersOptimizerExchange):
             table._push(batch_size)
         m._current = None
         m._settle()
-        m._script_push = (batch_size, busy, [p.detach().clone() for _, p in m._params])
+        self.pending = (batch_size, busy, [p.detach().clone() for _, p in m._params])
 
     def push_update(self):
         """Sends the change the optimizer made since the block ended (the servers add it) and takes the clock."""
         m = self.model
-        if m._script_push is None:
+        if self.pending is None:
             raise Error("FAILED_PRECONDITION: optimizer.step() without a step block before it")
-        batch_size, busy, before = m._script_push
-        m._script_push = None
+        batch_size, busy, before = self.pending
+        self.pending = None
         m._set = m._steps % 2
         m._grads = m._grad_sets[m._set]
         m._steps += 1

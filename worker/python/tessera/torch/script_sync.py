@@ -19,13 +19,21 @@ from .step import _REPLAY_BLOCK
 class _ScriptSyncExchange(_ServersOptimizerExchange):
     """SYNC with the script's optimizer (see the module's comment)."""
 
+    def __init__(self, model):
+        super().__init__(model)
+        # (clock, clock of the values taken) when the next block replays a checkpoint's step (end_replay), else
+        # None.
+        self.replay = None
+        self.saved_for = -1  # the clock of the last values known to be on the servers
+        self.digests = {}  # this worker's digest of its values, by clock
+
     def open_own_block(self):
         m = self.model
         if m._joining:
             raise Error(f"FAILED_PRECONDITION: this worker joined the SYNC job at clock {m.clock}, whose values "
                         "are the workers' own: wrap the optimizer in tt.DistributedOptimizer before the first step, "
                         "so that it takes the keeper's values and optimizer state")
-        if m._replay is None:
+        if self.replay is None:
             return False
         for _, p in m._params:
             p.grad = None  # backward's gradients go to memory of their own, and are not used
@@ -35,7 +43,7 @@ class _ScriptSyncExchange(_ServersOptimizerExchange):
 
     def open_block(self, batch_size):
         m = self.model
-        if (m.rank == m._keeper and m._optimizer_state is not None and m._saved_for != m.clock
+        if (m.rank == m._keeper and m._optimizer_state is not None and self.saved_for != m.clock
                 and (m.clock in m._gate.get("joining_clocks", ())
                      or m._gate.get("checkpoint_clock", 0) == m.clock + 1
                      or (m._state_every > 0 and m.clock % m._state_every == 0))):
@@ -43,7 +51,7 @@ class _ScriptSyncExchange(_ServersOptimizerExchange):
             # clock (the gate names it) waits for them, and a checkpoint cut at the next clock (the gate announces
             # it) holds them beside this step's mean gradient.
             m._optimizer_state.save(m.clock, values=True)
-            m._saved_for = m.clock
+            self.saved_for = m.clock
         return False
 
     def end(self, step, busy):
@@ -83,7 +91,7 @@ class _ScriptSyncExchange(_ServersOptimizerExchange):
                 if m._pending_rollback is None:
                     raise
         else:
-            m._digests = {clock: digest}
+            self.digests = {clock: digest}
 
     def install_mean_gradients(self):
         """SYNC: once the round's mean gradient is in, it becomes each parameter's .grad (the script's optimizer
@@ -138,12 +146,12 @@ class _ScriptSyncExchange(_ServersOptimizerExchange):
         clock = m.clock
         took = m._optimizer_state.take_values(clock)
         m._joining = False
-        m._saved_for = took
+        self.saved_for = took
         if took == clock:
             print(f"tessera: worker {m.rank}: joined at clock {clock} with the keeper's values and optimizer "
                   "state", flush=True)
             return
-        m._replay = (clock, took)
+        self.replay = (clock, took)
         m._gate = dict(m._gate, clock=took)
         print(f"tessera: worker {m.rank}: took the checkpoint's values of clock {took}: its first step ends with "
               f"that step's mean gradient, so that the optimizer makes it again, then it goes on at {clock}",
@@ -154,7 +162,7 @@ class _ScriptSyncExchange(_ServersOptimizerExchange):
         gradient of this step (pulled when the values were taken; None when the values taken were of the job's
         clock already: the optimizer's step changes nothing), and the clock is the job's again."""
         m = self.model
-        (clock, took), m._replay = m._replay, None
+        (clock, took), self.replay = self.replay, None
         m._current = None
         for table in m._tables:
             table._abandon()  # the checkpoint's rows already hold this step's update
@@ -180,15 +188,15 @@ class _ScriptSyncExchange(_ServersOptimizerExchange):
             raise Error(f"FAILED_PRECONDITION: the job went back to the checkpoint of clock {to}; with optimizer "
                         "{ kind: SCRIPT } in SYNC the values are the workers' own, and only tt.DistributedOptimizer "
                         "takes them back")
-        m._digests = {}
+        self.digests = {}
         took = m._optimizer_state.take_values(to, timeout_s=60.0)
-        m._saved_for = took
+        self.saved_for = took
         m._take_buffers()
         m._gate = {"clock": to, "stop": False, "stop_reason": "", "rolled_back": True}
         if in_block:
             self.install_means_or_none(to, took)
         else:
-            m._replay = (to, took)
+            self.replay = (to, took)
             m._gate["clock"] = took
         optimizer = m._optimizer_state.optimizer
         scheduler = getattr(torch.optim.lr_scheduler, "LRScheduler", None) or torch.optim.lr_scheduler._LRScheduler
@@ -217,12 +225,12 @@ class _ScriptSyncExchange(_ServersOptimizerExchange):
         """A round after a digest clock c (the keeper sent its digest of c before it pushed this round): a worker
         whose values differ from the keeper's fails the job naming itself."""
         m = self.model
-        if m.rank == m._keeper or not m._digests:
+        if m.rank == m._keeper or not self.digests:
             return
-        (clock, mine), = m._digests.items()
+        (clock, mine), = self.digests.items()
         if m.clock <= clock:
             return
-        m._digests = {}
+        self.digests = {}
         theirs = np.zeros(4, np.float32)
         m._client.pull([_DIGEST], [theirs])
         if int(theirs[0]) != clock:
