@@ -27,6 +27,30 @@ _STEP_STATE = frozenset({
     "_reported", "_seen", "_fired", "_no_sync", "_resent"})
 
 
+def _trained_parameters(module):
+    """The module's trained parameters as (name, parameter), and the one device they are on; INVALID_ARGUMENT
+    for none, for one that is not float32 or not contiguous, or for several devices or one that is neither CPU
+    nor CUDA."""
+    params = []
+    for name, p in module.named_parameters():
+        if not p.requires_grad:
+            continue  # frozen: stays as each worker has it
+        if p.dtype != torch.float32:
+            raise Error(f"INVALID_ARGUMENT: parameter '{name}' is {p.dtype}; the servers hold float32")
+        if not p.is_contiguous():
+            raise Error(f"INVALID_ARGUMENT: parameter '{name}' is not contiguous")
+        params.append((name, p))
+    if not params:
+        raise Error("INVALID_ARGUMENT: the module has no trainable parameters")
+    devices = {p.device for _, p in params}
+    if len(devices) > 1:
+        raise Error(f"INVALID_ARGUMENT: the parameters are on several devices ({sorted(map(str, devices))})")
+    device = devices.pop()
+    if device.type not in ("cpu", "cuda"):
+        raise Error(f"INVALID_ARGUMENT: parameters on {device} (CPU or CUDA only)")
+    return params, device
+
+
 class DistributedModel(torch.nn.Module):
     """Wraps `module` for training through the job's servers. Call it as the module; train in `step` blocks.
 
@@ -46,23 +70,7 @@ class DistributedModel(torch.nn.Module):
         self.job = job
         self._client = job.client
         match_blas_threads()
-        self._params = []
-        for name, p in module.named_parameters():
-            if not p.requires_grad:
-                continue  # frozen: stays as each worker has it
-            if p.dtype != torch.float32:
-                raise Error(f"INVALID_ARGUMENT: parameter '{name}' is {p.dtype}; the servers hold float32")
-            if not p.is_contiguous():
-                raise Error(f"INVALID_ARGUMENT: parameter '{name}' is not contiguous")
-            self._params.append((name, p))
-        if not self._params:
-            raise Error("INVALID_ARGUMENT: the module has no trainable parameters")
-        devices = {p.device for _, p in self._params}
-        if len(devices) > 1:
-            raise Error(f"INVALID_ARGUMENT: the parameters are on several devices ({sorted(map(str, devices))})")
-        self.device = devices.pop()
-        if self.device.type not in ("cpu", "cuda"):
-            raise Error(f"INVALID_ARGUMENT: parameters on {self.device} (CPU or CUDA only)")
+        self._params, self.device = _trained_parameters(module)
         self.names = [name for name, _ in self._params]
         self._index = {id(p): i for i, (_, p) in enumerate(self._params)}
         tensors = [p for _, p in self._params]
@@ -86,6 +94,33 @@ class DistributedModel(torch.nn.Module):
         self._server_optimizer = None  # ServerOptimizer: the script's schedule drives the servers' learning rate
         self._scaling = None  # the open step's gradient scaler (_Scaling), in the servers' path
         self._scalings = {}  # by id(scaler): each scaler's count of steps since it last changed
+        exchanged = self._host_memory(tensors)
+        # Two gradient sets, one per step in turn: a step's pushes may still be on the wire while the next step's
+        # backward runs, and a set is reused only once its step's exchange has settled.
+        self._steps = 0
+        self._grads = self._grad_sets[0]
+        self._declare(module, buffers, buffer_every, exchanged)
+        # The last step's exchange, whose values may still be arriving, and which of them this step has waited
+        # for (_after).
+        self._after(None)
+        # Parameters a step read without a forward of a module of theirs (a child's weight used by its parent):
+        # the model's own forward waits for them.
+        self._outside = set()
+        self._hooked = [False] * len(self._params)  # parameters whose module's forward ran in the open step
+        self._current = None
+        self._waited = 0.0
+        self._gate = {"clock": self._client.clock, "stop": False, "stop_reason": ""}
+        self._stop_clock = self._client.stop_clock(1 << 40)  # max_steps; a sampler adds max_epochs
+        self._sampler = None
+        self._reported = (time.perf_counter(), 0)
+        self._samples = 0
+        self._start_from_rank_zero(init_timeout_s)
+        self._install_hooks(module, tensors)
+
+    def _host_memory(self, tensors):
+        """Where the values and gradients live on the host: the parameters' own memory, or on a GPU a pinned host
+        mirror; and where the exchange writes (the values, or in SYNC with SCRIPT the round's mean gradient).
+        Returns the names the exchange carries."""
         if self.device.type == "cuda":
             self._mirror = _HostMirror(tensors)
             self._weights = [v.numpy() for v in self._mirror.values]
@@ -110,17 +145,18 @@ class DistributedModel(torch.nn.Module):
             for grads in self._grad_sets:
                 grads.append(np.zeros(1, np.float32))
             exchanged.append(_FOUND_INF)
-        # Two gradient sets, one per step in turn: a step's pushes may still be on the wire while the next step's
-        # backward runs, and a set is reused only once its step's exchange has settled.
-        self._steps = 0
-        self._grads = self._grad_sets[0]
+        return exchanged
+
+    def _declare(self, module, buffers, buffer_every, exchanged):
+        """Declares the parameters, the module's buffers (with rank0), the embedding tables and what the script's
+        optimizer exchanges, after checking that they are the job's, and makes the step plan."""
+        params = [(name, list(p.shape)) for name, p in self._params]
         self._buffers = []
         if buffers == "rank0":
             self._buffers = [(name, b) for name, b in module.named_buffers() if b.dtype == torch.float32]
         self._buffer_every = max(1, int(buffer_every))
         self._buffer_host = [np.ascontiguousarray(b.detach().cpu().numpy()) for _, b in self._buffers]
         self.buffer_names = ["buffer:" + name for name, _ in self._buffers]
-        params = [(name, list(p.shape)) for name, p in self._params]
         if self._flags_inf:
             params.append((_FOUND_INF, [1]))
         state = [(name, list(b.shape)) for name, (_, b) in zip(self.buffer_names, self._buffers)]
@@ -147,21 +183,10 @@ class DistributedModel(torch.nn.Module):
         self._check_matches_job(mine, self._client.job_parameters())  # a worker of another model declared first
         self._plan = self._client.step_plan(exchanged, self._grad_sets, self._values)
         self._grad_pointers = [[g.ctypes.data for g in grads] for grads in self._grad_sets]
-        # The last step's exchange, whose values may still be arriving, and which of them this step has waited
-        # for (_after).
-        self._after(None)
-        # Parameters a step read without a forward of a module of theirs (a child's weight used by its parent):
-        # the model's own forward waits for them.
-        self._outside = set()
-        self._hooked = [False] * len(self._params)  # parameters whose module's forward ran in the open step
-        self._current = None
-        self._waited = 0.0
-        self._gate = {"clock": self._client.clock, "stop": False, "stop_reason": ""}
-        self._stop_clock = self._client.stop_clock(1 << 40)  # max_steps; a sampler adds max_epochs
-        self._sampler = None
-        self._reported = (time.perf_counter(), 0)
-        self._samples = 0
-        self._start_from_rank_zero(init_timeout_s)
+
+    def _install_hooks(self, module, tensors):
+        """A hook per parameter that fires as its gradient is final (it may leave then), and a forward pre-hook
+        per module that waits for the last step's values of the parameters it reads."""
         self._hooks = []
         self._accumulators = []  # kept alive: their hooks fire as each gradient is final
         for i, p in enumerate(tensors):
