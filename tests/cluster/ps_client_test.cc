@@ -33,10 +33,10 @@ TEST(PsClientTest, ACallsKeyNamesItsChunkOrItsTableAndServer) {
   ChunkCall rows;
   rows.op = kRowPull;
   rows.server_id = 3;
-  rows.row_pull.set_table("emb");
+  rows.row_pull().set_table("emb");
   EXPECT_EQ(rows.key(), std::make_pair(std::string("emb"), 3));
   rows.op = kRowPush;
-  rows.row_push.set_table("clicks");
+  rows.row_push().set_table("clicks");
   EXPECT_EQ(rows.key(), std::make_pair(std::string("clicks"), 3));
 }
 

@@ -9,8 +9,8 @@
 namespace tessera {
 
 std::string ChunkCall::What() const {
-  if (op == kRowPull) return absl::StrCat("pull of rows of '", row_pull.table(), "' at ", server);
-  if (op == kRowPush) return absl::StrCat("push of rows of '", row_push.table(), "' at ", server);
+  if (op == kRowPull) return absl::StrCat("pull of rows of '", row_pull().table(), "' at ", server);
+  if (op == kRowPush) return absl::StrCat("push of rows of '", row_push().table(), "' at ", server);
   return absl::StrCat(op == kPull ? "Pull " : op == kExchange ? "PushPull " : op == kNorm ? "PushPull (norm) " : "Push ", placement->param(), "/",
                       placement->index(), " at ", server);
 }
@@ -35,7 +35,7 @@ ChunkCaller::ChunkCaller(std::unique_ptr<ChunkTransport> transport, const tesser
     : transport_(std::move(transport)), gradients_(GradientEncoding(wire)), values_(wire.values()) {}
 
 void ChunkCaller::EncodeGradientOf(ChunkCall& call, absl::Span<const float> grad, uint64_t seq) {
-  tessera::v1::PushRequest& r = call.push;
+  tessera::v1::PushRequest& r = call.push();
   if (!gradients_.sparse && gradients_.precision == tessera::v1::WireSpec::FP32) {
     call.src = BytesOf(grad);  // exact: straight from the caller's memory
     return;
@@ -96,7 +96,7 @@ absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> ChunkCaller::Make(
     auto cached = pulled.find({placement->param(), placement->index()});
     if (receives) call->dst = out.subspan(placement->offset(), placement->length());
     if (op == kPull) {
-      tessera::v1::PullRequest& r = call->pull;
+      tessera::v1::PullRequest& r = call->pull();
       r.set_epoch(map->epoch());
       r.set_worker_id(who.worker_id);
       r.mutable_key()->set_param(placement->param());
@@ -106,7 +106,7 @@ absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> ChunkCaller::Make(
       // Module state (buffers, a script optimizer's state) is assigned exactly and comes back exactly.
       r.set_reply_precision(spec->state() ? tessera::v1::WireSpec::FP32 : values_);
     } else {
-      tessera::v1::PushRequest& r = call->push;
+      tessera::v1::PushRequest& r = call->push();
       r.set_epoch(map->epoch());
       r.set_worker_id(who.worker_id);
       r.set_incarnation(who.incarnation);

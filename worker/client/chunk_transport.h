@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <variant>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -40,10 +41,20 @@ struct ChunkCall {
   uint32_t priority = 0;
   int server_id = 0;
   std::string server;     // the server's address, naming it in errors
-  tessera::v1::PullRequest pull;  // kPull: the request
-  tessera::v1::PushRequest push;  // push, assign, exchange, norm: the request, without its values (`src`)
-  tessera::v1::RowPullRequest row_pull;  // kRowPull: the request (`placement` is null for rows)
-  tessera::v1::RowPushRequest row_push;  // kRowPush: the request, without its gradients (`src`)
+  // The request, of one kind a call (the first access of a mutable accessor makes it that kind): kPull a pull;
+  // push, assign, exchange and norm a push, without its values (`src`); kRowPull a pull of rows (`placement` is
+  // null for rows); kRowPush a push of rows, without its gradients (`src`).
+  std::variant<std::monostate, tessera::v1::PullRequest, tessera::v1::PushRequest, tessera::v1::RowPullRequest,
+               tessera::v1::RowPushRequest>
+      request;
+  tessera::v1::PullRequest& pull() { return Request<tessera::v1::PullRequest>(); }
+  const tessera::v1::PullRequest& pull() const { return std::get<tessera::v1::PullRequest>(request); }
+  tessera::v1::PushRequest& push() { return Request<tessera::v1::PushRequest>(); }
+  const tessera::v1::PushRequest& push() const { return std::get<tessera::v1::PushRequest>(request); }
+  tessera::v1::RowPullRequest& row_pull() { return Request<tessera::v1::RowPullRequest>(); }
+  const tessera::v1::RowPullRequest& row_pull() const { return std::get<tessera::v1::RowPullRequest>(request); }
+  tessera::v1::RowPushRequest& row_push() { return Request<tessera::v1::RowPushRequest>(); }
+  const tessera::v1::RowPushRequest& row_push() const { return std::get<tessera::v1::RowPushRequest>(request); }
   // Push, assign, exchange: the bytes to send, in push.data_precision (the caller's float32 values, or an
   // encoding of them that `src_owner` holds).
   std::string_view src;
@@ -65,9 +76,16 @@ struct ChunkCall {
   // go to a server rather than to one of its slots, the table and the server.
   std::pair<std::string, int> key() const {
     if (placement != nullptr) return {placement->param(), placement->index()};
-    return {op == kRowPush ? row_push.table() : row_pull.table(), server_id};
+    return {op == kRowPush ? row_push().table() : row_pull().table(), server_id};
   }
   std::string What() const;
+
+ private:
+  template <typename T>
+  T& Request() {
+    if (T* held = std::get_if<T>(&request)) return *held;
+    return request.template emplace<T>();
+  }
 };
 
 // Carries chunk calls to the servers. Prepare runs on the caller's thread; Start and Cancel from any thread.

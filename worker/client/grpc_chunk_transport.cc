@@ -81,10 +81,10 @@ absl::Status GrpcChunkTransport::Prepare(ChunkCall& call, const CallerIdentity& 
   security_->Authorize(wire->context);
   wire->context.AddMetadata(kMemberKeyHeader, who.member_key);
   if (call.op == kPull) {
-    grpc::Slice slice(call.pull.SerializeAsString());
+    grpc::Slice slice(call.pull().SerializeAsString());
     wire->request = grpc::ByteBuffer(&slice, 1);
   } else {
-    wire->request = SerializeWithPayload(call.push, PushRequest::kDataFieldNumber, BorrowedBytesSlice(call.src));
+    wire->request = SerializeWithPayload(call.push(), PushRequest::kDataFieldNumber, BorrowedBytesSlice(call.src));
   }
   call.wire = std::move(wire);
   return absl::OkStatus();

@@ -162,7 +162,7 @@ std::vector<absl::Status> RowCaller::Pull(const ShardMapIndex& map, const RowTab
   if (fabric_ != nullptr) {
     statuses = CallEachRouteOnFabric(map, routes, *fabric_, who, timeout_, kRowPull,
                                      [&](size_t r, ChunkCall& call) {
-                                       fill(r, call.row_pull);
+                                       fill(r, call.row_pull());
                                        received[r].resize(routes[r].positions.size() * table.dim);
                                        call.dst = absl::MakeSpan(received[r]);
                                      },
@@ -221,9 +221,9 @@ std::vector<absl::Status> RowCaller::Push(const ShardMapIndex& map, const std::v
   if (fabric_ != nullptr) {
     statuses = CallEachRouteOnFabric(map, routes, *fabric_, who, timeout_, kRowPush,
                                      [&](size_t r, ChunkCall& call) {
-                                       fill(r, call.row_push);
-                                       route_grads[r] = std::move(*call.row_push.mutable_grads());
-                                       call.row_push.clear_grads();
+                                       fill(r, call.row_push());
+                                       route_grads[r] = std::move(*call.row_push().mutable_grads());
+                                       call.row_push().clear_grads();
                                        call.src = route_grads[r];
                                      },
                                      fabric_calls);

@@ -234,21 +234,21 @@ void UcxChunkTransport::SendRequest(ChunkCall* call) {
   size_t length = 0;
   if (call->op == kPull) {
     request.set_op(FabricRequest::PULL);
-    *request.mutable_pull() = call->pull;
+    *request.mutable_pull() = call->pull();
   } else if (call->op == kRowPull || call->op == kRowPush) {
     // The ids (and a push's gradients) travel as the message's data: a header holds a few KiB at most.
-    const auto& ids = call->op == kRowPull ? call->row_pull.ids() : call->row_push.ids();
+    const auto& ids = call->op == kRowPull ? call->row_pull().ids() : call->row_push().ids();
     const size_t id_bytes = ids.size() * sizeof(uint64_t);
     wire.row_data.resize(id_bytes + (call->op == kRowPush ? call->src.size() : 0));
     if (id_bytes > 0) std::memcpy(wire.row_data.data(), ids.data(), id_bytes);
     request.set_row_ids(ids.size());
     if (call->op == kRowPull) {
       request.set_op(FabricRequest::ROW_PULL);
-      *request.mutable_row_pull() = call->row_pull;
+      *request.mutable_row_pull() = call->row_pull();
       request.mutable_row_pull()->clear_ids();
     } else {
       request.set_op(FabricRequest::ROW_PUSH);
-      *request.mutable_row_push() = call->row_push;
+      *request.mutable_row_push() = call->row_push();
       request.mutable_row_push()->clear_ids();
       if (!call->src.empty()) std::memcpy(wire.row_data.data() + id_bytes, call->src.data(), call->src.size());
     }
@@ -256,7 +256,7 @@ void UcxChunkTransport::SendRequest(ChunkCall* call) {
     length = wire.row_data.size();
   } else {
     request.set_op(call->op == kExchange || call->op == kNorm ? FabricRequest::PUSH_PULL : FabricRequest::PUSH);
-    *request.mutable_push() = call->push;
+    *request.mutable_push() = call->push();
     data = call->src.data();
     length = call->src.size();
   }
