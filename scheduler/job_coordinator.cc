@@ -69,7 +69,6 @@ JobCoordinator::JobCoordinator(tessera::v1::JobSpec job, std::unique_ptr<RunReco
     : job_(std::move(job)),
       heartbeat_interval_(heartbeat_interval),
       servers_(servers),
-      on_finished_(std::move(on_finished)),
       start_(absl::Now()),
       view_(job_.cluster().num_servers(), job_.cluster().num_workers(), job_.replication().backups()),
       rules_(ModeRules::ForJob(job_.consistency())),
@@ -81,11 +80,13 @@ JobCoordinator::JobCoordinator(tessera::v1::JobSpec job, std::unique_ptr<RunReco
       checkpointer_(job_, servers, start_),
       recovery_({&job_, &rules_, &view_, &clocks_, servers, &checkpointer_, &records_, &executor_}, heartbeat_timeout,
                 [this](const std::string& why) { return TakeCheckpoint(why, /*keep_hold=*/true); },
-                [this](const std::string& reason) { FailJob(reason); }),
+                [this](const std::string& reason) { end_.Fail(reason); }),
       moves_({&job_, &rules_, &view_, &clocks_, servers, &checkpointer_, &records_, &executor_}),
       take_back_({&job_, &view_, &clocks_, servers, &checkpointer_, &records_}, heartbeat_interval,
                  [this](const std::string& why) { PublishView(why); }),
-      pages_(job_, start_, view_, clocks_, balancer_, records_, checkpointer_) {
+      pages_(job_, start_, view_, clocks_, balancer_, records_, checkpointer_),
+      end_({&job_, &view_, &clocks_, &balancer_, &records_, &pages_, servers, &executor_}, heartbeat_timeout,
+           std::move(on_finished)) {
   // The parts that care hear of every membership change, in this order.
   view_.Subscribe([this](const MembershipEvent& e) {
     const std::vector<int64_t> clocks = clocks_.Clocks();
@@ -117,24 +118,19 @@ void JobCoordinator::StartFailureDetection() {
       std::min(heartbeat_interval_, absl::Milliseconds(200)),
       [this, max_seconds] {
         if (max_seconds > 0 && !clocks_.stopped() && absl::Now() - records_.run_start() >= absl::Seconds(max_seconds)) {
-          StopCompleted(absl::StrCat("ran for stop.max_seconds (", max_seconds, " s)"));
-        }
-        bool failure_reported;
-        {
-          absl::MutexLock lock(&mu_);
-          failure_reported = last_failure_report_ != absl::InfinitePast() && !finishing_;
+          end_.StopCompleted(absl::StrCat("ran for stop.max_seconds (", max_seconds, " s)"));
         }
         // A job end held for a failed worker's return, or a stopped job whose ranks nobody holds (a restarted
         // scheduler's job whose workers never came back): the stop rules end it.
-        if (failure_reported || clocks_.stopped()) MaybeFinish();
-        EndAStopNobodyFinishes();
+        if (end_.FailureReportPending() || clocks_.stopped()) end_.MaybeFinish();
+        end_.EndAStopNobodyFinishes();
         if (!checkpointer_.enabled()) return absl::OkStatus();
         const std::vector<int64_t> active = clocks_.ActiveClocks();
         if (active.empty() || clocks_.stopped() || !view_.placed()) return absl::OkStatus();
         if (!checkpointer_.Due(*std::min_element(active.begin(), active.end()), absl::Now())) return absl::OkStatus();
         {
           absl::MutexLock lock(&mu_);
-          if (checkpoint_queued_ || finishing_) return absl::OkStatus();
+          if (checkpoint_queued_ || end_.finishing()) return absl::OkStatus();
           checkpoint_queued_ = true;
         }
         executor_.Submit([this] {
@@ -175,10 +171,7 @@ absl::StatusOr<CheckpointInfo> JobCoordinator::TakeCheckpoint(const std::string&
       return absl::UnavailableError(absl::StrCat("server ", c.server_id(), " is lost and its chunks are not moved yet"));
     }
   }
-  {
-    absl::MutexLock lock(&mu_);
-    if (finishing_) return absl::FailedPreconditionError("the job is finishing");
-  }
+  if (end_.finishing()) return absl::FailedPreconditionError("the job is finishing");
   const absl::Time start = absl::Now();
   const bool sync = rules_.consistent_cut;
   int64_t clock;
@@ -498,7 +491,7 @@ absl::StatusOr<tessera::v1::ReportResponse> JobCoordinator::Report(const tessera
   }
   if (!request.device().empty()) view_.SetWorkerDevice(request.worker_id(), request.device());
   const ProgressRecords::Taken taken = records_.AddReport(request);
-  if (!taken.reached.empty()) StopCompleted(taken.reached);
+  if (!taken.reached.empty()) end_.StopCompleted(taken.reached);
   if (taken.evaluation) {
     executor_.Submit([this, request] {
       if (std::optional<tessera::v1::ShardMap> map = view_.Map()) records_.UpdateServerStats(servers_->Stats(*map));
@@ -590,21 +583,29 @@ void JobCoordinator::OnMembership(const MembershipEvent& event) {
       WorkerLost(m, event.failure);
       break;
     case MembershipEvent::kWorkerDone:
-      MaybeFinish();
+      end_.MaybeFinish();
       break;
     default:
       break;
   }
 }
 
+void JobCoordinator::WorkerLost(const Member& m, const std::string& failure) {
+  end_.NoteWorkerLost(m, failure);
+  executor_.Submit([this, why = absl::StrCat("worker ", m.id, " left")] { PublishView(why); });
+  end_.MaybeFinish();
+}
+
+absl::Status JobCoordinator::Done(const tessera::v1::DoneRequest& request) { return end_.WorkerDone(request); }
+void JobCoordinator::Abort(const std::string& reason) { end_.Abort(reason); }
+void JobCoordinator::FinishNow() { end_.FinishNow(); }
+nlohmann::json JobCoordinator::summary() const { return end_.summary(); }
+bool JobCoordinator::finished() const { return end_.finished(); }
+
 nlohmann::json JobCoordinator::StatusJson() const {
-  nlohmann::json summary;
-  bool finished;
-  {
-    absl::MutexLock lock(&mu_);
-    finished = finished_;
-    summary = summary_;
-  }
+  // The summary once written: /status agrees with the printed line from then on.
+  const bool finished = end_.finished();
+  const nlohmann::json summary = end_.summary();
   return pages_.StatusJson(finished ? &summary : nullptr);
 }
 

@@ -11,9 +11,9 @@
 //                                                        elsewhere
 //   ServerMoves      (recovery/server_moves.h)         two-phase moves: a replacement's share, a drained server's chunks
 //   JobTakeBack      (recovery/job_take_back.h)        a restarted scheduler taking its running job back from the members
-// The coordinator's own code is in two files: job_coordinator.cc (members, clocks, placement, checkpoints) and
-// job_coordinator_end.cc (workers done or lost, the job failing or stopping, its verdict and summary). It
-// hands every new view to the servers. A change of members reaches the parts that care as an event the view
+//   JobEnd           (job_end.h)                       workers done or lost, the job failing or stopping, its verdict and
+//                                                        summary
+// It hands every new view to the servers. A change of members reaches the parts that care as an event the view
 // publishes (membership/membership_events.h). The gRPC service (scheduler_service.h) only converts to and from it.
 //
 // A job's life: servers and workers Register (a slot, an incarnation and the JobSpec handed out) -> workers
@@ -51,6 +51,7 @@
 #include "scheduler/membership/failure_detector.h"
 #include "scheduler/recovery/job_take_back.h"
 #include "scheduler/gate/mode_rules.h"
+#include "scheduler/job_end.h"
 #include "scheduler/records/progress_records.h"
 #include "scheduler/server_control.h"
 #include "scheduler/recovery/server_moves.h"
@@ -164,40 +165,20 @@ class JobCoordinator {
   // Subscribed to the view (after the records, the clock table and the server recovery): a worker that joins
   // or rejoins is handed to the servers with the view; one lost or done may end the job.
   void OnMembership(const MembershipEvent& event);
-  // `failure`: the error the worker said it stopped on; empty when it fell silent.
+  // `failure`: the error the worker said it stopped on; empty when it fell silent. The job's end (JobEnd) keeps
+  // it; the servers get the new view.
   void WorkerLost(const Member& member, const std::string& failure);
-  // The job cannot complete (a server lost for good): records `reason` and stops every gate. Once the job's
-  // verdict is "completed" (Completed()), nothing is recorded: a loss after the job's end is no failure.
-  void FailJob(const std::string& reason);
-  // The job stops because it is complete (the target reached, stop.max_seconds): the verdict is "completed" from
-  // here on (unless the job had failed already), then every gate opens with `why`.
-  void StopCompleted(const std::string& why);
-  // Every way the job stops: the clock gate says stop, and the servers are handed no view any more.
-  void StopClocks(const std::string& why);
-  // Whether the job's verdict is "completed": it stopped complete (StopCompleted), or no worker is left before its
-  // last step (every one done, lost, or alive at stop.max_steps) and one at least ran its course. Decided once and
-  // for good: no later loss of a server or worker, and no stop asked for, makes the job a failure.
-  bool Completed();
-  // Queues the end of the job once no worker is alive any more (all done or lost).
-  void MaybeFinish();
-  // Once the job has failed (a server lost for good), the workers get a heartbeat timeout to hear of it and
-  // report; after that the job ends without those still running (stuck on a server that is gone). Once it
-  // stopped complete (the target reached, stop.max_seconds), twice that, and it ends completed. Called by the
-  // ticker.
-  void EndAStopNobodyFinishes();
 
   // Executor tasks.
   // Hands the current view to every server.
   void PublishView(const std::string& why);
   // SYNC: with `keep_hold`, the workers stay held at the checkpoint's clock (the caller releases them).
   absl::StatusOr<CheckpointInfo> TakeCheckpoint(const std::string& why, bool keep_hold = false);
-  void FinishJob();
 
   // Constant after construction.
   const tessera::v1::JobSpec job_;
   const absl::Duration heartbeat_interval_;
   ServerControl* const servers_;  // not owned
-  const std::function<void(const JobOutcome&)> on_finished_;
   const absl::Time start_;
   const ModeRules rules_;  // what the consistency mode means here
 
@@ -211,24 +192,14 @@ class JobCoordinator {
   ServerMoves moves_;
   JobTakeBack take_back_;
   StatusPages pages_;  // reads the parts above
+  JobEnd end_;         // workers done or lost, the verdict, the summary
   // Checks the checkpoint cadence, stop.max_seconds and a job end held back for a failed worker's return.
   std::unique_ptr<Heartbeater> ticker_;
 
   mutable absl::Mutex mu_;
-  std::vector<int> lost_workers_ ABSL_GUARDED_BY(mu_);  // every rank ever lost, in order
-  std::map<int, std::string> worker_failures_ ABSL_GUARDED_BY(mu_);  // why each rank last left, when it said
-  std::string failure_ ABSL_GUARDED_BY(mu_);            // why the job cannot complete; empty: it can
-  bool completed_ ABSL_GUARDED_BY(mu_) = false;         // the verdict "completed" is decided (Completed())
   bool checkpoint_queued_ ABSL_GUARDED_BY(mu_) = false;
   // A resumed job: the checkpoint the servers restore from once they are all in (at the first Declare).
   std::optional<CheckpointInfo> resume_ ABSL_GUARDED_BY(mu_);
-  bool finishing_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Time stopped_seen_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();  // when the ticker saw the stop
-  // When a worker last said it stopped on an error; the job's end waits a heartbeat timeout past it (the ticker
-  // asks MaybeFinish again).
-  absl::Time last_failure_report_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  nlohmann::json summary_ ABSL_GUARDED_BY(mu_);
   bool rounds_queued_ ABSL_GUARDED_BY(mu_) = false;  // a DecideRounds send is waiting in round_sender_
   std::set<int> probing_ ABSL_GUARDED_BY(mu_);        // servers a worker reported, being probed
   // Probes servers workers could not reach (ReportServer).
