@@ -121,7 +121,8 @@ TEST_P(EmbeddingTransportTest, SyncStepsMixRowsAndDenseParametersAcrossServers) 
   }
 }
 
-// A batch of 50,000 distinct ids (400 KB of ids alone: far beyond a UCX message header) pushed and pulled back.
+// A batch of 50,000 distinct ids (400 KB of ids alone: far beyond a UCX message header) pushed and pulled back;
+// the pull leaves as several calls per server (RowCaller cuts a route of many ids), each row where it belongs.
 TEST_P(EmbeddingTransportTest, ALargeBatchOfRowsTravels) {
   tessera::v1::JobSpec job = TestJob(tessera::v1::ConsistencySpec::ASYNC, /*servers=*/2, /*workers=*/1);
   job.set_transport(GetParam());

@@ -145,6 +145,33 @@ std::vector<absl::Status> CallEachRouteOnFabric(const ShardMapIndex& map, const 
 std::vector<absl::Status> RowCaller::Pull(const ShardMapIndex& map, const RowTable& table,
                                           const std::vector<RowRoute>& routes, absl::Span<const uint64_t> ids,
                                           int64_t clock, const Caller& who, absl::Span<float> out) {
+  // Over gRPC a route of many ids leaves as several calls in flight together, so that this process's encoding,
+  // the wire and the server's lookups overlap instead of running one after the other (1.1x to 1.3x the rows a
+  // second to one server, in the benchmark's section s; over UCX, whose one progress thread already streams a
+  // call, more calls cost more).
+  if (fabric_ != nullptr) return PullRoutes(map, table, routes, ids, clock, who, out);
+  std::vector<RowRoute> pieces;
+  std::vector<size_t> route_of;  // by piece
+  for (size_t r = 0; r < routes.size(); ++r) {
+    const std::vector<size_t>& positions = routes[r].positions;
+    size_t begin = 0;
+    do {
+      const size_t end = std::min(positions.size(), begin + kRowsPerPullCall);
+      pieces.push_back(RowRoute{routes[r].server_id, {positions.begin() + begin, positions.begin() + end}});
+      route_of.push_back(r);
+      begin = end;
+    } while (begin < positions.size());
+  }
+  if (pieces.size() == routes.size()) return PullRoutes(map, table, routes, ids, clock, who, out);
+  const std::vector<absl::Status> piece_statuses = PullRoutes(map, table, pieces, ids, clock, who, out);
+  std::vector<absl::Status> statuses(routes.size());
+  for (size_t p = 0; p < pieces.size(); ++p) statuses[route_of[p]].Update(piece_statuses[p]);
+  return statuses;
+}
+
+std::vector<absl::Status> RowCaller::PullRoutes(const ShardMapIndex& map, const RowTable& table,
+                                                const std::vector<RowRoute>& routes, absl::Span<const uint64_t> ids,
+                                                int64_t clock, const Caller& who, absl::Span<float> out) {
   auto fill = [&](size_t r, tessera::v1::RowPullRequest& request) {
     request.set_epoch(map.epoch());
     request.set_clock(clock);

@@ -48,8 +48,8 @@ class RowCaller {
 
   using Caller = CallerIdentity;
 
-  // Reads the rows of ids[route.positions] into `out` (ids.size() rows of table.dim), one call per route, in
-  // parallel. Each route's status, in the routes' order.
+  // Reads the rows of ids[route.positions] into `out` (ids.size() rows of table.dim), the routes in parallel
+  // (over gRPC a route of many ids as several calls). Each route's status, in the routes' order.
   // `clock`: the caller's (RowPullRequest.clock).
   std::vector<absl::Status> Pull(const ShardMapIndex& map, const RowTable& table, const std::vector<RowRoute>& routes,
                                  absl::Span<const uint64_t> ids, int64_t clock, const Caller& who,
@@ -63,6 +63,13 @@ class RowCaller {
                                  int64_t& refused, bool& late);
 
  private:
+  // The most ids one call of a pull carries over gRPC.
+  static constexpr size_t kRowsPerPullCall = 8192;
+  // Pull, one call per route.
+  std::vector<absl::Status> PullRoutes(const ShardMapIndex& map, const RowTable& table,
+                                       const std::vector<RowRoute>& routes, absl::Span<const uint64_t> ids,
+                                       int64_t clock, const Caller& who, absl::Span<float> out);
+
   const std::shared_ptr<const Security> security_;
   const absl::Duration timeout_;
   ChunkTransport* const fabric_;
