@@ -31,7 +31,7 @@ absl::Status JobEnd::WorkerDone(const tessera::v1::DoneRequest& request) {
         return absl::FailedPreconditionError(not_in_job);
       }
       Fail(absl::StrCat("worker ", request.worker_id(), " failed at clock ", request.clock(), ": ",
-                           request.failure(), " (an error of its training program: cluster.worker_errors is FAIL_JOB)"));
+                        request.failure(), " (an error of its training program: cluster.worker_errors is FAIL_JOB)"));
     }
     if (!parts_.view->Leave(request.worker_id(), MemberState::kLost, request.failure())) {
       return absl::FailedPreconditionError(not_in_job);
@@ -48,9 +48,9 @@ absl::Status JobEnd::WorkerDone(const tessera::v1::DoneRequest& request) {
     LOG(INFO) << "worker " << request.worker_id() << " stopped with the job at clock " << request.clock() << ": "
               << request.failure();
     parts_.records->AddEvent({{"event", "worker stopped with the job"},
-                       {"worker", request.worker_id()},
-                       {"clock", request.clock()},
-                       {"error", request.failure()}});
+                              {"worker", request.worker_id()},
+                              {"clock", request.clock()},
+                              {"error", request.failure()}});
     if (!parts_.view->Leave(request.worker_id(), MemberState::kDone)) return absl::FailedPreconditionError(not_in_job);
     return absl::OkStatus();
   }

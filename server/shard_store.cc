@@ -200,7 +200,6 @@ absl::Status ShardStore::DecideRounds(const tessera::v1::DecideRoundsRequest& re
   return absl::OkStatus();
 }
 
-
 absl::StatusOr<ShardStore::Found> ShardStore::Find(const ChunkAddress& address) const {
   absl::ReaderMutexLock lock(&state_.mu);
   TESSERA_RETURN_IF_ERROR(CheckEpochLocked(state_, address.epoch));

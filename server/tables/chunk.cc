@@ -76,8 +76,10 @@ void LogUpdateLocked(Chunk& chunk, bool assign, const FloatPieces& values, float
   u.set_version(chunk.version);
   u.set_assign(assign);
   std::string& copy = *u.mutable_values();
-  copy.resize(bytes);
-  values.CopyTo(absl::MakeSpan(reinterpret_cast<float*>(copy.data()), values.size()));
+  copy.reserve(bytes);
+  values.ForEach([&copy](size_t, absl::Span<const float> piece) {
+    copy.append(reinterpret_cast<const char*>(piece.data()), piece.size() * sizeof(float));
+  });
   u.set_lr_scale(lr_scale);
   u.set_grad_scale(grad_scale);
   for (int w : workers) u.add_workers(w);

@@ -44,8 +44,9 @@ void SyncRound::Add(int worker, const FloatPieces& grad, int batch_size, RoundTe
 }
 
 void SyncRound::Keep(int worker, const FloatPieces& grad, int batch_size, RoundTerms terms) {
-  kept_[worker].resize(grad.size());
-  grad.CopyTo(absl::MakeSpan(kept_[worker]));
+  std::vector<float>& kept = kept_[worker];
+  kept.clear();
+  grad.ForEach([&kept](size_t, absl::Span<const float> piece) { kept.insert(kept.end(), piece.begin(), piece.end()); });
   kept_batch_[worker] = batch_size;
   kept_terms_[worker] = terms;
 }
