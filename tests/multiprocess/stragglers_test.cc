@@ -89,23 +89,25 @@ std::vector<nlohmann::json> Lines(const std::string& path) {
   return lines;
 }
 
-// Worker 1 under a CPU quota of a quarter of one CPU, worker 0 under none: worker 1 computes truly slower (its
+// Worker 1 under a CPU quota of a tenth of one CPU, worker 0 under none: worker 1 computes truly slower (its
 // CPU does not go to anyone else's use: it is not there), and THROUGHPUT gives it a much smaller share of every
-// round. The quotas are recorded, and the control groups are gone after the run.
+// round. The quotas are recorded, and the control groups are gone after the run. (Worker 0 shares the machine
+// with the servers and with other tests: at a quarter of a CPU for worker 1, a window in which worker 0 had half
+// a CPU once moved the split back to 337/175; a tenth keeps the gap wide whatever worker 0 gets.)
 TEST_F(StragglersTest, AWorkerUnderACpuQuotaGetsASmallerShare) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not installed (Debian package dataset-fashion-mnist)";
   if (absl::Status s = CpuQuotaGroup::Available(); !s.ok()) GTEST_SKIP() << s.message();
-  nlohmann::json summary = Launch("quota", Job(2, 256, 400, "balance: THROUGHPUT"), {"--worker_cpu_quota=0,0.25"});
+  nlohmann::json summary = Launch("quota", Job(2, 256, 400, "balance: THROUGHPUT"), {"--worker_cpu_quota=0,0.1"});
   ASSERT_TRUE(summary.contains("balance")) << summary.dump();
   const std::vector<int> shares = summary["balance"]["shares"];
   EXPECT_LT(shares[1] * 2, shares[0]) << summary["balance"].dump();
   const std::vector<nlohmann::json> quotas = Lines((dir_ / "quota" / "cpu_quotas.jsonl").string());
   ASSERT_EQ(quotas.size(), 2u) << "each worker's, set after its first step";
   for (const nlohmann::json& q : quotas) {
-    EXPECT_EQ(q["cpus"], q["worker"] == 0 ? 0.0 : 0.25) << q.dump();
+    EXPECT_EQ(q["cpus"], q["worker"] == 0 ? 0.0 : 0.1) << q.dump();
     EXPECT_EQ(q["reason"], "finished its first step");
   }
-  // "tessera-launch: worker 1 finished its first step: CPU quota 0.25 CPUs (cgroup v1 PATH)"
+  // "tessera-launch: worker 1 finished its first step: CPU quota 0.1 CPUs (cgroup v1 PATH)"
   const size_t at = output_.find("(cgroup v");
   ASSERT_NE(at, std::string::npos) << output_;
   const size_t path = output_.find(' ', at + 1) + 1;
