@@ -1,109 +1,16 @@
 #include "scheduler/membership/cluster_view.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include <algorithm>
-#include <map>
-#include <set>
-
-#include "common/rpc/security.h"
-#include "common/model/shard_map.h"
 #include "common/base/status_macros.h"
+#include "common/model/shard_map.h"
 #include "common/model/wire_limits.h"
+#include "common/rpc/security.h"
+#include "scheduler/membership/registration_rules.h"
 
 namespace tessera {
-
-namespace {
-// What every registration (a first one, or a member coming back) must hold: a known role, the lengths
-// common/model/wire_limits.h allows, and for a server its address and the key of its control calls.
-absl::Status CheckRegistration(const tessera::v1::RegisterRequest& request) {
-  const bool server = request.role() == tessera::v1::SERVER;
-  if (!server && request.role() != tessera::v1::WORKER) {
-    return absl::InvalidArgumentError("register: role must be SERVER or WORKER");
-  }
-  if (server && request.address().empty()) return absl::InvalidArgumentError("a server must register with its address");
-  TESSERA_RETURN_IF_ERROR(CheckLength("register: address", request.address(), kMaxAddressBytes));
-  TESSERA_RETURN_IF_ERROR(CheckLength("register: fabric address", request.fabric_address(), kMaxFabricAddressBytes));
-  TESSERA_RETURN_IF_ERROR(CheckLength("register: hostname", request.hostname(), kMaxNameBytes));
-  TESSERA_RETURN_IF_ERROR(CheckLength("register: device", request.device(), kMaxNameBytes));
-  TESSERA_RETURN_IF_ERROR(CheckLength("register: control_key", request.control_key(), kMaxNameBytes));
-  if (server && request.control_key().empty()) {
-    return absl::InvalidArgumentError("a server must register with the key of its control calls");
-  }
-  if (!request.replication_key().empty() && (!server || request.replication_key().size() != 32)) {
-    return absl::InvalidArgumentError(absl::StrCat("register: a replication key is a server's, of 32 bytes; got ",
-                                                   request.replication_key().size(), " bytes"));
-  }
-  return absl::OkStatus();
-}
-
-// `slot` is held from `now` by the member of `request`, alive, with member key `key`.
-void HoldSlot(Member& slot, const tessera::v1::RegisterRequest& request, std::string key, absl::Time now) {
-  slot.state = MemberState::kAlive;
-  slot.awaited = false;
-  slot.address = request.address();
-  slot.fabric_address = request.fabric_address();
-  slot.hostname = request.hostname();
-  slot.device = request.device();
-  slot.last_seen = now;
-  slot.key = std::move(key);
-  slot.key_digest = KeyDigest(slot.key);
-  slot.control_key = request.control_key();
-  slot.replication_key = request.replication_key();
-}
-
-// The slot a registration takes (see ClusterView::Join), or nullptr when every slot of its role is held.
-absl::StatusOr<Member*> ChooseSlot(const tessera::v1::RegisterRequest& request, std::vector<Member>& slots) {
-  const bool server = request.role() == tessera::v1::SERVER;
-  // A drained server's slot (done) may be taken by a new server.
-  auto takeable = [server](const Member& m) {
-    return m.state == MemberState::kVacant || m.state == MemberState::kLost || (server && m.state == MemberState::kDone);
-  };
-  Member* slot = nullptr;
-  if (request.has_requested_id()) {
-    const int id = request.requested_id();
-    if (id < 0 || id >= static_cast<int>(slots.size())) {
-      return absl::InvalidArgumentError(absl::StrCat("register: ", server ? "server" : "worker", " id ", id,
-                                                     " asked for, but the job has ", slots.size(), " (0 to ",
-                                                     static_cast<int>(slots.size()) - 1, ")"));
-    }
-    if (takeable(slots[id]) || slots[id].state == MemberState::kAlive) slot = &slots[id];
-  }
-  for (MemberState wanted : {MemberState::kVacant, MemberState::kLost, MemberState::kDone}) {
-    for (Member& m : slots) {
-      if (slot == nullptr && m.state == wanted && takeable(m)) slot = &m;
-    }
-  }
-  return slot;
-}
-
-// Why a registration finds every slot of its role held: UNAVAILABLE naming the member heard from longest ago
-// among those silent for longer than `suspect_after` or on the registrant's host (most likely the registrant's
-// own earlier self, killed and restarted before it is declared lost); RESOURCE_EXHAUSTED otherwise.
-absl::Status NoFreeSlot(const tessera::v1::RegisterRequest& request, const std::vector<Member>& slots,
-                        absl::Time now, absl::Duration suspect_after) {
-  const bool server = request.role() == tessera::v1::SERVER;
-  const char* role = server ? "server" : "worker";
-  const char* flag = server ? "--id" : "--rank";
-  const Member* suspect = nullptr;
-  for (const Member& m : slots) {
-    const bool same_host = !request.hostname().empty() && m.hostname == request.hostname();
-    if ((same_host || now - m.last_seen > suspect_after) && (suspect == nullptr || m.last_seen < suspect->last_seen)) {
-      suspect = &m;
-    }
-  }
-  if (suspect != nullptr) {
-    return absl::UnavailableError(absl::StrCat(
-        "all ", slots.size(), " ", role, "s are registered; ", suspect->Describe(), " was last heard ",
-        absl::FormatDuration(absl::Trunc(now - suspect->last_seen, absl::Milliseconds(100))),
-        " ago: waiting to take its place once it is declared lost (", flag, "=", suspect->id, " takes it at once)"));
-  }
-  const std::string who = server ? request.address() : request.hostname();
-  return absl::ResourceExhaustedError(absl::StrCat("the job has all its ", slots.size(), " ", role,
-                                                   "s alive and answering; no place for the ", role, " at ", who,
-                                                   " (a restarted ", role, " takes its place with ", flag, ")"));
-}
-}  // namespace
 
 ClusterView::ClusterView(int num_servers, int num_workers, int backups)
     : num_servers_(num_servers),
@@ -421,28 +328,7 @@ void ClusterView::SetWorkerDevice(int id, const std::string& device) {
 
 std::string ClusterView::WaitingSummary(absl::Time now, absl::Duration timeout) const {
   absl::MutexLock lock(&mu_);
-  auto missing = [](const std::vector<Member>& slots) {
-    int n = 0;
-    for (const Member& m : slots) n += m.state == MemberState::kVacant || m.state == MemberState::kLost;
-    return n;
-  };
-  const int missing_servers = missing(servers_);
-  const int missing_workers = missing(workers_);
-  if (missing_servers == 0 && missing_workers == 0) return "";
-  auto count = [](int n, const char* one, const char* many) { return absl::StrCat(n, " more ", n == 1 ? one : many); };
-  std::vector<std::string> parts;
-  if (missing_servers > 0) parts.push_back(count(missing_servers, "server", "servers"));
-  if (missing_workers > 0) parts.push_back(count(missing_workers, "worker", "workers"));
-  std::string text = absl::StrCat("waiting for ", absl::StrJoin(parts, " and "));
-  for (const std::vector<Member>* slots : {&servers_, &workers_}) {
-    for (const Member& m : *slots) {
-      if (m.state == MemberState::kVacant || m.state == MemberState::kDone) continue;
-      const bool lost = m.state == MemberState::kLost || now - m.last_seen > timeout;
-      absl::StrAppend(&text, "; ", m.Describe(), lost ? " lost, last heard " : " last heard ",
-                      absl::ToInt64Seconds(now - m.last_seen), " s ago");
-    }
-  }
-  return text;
+  return tessera::WaitingSummary(servers_, workers_, now, timeout);
 }
 
 void ClusterView::ChangedLocked() {
@@ -513,6 +399,195 @@ bool ClusterView::AllServersAlive() const {
     if (s.state != MemberState::kAlive) return false;
   }
   return true;
+}
+
+// Placement: parameters placed on the servers, chunks moved off a lost server, a replacement's share and a
+// drain's moves (planned and applied by chunk_moves.h), a SYNC rollback.
+
+absl::StatusOr<ClusterView::Placed> ClusterView::Place(const std::vector<tessera::v1::ParameterSpec>& params,
+                                                       int64_t chunk_bytes) {
+  absl::MutexLock lock(&mu_);
+  tessera::v1::ShardMap map;
+  if (placement_) {
+    map = MapLocked();  // new parameters go to the servers alive now
+    if (map.servers_size() == 0) {
+      // A resumed job whose servers have not registered again yet (or all lost): the declaration waits for them.
+      return absl::UnavailableError("waiting for servers: none of the job's servers is alive");
+    }
+  } else {
+    std::vector<std::string> missing;
+    for (const Member& m : servers_) {
+      if (m.state != MemberState::kAlive) {
+        missing.push_back(m.incarnation == 0 ? absl::StrCat("server ", m.id)
+                                             : absl::StrCat(m.Describe(), " (", MemberStateName(m.state), ")"));
+      }
+    }
+    if (!missing.empty()) {
+      return absl::UnavailableError(absl::StrCat("waiting for servers: ", absl::StrJoin(missing, ", ")));
+    }
+    for (const Member& s : servers_) {
+      auto* info = map.add_servers();
+      info->set_id(s.id);
+      info->set_address(s.address);
+      info->set_fabric_address(s.fabric_address);
+    }
+  }
+  const int64_t placed_params = map.params_size();
+  if (map.run_id().empty()) map.set_run_id(NewSecret().substr(0, 16));
+  if (absl::Status s = PlaceParameters(params, chunk_bytes, map, backups_); !s.ok()) return s;
+  Placed placed;
+  placed.changed = !placement_ || map.params_size() != placed_params;
+  placed.base_changes = changes_;
+  if (!placed.changed) {
+    placed.map = MapLocked();
+    return placed;
+  }
+  map.clear_servers();  // the view's members are filled in by MapLocked
+  map.clear_workers();
+  // The view as it would be, under an epoch newer than any handed out before: a server that took an earlier plan
+  // that was never committed (another server failed to take it) never mistakes this one for it.
+  std::optional<tessera::v1::ShardMap> current = std::move(placement_);
+  placement_ = map;
+  const uint64_t current_epoch = epoch_;
+  epoch_ = std::max(epoch_, planned_epoch_) + 1;
+  planned_epoch_ = epoch_;
+  placed.map = MapLocked();
+  placed.placement = std::move(map);
+  placement_ = std::move(current);
+  epoch_ = current_epoch;
+  return placed;
+}
+
+absl::Status ClusterView::Commit(const Placed& placed) {
+  absl::MutexLock lock(&mu_);
+  if (!placed.changed) return absl::OkStatus();
+  if (changes_ != placed.base_changes) {
+    return absl::AbortedError("the cluster changed while the servers took the placement; placing again");
+  }
+  placement_ = placed.placement;
+  epoch_ = placed.map.epoch();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ChunkMoves> ClusterView::MoveChunksOf(int server) {
+  absl::StatusOr<ChunkMoves> moves = MoveChunksOfUnpublished(server);
+  if (moves.ok() && (!moves->moved.empty() || !moves->promoted.empty())) {
+    std::vector<tessera::v1::ChunkPlacement> chunks = moves->promoted;
+    chunks.insert(chunks.end(), moves->moved.begin(), moves->moved.end());
+    Publish({ChunksMoved(server, chunks)});
+  }
+  return moves;
+}
+
+MembershipEvent ClusterView::ChunksMoved(int server, const std::vector<tessera::v1::ChunkPlacement>& chunks) const {
+  MembershipEvent event;
+  event.kind = MembershipEvent::kChunksMoved;
+  {
+    absl::MutexLock lock(&mu_);
+    if (server >= 0 && server < static_cast<int>(servers_.size())) event.member = servers_[server];
+  }
+  event.chunks = chunks;
+  return event;
+}
+
+absl::StatusOr<ChunkMoves> ClusterView::MoveChunksOfUnpublished(int server) {
+  absl::MutexLock lock(&mu_);
+  if (!placement_) return ChunkMoves();
+  tessera::v1::ShardMap map = MapLocked();  // the alive servers
+  absl::StatusOr<ChunkMoves> moves = MoveChunks(server, map);
+  if (!moves.ok()) return moves.status();
+  if (backups_ > 0) FillBackups(backups_, map);
+  *placement_->mutable_chunks() = map.chunks();
+  ChangedLocked();
+  return moves;
+}
+
+absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> ClusterView::GiveShareTo(int server) {
+  absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> moved = GiveShareToUnpublished(server);
+  if (moved.ok() && !moved->empty()) Publish({ChunksMoved(server, *moved)});
+  return moved;
+}
+
+absl::StatusOr<std::vector<tessera::v1::ChunkPlacement>> ClusterView::GiveShareToUnpublished(int server) {
+  absl::MutexLock lock(&mu_);
+  if (!placement_ || backups_ == 0) return std::vector<tessera::v1::ChunkPlacement>();
+  tessera::v1::ShardMap map = MapLocked();
+  for (const auto& c : map.chunks()) {
+    if (std::none_of(map.servers().begin(), map.servers().end(), [&](const auto& s) { return s.id() == c.server_id(); })) {
+      return absl::FailedPreconditionError(absl::StrCat("server ", c.server_id(), "'s chunks are not moved yet"));
+    }
+  }
+  // The newcomer (holding nothing, so the least loaded) backs up the chunks that lack backups.
+  std::vector<tessera::v1::ChunkPlacement> given = FillBackups(backups_, map);
+  *placement_->mutable_chunks() = map.chunks();
+  if (!given.empty()) ChangedLocked();
+  return given;
+}
+
+absl::StatusOr<std::vector<ChunkMove>> ClusterView::DrainMoves(int server) const {
+  absl::MutexLock lock(&mu_);
+  if (!placement_) return std::vector<ChunkMove>();
+  return tessera::DrainMoves(MapLocked(), server);
+}
+
+std::vector<ChunkMove> ClusterView::ShareMoves(int server) const {
+  absl::MutexLock lock(&mu_);
+  if (!placement_) return {};
+  return tessera::ShareMoves(MapLocked(), server);
+}
+
+absl::Status ClusterView::BeginMoves(const std::vector<ChunkMove>& moves) {
+  absl::MutexLock lock(&mu_);
+  if (!placement_) return absl::FailedPreconditionError("nothing is placed yet");
+  tessera::v1::ShardMap placement = *placement_;  // all the moves or none
+  auto alive = [this](int s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return s >= 0 && s < num_servers_ && servers_[s].state == MemberState::kAlive;
+  };
+  TESSERA_RETURN_IF_ERROR(AddMoveDestinations(moves, alive, placement));
+  *placement_ = std::move(placement);
+  ChangedLocked();
+  return absl::OkStatus();
+}
+
+absl::Status ClusterView::FinishMoves(const std::vector<ChunkMove>& moves) {
+  std::vector<tessera::v1::ChunkPlacement> moved;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!placement_) return absl::FailedPreconditionError("nothing is placed yet");
+    tessera::v1::ShardMap placement = *placement_;
+    TESSERA_ASSIGN_OR_RETURN(moved, RemoveMoveSources(moves, placement));
+    *placement_ = std::move(placement);
+    ChangedLocked();
+  }
+  if (!moved.empty()) Publish({ChunksMoved(moves.front().to, moved)});
+  return absl::OkStatus();
+}
+
+std::optional<Member> ClusterView::MarkServerDrained(int server) {
+  absl::MutexLock lock(&mu_);
+  if (server < 0 || server >= num_servers_ || servers_[server].state != MemberState::kAlive) return std::nullopt;
+  servers_[server].state = MemberState::kDone;
+  ChangedLocked();
+  return servers_[server];
+}
+
+
+uint64_t ClusterView::rollback_generation() const {
+  absl::MutexLock lock(&mu_);
+  return rollback_generation_;
+}
+
+void ClusterView::RollBack(int64_t clock) {
+  {
+    absl::MutexLock lock(&mu_);
+    ++rollback_generation_;
+    rollback_clock_ = clock;
+    ChangedLocked();
+  }
+  MembershipEvent event;
+  event.kind = MembershipEvent::kRolledBack;
+  event.clock = clock;
+  Publish({event});
 }
 
 }  // namespace tessera

@@ -16,9 +16,10 @@
 //     table gates the clocks (clock_table.h) and, with backup workers, decides each round's members;
 //   - chunks are placed, largest first, on the server holding the fewest bytes, and a lost server's chunks move
 //     the same way to the survivors: common/model/shard_map.h cuts and places them (this class calls it); a
-//     replacement's share is chosen here (ShareMoves), moved in two phases (BeginMoves, FinishMoves).
-// The members' half is implemented in cluster_view.cc, the placement's (chunks, moves, rollback) in
-// cluster_view_placement.cc.
+//     replacement's share and a drain's moves are planned and applied by chunk_moves.h, in two phases
+//     (BeginMoves, FinishMoves).
+// Which slot a registrant takes is registration_rules.h's; this class holds the state, its lock and epoch, and
+// publishes every change.
 #ifndef TESSERA_SCHEDULER_MEMBERSHIP_CLUSTER_VIEW_H_
 #define TESSERA_SCHEDULER_MEMBERSHIP_CLUSTER_VIEW_H_
 
@@ -32,6 +33,7 @@
 #include "absl/time/time.h"
 #include "common/model/shard_map.h"
 #include "proto/cluster.pb.h"
+#include "scheduler/membership/chunk_moves.h"
 #include "scheduler/membership/member.h"
 #include "scheduler/membership/membership_events.h"
 
@@ -159,22 +161,12 @@ class ClusterView {
 
   int backups() const { return backups_; }
 
-  // Moving chunks between live servers, in two phases, with no rollback: first the destination becomes one more
-  // backup of the chunk (its primary fills it while serving on), then the chunk leaves the source (a primary
-  // source hands over to the destination). Each phase advances the epoch.
-  struct ChunkMove {
-    std::string param;
-    int index = 0;
-    int from = 0;
-    int to = 0;
-  };
-  // The moves that empty `server` of every copy it holds, each to the alive server holding no copy of that chunk
-  // with the fewest bytes of copies. FAILED_PRECONDITION when a chunk has no such server.
+  // Moving chunks between live servers in two phases (chunk_moves.h), each advancing the epoch.
+  // tessera::DrainMoves and ShareMoves over the view now (none before placement).
   [[nodiscard]] absl::StatusOr<std::vector<ChunkMove>> DrainMoves(int server) const;
-  // The moves that give `server` (alive, holding nothing) a share of primaries: the largest primaries of the most
-  // loaded servers while a move narrows the gap.
   std::vector<ChunkMove> ShareMoves(int server) const;
-  // Phase 1: `to` becomes a backup of each moved chunk. FAILED_PRECONDITION when a move no longer fits the view.
+  // Phase 1: `to` becomes a backup of each moved chunk. FAILED_PRECONDITION, changing nothing, when a move no
+  // longer fits the view (a chunk gone, or `to` not alive).
   [[nodiscard]] absl::Status BeginMoves(const std::vector<ChunkMove>& moves);
   // Phase 2: each chunk leaves `from` (a primary `from` is replaced by `to`, which leaves the backups).
   [[nodiscard]] absl::Status FinishMoves(const std::vector<ChunkMove>& moves);
@@ -212,7 +204,6 @@ class ClusterView {
   void Publish(const std::vector<MembershipEvent>& events) ABSL_LOCKS_EXCLUDED(mu_, listeners_mu_);
 
   tessera::v1::ShardMap MapLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  tessera::v1::ChunkPlacement* FindChunkLocked(const std::string& param, int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Advances the epoch once parameters are placed.
   void ChangedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

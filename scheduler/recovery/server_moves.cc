@@ -24,7 +24,7 @@ void ServerMoves::GiveShareTo(const Member& server) {
   absl::Status done = backed_up.status();
   if (done.ok()) done = parts_.servers->Assign(*parts_.view->Map(), *parts_.job);
   // Then primaries, in two phases: copied while their owners serve, then switched (no checkpoint, no rollback).
-  const std::vector<ClusterView::ChunkMove> moves = parts_.view->ShareMoves(server.id);
+  const std::vector<ChunkMove> moves = parts_.view->ShareMoves(server.id);
   if (done.ok()) done = MoveInTwoPhases(moves);
   if (!done.ok()) {
     // The servers that did take a view serve it; those that did not answer are found by the failure detector.
@@ -42,7 +42,7 @@ void ServerMoves::GiveShareTo(const Member& server) {
                             {"seconds", absl::ToDoubleSeconds(absl::Now() - start)}});
 }
 
-absl::Status ServerMoves::MoveInTwoPhases(const std::vector<ClusterView::ChunkMove>& moves) {
+absl::Status ServerMoves::MoveInTwoPhases(const std::vector<ChunkMove>& moves) {
   if (moves.empty()) return absl::OkStatus();
   TESSERA_RETURN_IF_ERROR(parts_.view->BeginMoves(moves));
   TESSERA_RETURN_IF_ERROR(parts_.servers->Assign(*parts_.view->Map(), *parts_.job));
@@ -81,7 +81,7 @@ absl::StatusOr<std::string> ServerMoves::Drain(int server) {
     return absl::FailedPreconditionError(absl::StrCat("server ", server, " is not alive in the job"));
   }
   const Member drained = servers[server];
-  TESSERA_ASSIGN_OR_RETURN(const std::vector<ClusterView::ChunkMove> moves, parts_.view->DrainMoves(server));
+  TESSERA_ASSIGN_OR_RETURN(const std::vector<ChunkMove> moves, parts_.view->DrainMoves(server));
   LOG(INFO) << "draining " << drained.Describe() << ": " << moves.size() << " chunk copies move to the others";
   TESSERA_RETURN_IF_ERROR(MoveInTwoPhases(moves));
   // It holds nothing now: it leaves the view (done, not lost), which goes to the others and then to it, and exits.

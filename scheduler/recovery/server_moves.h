@@ -36,7 +36,7 @@ class ServerMoves {
   void GiveShareTo(const Member& server);
   // Moves chunks in two phases, handing each view to the servers and waiting between the two until every new
   // copy is filled.
-  absl::Status MoveInTwoPhases(const std::vector<ClusterView::ChunkMove>& moves);
+  absl::Status MoveInTwoPhases(const std::vector<ChunkMove>& moves);
   // Phase 1 ends once every primary's backups, the new copies among them, hold its chunks.
   absl::Status WaitUntilFilled();
   // A drained server, out of the view, gets its last view and is told to exit.

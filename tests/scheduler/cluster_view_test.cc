@@ -234,7 +234,7 @@ TEST(ClusterViewTest, ADrainMovesEveryCopyOffTheServerInTwoPhases) {
   const absl::Time t0 = absl::FromUnixSeconds(1000);
   for (const char* a : {"a:1", "b:1", "c:1"}) ASSERT_THAT(JoinAnswered(view, Server(a), t0, AtZero).status(), IsOk());
   ASSERT_THAT(PlaceAndCommit(view, {FloatParam("w", 60), FloatParam("b", 6)}, 40), IsOk());
-  absl::StatusOr<std::vector<ClusterView::ChunkMove>> moves = view.DrainMoves(1);
+  absl::StatusOr<std::vector<ChunkMove>> moves = view.DrainMoves(1);
   ASSERT_THAT(moves, IsOk());
   ASSERT_FALSE(moves->empty());
   const uint64_t before = view.epoch();
@@ -262,6 +262,29 @@ TEST(ClusterViewTest, ADrainMovesEveryCopyOffTheServerInTwoPhases) {
   ASSERT_THAT(joined.status(), IsOk());
   EXPECT_EQ(joined->member.id, 1) << "the drained slot is taken again";
   EXPECT_FALSE(view.ShareMoves(1).empty()) << "the newcomer gets a share of the primaries";
+}
+
+// A phase 1 with one move that no longer fits (its destination was lost) is refused whole: the moves before it in
+// the list are not made either, and the epoch stays.
+TEST(ClusterViewTest, AMoveThatNoLongerFitsLeavesTheViewAsItWas) {
+  ClusterView view(3, 1, /*backups=*/0);
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  for (const char* a : {"a:1", "b:1", "c:1"}) ASSERT_THAT(JoinAnswered(view, Server(a), t0, AtZero).status(), IsOk());
+  ASSERT_THAT(PlaceAndCommit(view, {FloatParam("w", 60), FloatParam("b", 6)}, 40), IsOk());
+  absl::StatusOr<std::vector<ChunkMove>> moves = view.DrainMoves(0);
+  ASSERT_THAT(moves, IsOk());
+  ASSERT_GE(moves->size(), 1u);
+  std::vector<ChunkMove> stale = *moves;
+  stale.push_back({stale.front().param, stale.front().index, 0, 2});
+  ASSERT_TRUE(view.MarkServerLost(2, 0, "test"));
+  ASSERT_THAT(view.MoveChunksOf(2), IsOk());
+  stale.erase(std::remove_if(stale.begin(), stale.end() - 1, [](const ChunkMove& m) { return m.to == 2; }),
+              stale.end() - 1);
+  const tessera::v1::ShardMap before = *view.Map();
+  EXPECT_THAT(view.BeginMoves(stale), StatusIs(absl::StatusCode::kFailedPrecondition, "cannot move to server 2"));
+  const tessera::v1::ShardMap after = *view.Map();
+  EXPECT_EQ(after.epoch(), before.epoch());
+  EXPECT_EQ(after.SerializeAsString(), before.SerializeAsString()) << "no move of the list was made";
 }
 
 // Every change of members or placement reaches each subscriber once, in the order made, after the change (a
@@ -301,7 +324,7 @@ TEST(ClusterViewTest, EveryChangeIsPublishedToItsSubscribersOnceMade) {
   ASSERT_THAT(view.MoveChunksOf(1), IsOk());
   view.RollBack(7);
   ASSERT_THAT(JoinAnswered(view, Server("c:1", 1), t0 + absl::Seconds(21), AtZero).status(), IsOk());
-  const std::vector<ClusterView::ChunkMove> share = view.ShareMoves(1);
+  const std::vector<ChunkMove> share = view.ShareMoves(1);
   ASSERT_FALSE(share.empty());
   ASSERT_THAT(view.BeginMoves(share), IsOk());
   ASSERT_THAT(view.FinishMoves(share), IsOk());
