@@ -2,13 +2,10 @@
 
 #include <algorithm>
 #include <optional>
-#include <set>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/fabric/ucx_worker.h"
 #include "common/base/heartbeater.h"
-#include "common/base/row_batch.h"
 #include "common/rpc/rpc.h"
 #include "common/rpc/scheduler_client.h"
 #include "common/rpc/security.h"
@@ -105,7 +102,13 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(const Options& optio
   // Rows go over the job's fabric when it has one (UCX), else over gRPC.
   ChunkTransport* fabric = &client->caller_->transport();
   if (std::string_view(fabric->name()) != "ucx") fabric = nullptr;
-  client->rows_ = std::make_unique<RowCaller>(security, options.rpc_timeout, fabric);
+  PsClient* self = client.get();
+  client->retries_ = std::make_unique<CallRetries>(
+      CallRetries::Options{options.retries, options.unavailable_window}, client->scheduler_.get(), client->worker_id_,
+      [self](uint64_t at_least_epoch, bool* behind) { return self->RefreshMap(at_least_epoch, behind); },
+      [self] { return self->rollback_; });
+  client->rows_ = std::make_unique<RowClient>(std::make_unique<RowCaller>(security, options.rpc_timeout, fabric),
+                                              client->retries_.get(), client->map_);
   if (options.heartbeat) {
     client->heartbeater_ = client->scheduler_->StartHeartbeats(
         tessera::v1::WORKER, client->worker_id_, client->incarnation_,
@@ -197,8 +200,8 @@ absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> PsClient::MakeCalls(
                        {worker_id_, incarnation_, member_key_}, pulled_, timeout, begin, end);
 }
 
-absl::StatusOr<PsClient::Absorbed> PsClient::Absorb(const std::vector<ChunkCall*>& calls) {
-  Absorbed result;
+absl::StatusOr<std::vector<size_t>> PsClient::Absorb(const std::vector<ChunkCall*>& calls, FailedCalls& failed) {
+  std::vector<size_t> failed_names;
   int64_t bytes = 0;
   for (const auto& call : calls) {
     if (call->status.ok()) {
@@ -213,22 +216,16 @@ absl::StatusOr<PsClient::Absorbed> PsClient::Absorb(const std::vector<ChunkCall*
     }
     // The destination may hold part of the chunk now: its cached version no longer describes it.
     pulled_.erase(call->key());
-    std::optional<uint64_t> epoch = GetCurrentEpoch(call->status);
-    if (call->status.code() == absl::StatusCode::kFailedPrecondition && epoch) {
-      result.newer_epoch = std::max(result.newer_epoch, *epoch);
-    } else if (call->status.code() != absl::StatusCode::kUnavailable) {
-      return call->status;  // not retryable: the caller must fix something
-    } else if (absl::StatusOr<const tessera::v1::ServerInfo*> server = call->map->Server(call->server_id);
-               server.ok() && !epoch) {  // (a server that says its epoch answered: it is not unreachable)
-      result.unreachable.emplace(std::make_pair(call->server_id, (*server)->incarnation()), call->status);
-    }
-    result.retry = call->status;
-    std::vector<size_t>& failed = result.failed_names;
-    if (failed.empty() || failed.back() != call->name_index) failed.push_back(call->name_index);
+    TESSERA_RETURN_IF_ERROR(failed.Add(call->status, *call->map, call->server_id));
+    if (failed_names.empty() || failed_names.back() != call->name_index) failed_names.push_back(call->name_index);
   }
+  AddBytesPulled(bytes);
+  return failed_names;
+}
+
+void PsClient::AddBytesPulled(int64_t bytes) {
   absl::MutexLock lock(&bytes_mu_);
   bytes_pulled_ += bytes;
-  return result;
 }
 
 absl::Status PsClient::RunChunks(ChunkOp op, const std::vector<std::string>& names,
@@ -241,81 +238,38 @@ absl::Status PsClient::RunChunks(ChunkOp op, const std::vector<std::string>& nam
     return absl::InvalidArgumentError(absl::StrCat(names.size(), " names but ", sends ? grads.size() : out.size(),
                                                    " value spans"));
   }
-  Backoff backoff(absl::Milliseconds(20), absl::Seconds(1));
   std::vector<size_t> todo(names.size());
   for (size_t i = 0; i < names.size(); ++i) todo[i] = i;
-  absl::Status last;
-  // At least `retries` attempts, and for at least `unavailable_window`: a server that died is replaced in the
-  // cluster view within the scheduler's heartbeat timeout, and the map is asked for again on each attempt.
-  const absl::Time keep_trying_until = absl::Now() + options_.unavailable_window;
-  int attempt = 0;
-  for (; attempt <= options_.retries || absl::Now() < keep_trying_until; ++attempt) {
-    ChunkBatch batch(options_.window_per_server);
-    std::vector<size_t> unplaceable;  // names with a chunk on a server that left the view
-    for (size_t i : todo) {
-      absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> calls =
-          MakeCalls(op, i, names[i], sends ? grads[i] : absl::Span<const float>(), batch_size,
-                    receives ? out[i] : absl::Span<float>(), stamp);
-      if (absl::IsUnavailable(calls.status())) {
-        unplaceable.push_back(i);
-        last = calls.status();
-        continue;
-      }
-      if (!calls.ok()) return calls.status();
-      for (auto& c : *calls) batch.Add(std::move(c));
-    }
-    // A call to a server that froze waits out its deadline: once the job is stopping nothing will answer it.
-    batch.WaitAll([this] { return scheduler_->stopping(); });
-    TESSERA_ASSIGN_OR_RETURN(Absorbed absorbed, Absorb(batch.calls()));
-    if (norms != nullptr) {
-      for (const ChunkCall* c : batch.calls()) {
-        if (c->status.ok()) (*norms)[c->key()] = c->round_sq_norm;
-      }
-    }
-    if (absorbed.failed_names.empty() && unplaceable.empty()) return absl::OkStatus();
-    todo = std::move(absorbed.failed_names);
-    todo.insert(todo.end(), unplaceable.begin(), unplaceable.end());
-    std::sort(todo.begin(), todo.end());
-    if (!absorbed.retry.ok()) last = std::move(absorbed.retry);
-    // A job that is over lets its servers go: one that does not answer then is leaving, not lost.
-    if (!scheduler_->stopping()) ReportUnreachable(absorbed.unreachable);
-    if (absorbed.newer_epoch > 0) {
-      // A server takes a new view a moment before the scheduler commits it (a declaration, a join): until then
-      // the scheduler's map is older, and the call waits and tries again.
-      bool behind = false;
-      if (absl::Status refreshed = RefreshMap(absorbed.newer_epoch, &behind); !refreshed.ok()) {
-        if (!behind) return refreshed;
-        last = std::move(refreshed);
-        backoff.Wait();
-      }
-    } else {
-      backoff.Wait();
-      // The server may be gone and its chunks elsewhere by now.
-      TESSERA_RETURN_IF_ERROR(RefreshMap(0));
-    }
-    if (scheduler_->stopping()) {
-      // Nothing will move or come back once the job is stopping (a server lost without a checkpoint): the step
-      // ends here and the gate says stop.
-      return absl::AbortedError(absl::StrCat("the job is stopping: ", last.message()));
-    }
-    if (rollback_) {
-      return absl::AbortedError(absl::StrCat("the job was rolled back to clock ", *rollback_,
-                                             " (a server was lost); this step is void"));
-    }
-  }
-  return Annotate(last, absl::StrCat("gave up after ", attempt, " attempts"));
-}
-
-void PsClient::ReportUnreachable(const std::map<std::pair<int, uint64_t>, absl::Status>& servers) {
-  const absl::Time now = absl::Now();
-  for (const auto& [server, error] : servers) {
-    absl::Time& last = reported_[server.first];
-    if (now - last < absl::Seconds(1)) continue;
-    last = now;
-    if (absl::Status told = scheduler_->ReportServer(tessera::v1::WORKER, worker_id_, server.first, server.second, error); !told.ok()) {
-      VLOG(1) << "worker " << worker_id_ << ": telling the scheduler of server " << server.first << ": " << told;
-    }
-  }
+  return retries_->Run(
+      [&](FailedCalls& failed) -> absl::Status {
+        ChunkBatch batch(options_.window_per_server);
+        std::vector<size_t> unplaceable;  // names with a chunk on a server that left the view
+        for (size_t i : todo) {
+          absl::StatusOr<std::vector<std::unique_ptr<ChunkCall>>> calls =
+              MakeCalls(op, i, names[i], sends ? grads[i] : absl::Span<const float>(), batch_size,
+                        receives ? out[i] : absl::Span<float>(), stamp);
+          if (absl::IsUnavailable(calls.status())) {
+            unplaceable.push_back(i);
+            failed.AddUnplaced(calls.status());
+            continue;
+          }
+          if (!calls.ok()) return calls.status();
+          for (auto& c : *calls) batch.Add(std::move(c));
+        }
+        // A call to a server that froze waits out its deadline: once the job is stopping nothing will answer it.
+        batch.WaitAll([this] { return scheduler_->stopping(); });
+        TESSERA_ASSIGN_OR_RETURN(std::vector<size_t> retry, Absorb(batch.calls(), failed));
+        if (norms != nullptr) {
+          for (const ChunkCall* c : batch.calls()) {
+            if (c->status.ok()) (*norms)[c->key()] = c->round_sq_norm;
+          }
+        }
+        todo = std::move(retry);
+        todo.insert(todo.end(), unplaceable.begin(), unplaceable.end());
+        std::sort(todo.begin(), todo.end());
+        return absl::OkStatus();
+      },
+      /*void_on_rollback=*/true);
 }
 
 absl::Status PsClient::Pull(const std::vector<std::string>& names, const std::vector<absl::Span<float>>& out) {
@@ -432,135 +386,15 @@ std::unique_ptr<StepExchange> PsClient::BeginStep(const std::vector<std::string>
   return MakeStepProtocol(this, names, grads, batch_size, out);
 }
 
-namespace {
-// The distinct ids of `ids` in the order they first appear, and where each of `ids` is among them; `all_distinct`
-// when no id repeats (the distinct ids are then `ids` themselves, in order).
-struct DistinctIds {
-  std::vector<uint64_t> ids;
-  std::vector<size_t> of;  // ids[i] is distinct ids[of[i]]
-  bool all_distinct = true;
-};
-DistinctIds Distinct(absl::Span<const uint64_t> ids) {
-  DistinctIds d;
-  absl::flat_hash_map<uint64_t, size_t> place;
-  place.reserve(ids.size());
-  d.ids.reserve(ids.size());
-  d.of.resize(ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) {
-    auto [it, inserted] = place.try_emplace(ids[i], d.ids.size());
-    if (inserted) d.ids.push_back(ids[i]);
-    d.of[i] = it->second;
-  }
-  d.all_distinct = d.ids.size() == ids.size();
-  return d;
-}
-}  // namespace
-
-absl::Status PsClient::RunRows(const std::string& table_name, absl::Span<const uint64_t> ids,
-                               const RowAttempt& attempt_calls, bool every_server) {
-  if (map_ == nullptr) return absl::FailedPreconditionError("no parameters declared yet: call Declare first");
-  Backoff backoff(absl::Milliseconds(20), absl::Seconds(1));
-  std::vector<bool> done(ids.size(), false);
-  std::set<int> answered;  // servers that took a call (every_server)
-  absl::Status last;
-  const absl::Time keep_trying_until = absl::Now() + options_.unavailable_window;
-  int attempt = 0;
-  for (; attempt <= options_.retries || absl::Now() < keep_trying_until; ++attempt) {
-    TESSERA_ASSIGN_OR_RETURN(RowTable table, FindRowTable(*map_, table_name));
-    std::vector<size_t> todo;
-    for (size_t i = 0; i < ids.size(); ++i) {
-      if (!done[i]) todo.push_back(i);
-    }
-    std::vector<uint64_t> todo_ids;
-    for (size_t i : todo) todo_ids.push_back(ids[i]);
-    std::vector<RowRoute> routes = RouteRows(table, todo_ids);
-    for (RowRoute& route : routes) {
-      for (size_t& p : route.positions) p = todo[p];  // back to positions in `ids`
-    }
-    if (every_server) {
-      std::set<int> routed;
-      for (const RowRoute& route : routes) routed.insert(route.server_id);
-      for (int server : std::set<int>(table.slot_server.begin(), table.slot_server.end())) {
-        if (server >= 0 && routed.count(server) == 0 && answered.count(server) == 0) {
-          routes.push_back(RowRoute{server, {}});
-        }
-      }
-    }
-    std::vector<absl::Status> statuses = attempt_calls(*map_, table, routes);
-    uint64_t newer_epoch = 0;
-    bool failed = false;
-    std::map<std::pair<int, uint64_t>, absl::Status> unreachable;  // servers that did not answer
-    for (size_t r = 0; r < routes.size(); ++r) {
-      const absl::Status& status = statuses[r];
-      if (status.ok()) {
-        for (size_t p : routes[r].positions) done[p] = true;
-        answered.insert(routes[r].server_id);
-        continue;
-      }
-      std::optional<uint64_t> epoch = GetCurrentEpoch(status);
-      const bool stale = status.code() == absl::StatusCode::kFailedPrecondition && epoch.has_value();
-      if (!stale && status.code() != absl::StatusCode::kUnavailable) return status;  // the caller must fix it
-      if (epoch.has_value()) newer_epoch = std::max(newer_epoch, *epoch);
-      if (absl::StatusOr<const tessera::v1::ServerInfo*> server = map_->Server(routes[r].server_id);
-          server.ok() && !epoch.has_value()) {  // (a server that says its epoch answered: it is not unreachable)
-        unreachable.emplace(std::make_pair(routes[r].server_id, (*server)->incarnation()), status);
-      }
-      last = status;
-      failed = true;
-    }
-    if (!failed) return absl::OkStatus();
-    // A job that is over lets its servers go: one that does not answer then is leaving, not lost.
-    if (!scheduler_->stopping()) ReportUnreachable(unreachable);
-    bool behind = false;
-    if (absl::Status refreshed = RefreshMap(newer_epoch, &behind); !refreshed.ok()) {
-      if (!behind) return refreshed;
-      last = std::move(refreshed);
-    }
-    backoff.Wait();
-    if (scheduler_->stopping()) return absl::AbortedError(absl::StrCat("the job is stopping: ", last.message()));
-  }
-  return Annotate(last, absl::StrCat("gave up after ", attempt, " attempts"));
-}
-
 absl::Status PsClient::PullRows(const std::string& table, absl::Span<const uint64_t> ids, absl::Span<float> out) {
-  if (map_ == nullptr) return absl::FailedPreconditionError("no parameters declared yet: call Declare first");
-  TESSERA_ASSIGN_OR_RETURN(RowTable found, FindRowTable(*map_, table));
-  if (out.size() != ids.size() * found.dim) {
-    return absl::InvalidArgumentError(absl::StrCat("pull of ", ids.size(), " rows of '", table, "' (", found.dim,
-                                                   " values each) into ", out.size(), " floats"));
-  }
-  const DistinctIds distinct = Distinct(ids);
-  // Each distinct row is pulled once: straight into `out` when no id repeats, else into a buffer spread from.
-  const size_t floats = distinct.ids.size() * found.dim;
-  std::unique_ptr<float[]> spread(distinct.all_distinct ? nullptr : new float[floats]);
-  const absl::Span<float> rows = distinct.all_distinct ? out : absl::MakeSpan(spread.get(), floats);
-  const RowCaller::Caller who{worker_id_, incarnation_, member_key_};
-  TESSERA_RETURN_IF_ERROR(RunRows(table, distinct.ids,
-                                  [&](const ShardMapIndex& map, const RowTable& t, const std::vector<RowRoute>& routes) {
-                                    return rows_->Pull(map, t, routes, distinct.ids, clock_, who, rows);
-                                  }));
-  if (!distinct.all_distinct) {
-    for (size_t i = 0; i < ids.size(); ++i) {
-      std::copy_n(rows.begin() + distinct.of[i] * found.dim, found.dim, out.begin() + i * found.dim);
-    }
-  }
-  absl::MutexLock lock(&bytes_mu_);
-  bytes_pulled_ += static_cast<int64_t>(floats * sizeof(float));
+  TESSERA_ASSIGN_OR_RETURN(int64_t bytes, rows_->Pull(table, ids, out, clock_, {worker_id_, incarnation_, member_key_}));
+  AddBytesPulled(bytes);
   return absl::OkStatus();
 }
 
 absl::StatusOr<PsClient::RowsPushed> PsClient::PushRows(const std::string& table, absl::Span<const uint64_t> ids,
                                                         absl::Span<const float> grads, int batch_size,
                                                         float lr_factor, bool skip) {
-  if (map_ == nullptr) return absl::FailedPreconditionError("no parameters declared yet: call Declare first");
-  TESSERA_ASSIGN_OR_RETURN(RowTable found, FindRowTable(*map_, table));
-  if (grads.size() != ids.size() * found.dim) {
-    return absl::InvalidArgumentError(absl::StrCat("push of ", ids.size(), " rows of '", table, "' (", found.dim,
-                                                   " values each) with ", grads.size(), " floats"));
-  }
-  // Checked here too, so that a bad gradient reaches no server (one server's rows applied, another's refused).
-  TESSERA_RETURN_IF_ERROR(CheckFinite(grads, absl::StrCat("gradient of rows of '", table, "'")));
-  TESSERA_ASSIGN_OR_RETURN(RowGradients summed, SumDuplicates(ids, grads, found.dim));
   tessera::v1::RowPushRequest request;
   const Stamp stamp = NewStamp();  // one seq for every server and every retry: each slot applies it once
   request.set_seq(stamp.seq);
@@ -569,18 +403,9 @@ absl::StatusOr<PsClient::RowsPushed> PsClient::PushRows(const std::string& table
   request.set_table(table);
   if (lr_factor != 1.0f) request.set_lr_factor(lr_factor);
   request.set_skip(skip);
-  const RowCaller::Caller who{worker_id_, incarnation_, member_key_};
-  RowsPushed pushed;
   // SYNC: every server of the table takes part in the worker's round, with or without ids of its own.
   const bool every_server = job_.consistency().mode() == tessera::v1::ConsistencySpec::SYNC;
-  TESSERA_RETURN_IF_ERROR(RunRows(
-      table, summed.ids,
-      [&](const ShardMapIndex& map, const RowTable& t, const std::vector<RowRoute>& routes) {
-        return rows_->Push(map, routes, request, summed.ids, summed.grads, t.dim, who, pushed.updated,
-                           pushed.refused, pushed.late);
-      },
-      every_server));
-  return pushed;
+  return rows_->Push(std::move(request), ids, grads, every_server, {worker_id_, incarnation_, member_key_});
 }
 
 }  // namespace tessera

@@ -39,9 +39,10 @@
 // every worker has pushed that round; in SSP(s), Clock() holds a worker more than s clocks ahead of the slowest;
 // in ASYNC it never waits.
 //
-// The library has three parts: this API, which knows no transport; the chunk calls (chunk_calls.h), which carry
-// each chunk's request through the job's transport (chunk_transport.h: gRPC in grpc_chunk_transport.cc, UCX in
-// ucx_chunk_transport.cc); and the step protocols (step_protocols.h), one per consistency mode, behind BeginStep.
+// The library's parts: this API, which knows no transport; the chunk calls (chunk_calls.h), which carry each
+// chunk's request through the job's transport (chunk_transport.h: gRPC in grpc_chunk_transport.cc, UCX in
+// ucx_chunk_transport.cc); the rows of embedding tables (row_client.h over row_calls.h); how every call is
+// retried (call_retries.h); and the step protocols (step_protocols.h), one per consistency mode, behind BeginStep.
 #ifndef TESSERA_WORKER_CLIENT_PS_CLIENT_H_
 #define TESSERA_WORKER_CLIENT_PS_CLIENT_H_
 
@@ -62,14 +63,13 @@
 #include "common/model/shard_map.h"
 #include "common/base/thread_pool.h"
 #include "proto/cluster.pb.h"
+#include "worker/client/call_retries.h"
 #include "worker/client/chunk_types.h"
+#include "worker/client/row_client.h"
 
 namespace tessera {
 
 class ChunkCaller;
-class RowCaller;
-struct RowRoute;
-struct RowTable;
 class ShardMapIndex;
 struct ChunkCall;
 class Heartbeater;
@@ -194,11 +194,7 @@ class PsClient {
   // goes to every server of the table, whose round of rows waits for every worker (server/consistency/
   // row_rounds.h); each row then takes the round's batch-weighted mean gradient once, as one process would.
   // RESOURCE_EXHAUSTED, nothing applied, when the new rows do not fit a server's row memory.
-  struct RowsPushed {
-    int64_t updated = 0;  // row updates applied
-    int64_t refused = 0;  // rows not admitted yet (their gradients dropped)
-    bool late = false;    // SYNC: a round closed without this push (backup workers); nothing applied
-  };
+  using RowsPushed = tessera::RowsPushed;
   [[nodiscard]] absl::StatusOr<RowsPushed> PushRows(const std::string& table, absl::Span<const uint64_t> ids,
                                                     absl::Span<const float> grads, int batch_size,
                                                     float lr_factor = 1.0f, bool skip = false);
@@ -286,29 +282,10 @@ class PsClient {
                                                                     absl::Span<const float> grad, int batch_size,
                                                                     absl::Span<float> out, Stamp stamp,
                                                                     size_t begin = 0, size_t end = SIZE_MAX);
-  // The calls of a row request over the routes of the ids still to do, retried as RunChunks retries (a newer
-  // view, a server unavailable) until every id's call succeeded; `attempt` makes one call per route and returns
-  // their statuses. `every_server` (SYNC pushes): a server of the table that answered none of the calls yet gets
-  // one too, with no ids where none of the ids still to do are its own, so that it knows the worker's round.
-  using RowAttempt = std::function<std::vector<absl::Status>(const ShardMapIndex& map, const RowTable& table,
-                                                             const std::vector<RowRoute>& routes)>;
-  absl::Status RunRows(const std::string& table, absl::Span<const uint64_t> ids, const RowAttempt& attempt,
-                       bool every_server = false);
-  // What completed calls said: the newest epoch a server named (0: none), the names whose calls may be retried,
-  // and the last retryable error.
-  struct Absorbed {
-    uint64_t newer_epoch = 0;
-    std::vector<size_t> failed_names;
-    absl::Status retry;
-    // Servers (id, incarnation) whose calls failed UNAVAILABLE, with one of their errors.
-    std::map<std::pair<int, uint64_t>, absl::Status> unreachable;
-  };
-  // Tells the scheduler of servers this worker could not reach (each at most once a second), so that a lost
-  // one is replaced without waiting for its heartbeat timeout.
-  void ReportUnreachable(const std::map<std::pair<int, uint64_t>, absl::Status>& servers);
-  // Takes the results of completed calls: caches pulled versions and counts bytes. A call that may not be
-  // retried is returned as the error.
-  absl::StatusOr<Absorbed> Absorb(const std::vector<ChunkCall*>& calls);
+  // Takes the results of completed calls: caches pulled versions, counts bytes, and notes the failed ones in
+  // `failed`. Returns the names whose calls may be retried; a call that may not be is returned as the error.
+  absl::StatusOr<std::vector<size_t>> Absorb(const std::vector<ChunkCall*>& calls, FailedCalls& failed);
+  void AddBytesPulled(int64_t bytes);
 
   const Options options_;
   std::shared_ptr<const Security> security_;
@@ -321,7 +298,8 @@ class PsClient {
   tessera::v1::JobSpec job_;
   std::shared_ptr<const ShardMapIndex> map_;  // shared with the calls made from it
   std::unique_ptr<ChunkCaller> caller_;       // the connections to the servers
-  std::unique_ptr<RowCaller> rows_;           // embedding tables' calls (gRPC, whatever the job's transport)
+  std::unique_ptr<CallRetries> retries_;      // how every call to the servers is retried
+  std::unique_ptr<RowClient> rows_;           // embedding tables' calls
   // What the last pull of each chunk returned, and where its bytes were written (see PulledChunk).
   int64_t OldestPulled(const std::string& name, int64_t PulledChunk::*field) const;
 
@@ -342,7 +320,6 @@ class PsClient {
   uint64_t seq_ = 0;
   uint64_t rollback_generation_ = 0;
   std::optional<int64_t> rollback_;  // not taken yet
-  std::map<int, absl::Time> reported_;  // when each server id was last reported unreachable
   SerialExecutor clock_executor_;  // SYNC steps advance the clock here, alongside the exchange
   SerialExecutor launcher_;        // a step's exchanges start (and write to their sockets) here
 };

@@ -76,15 +76,16 @@ class ExchangeStep : public StepExchange {
       return absl::AbortedError(absl::StrCat("stopped waiting for the values of '", names_[index],
                                              "': the job is stopping"));
     }
-    TESSERA_ASSIGN_OR_RETURN(PsClient::Absorbed absorbed, client_->Absorb(batch_.CallsOf(index)));
+    FailedCalls failed;
+    TESSERA_ASSIGN_OR_RETURN(std::vector<size_t> retry, client_->Absorb(batch_.CallsOf(index), failed));
     for (const ChunkCall* c : batch_.CallsOf(index)) round_skipped_ = round_skipped_ || (c->status.ok() && c->skipped);
-    if (!absorbed.failed_names.empty() || deferred_[index]) {
+    if (!retry.empty() || deferred_[index]) {
       // Retry through the ordinary path, with the same sequence number: a server that applied the push
       // answers the retry as a duplicate, with the values.
-      if (absorbed.newer_epoch > 0) {
+      if (failed.newer_epoch() > 0) {
         // A scheduler not yet at the servers' view is waited for by RunChunks' own retries.
         bool behind = false;
-        if (absl::Status refreshed = client_->RefreshMap(absorbed.newer_epoch, &behind); !refreshed.ok() && !behind) {
+        if (absl::Status refreshed = client_->RefreshMap(failed.newer_epoch(), &behind); !refreshed.ok() && !behind) {
           return refreshed;
         }
       }
