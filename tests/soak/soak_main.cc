@@ -32,7 +32,7 @@
 #include "common/base/tensor_codec.h"
 #include "gflags/gflags.h"
 #include "proto/ps.grpc.pb.h"
-#include "tests/bench/bench_process.h"
+#include "deploy/bench/bench_process.h"
 #include "tests/testing/ports.h"
 #include "tests/testing/raw_rpc.h"
 #include "worker/client/ps_client.h"

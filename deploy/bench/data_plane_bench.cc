@@ -35,7 +35,7 @@
 //      and 1: milliseconds per step with backups against without, and the bytes the servers handed to backups
 //      per step against the bytes pushed to them.
 //   s. embedding tables' rows: pulled and pushed per second per server at dim 16 and 64 against an in-process
-//      hash map, bytes on the wire per row, and a server's memory per row (tests/bench/row_bench.cc).
+//      hash map, bytes on the wire per row, and a server's memory per row (deploy/bench/row_bench.cc).
 //   g. what TLS costs: push and pull of 16 MiB and round trips of 16 B, 1 server, with the job token over mutual
 //      TLS (a CA and certificate made for the run, as tessera-launch --tls does) against the job token over
 //      plaintext, both measured in this run.
@@ -96,9 +96,9 @@
 #include "glog/logging.h"
 #include "nlohmann/json.hpp"
 #include "common/model/update_rule.h"
-#include "tests/bench/bench_cluster.h"
-#include "tests/bench/bench_process.h"
-#include "tests/bench/row_bench.h"
+#include "deploy/bench/bench_cluster.h"
+#include "deploy/bench/bench_process.h"
+#include "deploy/bench/row_bench.h"
 #include "tests/testing/param_spec.h"
 #include "tests/testing/ports.h"
 #include "worker/client/ps_client.h"

@@ -1,7 +1,7 @@
 // gemm_bench: the achieved TFLOP/s of the worker's GEMMs through CudaBackend::Gemm in each of its arithmetics
 // (FP32, TF32, BF16), beside the best cuBLAS itself reaches on the same shapes.
 //
-//   build/tests/bench/gemm_bench
+//   build/bin/gemm_bench
 //
 // The shapes are the three GEMMs per layer of an MLP step (forward Y = X W, weight gradient dW = X^T dY, input
 // gradient dX = dY W^T) for 784-256-128-10 at batch 64 (the small default model) and 784-4096-4096-10 at batch

@@ -22,7 +22,7 @@ Prints Markdown rows in the data-plane table's columns. The Python layer's cost:
 tessera.torch step (2 - 1) against what it adds to a C++ worker's step (4 - its local baseline), since the two
 models compute at different speeds (PyTorch's kernels against the C++ worker's own).
 
-    python3 tests/bench/pytorch_bench.py --bin=build/bin [--steps=1000] [--work=runs/bench/pytorch]
+    python3 deploy/bench/pytorch_bench.py --bin=build/bin [--steps=1000] [--work=runs/bench/pytorch]
 """
 
 import argparse

@@ -1,4 +1,4 @@
-#include "tests/bench/bench_process.h"
+#include "deploy/bench/bench_process.h"
 
 #include <fcntl.h>
 #include <signal.h>

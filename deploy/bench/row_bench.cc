@@ -10,7 +10,7 @@
 //   - the server's memory per row: its RSS growth while it creates --memory_rows rows of dim 16 with row-wise
 //     AdaGrad, and the table's own count (TableStats.memory_bytes), against the row's values and state; in a job
 //     without delta checkpoints and in one with them (where each row keeps a 4-byte version).
-#include "tests/bench/row_bench.h"
+#include "deploy/bench/row_bench.h"
 
 #include <grpcpp/grpcpp.h>
 

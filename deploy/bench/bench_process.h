@@ -6,8 +6,8 @@
 //   if (!p.ok()) return p.status();
 //   ...
 //   (*p)->Stop();   // SIGTERM to its group, SIGKILL after the grace period; also what the destructor does
-#ifndef TESSERA_TESTS_BENCH_BENCH_PROCESS_H_
-#define TESSERA_TESTS_BENCH_BENCH_PROCESS_H_
+#ifndef TESSERA_DEPLOY_BENCH_BENCH_PROCESS_H_
+#define TESSERA_DEPLOY_BENCH_BENCH_PROCESS_H_
 
 #include <sys/types.h>
 
@@ -65,4 +65,4 @@ void KillAllProcesses();
 
 }  // namespace tessera::bench
 
-#endif  // TESSERA_TESTS_BENCH_BENCH_PROCESS_H_
+#endif  // TESSERA_DEPLOY_BENCH_BENCH_PROCESS_H_

@@ -1,8 +1,8 @@
-// What the sections of tessera-bench share (tests/bench/data_plane_bench.cc, tests/bench/row_bench.cc): the table
+// What the sections of tessera-bench share (deploy/bench/data_plane_bench.cc, deploy/bench/row_bench.cc): the table
 // every figure goes into, small helpers, and a cluster of real daemons (a tessera-scheduler and its
 // tessera-server processes, optionally tessera-worker processes) that the benchmark's own PsClient talks to.
-#ifndef TESSERA_TESTS_BENCH_BENCH_CLUSTER_H_
-#define TESSERA_TESTS_BENCH_BENCH_CLUSTER_H_
+#ifndef TESSERA_DEPLOY_BENCH_BENCH_CLUSTER_H_
+#define TESSERA_DEPLOY_BENCH_BENCH_CLUSTER_H_
 
 #include <unistd.h>
 
@@ -34,7 +34,7 @@
 #include "gflags/gflags.h"
 #include "common/rpc/security.h"
 #include "nlohmann/json.hpp"
-#include "tests/bench/bench_process.h"
+#include "deploy/bench/bench_process.h"
 #include "tests/testing/param_spec.h"
 #include "worker/client/ps_client.h"
 
@@ -360,4 +360,4 @@ inline absl::StatusOr<std::unique_ptr<PsClient>> ConnectClient(const Cluster& cl
 
 }  // namespace tessera::bench
 
-#endif  // TESSERA_TESTS_BENCH_BENCH_CLUSTER_H_
+#endif  // TESSERA_DEPLOY_BENCH_BENCH_CLUSTER_H_
