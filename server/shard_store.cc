@@ -254,6 +254,7 @@ absl::StatusOr<ChunkValues> ShardStore::Pull(const ChunkPull& request) const {
   }
   Chunk& chunk = *found.chunk;
   absl::MutexLock lock(&chunk.mu);
+  found.config->policy->NoteReadLocked(chunk, request.worker_id);
   if (request.have_version == chunk.version) {
     ChunkValues unchanged;
     unchanged.version = chunk.version;
@@ -399,6 +400,7 @@ absl::Status ShardStore::ApplyLocked(const ChunkPush& request, const FloatPieces
     chunk.round.Park(*waiter);
   } else if (waiter != nullptr || !admission.closed_waiters.empty()) {
     applied.values = ValuesLocked(chunk, roster, found.config->job.wire().values());
+    if (waiter != nullptr) policy.NoteReadLocked(chunk, worker);
   }
   return absl::OkStatus();
 }

@@ -383,6 +383,17 @@ absl::Status CheckConsistency(const JobSpec& job) {
                       absl::StrCat("expected 0 .. num_workers-1 (", workers - 1, ") in SYNC, got ", c.backup_workers(),
                                    " in ", ConsistencySpec::Mode_Name(c.mode())));
   }
+  if (!(c.delay_compensation() >= 0) || !std::isfinite(c.delay_compensation())) {
+    return FieldError("consistency.delay_compensation",
+                      absl::StrCat("expected a finite lambda >= 0, got ", c.delay_compensation()));
+  }
+  if (c.delay_compensation() > 0 && sync) {
+    return FieldError("consistency.delay_compensation", "applies to ASYNC and SSP only; SYNC gradients are never stale");
+  }
+  if (c.delay_compensation() > 0 && job.optimizer().kind() == OptimizerSpec::SCRIPT) {
+    return FieldError("consistency.delay_compensation",
+                      "not with optimizer SCRIPT: its workers push the change their optimizer made, not a gradient");
+  }
   if (c.backup_workers() > 0 && job.optimizer().clip_global_norm() > 0) {
     return FieldError("optimizer.clip_global_norm",
                       "not with backup workers: clipping's norm round waits for every worker of a round, which "

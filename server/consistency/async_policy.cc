@@ -6,6 +6,29 @@
 
 namespace tessera {
 
+void DelayCompensated(const FloatPieces& grad, absl::Span<const float> now, absl::Span<const float> read,
+                      float lambda, absl::Span<float> out) {
+  grad.ForEach([&](size_t offset, absl::Span<const float> piece) {
+    const float* w = now.data() + offset;
+    const float* r = read.data() + offset;
+    float* o = out.data() + offset;
+    for (size_t i = 0; i < piece.size(); ++i) o[i] = piece[i] + lambda * piece[i] * piece[i] * (w[i] - r[i]);
+  });
+}
+
+void AsyncPolicy::PrepareChunkLocked(Chunk& chunk, int workers) const {
+  if (delay_compensation_ <= 0) return;
+  chunk.read_values.assign(workers, {});
+  chunk.read_version.assign(workers, -1);
+}
+
+void AsyncPolicy::NoteReadLocked(Chunk& chunk, int worker) const {
+  if (delay_compensation_ <= 0 || worker < 0 || worker >= static_cast<int>(chunk.read_version.size())) return;
+  if (chunk.read_version[worker] == chunk.version) return;  // the copy holds these values already
+  chunk.read_values[worker] = chunk.values;
+  chunk.read_version[worker] = chunk.version;
+}
+
 absl::StatusOr<Admission> AsyncPolicy::AdmitLocked(const ChunkPush& push, const FloatPieces& grad, Chunk& chunk,
                                                    const Roster& roster, const std::string& what) {
   Admission admission;
@@ -18,7 +41,20 @@ absl::StatusOr<Admission> AsyncPolicy::AdmitLocked(const ChunkPush& push, const 
   }
   const float scale = push.lr_factor *
                       (staleness_aware_lr_ ? 1.0f / static_cast<float>(std::max<int64_t>(1, admission.staleness)) : 1.0f);
-  if (!ApplyUpdateLocked(rule_, chunk, grad, scale, 1.0f, {push.worker_id}, push.clock)) {
+  const FloatPieces* applied = &grad;
+  FloatPieces compensated;
+  const int w = push.worker_id;
+  if (delay_compensation_ > 0 && w >= 0 && w < static_cast<int>(chunk.read_version.size()) &&
+      chunk.read_version[w] >= 0 && chunk.read_version[w] != chunk.version) {
+    // The values moved on since this worker read them: correct the gradient toward where it lands. (Unchanged
+    // values need no correction; a worker that read nothing since it joined is applied as sent.)
+    thread_local std::vector<float> scratch;
+    scratch.resize(grad.size());
+    DelayCompensated(grad, chunk.values, chunk.read_values[w], delay_compensation_, absl::MakeSpan(scratch));
+    compensated = FloatPieces(absl::MakeConstSpan(scratch));
+    applied = &compensated;
+  }
+  if (!ApplyUpdateLocked(rule_, chunk, *applied, scale, 1.0f, {push.worker_id}, push.clock)) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": the update would make values non-finite (a gradient too "
                                                    "large for the job's learning rate); nothing changed"));
   }

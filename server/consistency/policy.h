@@ -3,7 +3,8 @@
 //
 //   ASYNC, SSP           AsyncPolicy: each gradient is applied on arrival (SSP's bound is the scheduler's clock
 //                        gate; the servers need not know it). With staleness_aware_lr the step is divided by
-//                        the gradient's staleness.
+//                        the gradient's staleness; with delay_compensation the gradient is corrected toward the
+//                        values it lands on (DC-ASGD), from the values its worker last read (NoteReadLocked).
 //   SYNC                 SyncPolicy: a chunk collects one gradient per worker of its current round (= its
 //                        version); the last to arrive applies the batch-size-weighted mean once. A push for a
 //                        closed round is counted as late and ignored.
@@ -59,6 +60,9 @@ class ConsistencyPolicy {
 
   // Gives a new chunk of a job with `workers` workers what this mode keeps per chunk.
   virtual void PrepareChunkLocked(Chunk& chunk, int workers) const {}
+
+  // The chunk's values as they are now were answered to `worker` (a pull, or an exchange's answer).
+  virtual void NoteReadLocked(Chunk& chunk, int worker) const {}
 
   // Takes one checked gradient `grad` of `push` (not a duplicate, not an assignment). An error leaves the chunk
   // unchanged: UNAVAILABLE for a round not open yet, ABORTED for a second, different push of one worker in one

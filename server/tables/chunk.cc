@@ -87,6 +87,12 @@ void LogUpdateLocked(Chunk& chunk, bool assign, const FloatPieces& values, float
   r.log_bytes += bytes;
 }
 
+void ForgetReadLocked(Chunk& chunk, int worker) {
+  if (worker < 0 || worker >= static_cast<int>(chunk.read_version.size())) return;
+  chunk.read_version[worker] = -1;
+  std::vector<float>().swap(chunk.read_values[worker]);
+}
+
 namespace {
 
 // A state from a checkpoint or a primary fits `chunk` and holds finite values only.
@@ -170,6 +176,7 @@ void RestoreChunkLocked(const tessera::v1::ChunkState& state, const std::vector<
   chunk.values_bound = std::numeric_limits<float>::infinity();  // not known until the next update measures them
   chunk.state_bound = std::numeric_limits<float>::infinity();
   chunk.version = state.version();
+  for (size_t w = 0; w < chunk.read_version.size(); ++w) ForgetReadLocked(chunk, static_cast<int>(w));
   chunk.gradient_updates = state.gradient_updates();
   chunk.assignments = state.assignments();
   chunk.last_round_skipped = false;
@@ -251,6 +258,7 @@ absl::Status Chunk::RestoreLocked(const tessera::v1::ChunkState& saved, const st
 
 void Chunk::RenewWorkerLocked(int worker, int64_t joined_clock) {
   last_seq.erase(worker);
+  ForgetReadLocked(*this, worker);
   applied_clocks[worker] = std::max(applied_clocks[worker], joined_clock);
 }
 

@@ -58,6 +58,10 @@ struct Chunk final : Unit {
   SyncRound norm_round ABSL_GUARDED_BY(mu);
   int64_t norm_closed_round ABSL_GUARDED_BY(mu) = -1;
   double norm_closed_sq ABSL_GUARDED_BY(mu) = 0;
+  // ASYNC and SSP with delay compensation (ConsistencySpec.delay_compensation): per worker id, the values it last
+  // read from this chunk and their version (-1 and empty: none since it joined, or since a restore).
+  std::vector<std::vector<float>> read_values ABSL_GUARDED_BY(mu);
+  std::vector<int64_t> read_version ABSL_GUARDED_BY(mu);
 
   tessera::v1::ChunkState StateLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   tessera::v1::ChunkState ReplicaStateLocked(bool values) const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
@@ -88,6 +92,9 @@ inline int64_t RoundLocked(const Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chu
 // too) stay, and the backups are told the same.
 void SkipUpdateLocked(Chunk& chunk, const std::vector<int>& workers, int64_t clock)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+
+// Delay compensation: `worker` no longer holds values the chunk knows (it rejoined, or the chunk was restored).
+void ForgetReadLocked(Chunk& chunk, int worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
 
 // The smallest clock of the active workers' updates in the chunk (workers that left hold nobody back).
 int64_t ClockVersionLocked(const Chunk& chunk, const Roster& roster) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);

@@ -90,6 +90,22 @@ TEST(JobSpecTest, BalanceAndBackupWorkersAreSyncOptionsWithTheirLimits) {
   EXPECT_EQ(ParseValid(base).consistency().async_momentum(), tessera::v1::ConsistencySpec::CORRECTED);
 }
 
+TEST(JobSpecTest, DelayCompensationIsAnAsyncOptionForGradients) {
+  const std::string base = "model { softmax_regression {} } stop { max_steps: 3 } cluster { num_workers: 2 } ";
+  EXPECT_THAT(ValidateJobSpec(ParseValid(base + "consistency { mode: ASYNC delay_compensation: 0.04 }")), IsOk());
+  EXPECT_THAT(ValidateJobSpec(ParseValid(base + "consistency { mode: SSP staleness: 2 delay_compensation: 1 }")),
+              IsOk());
+  EXPECT_THAT(ValidateJobSpec(ParseValid(base + "consistency { mode: SYNC delay_compensation: 0.04 }")),
+              StatusIs(absl::StatusCode::kInvalidArgument, "applies to ASYNC and SSP only"));
+  EXPECT_THAT(ValidateJobSpec(ParseValid(base + "consistency { mode: ASYNC delay_compensation: -1 }")),
+              StatusIs(absl::StatusCode::kInvalidArgument, "finite lambda >= 0"));
+  EXPECT_THAT(ValidateJobSpec(ParseValid(base + "consistency { mode: ASYNC delay_compensation: inf }")),
+              StatusIs(absl::StatusCode::kInvalidArgument, "finite lambda >= 0"));
+  EXPECT_THAT(ValidateJobSpec(ParseValid(base + "optimizer { kind: SCRIPT } consistency { mode: ASYNC "
+                                                "delay_compensation: 0.04 }")),
+              StatusIs(absl::StatusCode::kInvalidArgument, "not with optimizer SCRIPT"));
+}
+
 TEST(JobSpecTest, OverridesReplaceFieldsAndWholeListsAndRejectUnknownFields) {
   tessera::v1::JobSpec job = ParseValid(
       "model { mlp { hidden_sizes: [8, 4] } } stop { max_steps: 3 } optimizer { learning_rate: 0.1 momentum: 0.9 }");

@@ -1,5 +1,7 @@
 #include "server/shard_store.h"
 
+#include "server/consistency/async_policy.h"
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -304,6 +306,36 @@ TEST_F(ShardStoreTest, StalenessAwareLearningRateDividesTheStepByTheStaleness) {
   EXPECT_EQ(Values(), (std::vector<float>{-2, -2, -2}));
   ASSERT_THAT(Push(Gradient(1, 1, 0, {1, 1, 1})), IsOk());  // staleness 0: the full step
   EXPECT_EQ(Values(), (std::vector<float>{-3, -3, -3}));
+}
+
+// DC-ASGD (consistency.delay_compensation): a gradient computed on values that have moved since is applied as
+// g + lambda * g^2 * (w_now - w_read); one computed on the values as they are now, or by a worker that read
+// nothing, as sent.
+TEST_F(ShardStoreTest, DelayCompensationCorrectsAStaleGradientByTheValuesItsWorkerRead) {
+  job_.mutable_consistency()->set_delay_compensation(0.5f);
+  Assign(tessera::v1::ConsistencySpec::ASYNC, 2);
+  ASSERT_THAT(store_.Pull(ChunkPull{{1, "w", 0}, -1, /*worker_id=*/1}), IsOk());  // worker 1 reads {0, 0, 0}
+  ASSERT_THAT(Push(Gradient(0, 1, 0, {1, 2, 3})), IsOk());  // worker 0 read nothing: as sent, w = {-1, -2, -3}
+  // Worker 1's gradient {2, 1, -1} on {0, 0, 0}, landing on {-1, -2, -3}:
+  // {2 + 0.5*4*(-1), 1 + 0.5*1*(-2), -1 + 0.5*1*(-3)} = {0, 0, -2.5}.
+  std::shared_ptr<std::optional<absl::StatusOr<ChunkValues>>> answer = PushPull(Gradient(1, 1, 0, {2, 1, -1}));
+  ASSERT_TRUE(answer->has_value());
+  ASSERT_THAT(**answer, IsOk());
+  EXPECT_EQ(Floats(***answer), (std::vector<float>{-1, -2, -0.5f}));
+  // Worker 1 read those values with the answer and nothing moved since: its next gradient goes as sent.
+  ASSERT_THAT(Push(Gradient(1, 2, 1, {1, 1, 1})), IsOk());
+  EXPECT_EQ(Values(), (std::vector<float>{-2, -3, -1.5f}));
+}
+
+TEST(DelayCompensatedTest, IsTheFirstOrderCorrectionOverEveryPiece) {
+  const std::vector<float> g = {1, -2, 3, 0.5f}, now = {0, 1, 2, 3}, read = {1, 1, 0, -1};
+  FloatPieces pieces(absl::MakeConstSpan(g).subspan(0, 1));
+  pieces.Append(absl::MakeConstSpan(g).subspan(1));
+  std::vector<float> out(4);
+  DelayCompensated(pieces, now, read, 0.25f, absl::MakeSpan(out));
+  for (size_t i = 0; i < g.size(); ++i) {
+    EXPECT_FLOAT_EQ(out[i], g[i] + 0.25f * g[i] * g[i] * (now[i] - read[i])) << i;
+  }
 }
 
 // A new view that drops a lost worker: a sync round it was the last one missing from closes at once, its
