@@ -24,6 +24,10 @@ struct ClusterStats {
   int64_t late_pushes = 0;
   int64_t push_bytes = 0;     // values of the pushes the servers received
   int64_t replica_bytes = 0;  // chunk state primaries handed to backups
+  // Delay compensation: the pushes corrected, and the squared norms of their gradients and corrections.
+  int64_t compensated_pushes = 0;
+  double compensated_grad_sq = 0;
+  double compensation_sq = 0;
   StalenessHistogram staleness;
   std::vector<StalenessHistogram> worker_staleness;  // by worker id
 

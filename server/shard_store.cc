@@ -410,7 +410,7 @@ void ShardStore::CountPush(const ChunkPush& request, const FloatPayload& payload
   // A push for a round that had closed is counted here; one left out of a round (backup workers), as the
   // round closes.
   counters_.CountPush({payload.size(), applied.outcome.duplicate, admission.after_close, admission.staleness,
-                       request.worker_id});
+                       request.worker_id, admission.compensated, admission.grad_sq, admission.compensation_sq});
   counters_.CountLate(admission.dropped);
 }
 

@@ -8,6 +8,11 @@ void StoreCounters::CountPush(const Push& push) {
   push_bytes_ += static_cast<int64_t>(push.bytes);
   if (push.duplicate) ++duplicate_pushes_;
   if (push.late) ++late_pushes_;
+  if (push.compensated) {
+    ++compensated_pushes_;
+    compensated_grad_sq_ += push.grad_sq;
+    compensation_sq_ += push.compensation_sq;
+  }
   if (push.staleness >= 0) {
     staleness_.Add(push.staleness);
     if (worker_staleness_.size() <= static_cast<size_t>(push.worker)) worker_staleness_.resize(push.worker + 1);
@@ -34,6 +39,9 @@ void StoreCounters::AddTo(tessera::v1::ServerStats& stats) const {
   *stats.mutable_staleness() = staleness_.ToProto();
   for (const StalenessHistogram& h : worker_staleness_) *stats.add_worker_staleness() = h.ToProto();
   stats.set_push_bytes(push_bytes_);
+  stats.set_compensated_pushes(compensated_pushes_);
+  stats.set_compensated_grad_sq(compensated_grad_sq_);
+  stats.set_compensation_sq(compensation_sq_);
 }
 
 }  // namespace tessera

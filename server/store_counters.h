@@ -24,6 +24,10 @@ class StoreCounters {
     bool late = false;
     int64_t staleness = -1;
     int worker = 0;
+    // Delay compensation: the push was corrected, with these squared norms of its gradient and correction.
+    bool compensated = false;
+    double grad_sq = 0;
+    double compensation_sq = 0;
   };
   void CountPush(const Push& push) ABSL_LOCKS_EXCLUDED(mu_);
   // Gradients a closed round left out (backup workers), and a duplicate push of rows found as it applied.
@@ -39,6 +43,9 @@ class StoreCounters {
   int64_t duplicate_pushes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t late_pushes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t push_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t compensated_pushes_ ABSL_GUARDED_BY(mu_) = 0;
+  double compensated_grad_sq_ ABSL_GUARDED_BY(mu_) = 0;
+  double compensation_sq_ ABSL_GUARDED_BY(mu_) = 0;
   StalenessHistogram staleness_ ABSL_GUARDED_BY(mu_);
   std::vector<StalenessHistogram> worker_staleness_ ABSL_GUARDED_BY(mu_);  // by worker id
 };

@@ -1,6 +1,7 @@
 #include "scheduler/records/progress_records.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "common/daemon/http_endpoint.h"
@@ -61,6 +62,9 @@ ClusterStats ProgressRecords::ServerTotals() const {
     sum.late_pushes += s.late_pushes();
     sum.push_bytes += s.push_bytes();
     sum.replica_bytes += s.replica_bytes_sent();
+    sum.compensated_pushes += s.compensated_pushes();
+    sum.compensated_grad_sq += s.compensated_grad_sq();
+    sum.compensation_sq += s.compensation_sq();
     sum.staleness.Merge(s.staleness());
     if (sum.worker_staleness.size() < static_cast<size_t>(s.worker_staleness_size())) {
       sum.worker_staleness.resize(s.worker_staleness_size());
@@ -254,6 +258,12 @@ nlohmann::json ProgressRecords::SaveSummary(const JobOutcome& outcome, const std
     summary["late_pushes"] = sum.late_pushes;
     summary["push_bytes"] = sum.push_bytes;
     summary["replica_bytes"] = sum.replica_bytes;
+    if (sum.compensated_pushes > 0) {
+      // How much delay compensation changed the gradients it corrected: |correction| / |gradient| over them all.
+      summary["delay_compensation"] = {
+          {"pushes", sum.compensated_pushes},
+          {"relative_correction", sum.compensated_grad_sq > 0 ? std::sqrt(sum.compensation_sq / sum.compensated_grad_sq) : 0.0}};
+    }
     summary["training"] = training_.ToJson(start_);
     if (every_worker_stepped_ && summary["training"].is_object()) {
       summary["training"]["every_worker_stepped_wall_seconds"] = absl::ToDoubleSeconds(*every_worker_stepped_ - start_);

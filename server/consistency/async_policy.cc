@@ -6,14 +6,25 @@
 
 namespace tessera {
 
-void DelayCompensated(const FloatPieces& grad, absl::Span<const float> now, absl::Span<const float> read,
-                      float lambda, absl::Span<float> out) {
+Compensation DelayCompensated(const FloatPieces& grad, absl::Span<const float> now, absl::Span<const float> read,
+                              float lambda, absl::Span<float> out) {
+  Compensation sums;
   grad.ForEach([&](size_t offset, absl::Span<const float> piece) {
     const float* w = now.data() + offset;
     const float* r = read.data() + offset;
     float* o = out.data() + offset;
-    for (size_t i = 0; i < piece.size(); ++i) o[i] = piece[i] + lambda * piece[i] * piece[i] * (w[i] - r[i]);
+    float g_sq = 0, c_sq = 0;  // per piece in float (vectorised), summed in double
+    for (size_t i = 0; i < piece.size(); ++i) {
+      const float g = piece[i];
+      const float c = lambda * g * g * (w[i] - r[i]);
+      o[i] = g + c;
+      g_sq += g * g;
+      c_sq += c * c;
+    }
+    sums.grad_sq += g_sq;
+    sums.correction_sq += c_sq;
   });
+  return sums;
 }
 
 void AsyncPolicy::PrepareChunkLocked(Chunk& chunk, int workers) const {
@@ -50,7 +61,11 @@ absl::StatusOr<Admission> AsyncPolicy::AdmitLocked(const ChunkPush& push, const 
     // values need no correction; a worker that read nothing since it joined is applied as sent.)
     thread_local std::vector<float> scratch;
     scratch.resize(grad.size());
-    DelayCompensated(grad, chunk.values, chunk.read_values[w], delay_compensation_, absl::MakeSpan(scratch));
+    const Compensation sums =
+        DelayCompensated(grad, chunk.values, chunk.read_values[w], delay_compensation_, absl::MakeSpan(scratch));
+    admission.compensated = true;
+    admission.grad_sq = sums.grad_sq;
+    admission.compensation_sq = sums.correction_sq;
     compensated = FloatPieces(absl::MakeConstSpan(scratch));
     applied = &compensated;
   }

@@ -29,9 +29,13 @@ class AsyncPolicy final : public ConsistencyPolicy {
 };
 
 // DC-ASGD's corrected gradient: out[i] = g[i] + lambda * g[i]^2 * (now[i] - read[i]). `out` may not overlap the
-// others; all have grad.size() values.
-void DelayCompensated(const FloatPieces& grad, absl::Span<const float> now, absl::Span<const float> read,
-                      float lambda, absl::Span<float> out);
+// others; all have grad.size() values. Returns the squared L2 norms of g and of the correction.
+struct Compensation {
+  double grad_sq = 0;
+  double correction_sq = 0;
+};
+Compensation DelayCompensated(const FloatPieces& grad, absl::Span<const float> now, absl::Span<const float> read,
+                              float lambda, absl::Span<float> out);
 
 }  // namespace tessera
 

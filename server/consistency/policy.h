@@ -46,6 +46,10 @@ struct Admission {
   int64_t dropped = 0;       // late gradients the closed round left out
   int64_t staleness = -1;    // of the gradient, when it counts (-1: not counted)
   double round_sq_norm = 0;  // a norm-only push whose norm round is closed: the squared norm of its mean
+  // Delay compensation: the push was corrected, with these squared norms of its gradient and of the correction.
+  bool compensated = false;
+  double grad_sq = 0;
+  double compensation_sq = 0;
 };
 
 // Backup workers: how many decided rounds a server keeps (the newest).

@@ -325,6 +325,11 @@ TEST_F(ShardStoreTest, DelayCompensationCorrectsAStaleGradientByTheValuesItsWork
   // Worker 1 read those values with the answer and nothing moved since: its next gradient goes as sent.
   ASSERT_THAT(Push(Gradient(1, 2, 1, {1, 1, 1})), IsOk());
   EXPECT_EQ(Values(), (std::vector<float>{-2, -3, -1.5f}));
+  // One push corrected, by {-2, -1, -1.5} on {2, 1, -1}.
+  const tessera::v1::ServerStats stats = store_.Stats();
+  EXPECT_EQ(stats.compensated_pushes(), 1);
+  EXPECT_DOUBLE_EQ(stats.compensated_grad_sq(), 6);
+  EXPECT_DOUBLE_EQ(stats.compensation_sq(), 7.25);
 }
 
 TEST(DelayCompensatedTest, IsTheFirstOrderCorrectionOverEveryPiece) {
@@ -332,10 +337,16 @@ TEST(DelayCompensatedTest, IsTheFirstOrderCorrectionOverEveryPiece) {
   FloatPieces pieces(absl::MakeConstSpan(g).subspan(0, 1));
   pieces.Append(absl::MakeConstSpan(g).subspan(1));
   std::vector<float> out(4);
-  DelayCompensated(pieces, now, read, 0.25f, absl::MakeSpan(out));
+  const Compensation sums = DelayCompensated(pieces, now, read, 0.25f, absl::MakeSpan(out));
+  double g_sq = 0, c_sq = 0;
   for (size_t i = 0; i < g.size(); ++i) {
-    EXPECT_FLOAT_EQ(out[i], g[i] + 0.25f * g[i] * g[i] * (now[i] - read[i])) << i;
+    const float c = 0.25f * g[i] * g[i] * (now[i] - read[i]);
+    EXPECT_FLOAT_EQ(out[i], g[i] + c) << i;
+    g_sq += g[i] * g[i];
+    c_sq += c * c;
   }
+  EXPECT_DOUBLE_EQ(sums.grad_sq, g_sq);
+  EXPECT_NEAR(sums.correction_sq, c_sq, 1e-6);
 }
 
 // A new view that drops a lost worker: a sync round it was the last one missing from closes at once, its
