@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Experiment (not a test; about 25 minutes on 2 cores): a cluster whose workers are truly unequal, and what each
+# Experiment (not a test; about 28 minutes on 2 cores): a cluster whose workers are truly unequal, and what each
 # consistency mode makes of it. Every worker runs under a CPU quota of its own (tessera-launch --worker_cpu_quota:
 # a control group, so a slow worker computes slower and does not hand its CPU to the others, as a slower device
 # would). Default: 4 workers, 2 at 0.6 CPUs and 2 at 0.15 (a quarter of the speed), 1 server. Each model is
@@ -8,6 +8,7 @@
 #   balanced  SYNC, the round's batch split by each worker's measured throughput (balance: THROUGHPUT)
 #   backup    SYNC with as many backup workers as slow workers (a round closes without the last ones)
 #   async     ASYNC with the staleness-aware rate
+#   dcasgd    the same with delay compensation (DC-ASGD, consistency.delay_compensation: DC_LAMBDA)
 #   ssp2      SSP, staleness bound 2
 #   ssp8      SSP, staleness bound 8
 # for two models: mlp (the built-in worker, batch 256 per worker, to 0.85) and cnn (worker/python/examples/
@@ -23,7 +24,8 @@
 # Needs root (or a delegated cgroup) for the quotas, Debian's python3-matplotlib for the plots, and for the CNN
 # the Python package (pybind11-dev) and python3-torch.
 # Environment (all optional):
-#   MODELS="mlp cnn"  MODES="equal balanced backup async ssp2 ssp8"  THROTTLED=1 (0: no throttled run)
+#   MODELS="mlp cnn"  MODES="equal balanced backup async dcasgd ssp2 ssp8"  THROTTLED=1 (0: no throttled run)
+#   DC_LAMBDA=100 delay compensation's lambda in the dcasgd runs
 #   QUOTAS=0.6,0.6,0.15,0.15   one quota per worker, in CPUs (the number of workers is the number of entries)
 #   TARGET=0.85  MAX_SECONDS=300 (each run stops there if the target is not reached)  MAX_STEPS=0 (no limit)
 #   THROTTLE_AT=15  MLP_BATCH=1024 (per worker)  EVAL_EVERY (clocks between evaluations; MLP 5, CNN 20)
@@ -54,6 +56,7 @@ declare -A modes=(
   [balanced]="consistency { mode: SYNC balance: THROUGHPUT }"
   [backup]="consistency { mode: SYNC backup_workers: $slow }"
   [async]="consistency { mode: ASYNC staleness_aware_lr: true }"
+  [dcasgd]="consistency { mode: ASYNC staleness_aware_lr: true delay_compensation: ${DC_LAMBDA:-100} }"
   [ssp2]="consistency { mode: SSP staleness: 2 }"
   [ssp8]="consistency { mode: SSP staleness: 8 }")
 
@@ -80,7 +83,7 @@ for model in ${MODELS:-mlp cnn}; do
     [[ -d "$bin/../python/tessera" ]] || bash deploy/build.sh _tessera
     command=(-- "$py" worker/python/examples/fashion_mnist.py)
   fi
-  for mode in ${MODES:-equal balanced backup async ssp2 ssp8}; do
+  for mode in ${MODES:-equal balanced backup async dcasgd ssp2 ssp8}; do
     echo "== $model $mode (quotas $quotas)"
     mkdir -p "$out/$model"
     launch "$out/$model/$mode.log" --job="${job[$model]}" --run_dir="$out/$model/$mode" --worker_cpu_quota="$quotas" \

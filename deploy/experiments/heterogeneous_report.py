@@ -23,14 +23,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from straggler_report import load, save_table  # noqa: E402
 
-MODES = ["equal", "balanced", "backup", "async", "ssp2", "ssp8"]
+MODES = ["equal", "balanced", "backup", "async", "dcasgd", "ssp2", "ssp8"]
 LABELS = {"equal": "SYNC, equal split", "balanced": "SYNC, balanced", "backup": "SYNC, backup workers",
-          "async": "ASYNC, staleness-aware rate", "ssp2": "SSP(2)", "ssp8": "SSP(8)"}
+          "async": "ASYNC, staleness-aware rate", "dcasgd": "ASYNC, staleness-aware rate, delay-compensated",
+          "ssp2": "SSP(2)", "ssp8": "SSP(8)"}
 MODELS = ["mlp", "cnn"]
 SETTLED = 0.02  # of the global batch
 COLUMNS = ["model", "mode", "seconds_to_target", "steps_to_target", "x_sooner_than_equal", "final_accuracy",
            "examples_per_sec", "shares", "staleness_median", "staleness_p99", "rebalances", "settled_round",
-           "reversals", "run_seconds"]
+           "reversals", "push_bytes_per_example", "dc_relative_correction", "run_seconds"]
 
 
 def jsonl(path):
@@ -109,6 +110,11 @@ def row(model, mode, run, target, equal_seconds):
         "staleness_median": staleness.get("median"), "staleness_p99": staleness.get("p99"),
         "rebalances": balance.get("rebalances") if mode == "balanced" else None,
         "settled_round": settled, "reversals": reversals if mode == "balanced" else None,
+        "push_bytes_per_example": round(summary["push_bytes"] / total) if summary.get("push_bytes") else None,
+        # Delay compensation: |correction| / |gradient| over the pushes it corrected.
+        "dc_relative_correction": (round(summary["delay_compensation"]["relative_correction"], 4)
+                                   if (summary.get("delay_compensation") or {}).get("relative_correction") is not None
+                                   else None),
         "run_seconds": round(summary["wall_seconds"], 1),
     }
 
@@ -223,7 +229,8 @@ def main():
         print("plot:", plot_model(out, model, runs, target))
     header = ["model", "mode", "training seconds to %.2f" % target, "steps to %.2f" % target, "x sooner than equal",
               "final accuracy", "examples/s per worker", "share per worker", "staleness median", "p99",
-              "balancer changes", "settled at round", "reversals"]
+              "balancer changes", "settled at round", "reversals", "bytes pushed per example",
+              "DC correction / gradient"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
         def cell(v):
@@ -231,7 +238,8 @@ def main():
         lines.append("| " + " | ".join(cell(v) for v in [
             r["model"], LABELS[r["mode"]], r["seconds_to_target"] if r["seconds_to_target"] else "not reached",
             r["steps_to_target"], r["x_sooner_than_equal"], r["final_accuracy"], r["examples_per_sec"], r["shares"],
-            r["staleness_median"], r["staleness_p99"], r["rebalances"], r["settled_round"], r["reversals"]]) + " |")
+            r["staleness_median"], r["staleness_p99"], r["rebalances"], r["settled_round"], r["reversals"],
+            r["push_bytes_per_example"], r["dc_relative_correction"]]) + " |")
     for model in MODELS:
         timed = [r for r in rows if r["model"] == model and r["seconds_to_target"]]
         if not timed:
