@@ -144,7 +144,10 @@ def plot_shares(ax, run, title, marks=()):
 
 
 def plot_model(out, model, runs, target):
-    fig, axes = plt.subplots(1, 2, figsize=(14, 4.8))
+    # The shares' panel only beside a balanced run.
+    panels = 2 if "balanced" in runs else 1
+    fig, axes = plt.subplots(1, panels, figsize=(7 * panels, 4.8), squeeze=False)
+    axes = axes[0]
     for mode, run in runs.items():
         _, records = load(run)
         start = origin(run)
